@@ -1,0 +1,64 @@
+// The one writer of a topic. Owns the ring's write side while it holds the
+// header's publisher token ("last publisher wins": a newer publisher takes
+// the token and this one's next send fails with kMultiplePublishers).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "msgq/ring.h"
+#include "msgq/segment.h"
+#include "msgq/wake.h"
+
+namespace msgq {
+
+class Publisher {
+ public:
+  explicit Publisher(const SegmentSpec& spec);
+  ~Publisher();
+  Publisher(const Publisher&) = delete;
+  Publisher& operator=(const Publisher&) = delete;
+
+  // Copy n bytes into the ring and publish them.
+  void send(const void* data, size_t n);
+
+  // Zero-copy: reserve room for up to n bytes in the ring, fill it, then
+  // commit(m <= n). Until commit() or cancel_loan(), no other send.
+  uint8_t* loan(size_t n);
+  void commit(size_t n);
+  void cancel_loan();
+  bool has_loan() const { return loan_size_.has_value(); }
+
+  uint32_t num_readers();
+  bool all_readers_updated();
+  size_t reclaim_dead_readers();  // returns how many slots were freed
+  size_t max_message_size() const { return msgq::max_message_size(seg_->data_size()); }
+  size_t segment_size() const { return seg_->data_size(); }
+  const std::shared_ptr<Segment>& segment() const { return seg_; }
+  uint64_t messages_sent() const { return messages_sent_; }
+
+  void close();
+  bool closed() const { return seg_ == nullptr; }
+  void forget_after_fork();
+
+ private:
+  SegmentHeader& header() const { return *seg_->header(); }
+  void check_open() const;
+  void check_size(size_t n) const;
+  void take_ownership();
+  void begin_write();
+  void end_write();
+  void wake_readers();
+
+  std::shared_ptr<Segment> seg_;
+  std::optional<RingWriter> writer_;
+  uint64_t token_ = 0;
+  std::optional<size_t> loan_size_;
+  WakeSender sender_;
+  uint64_t messages_sent_ = 0;
+  int fruitless_wakes_ = 0;  // futex wakes that woke nobody: a sleeper died, reclaim
+};
+
+}  // namespace msgq

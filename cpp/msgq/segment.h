@@ -1,0 +1,72 @@
+// One topic's shared-memory segment file: create or validate, map, attach,
+// detach, and unlink when the last participant leaves. The protocol is in
+// cpp/msgq/README.md ("Segment lifecycle").
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+#include "msgq/layout.h"
+#include "msgq/ring.h"
+
+namespace msgq {
+
+struct SegmentSpec {
+  std::string dir = "/dev/shm";
+  std::string basename;          // e.g. "msgq@topic"; validated again here
+  size_t data_size = 0;          // 0: keep an existing segment's size, or the default when creating
+  bool size_is_binding = false;  // a publisher's explicit size replaces a segment of another size
+  mode_t mode = 0600;            // permissions of a segment we create
+};
+
+class Segment {
+ public:
+  static std::shared_ptr<Segment> attach(const SegmentSpec& spec);
+  ~Segment();
+  Segment(const Segment&) = delete;
+  Segment& operator=(const Segment&) = delete;
+
+  SegmentHeader* header() const { return header_; }
+  uint8_t* data() const { return reinterpret_cast<uint8_t*>(header_) + kHeaderSize; }
+  uint32_t data_size() const { return data_size_; }
+  RingView view() const { return RingView{header_, data(), data_size_}; }
+  int fd() const { return fd_.get(); }
+  const std::string& path() const { return path_; }
+  bool superseded() const { return header_->state.load(std::memory_order_acquire) == kStateSuperseded; }
+
+  // In a forked child: drop the inherited fd and mapping without touching any
+  // shared state (the parent still owns its locks and slots).
+  void forget_after_fork();
+
+ private:
+  Segment() = default;
+  bool still_linked() const;
+  void map(size_t length);
+  void initialize(const SegmentSpec& spec, size_t data_size);
+  // Checks the mapped header and takes its sizes; returns why it is unusable, or "".
+  std::string adopt_header(size_t file_size);
+  void supersede();
+
+  ipc::UniqueFd fd_;
+  SegmentHeader* header_ = nullptr;
+  size_t map_length_ = 0;
+  uint32_t data_size_ = 0;
+  std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  bool ours_ = false;  // owner checks passed: detaching may unlink the file
+};
+
+// Unlink segment files in `dir` whose names start with `name_prefix` and that
+// no live process is attached to (left behind when every participant was
+// killed). Returns the basenames removed.
+std::vector<std::string> remove_stale_segments(const std::string& dir, const std::string& name_prefix);
+
+void check_basename(const std::string& basename);
+
+}  // namespace msgq

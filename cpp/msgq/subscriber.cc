@@ -1,0 +1,232 @@
+#include "msgq/subscriber.h"
+
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/futex.h"
+
+namespace msgq {
+
+using ipc::ErrorKind;
+using ipc::fail;
+
+Subscriber::Subscriber(const SegmentSpec& spec, bool conflate) : spec_(spec), conflate_(conflate) {
+  spec_.size_is_binding = false;  // the publisher decides the ring size
+  seg_ = Segment::attach(spec_);
+  claim_slot(false);
+}
+
+Subscriber::~Subscriber() { close(); }
+
+void Subscriber::close() {
+  if (!seg_) return;
+  release_slot();
+  reader_.reset();
+  seg_.reset();
+  wake_.reset();
+}
+
+void Subscriber::forget_after_fork() {
+  if (!seg_) return;
+  seg_->forget_after_fork();
+  reader_.reset();
+  seg_.reset();
+  wake_.reset();  // closes only the child's copy of the descriptor
+}
+
+void Subscriber::check_open() const {
+  if (!seg_) fail(ErrorKind::kClosed, "subscriber is closed");
+}
+
+void Subscriber::claim_slot(bool from_start) {
+  SegmentHeader& h = header();
+  for (uint32_t i = 0; i < kMaxReaders; i++) {
+    if (!ipc::ofd_try_lock(seg_->fd(), kLockSlotBase + i, true)) continue;
+    // The slot is ours. If its bits are still set, its last owner died without
+    // leaving: clear what it left behind.
+    const uint64_t bit = uint64_t{1} << i;
+    h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+    h.armed_mask.fetch_and(~bit, std::memory_order_relaxed);
+    ReaderSlot& slot = h.readers[i];
+    slot.pid.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
+    slot.conflate.store(conflate_ ? 1 : 0, std::memory_order_relaxed);
+    slot.messages.store(0, std::memory_order_relaxed);
+    slot.bytes.store(0, std::memory_order_relaxed);
+    slot.resets.store(0, std::memory_order_relaxed);
+    slot.wake_name_len = 0;
+    // SYNC: the writer only checks slots in reader_mask (W1); the reset that
+    // follows publishes our position with seq_cst and rechecks the writer.
+    h.reader_mask.fetch_or(bit, std::memory_order_seq_cst);
+    reader_.emplace(seg_->view(), i);
+    slot_ = i;
+    if (from_start) {
+      reader_->reset_to_start();
+    } else {
+      reader_->reset();
+    }
+    return;
+  }
+  fail(ErrorKind::kTooManyReaders, seg_->path() + " already has " + std::to_string(kMaxReaders) +
+                                       " live readers (the most a topic takes): close subscribers you no longer use");
+}
+
+void Subscriber::release_slot() {
+  if (slot_ >= kMaxReaders) return;
+  SegmentHeader& h = header();
+  const uint64_t bit = uint64_t{1} << slot_;
+  h.reader_mask.fetch_and(~bit, std::memory_order_seq_cst);
+  h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+  h.armed_mask.fetch_and(~bit, std::memory_order_relaxed);
+  ipc::ofd_unlock(seg_->fd(), kLockSlotBase + slot_);
+  resets_before_ += reader_->resets();
+  slot_ = kMaxReaders;
+}
+
+void Subscriber::follow_publisher() {
+  release_slot();
+  reader_.reset();
+  seg_.reset();
+  seg_ = Segment::attach(spec_);
+  claim_slot(true);  // from the start of the new ring: nothing its publisher sent is lost
+}
+
+bool Subscriber::has_data(std::memory_order order) const {
+  return reader_->has_data(order) || seg_->superseded();
+}
+
+bool Subscriber::ready() const { return seg_ != nullptr && has_data(std::memory_order_acquire); }
+
+int64_t Subscriber::spin_budget_ns() const {
+  // Spinning pays only when the message is likely to come within the limit.
+  if (spin_limit_ns_ == 0 || typical_wait_ns_ > spin_limit_ns_) return 0;
+  return std::min(spin_limit_ns_, 2 * typical_wait_ns_ + 1'000);
+}
+
+void Subscriber::record_wait(int64_t ns) { typical_wait_ns_ = (3 * typical_wait_ns_ + ns) / 4; }
+
+WaitStatus Subscriber::wait(int64_t deadline_ns) {
+  check_open();
+  if (has_data(std::memory_order_acquire)) return WaitStatus::kReady;
+  const int64_t start = ipc::monotonic_ns();
+  const int64_t spin_end = std::min(deadline_ns, start + spin_budget_ns());
+  for (int64_t now = start; now < spin_end; now = ipc::monotonic_ns()) {
+    for (int i = 0; i < 64; i++) {
+      if (has_data(std::memory_order_acquire)) {
+        record_wait(ipc::monotonic_ns() - start);
+        return WaitStatus::kReady;
+      }
+      ipc::cpu_relax();
+    }
+  }
+  SegmentHeader& h = header();
+  const uint64_t bit = uint64_t{1} << slot_;
+  for (;;) {
+    // SYNC: announce the sleep (seq_cst) before the final check (seq_cst load
+    // of write_pointer); the writer stores write_pointer (seq_cst) before
+    // loading sleeping_mask. Either it sees our bit and wakes us, or we see its data.
+    h.sleeping_mask.fetch_or(bit, std::memory_order_seq_cst);
+    const uint32_t seq = h.futex_seq.load(std::memory_order_acquire);
+    if (has_data(std::memory_order_seq_cst)) {
+      h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+      break;
+    }
+    const int64_t now = ipc::monotonic_ns();
+    if (now >= deadline_ns) {
+      h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+      return WaitStatus::kTimeout;
+    }
+    const ipc::FutexResult r = ipc::futex_wait(&h.futex_seq, seq, deadline_ns == ipc::kNever ? -1 : deadline_ns - now);
+    h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+    if (has_data(std::memory_order_acquire)) break;
+    if (r == ipc::FutexResult::kInterrupted) return WaitStatus::kInterrupted;
+  }
+  record_wait(ipc::monotonic_ns() - start);
+  return WaitStatus::kReady;
+}
+
+int Subscriber::fileno() {
+  check_open();
+  if (!wake_) wake_ = std::make_unique<WakeSocket>();
+  return wake_->fd();
+}
+
+bool Subscriber::arm() {
+  if (!seg_) return false;
+  fileno();
+  SegmentHeader& h = header();
+  ReaderSlot& slot = h.readers[slot_];
+  std::memcpy(slot.wake_name, wake_->name(), wake_->name_length());
+  slot.wake_name_len = static_cast<uint8_t>(wake_->name_length());
+  // SYNC: the name is written before the bit (seq_cst RMW, release); the
+  // writer reads the name after its acquiring exchange of armed_mask.
+  h.armed_mask.fetch_or(uint64_t{1} << slot_, std::memory_order_seq_cst);
+  if (has_data(std::memory_order_seq_cst)) {
+    disarm();
+    return true;
+  }
+  return false;
+}
+
+void Subscriber::disarm() {
+  if (!seg_) return;
+  header().armed_mask.fetch_and(~(uint64_t{1} << slot_), std::memory_order_relaxed);
+  if (wake_) wake_->drain();
+}
+
+Poller::Poller() : epoll_(epoll_create1(EPOLL_CLOEXEC)) {
+  if (!epoll_) ipc::fail_errno("epoll_create1");
+}
+
+void Poller::add(std::shared_ptr<Subscriber> sub) {
+  epoll_event ev{};
+  ev.events = EPOLLIN;
+  ev.data.u64 = subs_.size();
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sub->fileno(), &ev) != 0) ipc::fail_errno("epoll_ctl(ADD)");
+  subs_.push_back(std::move(sub));
+}
+
+void Poller::collect(std::vector<size_t>& ready) const {
+  ready.clear();
+  for (size_t i = 0; i < subs_.size(); i++) {
+    if (subs_[i]->ready()) ready.push_back(i);
+  }
+}
+
+WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
+  collect(ready);
+  if (!ready.empty() || timeout_ns == 0) return WaitStatus::kReady;
+  const int64_t deadline = ipc::deadline_after(timeout_ns);
+  for (;;) {
+    bool any = false;
+    for (auto& s : subs_) any = s->arm() || any;
+    WaitStatus status = WaitStatus::kReady;
+    if (!any) {
+      const int64_t now = ipc::monotonic_ns();
+      timespec ts{};
+      timespec* tsp = nullptr;
+      if (deadline != ipc::kNever) {
+        const int64_t left = std::max<int64_t>(0, deadline - now);
+        ts.tv_sec = left / 1'000'000'000;
+        ts.tv_nsec = left % 1'000'000'000;
+        tsp = &ts;
+      }
+      epoll_event events[16];
+      if (epoll_pwait2(epoll_.get(), events, 16, tsp, nullptr) < 0) {
+        if (errno != EINTR) ipc::fail_errno("epoll_pwait2");
+        status = WaitStatus::kInterrupted;
+      }
+    }
+    for (auto& s : subs_) s->disarm();
+    collect(ready);
+    if (!ready.empty() || status == WaitStatus::kInterrupted) return status;
+    if (ipc::monotonic_ns() >= deadline) return WaitStatus::kTimeout;
+  }
+}
+
+}  // namespace msgq
