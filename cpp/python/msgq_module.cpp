@@ -1,0 +1,243 @@
+// msgq._msgq: thin bindings of the C++ ring. Type conversion, GIL release
+// around waits and large copies, signal checks, exception mapping; no logic.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "msgq/layout.h"
+#include "msgq/publisher.h"
+#include "msgq/segment.h"
+#include "msgq/subscriber.h"
+#include "python/errors.h"
+
+namespace py = pybind11;
+using msgq::Publisher;
+using msgq::SegmentSpec;
+using msgq::Subscriber;
+using msgq::WaitStatus;
+
+namespace {
+
+constexpr size_t kReleaseGilAbove = 256 * 1024;  // bytes copied with the GIL released
+
+SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode) {
+  SegmentSpec spec;
+  spec.dir = dir;
+  spec.basename = basename;
+  spec.data_size = segment_size;
+  spec.mode = static_cast<mode_t>(mode);
+  return spec;
+}
+
+// A message read straight into a new bytes object: one copy out of the ring.
+struct BytesSink {
+  PyObject* obj = nullptr;
+  ~BytesSink() { Py_XDECREF(obj); }
+  char* prepare(size_t n) {
+    Py_XDECREF(obj);
+    obj = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(n));
+    if (obj == nullptr) throw py::error_already_set();
+    return PyBytes_AS_STRING(obj);
+  }
+  void discard() { Py_CLEAR(obj); }
+  py::object take() {
+    PyObject* o = obj;
+    obj = nullptr;
+    return py::reinterpret_steal<py::object>(o);
+  }
+};
+
+// Holds the payload of a send: bytes without copying, else any C-contiguous buffer.
+class Payload {
+ public:
+  explicit Payload(py::handle data) {
+    if (PyBytes_Check(data.ptr())) {
+      ptr_ = PyBytes_AS_STRING(data.ptr());
+      size_ = static_cast<size_t>(PyBytes_GET_SIZE(data.ptr()));
+      return;
+    }
+    if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw py::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
+                           Py_TYPE(data.ptr())->tp_name);
+    }
+    has_view_ = true;
+    ptr_ = view_.buf;
+    size_ = static_cast<size_t>(view_.len);
+  }
+  ~Payload() {
+    if (has_view_) PyBuffer_Release(&view_);
+  }
+  const void* data() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  Py_buffer view_{};
+  bool has_view_ = false;
+  const void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
+// Writable view of a loaned ring area; keeps the mapping alive while any
+// memoryview of it exists.
+struct LoanBuffer {
+  std::shared_ptr<msgq::Segment> segment;
+  uint8_t* ptr;
+  size_t size;
+};
+
+struct PySubscriber {
+  std::shared_ptr<Subscriber> sub;
+  int timeout_ms = -1;  // the reference's setTimeout(): -1 blocks until a message
+
+  // Wait with the GIL released, in slices broken only by signals.
+  bool wait_until(int64_t deadline) {
+    for (;;) {
+      WaitStatus st;
+      {
+        py::gil_scoped_release nogil;
+        st = sub->wait(deadline);
+      }
+      if (st != WaitStatus::kInterrupted) return st == WaitStatus::kReady;
+      pyipc::check_signals();
+    }
+  }
+
+  py::object receive_until(int64_t deadline) {
+    BytesSink sink;
+    for (;;) {
+      if (sub->try_read(sink)) return sink.take();
+      if (deadline != ipc::kNever && ipc::monotonic_ns() >= deadline) return py::none();
+      if (!wait_until(deadline) && !sub->ready()) return py::none();
+    }
+  }
+
+  py::object receive(bool non_blocking) {
+    BytesSink sink;
+    if (sub->try_read(sink)) return sink.take();
+    if (non_blocking || timeout_ms == 0) return py::none();
+    return receive_until(ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000));
+  }
+
+  py::list receive_batch(size_t max_messages, int timeout) {
+    py::list out;
+    BytesSink sink;
+    while (out.size() < max_messages && sub->try_read(sink)) out.append(sink.take());
+    if (out.size() == 0 && timeout != 0) {
+      py::object first = receive_until(ipc::deadline_after(timeout < 0 ? -1 : int64_t{timeout} * 1'000'000));
+      if (first.is_none()) return out;
+      out.append(first);
+      while (out.size() < max_messages && sub->try_read(sink)) out.append(sink.take());
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
+PYBIND11_MODULE(_msgq, m) {
+  m.doc() = "Native MSGQ ring (private: use the msgq package)";
+  pyipc::register_error_translator();
+
+  m.attr("MAX_READERS") = msgq::kMaxReaders;
+  m.attr("DEFAULT_SEGMENT_SIZE") = msgq::kDefaultDataSize;
+  m.attr("MIN_SEGMENT_SIZE") = msgq::kMinDataSize;
+  m.attr("MAX_SEGMENT_SIZE") = msgq::kMaxDataSize;
+  m.attr("HEADER_SIZE") = msgq::kHeaderSize;
+  m.attr("LAYOUT_VERSION") = msgq::kLayoutVersion;
+  m.def("max_message_size", [](size_t segment_size) { return msgq::max_message_size(segment_size); });
+
+  py::class_<LoanBuffer>(m, "LoanBuffer", py::buffer_protocol())
+      .def_buffer([](LoanBuffer& b) {
+        return py::buffer_info(b.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {b.size}, {1}, false);
+      })
+      .def("__len__", [](const LoanBuffer& b) { return b.size; });
+
+  py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
+      .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode) {
+             return std::make_shared<Publisher>(make_spec(dir, basename, segment_size, mode));
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("mode") = 0600)
+      .def("send",
+           [](Publisher& p, py::handle data) {
+             Payload payload(data);
+             if (payload.size() >= kReleaseGilAbove) {
+               py::gil_scoped_release nogil;
+               p.send(payload.data(), payload.size());
+             } else {
+               p.send(payload.data(), payload.size());
+             }
+           })
+      .def("loan",
+           [](Publisher& p, size_t n) {
+             uint8_t* ptr = p.loan(n);
+             return LoanBuffer{p.segment(), ptr, n};
+           })
+      .def("commit", &Publisher::commit, py::arg("size"))
+      .def("cancel_loan", &Publisher::cancel_loan)
+      .def_property_readonly("has_loan", &Publisher::has_loan)
+      .def("num_readers", &Publisher::num_readers)
+      .def("all_readers_updated", &Publisher::all_readers_updated)
+      .def("reclaim_dead_readers", &Publisher::reclaim_dead_readers)
+      .def_property_readonly("max_message_size", &Publisher::max_message_size)
+      .def_property_readonly("segment_size", &Publisher::segment_size)
+      .def_property_readonly("messages_sent", &Publisher::messages_sent)
+      .def_property_readonly("path", [](const Publisher& p) { return p.closed() ? std::string() : p.segment()->path(); })
+      .def_property_readonly("closed", &Publisher::closed)
+      .def("close", &Publisher::close)
+      .def("_forget_after_fork", &Publisher::forget_after_fork);
+
+  py::class_<PySubscriber>(m, "Subscriber")
+      .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, bool conflate,
+                       unsigned mode) {
+             return PySubscriber{std::make_shared<Subscriber>(make_spec(dir, basename, segment_size, mode), conflate)};
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("conflate") = false,
+           py::arg("mode") = 0600)
+      .def("receive", &PySubscriber::receive, py::arg("non_blocking") = false)
+      .def("receive_batch", &PySubscriber::receive_batch, py::arg("max_messages") = 1024, py::arg("timeout_ms") = 0)
+      .def("set_timeout", [](PySubscriber& s, int ms) { s.timeout_ms = ms < 0 ? -1 : ms; })
+      .def_property_readonly("timeout_ms", [](const PySubscriber& s) { return s.timeout_ms; })
+      .def("ready", [](const PySubscriber& s) { return s.sub->ready(); })
+      .def("fileno", [](PySubscriber& s) { return s.sub->fileno(); })
+      .def("arm", [](PySubscriber& s) { return s.sub->arm(); })
+      .def("disarm", [](PySubscriber& s) { s.sub->disarm(); })
+      .def_property(
+          "spin_us", [](const PySubscriber& s) { return s.sub->spin_limit_ns() / 1000; },
+          [](PySubscriber& s, int64_t us) { s.sub->set_spin_limit_ns(us * 1000); })
+      .def_property_readonly("resets", [](const PySubscriber& s) { return s.sub->resets(); })
+      .def_property_readonly("slot", [](const PySubscriber& s) { return s.sub->slot(); })
+      .def_property_readonly("conflate", [](const PySubscriber& s) { return s.sub->conflate(); })
+      .def_property_readonly("segment_size", [](const PySubscriber& s) { return s.sub->segment_size(); })
+      .def_property_readonly("closed", [](const PySubscriber& s) { return s.sub->closed(); })
+      .def("close", [](PySubscriber& s) { s.sub->close(); })
+      .def("_forget_after_fork", [](PySubscriber& s) { s.sub->forget_after_fork(); });
+
+  py::class_<msgq::Poller>(m, "Poller")
+      .def(py::init<>())
+      .def("add", [](msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
+      .def("poll",
+           [](msgq::Poller& p, int timeout_ms) {
+             std::vector<size_t> ready;
+             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
+             for (;;) {
+               WaitStatus st;
+               {
+                 py::gil_scoped_release nogil;
+                 const int64_t left = deadline == ipc::kNever ? -1 : std::max<int64_t>(0, deadline - ipc::monotonic_ns());
+                 st = p.poll(left, ready);
+               }
+               if (st != WaitStatus::kInterrupted) return ready;
+               pyipc::check_signals();
+             }
+           },
+           py::arg("timeout_ms"))
+      .def("fileno", &msgq::Poller::fileno)
+      .def("__len__", &msgq::Poller::size);
+
+  m.def("remove_stale_segments", &msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
+}

@@ -1,0 +1,98 @@
+"""msgq: lock-free single-publisher / multi-subscriber messaging over shared memory.
+
+A drop-in for commaai's ``msgq`` Python API (``Context``, ``PubSocket``,
+``SubSocket``, ``Poller``, ``pub_sock``, ``sub_sock``, ``drain_sock_raw``...),
+without its limits: 64 readers per topic reclaimed one by one, clear errors
+instead of aborts, no signals, sleeping receivers that use no CPU.
+"""
+
+from typing import List, Optional
+
+from msgq.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    InvalidNameError,
+    IpcError,
+    IpcPermissionError,
+    IpcTimeoutError,
+    MessageTooLargeError,
+    MultiplePublishersError,
+    NoSpaceError,
+    SegmentError,
+    TooManyReadersError,
+)
+from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
+
+__all__ = [
+    "Context",
+    "Poller",
+    "SubSocket",
+    "PubSocket",
+    "Loan",
+    "IpcError",
+    "MultiplePublishersError",
+    "MessageTooLargeError",
+    "SegmentError",
+    "TooManyReadersError",
+    "ClosedError",
+    "IpcPermissionError",
+    "InvalidArgumentError",
+    "InvalidNameError",
+    "NoSpaceError",
+    "IpcTimeoutError",
+    "NO_TRAVERSAL_LIMIT",
+    "context",
+    "pub_sock",
+    "sub_sock",
+    "drain_sock_raw",
+]
+
+NO_TRAVERSAL_LIMIT = 2**64 - 1
+
+context = Context()
+
+
+def pub_sock(endpoint: str, segment_size: int = 0) -> PubSocket:
+    """A publisher on ``endpoint``. ``segment_size`` (bytes of ring; 0: the
+    existing size, or 1 MiB for a new topic) bounds the largest message."""
+    sock = PubSocket()
+    sock.connect(context, endpoint, segment_size)
+    return sock
+
+
+def sub_sock(
+    endpoint: str,
+    poller: Optional[Poller] = None,
+    addr: str = "127.0.0.1",
+    conflate: bool = False,
+    timeout: Optional[int] = None,
+    segment_size: int = 0,
+) -> SubSocket:
+    """A subscriber on ``endpoint``; ``conflate`` keeps only the newest
+    message, ``timeout`` (ms) bounds each receive, ``poller`` registers it."""
+    sock = SubSocket()
+    sock.connect(context, endpoint, addr, conflate, segment_size)
+    if timeout is not None:
+        sock.setTimeout(timeout)
+    if poller is not None:
+        poller.registerSocket(sock)
+    return sock
+
+
+def drain_sock_raw(sock: SubSocket, wait_for_one: bool = False) -> List[bytes]:
+    """Every message waiting on ``sock``; with ``wait_for_one``, first wait
+    (up to the socket's timeout) until there is at least one."""
+    if hasattr(sock, "receive_batch"):
+        timeout = (-1 if sock.timeout is None else sock.timeout) if wait_for_one else 0
+        out: List[bytes] = []
+        while True:
+            batch = sock.receive_batch(4096, timeout if not out else 0)
+            out.extend(batch)
+            if len(batch) < 4096:
+                return out
+    ret: List[bytes] = []
+    while True:
+        dat = sock.receive() if wait_for_one and not ret else sock.receive(non_blocking=True)
+        if dat is None:
+            return ret
+        ret.append(dat)

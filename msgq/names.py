@@ -1,0 +1,58 @@
+"""Topic names, run prefixes and where their shared memory lives.
+
+A name is 1-128 characters of ``[A-Za-z0-9_.:-]``, not starting with ``.`` and
+never containing ``..``; a prefix follows the same rule with at most 64
+characters. ``MSGQ_PREFIX`` (or the reference's ``OPENPILOT_PREFIX``)
+isolates every segment and socket of a run.
+"""
+
+import os
+import re
+
+from msgq.errors import InvalidNameError
+
+MAX_NAME_LENGTH = 128
+MAX_PREFIX_LENGTH = 64
+SEGMENT_DIR = "/dev/shm"
+SEGMENT_PREFIX = "msgq@"
+
+_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]*\Z")
+
+
+def _check(kind: str, name, limit: int) -> str:
+    if isinstance(name, bytes):
+        name = name.decode("utf-8", "replace")
+    if not isinstance(name, str):
+        raise InvalidNameError(f"{kind} must be a str, not {type(name).__name__}")
+    if not name:
+        raise InvalidNameError(f"{kind} must not be empty")
+    if len(name) > limit:
+        raise InvalidNameError(f"{kind} {name[:40]!r}... is {len(name)} characters long (at most {limit})")
+    if ".." in name or not _NAME.match(name):
+        raise InvalidNameError(
+            f"{kind} {name!r} may only use letters, digits and _ . : - (no '/', no '..', not starting with '.')"
+        )
+    return name
+
+
+def validate_name(name, kind: str = "topic name") -> str:
+    """Return ``name`` as a str, or raise :class:`InvalidNameError`."""
+    return _check(kind, name, MAX_NAME_LENGTH)
+
+
+def current_prefix() -> str:
+    """The run prefix from ``MSGQ_PREFIX`` or ``OPENPILOT_PREFIX`` ("" if neither is set)."""
+    prefix = os.environ.get("MSGQ_PREFIX") or os.environ.get("OPENPILOT_PREFIX") or ""
+    return _check("prefix", prefix, MAX_PREFIX_LENGTH) if prefix else ""
+
+
+def segment_dir() -> str:
+    """Directory of the segment files (``MSGQ_SHM_DIR``, default ``/dev/shm``)."""
+    return os.environ.get("MSGQ_SHM_DIR", SEGMENT_DIR)
+
+
+def segment_basename(topic: str, prefix: str = None) -> str:
+    """File name of a topic's segment: ``msgq@TOPIC`` or ``msgq@PREFIX@TOPIC``."""
+    topic = validate_name(topic)
+    prefix = current_prefix() if prefix is None else prefix
+    return f"{SEGMENT_PREFIX}{prefix}@{topic}" if prefix else f"{SEGMENT_PREFIX}{topic}"

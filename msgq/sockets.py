@@ -1,0 +1,307 @@
+"""The public socket classes, compatible with commaai's msgq Python API.
+
+Code written for the reference runs unchanged::
+
+    ctx = msgq.Context()
+    pub = msgq.PubSocket(); pub.connect(ctx, "topic")
+    sub = msgq.SubSocket(); sub.connect(ctx, "topic")
+    pub.send(b"hello"); sub.receive()  # -> b"hello"
+
+Beside it, a small Pythonic layer: context managers, iteration, ``fileno()``,
+``receive_batch()``, and zero-copy publishing with ``PubSocket.loan()``.
+Receives always copy out of the ring (the copy is what makes a lapped reader
+safe); sends copy in, unless you fill a loan in place.
+"""
+
+import time
+
+from msgq import backends
+from msgq.errors import ClosedError, InvalidArgumentError, IpcError
+
+
+def _text(value) -> str:
+    return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value
+
+
+class Context:
+    """Holds the backend its sockets use: ``backend`` if given, else the one
+    ``MSGQ_BACKEND`` names when the first socket connects (default ``msgq``)."""
+
+    def __init__(self, backend=None):
+        self._requested = backend
+        self._backend = backends.load(backend) if backend is not None else None
+
+    @property
+    def backend(self):
+        if self._backend is None:
+            self._backend = backends.load(self._requested)
+        return self._backend
+
+    def term(self):
+        """Kept for compatibility: sockets own their resources and close on their own."""
+
+
+class SubSocket:
+    """Receives the messages of one topic, in order, each exactly once.
+
+    A subscriber that falls a whole ring behind is reset to the newest data
+    and counts the loss in ``resets``; it is never handed a torn message.
+    """
+
+    def __init__(self):
+        self._impl = None
+        self._backend = None
+        self._timeout = -1
+        self.endpoint = None
+
+    def connect(self, context, endpoint, address="127.0.0.1", conflate=False, segment_size=0):
+        if self._impl is not None:
+            raise IpcError(f"SubSocket is already connected to {self.endpoint!r}")
+        endpoint = _text(endpoint)
+        impl = context.backend.Subscriber(endpoint, _text(address), bool(conflate), int(segment_size))
+        impl.set_timeout(self._timeout)
+        self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
+        # The hot path calls the native method directly (saves a Python frame per message).
+        self.receive = impl.receive
+
+    def receive(self, non_blocking=False):
+        """The next message as ``bytes``, or ``None`` if none came in time
+        (see :meth:`setTimeout`; without one, block until a message comes)."""
+        raise ClosedError("SubSocket is not connected" if self.endpoint is None else "SubSocket is closed")
+
+    def setTimeout(self, timeout):
+        """Milliseconds :meth:`receive` waits; negative or ``None``: forever."""
+        self._timeout = -1 if timeout is None or timeout < 0 else int(timeout)
+        if self._impl is not None:
+            self._impl.set_timeout(self._timeout)
+
+    @property
+    def timeout(self):
+        return None if self._timeout < 0 else self._timeout
+
+    def receive_batch(self, max_messages=1024, timeout=0):
+        """Up to ``max_messages`` waiting messages in one call; waits up to
+        ``timeout`` ms (negative: forever) for the first one."""
+        return self._connected().receive_batch(int(max_messages), -1 if timeout is None else int(timeout))
+
+    def ready(self) -> bool:
+        """True if a receive would not wait."""
+        return self._connected().ready()
+
+    def fileno(self) -> int:
+        """A descriptor for select/epoll: call :meth:`arm` before waiting on it
+        (arm returns True, without arming, if a message is already there)."""
+        return self._connected().fileno()
+
+    def arm(self) -> bool:
+        return self._connected().arm()
+
+    def disarm(self):
+        self._connected().disarm()
+
+    @property
+    def resets(self) -> int:
+        """How many times this subscriber fell a whole ring behind and skipped ahead."""
+        return self._connected().resets
+
+    @property
+    def spin_us(self) -> int:
+        """Longest busy-wait (µs) before a blocking receive sleeps; 0 never spins."""
+        return self._connected().spin_us
+
+    @spin_us.setter
+    def spin_us(self, value):
+        self._connected().spin_us = int(value)
+
+    def close(self):
+        if self._impl is not None:
+            self._impl.close()
+        self.__dict__.pop("receive", None)
+
+    @property
+    def closed(self) -> bool:
+        return self._impl is None or self._impl.closed
+
+    def _connected(self):
+        if self._impl is None or self._impl.closed:
+            raise ClosedError("SubSocket is not connected" if self._impl is None else "SubSocket is closed")
+        return self._impl
+
+    def __iter__(self):
+        """Yield messages until a receive times out."""
+        while True:
+            msg = self.receive()
+            if msg is None:
+                return
+            yield msg
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "connected"
+        return f"<SubSocket {self.endpoint!r} {state}>"
+
+
+class Loan:
+    """A message being written in place in the ring (zero copy).
+
+    ``data`` is a writable memoryview of ``size`` bytes. :meth:`commit`
+    publishes the first ``n`` bytes; used as a context manager it commits all
+    of them on success and cancels on an exception. Release any view you made
+    of ``data`` (numpy arrays too) before committing.
+    """
+
+    def __init__(self, impl, size):
+        self._impl = impl
+        self._buffer = impl.loan(size)
+        self.size = size
+        self.data = memoryview(self._buffer)
+
+    def commit(self, size=None):
+        size = self.size if size is None else int(size)
+        self._release()
+        self._impl.commit(size)
+
+    def cancel(self):
+        self._release()
+        self._impl.cancel_loan()
+
+    def _release(self):
+        if self.data is None:
+            raise IpcError("this loan was already committed or cancelled")
+        try:
+            self.data.release()
+        except BufferError:
+            raise IpcError("release every view of the loaned buffer (memoryview, numpy array) before commit") from None
+        self.data = self._buffer = None
+
+    def __enter__(self):
+        return self.data
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.data is None:
+            return
+        if exc_type is None:
+            self.commit()
+        else:
+            self.cancel()
+
+
+class PubSocket:
+    """Publishes messages on one topic. One publisher per topic: the last one
+    to connect wins, and an older one's next send raises
+    :class:`MultiplePublishersError`."""
+
+    def __init__(self):
+        self._impl = None
+        self._backend = None
+        self.endpoint = None
+
+    def connect(self, context, endpoint, segment_size=0):
+        if self._impl is not None:
+            raise IpcError(f"PubSocket is already connected to {self.endpoint!r}")
+        endpoint = _text(endpoint)
+        impl = context.backend.Publisher(endpoint, int(segment_size))
+        self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
+        self.send = impl.send
+
+    def send(self, data):
+        """Publish ``data`` (bytes or any C-contiguous buffer); copies it into the ring once."""
+        raise ClosedError("PubSocket is not connected" if self.endpoint is None else "PubSocket is closed")
+
+    def loan(self, size) -> Loan:
+        """Reserve ``size`` bytes in the ring to fill in place; see :class:`Loan`."""
+        return Loan(self._connected(), int(size))
+
+    def all_readers_updated(self) -> bool:
+        """True if there is at least one reader and every one has read everything sent."""
+        return self._connected().all_readers_updated()
+
+    @property
+    def num_readers(self) -> int:
+        """Subscribers currently attached (dead ones are reclaimed first)."""
+        return self._connected().num_readers()
+
+    def wait_for_readers(self, count=1, timeout=None) -> bool:
+        """Wait until at least ``count`` subscribers are attached; ``timeout`` in
+        seconds (``None``: forever). Returns whether they are."""
+        if count < 0:
+            raise InvalidArgumentError("count must be >= 0")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.num_readers < count:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    @property
+    def max_message_size(self) -> int:
+        return self._connected().max_message_size
+
+    @property
+    def segment_size(self) -> int:
+        return self._connected().segment_size
+
+    def close(self):
+        if self._impl is not None:
+            self._impl.close()
+        self.__dict__.pop("send", None)
+
+    @property
+    def closed(self) -> bool:
+        return self._impl is None or self._impl.closed
+
+    def _connected(self):
+        if self._impl is None or self._impl.closed:
+            raise ClosedError("PubSocket is not connected" if self._impl is None else "PubSocket is closed")
+        return self._impl
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "connected"
+        return f"<PubSocket {self.endpoint!r} {state}>"
+
+
+class Poller:
+    """Waits on many subscribers at once. ``poll(timeout_ms)`` returns the
+    registered sockets that have a message (an empty list on timeout)."""
+
+    def __init__(self):
+        self._sockets = []
+        self._impl = None
+        self._backend = None
+
+    def registerSocket(self, socket):
+        impl = socket._connected()
+        if self._impl is None:
+            self._impl, self._backend = socket._backend.Poller(), socket._backend
+        elif socket._backend is not self._backend:
+            raise InvalidArgumentError("a Poller cannot mix sockets of different backends")
+        self._impl.add(impl)
+        self._sockets.append(socket)
+
+    def poll(self, timeout):
+        timeout = -1 if timeout is None else int(timeout)
+        if self._impl is None:
+            if timeout > 0:
+                time.sleep(timeout / 1000)
+            return []
+        return [self._sockets[i] for i in self._impl.poll(timeout)]
+
+    def fileno(self) -> int:
+        """An epoll descriptor that becomes readable while :meth:`poll` waits."""
+        if self._impl is None:
+            raise ClosedError("register a socket before asking for the Poller's fileno()")
+        return self._impl.fileno()
+
+    def __len__(self):
+        return len(self._sockets)
