@@ -96,7 +96,13 @@ struct alignas(kCacheLine) SegmentHeader {
   std::atomic<uint32_t> state;
   std::atomic<uint64_t> messages_written;  // relaxed, writer-only
   std::atomic<uint64_t> bytes_written;     // relaxed, writer-only
-  char pad1[kCacheLine - 40];
+  // Packed position (cycle, offset) of the newest committed message, so a
+  // lapped conflating reader can reset onto it instead of losing it. Writer:
+  // store(relaxed) in W3 before the write_pointer store, which releases it.
+  // Reader: load(relaxed) after its seq_cst load of write_pointer, so it is at
+  // least that new; then the usual X3 recheck of the writer's cycle.
+  std::atomic<uint64_t> last_message;
+  char pad1[kCacheLine - 48];
 
   // --- line 2: wake-ups (written by sleeping readers, read by the writer).
   // Futex word. Writer: fetch_add(1) then FUTEX_WAKE, only when sleeping_mask
@@ -155,10 +161,17 @@ inline constexpr size_t kMinDataSize = 4096;
 inline constexpr size_t kMaxDataSize = size_t{1} << 31;  // offsets must fit in 32 bits
 inline constexpr size_t kDefaultDataSize = size_t{1} << 20;
 
-// Largest payload a ring of data_size bytes can carry: prefix + padded payload
-// must leave the 8 spare bytes free.
+// Largest payload a publisher may send in a ring of data_size bytes. The ring
+// itself could hold data_size - 16, but a message that does not fit after the
+// write position wraps to offset 0, and if it reaches the position of a reader
+// that has read everything, it overwrites the -1 marker that reader still has
+// to follow: the reader is lapped and loses a message it was keeping up with.
+// Capping the message (prefix included) at half the usable ring means a wrapped
+// message always ends before such a reader, so a subscriber that keeps up
+// receives every message. (The reference caps at a third, with an assert.)
 inline constexpr size_t max_message_size(size_t data_size) {
-  return data_size - kPrefixBytes - kSpareBytes;
+  return ((data_size - kSpareBytes) / 2 - kPrefixBytes) & ~size_t{7};
 }
+static_assert(max_message_size(4096) == 2032, "half of the usable ring, prefix included");
 
 }  // namespace msgq

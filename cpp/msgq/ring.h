@@ -82,6 +82,7 @@ class RingWriter {
   void commit(size_t n) {
     const uint32_t offset = offset_of(wp_);
     store_prefix(v_.data + offset, static_cast<int64_t>(n));
+    v_.header->last_message.store(wp_, std::memory_order_relaxed);  // released by W3 below
     wp_ = pack(cycle_of(wp_), static_cast<uint32_t>(offset + kPrefixBytes + align8(n)));
     // SYNC: release for the payload and prefix (pairs with the reader's acquire
     // load of write_pointer); seq_cst so the caller's sleeping_mask load and the
@@ -154,6 +155,23 @@ class RingReader {
     slot_->valid.store(0, std::memory_order_relaxed);
   }
 
+  // Conflate mode: like reset(), but onto the newest committed message, so a
+  // reader that was lapped still gets the latest one. Falls back to reset()
+  // if that message lies in an older cycle than the writer's (it may be gone).
+  void reset_to_newest() {
+    for (int attempt = 0; attempt < 1000; attempt++) {
+      slot_->valid.store(1, std::memory_order_seq_cst);
+      const uint64_t wp = v_.header->write_pointer.load(std::memory_order_seq_cst);
+      // SYNC: at least as new as wp (the writer stores it before wp, release).
+      const uint64_t last = v_.header->last_message.load(std::memory_order_relaxed);
+      if (cycle_of(last) < cycle_of(wp) || !in_ring(last)) break;  // nothing committed in this cycle yet
+      if (cycle_of(last) != cycle_of(wp) || offset_of(last) >= offset_of(wp)) continue;  // newer than wp: again
+      publish_position(last);
+      if (cycle_of(v_.header->write_pointer.load(std::memory_order_seq_cst)) == cycle_of(last)) return;
+    }
+    reset();
+  }
+
   // Start at the very beginning of the ring if the writer has not wrapped yet
   // (used when following a publisher into a fresh segment, so nothing it sent
   // before we registered is lost); otherwise an ordinary reset.
@@ -176,7 +194,7 @@ class RingReader {
   ReadStatus read(Sink& sink, bool conflate) {
     for (;;) {
       if (slot_->valid.load(std::memory_order_acquire) == 0) {
-        lapped();
+        lapped(conflate);
         continue;
       }
       const uint64_t wp = v_.header->write_pointer.load(std::memory_order_acquire);
@@ -236,15 +254,19 @@ class RingReader {
     slot_->read_pointer.store(pos, std::memory_order_release);  // R4
   }
 
-  void lapped() {
+  void lapped(bool conflate) {
     resets_++;
     slot_->resets.store(resets_, std::memory_order_relaxed);
-    reset();
+    if (conflate) {
+      reset_to_newest();
+    } else {
+      reset();
+    }
   }
 
   void corrupted() {
     corrupt_++;
-    lapped();
+    lapped(false);
   }
 
   // Conflate: is the message ending at `next` the newest one? Either the writer
