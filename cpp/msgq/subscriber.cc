@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 
@@ -217,8 +218,13 @@ WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
         tsp = &ts;
       }
       epoll_event events[16];
-      if (epoll_pwait2(epoll_.get(), events, 16, tsp, nullptr) < 0) {
-        if (errno != EINTR) ipc::fail_errno("epoll_pwait2");
+      int n = epoll_pwait2(epoll_.get(), events, 16, tsp, nullptr);
+      if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond timeouts, rounded up
+        const int ms = tsp == nullptr ? -1 : static_cast<int>(std::min<int64_t>((deadline - now + 999'999) / 1'000'000, INT32_MAX));
+        n = epoll_wait(epoll_.get(), events, 16, ms);
+      }
+      if (n < 0) {
+        if (errno != EINTR) ipc::fail_errno("epoll_wait");
         status = WaitStatus::kInterrupted;
       }
     }
