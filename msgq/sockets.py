@@ -13,6 +13,7 @@ Receives always copy out of the ring (the copy is what makes a lapped reader
 safe); sends copy in, unless you fill a loan in place.
 """
 
+import sys
 import time
 
 from msgq import backends
@@ -175,8 +176,15 @@ class Loan:
             raise IpcError("this loan was already committed or cancelled")
         try:
             self.data.release()
+            # A view made from `data` (numpy does this) shares its managed
+            # buffer, which holds a reference to the loan buffer: any count
+            # above ours (+1 for the call) means a view still points into the ring.
+            still_viewed = sys.getrefcount(self._buffer) > 2
         except BufferError:
-            raise IpcError("release every view of the loaned buffer (memoryview, numpy array) before commit") from None
+            still_viewed = True
+        if still_viewed:
+            self.data = memoryview(self._buffer)
+            raise IpcError("release every view of the loaned buffer (memoryview, numpy array) before commit")
         self.data = self._buffer = None
 
     def __enter__(self):

@@ -4,7 +4,8 @@ import os
 import weakref
 
 from msgq import _msgq
-from msgq.names import segment_basename, segment_dir
+from msgq.errors import InvalidArgumentError
+from msgq.names import SEGMENT_PREFIX, current_prefix, segment_basename, segment_dir
 
 NAME = "msgq"
 
@@ -13,8 +14,18 @@ _live = weakref.WeakSet()  # native objects to disown in a forked child
 
 
 def _mode() -> int:
-    """Permissions of segments we create (``MSGQ_SHM_MODE``, octal; default 600)."""
-    return int(os.environ.get("MSGQ_SHM_MODE", "600"), 8)
+    """Permissions of segments we create (``MSGQ_SHM_MODE``, octal; default 600,
+    e.g. 660 to share topics with a group). World-writable modes are refused."""
+    text = os.environ.get("MSGQ_SHM_MODE", "600")
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        raise InvalidArgumentError(f"MSGQ_SHM_MODE={text!r} is not an octal file mode such as 600 or 660") from None
+    if mode & ~0o777 or mode & 0o002 or not mode & 0o600 == 0o600:
+        raise InvalidArgumentError(
+            f"MSGQ_SHM_MODE={text!r}: segments must be readable and writable by their owner and not world-writable"
+        )
+    return mode
 
 
 def _track(obj):
@@ -22,7 +33,14 @@ def _track(obj):
     return obj
 
 
+_swept = set()  # run prefixes whose stale segments this process already removed
+
+
 def Publisher(endpoint, segment_size=0):
+    prefix = current_prefix()
+    if prefix not in _swept:
+        _swept.add(prefix)
+        remove_stale_segments(prefix)
     return _track(_msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode()))
 
 
@@ -39,7 +57,7 @@ def remove_stale_segments(prefix=None):
     """Unlink this user's segments that no live process uses (left behind when
     every participant was killed); returns their file names. With ``prefix``,
     only that run prefix's segments."""
-    start = f"msgq@{prefix}@" if prefix else "msgq@"
+    start = f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
     return _msgq.remove_stale_segments(segment_dir(), start)
 
 

@@ -1,0 +1,84 @@
+"""Helpers for testing code that uses msgq (ours and yours).
+
+Every test gets its own run prefix so tests can run in parallel, and in the
+same machine as a live system, without sharing a single segment::
+
+    from msgq.testing import isolated_prefix, unique_topic
+
+    def test_my_node():
+        with isolated_prefix() as prefix:
+            pub = msgq.pub_sock(unique_topic())
+            ...
+        # leaving the block fails if a segment of the run is left behind
+
+The prefix travels to child processes through ``MSGQ_PREFIX``.
+"""
+
+import contextlib
+import gc
+import os
+import secrets
+import time
+
+from msgq.names import SEGMENT_PREFIX, segment_dir
+
+
+def unique_name(stem: str = "t") -> str:
+    """A topic (or prefix) name no other test uses: ``stem`` plus 12 random hex digits."""
+    return f"{stem}{secrets.token_hex(6)}"
+
+
+def unique_topic(stem: str = "topic") -> str:
+    return unique_name(stem)
+
+
+def segments(prefix: str) -> list:
+    """Names of the segment files of run ``prefix`` present right now."""
+    start = f"{SEGMENT_PREFIX}{prefix}@"
+    try:
+        return sorted(n for n in os.listdir(segment_dir()) if n.startswith(start))
+    except FileNotFoundError:
+        return []
+
+
+def wait_until_gone(prefix: str, timeout: float = 5.0) -> list:
+    """Collect garbage and wait up to ``timeout`` s for the run's segments to
+    disappear (a child process may still be exiting); return what is left."""
+    deadline = time.monotonic() + timeout
+    while True:
+        gc.collect()
+        left = segments(prefix)
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
+@contextlib.contextmanager
+def isolated_prefix(prefix: str = None, check_leaks: bool = True):
+    """Run the block under its own ``MSGQ_PREFIX`` (restored afterwards).
+
+    With ``check_leaks``, raise ``AssertionError`` naming the segment files the
+    block left behind in shared memory (they are removed either way).
+    """
+    prefix = prefix or unique_name("run")
+    saved = {k: os.environ.get(k) for k in ("MSGQ_PREFIX", "OPENPILOT_PREFIX")}
+    os.environ["MSGQ_PREFIX"] = prefix
+    os.environ.pop("OPENPILOT_PREFIX", None)
+    failed = False
+    try:
+        yield prefix
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        left = wait_until_gone(prefix, timeout=5.0 if check_leaks and not failed else 0.0)
+        for name in left:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(segment_dir(), name))
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        if left and check_leaks and not failed:
+            raise AssertionError(f"segments left behind in {segment_dir()}: {left}")
