@@ -196,3 +196,27 @@ def test_num_readers_and_wait_for_readers():
     assert pub.num_readers == 2
     with pytest.raises(ValueError):
         pub.wait_for_readers(-1)
+
+
+def test_closing_a_publisher_while_another_thread_sends_large_messages_raises_closed_error():
+    import threading
+
+    pub = msgq.pub_sock(unique_topic(), segment_size=32 << 20)
+    big = b"x" * (8 << 20)  # large sends copy with the GIL released
+    errors = []
+
+    def spam():
+        try:
+            while True:
+                pub.send(big)
+        except msgq.ClosedError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=spam)
+    t.start()
+    while pub._impl.messages_sent < 3:
+        pass
+    pub.close()
+    t.join(timeout=30)
+    assert not t.is_alive()
+    assert len(errors) == 1 and "closed" in str(errors[0])

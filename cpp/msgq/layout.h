@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <sys/types.h>
 
 namespace msgq {
 
@@ -144,8 +145,13 @@ inline constexpr uint32_t kStateSuperseded = 2;
 // lie beyond EOF). Released by the kernel when the holder dies.
 inline constexpr off_t kLockInit = 0;       // exclusive: attach/detach critical section
 inline constexpr off_t kLockPresence = 1;   // shared while attached; detach probes exclusive
-inline constexpr off_t kLockPublisher = 2;  // exclusive while a publisher is attached
 inline constexpr off_t kLockSlotBase = 16;  // exclusive: reader slot i owner
+// exclusive: publisher with token t is alive, byte kLockPublisherBase + t % span
+inline constexpr off_t kLockPublisherBase = 4096;
+inline constexpr off_t kPublisherLockSpan = off_t{1} << 30;
+inline constexpr off_t publisher_liveness_byte(uint64_t token) {
+  return kLockPublisherBase + static_cast<off_t>(token % kPublisherLockSpan);
+}
 
 inline constexpr size_t kHeaderSize = 16384;  // page multiple, room to grow without moving data
 static_assert(sizeof(SegmentHeader) <= kHeaderSize, "header must fit before the data ring");

@@ -1,6 +1,5 @@
 #include "msgq/publisher.h"
 
-#include <signal.h>
 #include <sys/random.h>
 #include <unistd.h>
 
@@ -29,7 +28,10 @@ uint64_t random_token() {
   return t < 2 ? t + 2 : t;  // tokens 0 (none) and 1 (retired segment) are reserved
 }
 
-bool process_gone(uint32_t pid) { return pid != 0 && kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH; }
+// Each publisher holds an exclusive OFD lock on a byte derived from its token
+// for as long as it is attached. The kernel drops it the moment the process
+// dies (before it is reaped, unlike kill(pid, 0), and across pid namespaces).
+off_t liveness_byte(uint64_t token) { return publisher_liveness_byte(token); }
 
 }  // namespace
 
@@ -45,7 +47,10 @@ Publisher::~Publisher() { close(); }
 
 void Publisher::close() {
   if (!seg_) return;
+  gate_.begin_close();
+  while (!gate_.idle()) usleep(50);  // a send on another thread finishes its copy
   if (loan_size_) cancel_loan();
+  ipc::ofd_unlock(seg_->fd(), liveness_byte_);
   // Leave the token in place: a publisher that restarts later continues at
   // the write pointer, and readers keep what is already in the ring.
   writer_.reset();
@@ -60,7 +65,7 @@ void Publisher::forget_after_fork() {
 }
 
 void Publisher::check_open() const {
-  if (!seg_) fail(ErrorKind::kClosed, "publisher is closed");
+  if (closed()) fail(ErrorKind::kClosed, "publisher is closed");
 }
 
 void Publisher::check_size(size_t n) const {
@@ -75,12 +80,14 @@ void Publisher::check_size(size_t n) const {
 void Publisher::take_ownership() {
   SegmentHeader& h = header();
   token_ = random_token();
+  liveness_byte_ = liveness_byte(token_);
+  ipc::ofd_lock(seg_->fd(), liveness_byte_, true);
   const int64_t give_up = ipc::monotonic_ns() + kTakeoverPatienceNs;
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
   for (;;) {
     if ((cur & 1) != 0) {  // the previous publisher is inside a send or holds a loan
       const uint32_t pid = h.publisher_pid.load(std::memory_order_relaxed);
-      if (!process_gone(pid)) {
+      if (ipc::ofd_is_locked(seg_->fd(), liveness_byte(cur >> 1), true)) {
         if (ipc::monotonic_ns() > give_up) {
           fail(ErrorKind::kIpc, seg_->path() + ": its publisher (pid " + std::to_string(pid) +
                                     ") has been in the middle of a send for over 2 s; cannot take the topic over");
@@ -117,6 +124,8 @@ void Publisher::end_write() {
 }
 
 void Publisher::send(const void* data, size_t n) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (loan_size_) fail(ErrorKind::kIpc, "a loaned message is outstanding: commit() or cancel it before send()");
   check_size(n);
@@ -127,6 +136,8 @@ void Publisher::send(const void* data, size_t n) {
 }
 
 uint8_t* Publisher::loan(size_t n) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (loan_size_) fail(ErrorKind::kIpc, "a loaned message is already outstanding: commit() or cancel it first");
   check_size(n);
@@ -137,6 +148,8 @@ uint8_t* Publisher::loan(size_t n) {
 }
 
 void Publisher::commit(size_t n) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (!loan_size_) fail(ErrorKind::kIpc, "commit() without a loaned message");
   if (n > *loan_size_) {

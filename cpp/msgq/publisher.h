@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 
+#include "common/use_gate.h"
 #include "msgq/ring.h"
 #include "msgq/segment.h"
 #include "msgq/wake.h"
@@ -39,8 +40,10 @@ class Publisher {
   const std::shared_ptr<Segment>& segment() const { return seg_; }
   uint64_t messages_sent() const { return messages_sent_; }
 
+  // Safe while another thread is inside send() (large sends run without the
+  // GIL): waits for it to finish, then unmaps.
   void close();
-  bool closed() const { return seg_ == nullptr; }
+  bool closed() const { return seg_ == nullptr || gate_.closing(); }
   void forget_after_fork();
 
  private:
@@ -59,6 +62,8 @@ class Publisher {
   WakeSender sender_;
   uint64_t messages_sent_ = 0;
   int fruitless_wakes_ = 0;  // futex wakes that woke nobody: a sleeper died, reclaim
+  ipc::UseGate gate_;       // sends in flight on other threads
+  off_t liveness_byte_ = 0; // our OFD lock: held while we live, so a successor can tell
 };
 
 }  // namespace msgq

@@ -191,7 +191,8 @@ void Segment::supersede() {
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
   const int64_t give_up = ipc::monotonic_ns() + 2'000'000'000;
   for (;;) {
-    if ((cur & 1) != 0 && ipc::monotonic_ns() < give_up) {  // a send is in flight: let it finish
+    const bool owner_alive = ipc::ofd_is_locked(fd_.get(), publisher_liveness_byte(cur >> 1), true);
+    if ((cur & 1) != 0 && owner_alive && ipc::monotonic_ns() < give_up) {  // a send is in flight: let it finish
       usleep(100);
       cur = h.publisher.load(std::memory_order_acquire);
       continue;

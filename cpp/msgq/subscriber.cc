@@ -27,6 +27,15 @@ Subscriber::~Subscriber() { close(); }
 
 void Subscriber::close() {
   if (!seg_) return;
+  gate_.begin_close();
+  WakeSender sender;
+  while (!gate_.idle()) {  // a waiter may be between its check and its sleep: keep waking
+    SegmentHeader& h = header();
+    h.futex_seq.fetch_add(1, std::memory_order_release);
+    ipc::futex_wake(&h.futex_seq, INT_MAX);
+    if (wake_) sender.poke(wake_->name(), wake_->name_length());
+    usleep(50);
+  }
   release_slot();
   reader_.reset();
   seg_.reset();
@@ -42,7 +51,7 @@ void Subscriber::forget_after_fork() {
 }
 
 void Subscriber::check_open() const {
-  if (!seg_) fail(ErrorKind::kClosed, "subscriber is closed");
+  if (closed()) fail(ErrorKind::kClosed, "subscriber is closed");
 }
 
 void Subscriber::claim_slot(bool from_start) {
@@ -101,7 +110,9 @@ bool Subscriber::has_data(std::memory_order order) const {
   return reader_->has_data(order) || seg_->superseded();
 }
 
-bool Subscriber::ready() const { return seg_ != nullptr && has_data(std::memory_order_acquire); }
+bool Subscriber::ready() const {
+  return seg_ != nullptr && (gate_.closing() || has_data(std::memory_order_acquire));
+}
 
 int64_t Subscriber::spin_budget_ns() const {
   // Spinning pays only when the message is likely to come within the limit.
@@ -112,7 +123,8 @@ int64_t Subscriber::spin_budget_ns() const {
 void Subscriber::record_wait(int64_t ns) { typical_wait_ns_ = (3 * typical_wait_ns_ + ns) / 4; }
 
 WaitStatus Subscriber::wait(int64_t deadline_ns) {
-  check_open();
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !seg_) return WaitStatus::kClosed;
   if (has_data(std::memory_order_acquire)) return WaitStatus::kReady;
   const int64_t start = ipc::monotonic_ns();
   const int64_t spin_end = std::min(deadline_ns, start + spin_budget_ns());
@@ -122,6 +134,7 @@ WaitStatus Subscriber::wait(int64_t deadline_ns) {
         record_wait(ipc::monotonic_ns() - start);
         return WaitStatus::kReady;
       }
+      if (gate_.closing()) return WaitStatus::kClosed;
       ipc::cpu_relax();
     }
   }
@@ -136,6 +149,10 @@ WaitStatus Subscriber::wait(int64_t deadline_ns) {
     if (has_data(std::memory_order_seq_cst)) {
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
       break;
+    }
+    if (gate_.closing()) {  // SYNC: after our seq load; close() bumps futex_seq after setting it
+      h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
+      return WaitStatus::kClosed;
     }
     const int64_t now = ipc::monotonic_ns();
     if (now >= deadline_ns) {
@@ -159,6 +176,7 @@ int Subscriber::fileno() {
 
 bool Subscriber::arm() {
   if (!seg_) return false;
+  if (gate_.closing()) return true;
   fileno();
   SegmentHeader& h = header();
   ReaderSlot& slot = h.readers[slot_];
@@ -200,6 +218,16 @@ void Poller::collect(std::vector<size_t>& ready) const {
 }
 
 WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
+  // Keep each subscriber from being unmapped by a close() on another thread
+  // while we use it; a closing one reports ready, and we return at once.
+  std::vector<std::unique_ptr<ipc::UseGuard>> uses;
+  uses.reserve(subs_.size());
+  ready.clear();
+  for (size_t i = 0; i < subs_.size(); i++) {
+    uses.push_back(std::make_unique<ipc::UseGuard>(subs_[i]->gate()));
+    if (!uses.back()->ok() || subs_[i]->closed()) ready.push_back(i);
+  }
+  if (!ready.empty()) return WaitStatus::kReady;
   collect(ready);
   if (!ready.empty() || timeout_ns == 0) return WaitStatus::kReady;
   const int64_t deadline = ipc::deadline_after(timeout_ns);

@@ -8,13 +8,14 @@
 #include <memory>
 #include <optional>
 
+#include "common/use_gate.h"
 #include "msgq/ring.h"
 #include "msgq/segment.h"
 #include "msgq/wake.h"
 
 namespace msgq {
 
-enum class WaitStatus { kReady, kTimeout, kInterrupted };
+enum class WaitStatus { kReady, kTimeout, kInterrupted, kClosed };
 
 class Subscriber {
  public:
@@ -35,9 +36,12 @@ class Subscriber {
   }
 
   // Wait until data may be there, the deadline (monotonic ns, ipc::kNever)
-  // passes, or a signal interrupts the sleep. Spins first only while recent
-  // waits were shorter than the spin limit, then sleeps on the futex.
+  // passes, a signal interrupts the sleep, or close() is called from another
+  // thread. Spins first only while recent waits were shorter than the spin
+  // limit, then sleeps on the futex.
   WaitStatus wait(int64_t deadline_ns);
+  // A receive would not wait: data, a pending reset, or a close in progress
+  // (so that pollers return and the receive reports the close).
   bool ready() const;
 
   // File-descriptor readiness: arm() asks the writer to poke fileno() at the
@@ -53,9 +57,12 @@ class Subscriber {
   uint64_t resets() const { return reader_ ? reader_->resets() + resets_before_ : resets_before_; }
   size_t segment_size() const { return seg_ ? seg_->data_size() : 0; }
 
+  // Safe while another thread waits on this subscriber (in wait() or a
+  // Poller): wakes it, waits for it to leave, then unmaps.
   void close();
-  bool closed() const { return seg_ == nullptr; }
+  bool closed() const { return seg_ == nullptr || gate_.closing(); }
   void forget_after_fork();
+  ipc::UseGate& gate() { return gate_; }
 
  private:
   SegmentHeader& header() const { return *seg_->header(); }
@@ -76,6 +83,7 @@ class Subscriber {
   std::unique_ptr<WakeSocket> wake_;
   int64_t spin_limit_ns_ = 50'000;
   int64_t typical_wait_ns_ = 25'000;  // moving average of recent waits
+  ipc::UseGate gate_;  // calls running without the GIL: wait(), Poller::poll()
 };
 
 // Waits on many subscribers at once through their wake sockets (epoll).

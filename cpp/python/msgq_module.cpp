@@ -102,6 +102,7 @@ struct PySubscriber {
         py::gil_scoped_release nogil;
         st = sub->wait(deadline);
       }
+      if (st == WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "subscriber was closed while waiting");
       if (st != WaitStatus::kInterrupted) return st == WaitStatus::kReady;
       pyipc::check_signals();
     }
