@@ -26,17 +26,15 @@ def _text(value) -> str:
 
 class Context:
     """Holds the backend its sockets use: ``backend`` if given, else the one
-    ``MSGQ_BACKEND`` names when the first socket connects (default ``msgq``)."""
+    the environment names (``MSGQ_BACKEND``, see :func:`msgq.backends.choose`)
+    when each socket connects."""
 
     def __init__(self, backend=None):
-        self._requested = backend
         self._backend = backends.load(backend) if backend is not None else None
 
     @property
     def backend(self):
-        if self._backend is None:
-            self._backend = backends.load(self._requested)
-        return self._backend
+        return self._backend if self._backend is not None else backends.load()
 
     def term(self):
         """Kept for compatibility: sockets own their resources and close on their own."""

@@ -1,18 +1,27 @@
 """Backends: the one place where a process picks how messages travel.
 
-Every backend module exports the same contract (checked on load):
+Every backend module exports the same contract (the names are checked on
+load; the conformance suite in tests/test_conformance.py checks behaviour):
 
 ``NAME``
     its name, as accepted by ``MSGQ_BACKEND`` and ``Context(backend=...)``.
 ``Publisher(endpoint, segment_size=0)``
-    ``send(data)``, ``loan(n)`` / ``commit(n)`` / ``cancel_loan()``,
-    ``num_readers()``, ``all_readers_updated()``, ``close()``, ``closed``.
+    ``send(data)`` (bytes or any C-contiguous buffer; ``TypeError`` otherwise),
+    ``loan(n)`` -> a writable buffer-protocol object of n bytes, ``commit(n)``,
+    ``cancel_loan()``, ``num_readers()``, ``all_readers_updated()``,
+    properties ``max_message_size``, ``segment_size``, ``messages_sent``,
+    ``closed``, and ``close()``.
 ``Subscriber(endpoint, address, conflate, segment_size)``
-    ``receive(non_blocking=False)``, ``receive_batch(max_messages, timeout_ms)``,
-    ``set_timeout(ms)``, ``ready()``, ``fileno()``, ``arm()``, ``disarm()``,
-    ``close()``, ``closed``.
+    ``receive(non_blocking=False)`` -> bytes or None (honours ``set_timeout``),
+    ``receive_batch(max_messages, timeout_ms)`` -> list of bytes,
+    ``set_timeout(ms)`` (-1: forever), ``ready()``, ``fileno()``,
+    ``arm()`` (True if a message is already there, else the fd becomes
+    readable when one may be), ``disarm()``, properties ``resets``,
+    ``spin_us`` (settable), ``conflate``, ``segment_size``, ``closed``, and
+    ``close()``. Errors are the classes of ``msgq.errors``.
 ``Poller()``
-    ``add(subscriber)``, ``poll(timeout_ms) -> [indices]``, ``fileno()``.
+    ``add(subscriber)``, ``poll(timeout_ms) -> [indices in add order]``,
+    ``fileno()``.
 """
 
 import importlib
@@ -22,6 +31,8 @@ from msgq.errors import InvalidArgumentError
 
 _MODULES = {
     "msgq": "msgq.backends.shm",
+    "zmq": "msgq.backends.zmq",
+    "fake": "msgq.backends.fake",
 }
 
 CONTRACT = ("NAME", "Publisher", "Subscriber", "Poller")
@@ -33,9 +44,13 @@ def available() -> tuple:
 
 
 def choose(name=None) -> str:
-    """The backend to use: ``name`` if given, else ``MSGQ_BACKEND``, else ``msgq``."""
+    """The backend to use: ``name`` if given, else ``MSGQ_BACKEND``, else the
+    reference's switches (``CEREAL_FAKE`` set: ``fake``; ``ZMQ`` set: ``zmq``),
+    else ``msgq``."""
     if name is None:
-        name = os.environ.get("MSGQ_BACKEND") or "msgq"
+        name = os.environ.get("MSGQ_BACKEND")
+    if not name:
+        name = "fake" if os.environ.get("CEREAL_FAKE") else "zmq" if os.environ.get("ZMQ") else "msgq"
     if name not in _MODULES:
         raise InvalidArgumentError(f"unknown msgq backend {name!r}; choose one of {', '.join(_MODULES)}")
     return name
