@@ -56,3 +56,24 @@ def segment_basename(topic: str, prefix: str = None) -> str:
     topic = validate_name(topic)
     prefix = current_prefix() if prefix is None else prefix
     return f"{SEGMENT_PREFIX}{prefix}@{topic}" if prefix else f"{SEGMENT_PREFIX}{topic}"
+
+
+ZMQ_BASE_PORT = 8023
+ZMQ_PORT_SPAN = 65535 - ZMQ_BASE_PORT  # 57512, as in the reference
+
+
+def _fnv1a64(data: bytes) -> int:
+    h = 0xCBF29CE484222325
+    for byte in data:
+        h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def zmq_port(topic: str, prefix: str = None) -> int:
+    """TCP port of a topic on the ZeroMQ backend: ``8023 + fnv1a64(key) % 57512``
+    with key = ``TOPIC``, or ``PREFIX@TOPIC`` under a run prefix (the
+    reference's formula, made prefix-aware so isolated runs do not collide)."""
+    topic = validate_name(topic)
+    prefix = current_prefix() if prefix is None else prefix
+    key = f"{prefix}@{topic}" if prefix else topic
+    return ZMQ_BASE_PORT + _fnv1a64(key.encode()) % ZMQ_PORT_SPAN
