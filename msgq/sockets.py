@@ -13,6 +13,7 @@ Receives always copy out of the ring (the copy is what makes a lapped reader
 safe); sends copy in, unless you fill a loan in place.
 """
 
+import asyncio
 import sys
 import time
 
@@ -125,6 +126,34 @@ class SubSocket:
         if self._impl is None or self._impl.closed:
             raise ClosedError("SubSocket is not connected" if self._impl is None else "SubSocket is closed")
         return self._impl
+
+    async def receive_async(self, timeout=None):
+        """Await the next message (``bytes``), or ``None`` after ``timeout``
+        seconds (``None``: no limit). Waits on :meth:`fileno` in the running
+        event loop: no thread and no polling loop per socket."""
+        impl = self._connected()
+        loop = asyncio.get_running_loop()
+        deadline = None if timeout is None else loop.time() + timeout
+        fd = impl.fileno()
+        while True:
+            msg = impl.receive(True)
+            if msg is not None:
+                return msg
+            if impl.arm():  # a message arrived between the receive and arming
+                continue
+            readable = loop.create_future()
+            loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+            try:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                await asyncio.wait_for(readable, left)
+            except asyncio.TimeoutError:
+                if impl.ready():
+                    continue
+                return None
+            finally:
+                loop.remove_reader(fd)
+                if not impl.closed:
+                    impl.disarm()
 
     def __iter__(self):
         """Yield messages until a receive times out."""
