@@ -26,7 +26,9 @@ inline void ring_copy(void* dst, const void* src, size_t n) {
   }
 }
 #else
-inline void ring_copy(void* dst, const void* src, size_t n) { std::memcpy(dst, src, n); }
+inline void ring_copy(void* dst, const void* src, size_t n) {
+  if (n != 0) std::memcpy(dst, src, n);  // a 0-byte sink or send may pass nullptr: memcpy must not see it
+}
 #endif
 
 inline int64_t load_prefix(const uint8_t* at) {
@@ -134,9 +136,9 @@ class RingWriter {
 
 enum class ReadStatus { kMessage, kEmpty };
 
-// A Sink receives one message: prepare(n) returns n writable bytes (it may
-// throw, e.g. out of memory); discard() drops what prepare() gave when the
-// copy turned out torn. The ring never allocates.
+// A Sink receives one message: prepare(n) returns n writable bytes (nullptr
+// is fine for n = 0; it may throw, e.g. out of memory); discard() drops what
+// prepare() gave when the copy turned out torn. The ring never allocates.
 class RingReader {
  public:
   RingReader(RingView view, uint32_t slot) : v_(view), slot_(&view.header->readers[slot]) {}
@@ -159,6 +161,7 @@ class RingReader {
   // reader that was lapped still gets the latest one. Falls back to reset()
   // if that message lies in an older cycle than the writer's (it may be gone).
   void reset_to_newest() {
+    const uint64_t consumed = rp_;  // everything before it was delivered or skipped
     for (int attempt = 0; attempt < 1000; attempt++) {
       slot_->valid.store(1, std::memory_order_seq_cst);
       const uint64_t wp = v_.header->write_pointer.load(std::memory_order_seq_cst);
@@ -166,6 +169,10 @@ class RingReader {
       const uint64_t last = v_.header->last_message.load(std::memory_order_relaxed);
       if (cycle_of(last) < cycle_of(wp) || !in_ring(last)) break;  // nothing committed in this cycle yet
       if (cycle_of(last) != cycle_of(wp) || offset_of(last) >= offset_of(wp)) continue;  // newer than wp: again
+      // W1 may clear our flag from a read pointer it loaded before our last R4
+      // was visible (a spurious lap): the newest message may be one we already
+      // delivered. Never hand it out twice.
+      if (precedes(last, consumed)) break;
       publish_position(last);
       if (cycle_of(v_.header->write_pointer.load(std::memory_order_seq_cst)) == cycle_of(last)) return;
     }
@@ -230,6 +237,7 @@ class RingReader {
       std::atomic_thread_fence(std::memory_order_acquire);  // SYNC: copy before re-check
       if (slot_->valid.load(std::memory_order_relaxed) == 0) {                          // R5
         sink.discard();
+        rp_ = pack(rc, ro);  // not delivered: the reset that follows may come back to it
         continue;
       }
       auto& s = *slot_;
@@ -242,6 +250,12 @@ class RingReader {
  private:
   bool in_ring(uint64_t pos) const {
     return offset_of(pos) <= v_.data_size - kSpareBytes && offset_of(pos) % 8 == 0;
+  }
+
+  // Ring order of two positions, tolerant of the 32-bit cycle counter wrapping.
+  static bool precedes(uint64_t a, uint64_t b) {
+    const auto cycles = static_cast<int32_t>(cycle_of(a) - cycle_of(b));
+    return cycles < 0 || (cycles == 0 && offset_of(a) < offset_of(b));
   }
 
   void publish_position(uint64_t pos) {
