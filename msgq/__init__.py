@@ -6,7 +6,7 @@ without its limits: 64 readers per topic reclaimed one by one, clear errors
 instead of aborts, no signals, sleeping receivers that use no CPU.
 """
 
-from typing import List, Optional
+from typing import List, Optional, Union
 
 from msgq.errors import (
     ClosedError,
@@ -21,6 +21,15 @@ from msgq.errors import (
     SegmentError,
     TooManyReadersError,
 )
+from msgq.events import (
+    Event,
+    SocketEventHandle,
+    delete_fake_prefix,
+    get_fake_prefix,
+    set_fake_prefix,
+    toggle_fake_events,
+    wait_for_one_event,
+)
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
 
 __all__ = [
@@ -28,6 +37,8 @@ __all__ = [
     "Poller",
     "SubSocket",
     "PubSocket",
+    "SocketEventHandle",
+    "Event",
     "Loan",
     "IpcError",
     "MultiplePublishersError",
@@ -40,8 +51,14 @@ __all__ = [
     "InvalidNameError",
     "NoSpaceError",
     "IpcTimeoutError",
+    "toggle_fake_events",
+    "set_fake_prefix",
+    "get_fake_prefix",
+    "delete_fake_prefix",
+    "wait_for_one_event",
     "NO_TRAVERSAL_LIMIT",
     "context",
+    "fake_event_handle",
     "pub_sock",
     "sub_sock",
     "drain_sock_raw",
@@ -50,6 +67,18 @@ __all__ = [
 NO_TRAVERSAL_LIMIT = 2**64 - 1
 
 context = Context()
+
+
+def fake_event_handle(
+    endpoint: str, identifier: Optional[Union[str, bytes]] = None, override: bool = True, enable: bool = False
+) -> SocketEventHandle:
+    """The fake-event handle of ``endpoint`` for ``identifier`` (default: the
+    ``CEREAL_FAKE_PREFIX`` fake subscribers use). ``override`` creates fresh
+    events and sets ``enabled`` to ``enable``; see :mod:`msgq.events`."""
+    handle = SocketEventHandle(endpoint, get_fake_prefix() if identifier is None else identifier, override)
+    if override:
+        handle.enabled = enable
+    return handle
 
 
 def pub_sock(endpoint: str, segment_size: int = 0) -> PubSocket:

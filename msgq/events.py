@@ -1,0 +1,715 @@
+"""Fake events: let a test decide when each ``receive()`` of a process runs.
+
+The reference's deterministic-testing hooks (commaai/msgq ``event.cc``,
+``impl_fake.h``), with the same Python API. With the ``fake`` backend
+(``CEREAL_FAKE=1``, :func:`toggle_fake_events`, or ``MSGQ_BACKEND=fake``), a
+subscriber whose event handle is enabled does, at each ``receive()``:
+
+1. set its ``recv_called`` event (the harness learns the consumer has
+   finished its previous step and is asking for the next message);
+2. wait for ``recv_ready`` (the harness has published what this step gets);
+3. clear ``recv_ready``, then receive normally.
+
+A harness therefore runs a consumer in lockstep, with no sleeps::
+
+    handle = msgq.fake_event_handle("carState", enable=True)  # before the consumer connects, or after
+    called, ready = handle.recv_called_event, handle.recv_ready_event
+    called.wait(10); called.clear()      # the consumer is in receive()
+    pub.send(msg); ready.set()           # deliver exactly this message
+    called.wait(10)                      # it has processed it (and published its output)
+
+One handle state exists per (run prefix, identifier, endpoint); the fake
+subscriber uses identifier ``CEREAL_FAKE_PREFIX`` (empty if unset). Events
+are FIFOs: ``set()`` writes a byte, ``clear()`` drains them (returns how
+many), ``wait()``/``peek()`` poll for one.
+
+Unlike the reference, the state file and FIFOs live in the segment directory
+(``/dev/shm``) under the run prefix (``msgq@PREFIX@fake@IDENTIFIER@ENDPOINT``,
+``msgq@PREFIX@fake~TOKEN.called|ready``), are created owner-only, and are
+removed when the last handle or subscriber using them closes (or is
+collected); files of killed processes are swept by the next owning handle or
+publisher. Names follow the topic rules (no ``/``, no ``..``). All waits
+release the GIL and are interrupted by Ctrl-C. If the harness that owns the
+FIFOs closes its handle or dies, a subscriber waiting in step 2 is released
+and later receives run normally: a consumer never hangs on a dead harness.
+"""
+
+import contextlib
+import errno
+import fcntl
+import hashlib
+import math
+import mmap
+import os
+import re
+import secrets
+import select
+import stat
+import struct
+import weakref
+
+from msgq.errors import ClosedError, IpcError, IpcPermissionError, IpcTimeoutError, SegmentError
+from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+
+__all__ = [
+    "Event",
+    "SocketEventHandle",
+    "toggle_fake_events",
+    "set_fake_prefix",
+    "get_fake_prefix",
+    "delete_fake_prefix",
+    "wait_for_one_event",
+]
+
+FAKE_ENV = "CEREAL_FAKE"
+FAKE_PREFIX_ENV = "CEREAL_FAKE_PREFIX"
+
+# --- the shared state file -------------------------------------------------------------
+# Layout (64 bytes, little endian):
+#   0  magic "MSGQFEV1"
+#   8  enabled (u8): any handle writes it at any time; subscribers read it at every receive
+#   12 generation (u32): bumped after every token change, under the attach lock
+#   16 token (48 bytes ASCII, NUL padded): names the owner's FIFOs; "" when none.
+#      Written and read only under the attach lock (byte 0), so never torn.
+# Locks are the shm segments' (cpp/msgq/layout.h), so remove_stale_segments() treats
+# these files like segments: byte 0 exclusive = attach/detach critical section, byte 1
+# shared = "someone uses this file"; the last one out (byte 1 exclusive) unlinks it.
+_MAGIC = b"MSGQFEV1"
+_STATE_SIZE = 64
+_OFF_ENABLED = 8
+_OFF_GENERATION = 12
+_OFF_TOKEN = 16
+_TOKEN_SIZE = 48
+_LOCK_INIT = 0
+_LOCK_PRESENCE = 1
+_MAX_FILE_NAME = 255
+
+_TOKEN = re.compile(r"([0-9]+)-[0-9a-f]{16}\Z")
+_FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
+_FIFO_KINDS = ("called", "ready")
+RECV_CALLED, RECV_READY = 0, 1
+
+
+def _ofd_lock(fd, byte, exclusive, wait=True) -> bool:
+    arg = _FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, os.SEEK_SET, byte, 1, 0)
+    try:
+        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
+        return True
+    except OSError as e:
+        if not wait and e.errno in (errno.EAGAIN, errno.EACCES):
+            return False
+        raise
+
+
+def _ofd_unlock(fd, byte):
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0))
+
+
+def _text(value, what) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", "replace")
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+    return value
+
+
+def _identifier(value) -> str:
+    text = _text(value, "fake-event identifier")
+    return validate_name(text, "fake-event identifier") if text else ""
+
+
+def _run_base(prefix) -> str:
+    return f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
+
+
+def _state_basename(prefix, identifier, endpoint) -> str:
+    base = _run_base(prefix)
+    name = f"{base}fake@{identifier}@{endpoint}"  # '@' is never part of a name: no collisions
+    if len(name.encode()) > _MAX_FILE_NAME:
+        digest = hashlib.blake2b(f"{identifier}@{endpoint}".encode(), digest_size=16).hexdigest()
+        name = f"{base}fake#{digest}"
+    return name
+
+
+def _fifo_basename(prefix, token, kind) -> str:
+    return f"{_run_base(prefix)}fake~{token}.{kind}"
+
+
+def _check_ours(fd, path, want_fifo):
+    st = os.fstat(fd)
+    kind_ok = stat.S_ISFIFO(st.st_mode) if want_fifo else stat.S_ISREG(st.st_mode)
+    if not kind_ok:
+        raise SegmentError(f"{path} is not a {'FIFO' if want_fifo else 'regular file'}: not a msgq fake-event file")
+    if st.st_uid != os.geteuid():
+        raise IpcPermissionError(f"{path} belongs to uid {st.st_uid}, not to this user")
+    return st
+
+
+def _same_file(path, st) -> bool:
+    try:
+        now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _sweep_stale(directory, prefix):
+    """Remove fake-event files of this run that killed processes left behind:
+    FIFOs whose creator is gone, and state files nobody has attached."""
+    base = _run_base(prefix)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        if not name.startswith(base):
+            continue
+        rest = name[len(base):]
+        path = os.path.join(directory, name)
+        if rest.startswith("fake~"):
+            token = rest[5:].rsplit(".", 1)[0]
+            m = _TOKEN.match(token)
+            if m and not _pid_alive(int(m.group(1))):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        elif rest.startswith(("fake@", "fake#")):
+            with contextlib.suppress(OSError):
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+                try:
+                    st = os.fstat(fd)
+                    if (
+                        stat.S_ISREG(st.st_mode)
+                        and st.st_uid == os.geteuid()
+                        and _ofd_lock(fd, _LOCK_INIT, True, wait=False)
+                        and _same_file(path, st)
+                        and _ofd_lock(fd, _LOCK_PRESENCE, True, wait=False)
+                    ):
+                        os.unlink(path)
+                finally:
+                    os.close(fd)
+
+
+class _State:
+    """One process's attachment to a handle state file (created if missing)."""
+
+    def __init__(self, endpoint, identifier):
+        endpoint = validate_name(_text(endpoint, "endpoint"))
+        identifier = _identifier(identifier)
+        self.endpoint, self.identifier = endpoint, identifier
+        self.prefix = current_prefix()
+        self.directory = segment_dir()
+        self.path = os.path.join(self.directory, _state_basename(self.prefix, identifier, endpoint))
+        self.pid = os.getpid()
+        self.fd = -1
+        self.mm = None
+        self._attach()
+
+    def _attach(self):
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            except PermissionError as e:
+                raise IpcPermissionError(f"cannot open fake-event state {self.path}: {e.strerror}") from None
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    raise SegmentError(f"{self.path} is a symbolic link: refused") from None
+                raise IpcError(f"cannot open fake-event state {self.path}: {e.strerror}") from None
+            try:
+                st = _check_ours(fd, self.path, want_fifo=False)
+                _ofd_lock(fd, _LOCK_INIT, True)
+                if not _same_file(self.path, st):  # the last user unlinked it before we locked
+                    os.close(fd)
+                    continue
+                size = os.fstat(fd).st_size
+                if size == 0:
+                    os.ftruncate(fd, _STATE_SIZE)
+                elif size != _STATE_SIZE:
+                    raise SegmentError(f"{self.path}: {size} bytes, not a msgq fake-event state")
+                mm = mmap.mmap(fd, _STATE_SIZE)
+                if size == 0:
+                    mm[: len(_MAGIC)] = _MAGIC
+                elif mm[: len(_MAGIC)] != _MAGIC:
+                    mm.close()
+                    raise SegmentError(f"{self.path} is not a msgq fake-event state (bad magic)")
+                _ofd_lock(fd, _LOCK_PRESENCE, False)
+                _ofd_unlock(fd, _LOCK_INIT)
+            except BaseException:
+                os.close(fd)
+                raise
+            self.fd, self.mm = fd, mm
+            return
+
+    # Lock-free fields
+
+    @property
+    def enabled(self) -> bool:
+        return self.mm[_OFF_ENABLED] != 0
+
+    @enabled.setter
+    def enabled(self, value):
+        self.mm[_OFF_ENABLED] = 1 if value else 0
+
+    @property
+    def generation(self) -> int:
+        return struct.unpack_from("<I", self.mm, _OFF_GENERATION)[0]
+
+    # Fields behind the attach lock
+
+    @contextlib.contextmanager
+    def locked(self):
+        _ofd_lock(self.fd, _LOCK_INIT, True)
+        try:
+            yield
+        finally:
+            _ofd_unlock(self.fd, _LOCK_INIT)
+
+    def read_token(self) -> str:
+        """The current owner's token ("" if none); call under :meth:`locked`."""
+        raw = bytes(self.mm[_OFF_TOKEN : _OFF_TOKEN + _TOKEN_SIZE]).rstrip(b"\0")
+        token = raw.decode("ascii", "replace")
+        return token if _TOKEN.match(token) else ""
+
+    def write_token(self, token):
+        """Install ``token`` and bump the generation; call under :meth:`locked`."""
+        self.mm[_OFF_TOKEN : _OFF_TOKEN + _TOKEN_SIZE] = token.encode("ascii").ljust(_TOKEN_SIZE, b"\0")
+        struct.pack_into("<I", self.mm, _OFF_GENERATION, (self.generation + 1) & 0xFFFFFFFF)
+
+    def fifo_path(self, token, which) -> str:
+        return os.path.join(self.directory, _fifo_basename(self.prefix, token, _FIFO_KINDS[which]))
+
+    def detach(self, on_leave=None):
+        """Leave the state; the last user unlinks it. ``on_leave(self)`` runs
+        under the attach lock first. In a forked child that inherited the
+        attachment, only the descriptors are closed."""
+        mm, fd = self.mm, self.fd
+        if mm is None:
+            return
+        try:
+            if os.getpid() == self.pid:  # OFD locks are shared with the parent after fork
+                _ofd_lock(fd, _LOCK_INIT, True)
+                if on_leave is not None:
+                    on_leave(mm)
+                _ofd_unlock(fd, _LOCK_PRESENCE)
+                if _ofd_lock(fd, _LOCK_PRESENCE, True, wait=False) and _same_file(self.path, os.fstat(fd)):
+                    os.unlink(self.path)
+        finally:
+            self.mm, self.fd = None, -1
+            mm.close()
+            os.close(fd)  # releases our locks
+
+
+def _open_fifo(path, flags):
+    """Open one of our FIFOs; None if it does not exist (or, writing, has no reader)."""
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ENXIO:  # O_WRONLY and nobody reads: the harness is gone
+            return None
+        raise IpcError(f"cannot open fake-event FIFO {path}: {e.strerror}") from None
+    try:
+        _check_ours(fd, path, want_fifo=True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _poll_timeout_ms(timeout):
+    """Seconds (the reference's unit; floats welcome) to poll() milliseconds; None or <0: forever."""
+    if timeout is None or timeout < 0:
+        return None
+    return int(math.ceil(timeout * 1000))
+
+
+def _timeout_error(timeout, what="event"):
+    return IpcTimeoutError(f"{what} timed out after {timeout} s (pid {os.getpid()})")
+
+
+class Event:
+    """One fake event (a FIFO): ``set()`` raises it, ``clear()`` lowers it and
+    returns how many ``set()`` calls it absorbed, ``wait(timeout)`` blocks up
+    to ``timeout`` seconds (negative or None: forever) and raises
+    :class:`IpcTimeoutError` (a ``RuntimeError``) if it stays low, ``peek()``
+    tells without waiting. ``fd`` is -1 for an event whose FIFO does not
+    exist (see ``SocketEventHandle(..., override=False)``)."""
+
+    __slots__ = ("_fd", "_owner", "__weakref__")
+
+    def __init__(self, fd=-1, _owner=None):
+        self._fd = int(fd)
+        self._owner = _owner  # keeps the handle (and so the descriptor) alive
+
+    @property
+    def fd(self) -> int:
+        owner = self._owner
+        return -1 if owner is not None and owner.closed else self._fd
+
+    @property
+    def ptr(self) -> int:
+        """An identity for this event (the reference's C++ address; here ``id()``)."""
+        return id(self)
+
+    def _valid_fd(self) -> int:
+        fd = self.fd
+        if fd < 0:
+            owner = self._owner
+            if owner is not None and owner.closed:
+                raise ClosedError("Event's SocketEventHandle is closed")
+            raise IpcError("Event has no valid file descriptor (no FIFO yet: create a handle with override=True)")
+        return fd
+
+    def set(self):
+        try:
+            os.write(self._valid_fd(), b"\1")
+        except BlockingIOError:
+            pass  # the FIFO is full: the event is set already
+
+    def clear(self) -> int:
+        fd = self._valid_fd()
+        total = 0
+        while True:
+            try:
+                chunk = os.read(fd, 4096)
+            except BlockingIOError:
+                return total
+            if not chunk:
+                return total
+            total += len(chunk)
+
+    def wait(self, timeout=-1):
+        if not _poll([self._valid_fd()], _poll_timeout_ms(timeout)):
+            raise _timeout_error(timeout)
+
+    def peek(self) -> bool:
+        return bool(_poll([self._valid_fd()], 0))
+
+    def __repr__(self):
+        return f"<msgq.Event fd={self.fd}>"
+
+
+def _poll(fds, timeout_ms):
+    """Indices of ``fds`` with data, after up to ``timeout_ms`` (None: forever).
+    poll() releases the GIL; Python retries it after a signal unless the
+    handler raises (KeyboardInterrupt propagates)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    ready = {fd for fd, mask in poller.poll(timeout_ms) if mask & select.POLLIN}
+    return [i for i, fd in enumerate(fds) if fd in ready]
+
+
+def wait_for_one_event(events, timeout=-1) -> int:
+    """Wait up to ``timeout`` seconds (negative or None: forever) until one of
+    ``events`` is set; return the index of the first set one. Raises
+    :class:`IpcTimeoutError` (a ``RuntimeError``) on timeout."""
+    events = list(events)
+    if not events:
+        raise IpcError("wait_for_one_event needs at least one event")
+    ready = _poll([e._valid_fd() for e in events], _poll_timeout_ms(timeout))
+    if not ready:
+        raise _timeout_error(timeout, "wait_for_one_event")
+    return ready[0]
+
+
+class _HandleResources:
+    """What a SocketEventHandle owns; released by close() or its finalizer
+    (which must not reference the handle itself)."""
+
+    def __init__(self, state):
+        self.state = state
+        self.token = ""  # set if this handle created (owns) the FIFOs
+        self.fds = [-1, -1]  # current FIFO descriptors (O_RDWR)
+        self.seen_generation = None
+        self.stale_fds = []  # replaced descriptors, kept open for Event objects that still hold them
+
+    def close(self):
+        state, self.state = self.state, None
+        if state is None:
+            return
+        try:
+            if self.token and os.getpid() == state.pid:
+                token = self.token
+
+                def leave(mm):
+                    if state.read_token() == token:  # still the owner: hand the topic back to normal delivery
+                        mm[_OFF_ENABLED] = 0
+                        state.write_token("")
+                    for which in (RECV_CALLED, RECV_READY):
+                        with contextlib.suppress(FileNotFoundError):
+                            os.unlink(state.fifo_path(token, which))
+                    if self.fds[RECV_READY] >= 0:  # release a subscriber waiting for us
+                        with contextlib.suppress(BlockingIOError):
+                            os.write(self.fds[RECV_READY], b"\1")
+
+                state.detach(leave)
+            else:
+                state.detach()
+        finally:
+            for fd in self.fds + self.stale_fds:
+                if fd >= 0:
+                    os.close(fd)
+            self.fds, self.stale_fds = [-1, -1], []
+
+
+class SocketEventHandle:
+    """The fake-event state of one endpoint for one identifier (the fake
+    subscriber uses ``CEREAL_FAKE_PREFIX``) in this run prefix.
+
+    ``override=True`` makes this handle the owner: it creates fresh FIFOs
+    (taking over from any earlier owner) and resets ``enabled`` to False.
+    ``override=False`` only attaches: its events have ``fd == -1`` while no
+    owner exists. Close it (or use ``with``) to remove the FIFOs; the owner
+    closing also disables the events, so consumers go back to normal delivery.
+    """
+
+    def __init__(self, endpoint, identifier="", override=True):
+        state = _State(endpoint, identifier)
+        self._res = res = _HandleResources(state)
+        self._finalizer = weakref.finalize(self, res.close)
+        self.endpoint, self.identifier = state.endpoint, state.identifier
+        try:
+            if override:
+                _sweep_stale(state.directory, state.prefix)
+                self._take_over(res)
+            else:
+                self._refresh()
+        except BaseException:
+            self.close()
+            raise
+
+    def _take_over(self, res):
+        state = res.state
+        token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        with state.locked():
+            old = state.read_token()
+            fds = []
+            try:
+                for which in (RECV_CALLED, RECV_READY):
+                    path = state.fifo_path(token, which)
+                    os.mkfifo(path, 0o600)
+                    fd = _open_fifo(path, os.O_RDWR)
+                    if fd is None:
+                        raise IpcError(f"fake-event FIFO {path} vanished while being created")
+                    fds.append(fd)
+            except BaseException:
+                for fd in fds:
+                    os.close(fd)
+                for which in (RECV_CALLED, RECV_READY):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(state.fifo_path(token, which))
+                raise
+            state.enabled = False
+            state.write_token(token)
+            res.token, res.fds, res.seen_generation = token, fds, state.generation
+            if old:  # an earlier owner's FIFOs: its open descriptors keep working, its subscribers move to ours
+                for which in (RECV_CALLED, RECV_READY):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(state.fifo_path(old, which))
+
+    def _refresh(self):
+        """For a non-owning handle: follow the owner's FIFOs if they changed."""
+        res = self._res
+        state = res.state
+        if res.token or state.generation == res.seen_generation:
+            return
+        with state.locked():
+            generation, token = state.generation, state.read_token()
+            fds = [-1, -1]
+            if token:
+                for which in (RECV_CALLED, RECV_READY):
+                    fd = _open_fifo(state.fifo_path(token, which), os.O_RDWR)
+                    fds[which] = -1 if fd is None else fd
+        res.stale_fds.extend(fd for fd in res.fds if fd >= 0)
+        res.fds, res.seen_generation = fds, generation
+
+    def _state(self):
+        state = self._res.state
+        if state is None:
+            raise ClosedError(f"SocketEventHandle for {self.endpoint!r} is closed")
+        return state
+
+    @property
+    def enabled(self) -> bool:
+        return self._state().enabled
+
+    @enabled.setter
+    def enabled(self, value):
+        state = self._state()
+        if value:
+            self._refresh()
+            if self._res.fds[RECV_READY] < 0:
+                raise IpcError(
+                    f"no fake events exist for {self.endpoint!r} (identifier {self.identifier!r}): "
+                    "create a handle with override=True first"
+                )
+        state.enabled = bool(value)
+
+    def _event(self, which) -> Event:
+        self._state()
+        self._refresh()
+        return Event(self._res.fds[which], _owner=self)
+
+    @property
+    def recv_called_event(self) -> Event:
+        """Set by the subscriber when its receive() starts."""
+        return self._event(RECV_CALLED)
+
+    @property
+    def recv_ready_event(self) -> Event:
+        """Set by the harness to let one waiting receive() go on."""
+        return self._event(RECV_READY)
+
+    @property
+    def owner(self) -> bool:
+        """True if this handle created the FIFOs (``override=True``)."""
+        return bool(self._res.token)
+
+    @property
+    def closed(self) -> bool:
+        return self._res.state is None
+
+    def close(self):
+        """Release the state; an owner removes its FIFOs and disables the events."""
+        self._finalizer()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        if self.closed:
+            return f"<SocketEventHandle {self.endpoint!r} closed>"
+        role = "owner" if self.owner else "attached"
+        return f"<SocketEventHandle {self.endpoint!r} identifier={self.identifier!r} {role} enabled={self.enabled}>"
+
+
+class SubscriberHook:
+    """The subscriber side of the handshake (used by the ``fake`` backend).
+
+    Attaches to the state of (run prefix, ``identifier``, ``endpoint``) and,
+    when it is enabled, runs the handshake before each receive. Holds no
+    reference to its subscriber, so a finalizer may call :meth:`close`.
+    """
+
+    def __init__(self, endpoint, identifier):
+        self._state = _State(endpoint, identifier)
+        self.mm = self._state.mm  # receive() reads the enabled byte straight from it
+        self._generation = None
+        self._called = -1  # O_WRONLY: we only set it
+        self._ready = -1  # O_RDONLY: poll() reports POLLHUP once no harness holds it
+        self._poller = None
+
+    @property
+    def enabled(self) -> bool:
+        return self.mm is not None and self.mm[_OFF_ENABLED] != 0
+
+    def _close_fifos(self):
+        for fd in (self._called, self._ready):
+            if fd >= 0:
+                os.close(fd)
+        self._called = self._ready = -1
+        self._poller = None
+
+    def _reopen(self):
+        state = self._state
+        self._close_fifos()
+        with state.locked():
+            self._generation, token = state.generation, state.read_token()
+            if not token:
+                return
+            # ready first: if a harness holds the FIFOs now, a later hang-up is reported
+            ready = _open_fifo(state.fifo_path(token, RECV_READY), os.O_RDONLY)
+            called = _open_fifo(state.fifo_path(token, RECV_CALLED), os.O_WRONLY) if ready is not None else None
+        if ready is None or called is None:
+            if ready is not None:
+                os.close(ready)
+            return
+        self._called, self._ready = called, ready
+        self._poller = select.poll()
+        self._poller.register(ready, select.POLLIN)
+
+    def handshake(self):
+        """recv_called.set(); recv_ready.wait(); recv_ready.clear()."""
+        if self._state.generation != self._generation:
+            self._reopen()
+        if self._ready < 0:
+            return  # enabled but no harness FIFOs: deliver normally
+        try:
+            os.write(self._called, b"\1")
+        except BlockingIOError:
+            pass
+        except BrokenPipeError:  # nobody reads recv_called any more: the harness is gone
+            self._close_fifos()
+            return
+        events = self._poller.poll()  # releases the GIL; Ctrl-C raises here
+        if any(mask & select.POLLIN for _, mask in events):
+            while True:
+                try:
+                    if not os.read(self._ready, 4096):
+                        break
+                except BlockingIOError:
+                    break
+        else:  # POLLHUP: every holder of the FIFOs closed them (harness gone)
+            self._close_fifos()
+
+    def close(self):
+        state, self.mm = self._state, None
+        if state is not None:
+            self._state = None
+            try:
+                state.detach()
+            finally:
+                self._close_fifos()
+
+
+def toggle_fake_events(enabled):
+    """Make sockets connected afterwards (here and in child processes) use the
+    ``fake`` backend (``CEREAL_FAKE=1``), or stop doing so. An
+    ``MSGQ_BACKEND`` naming another backend is switched along with it."""
+    if enabled:
+        os.environ[FAKE_ENV] = "1"
+        if os.environ.get("MSGQ_BACKEND", "fake") != "fake":
+            os.environ["MSGQ_BACKEND"] = "fake"
+    else:
+        os.environ.pop(FAKE_ENV, None)
+        if os.environ.get("MSGQ_BACKEND") == "fake":
+            del os.environ["MSGQ_BACKEND"]
+
+
+def set_fake_prefix(prefix):
+    """Set ``CEREAL_FAKE_PREFIX``, the identifier fake subscribers use; an empty prefix unsets it."""
+    prefix = _identifier(prefix)
+    if prefix:
+        os.environ[FAKE_PREFIX_ENV] = prefix
+    else:
+        os.environ.pop(FAKE_PREFIX_ENV, None)
+
+
+def get_fake_prefix() -> bytes:
+    """``CEREAL_FAKE_PREFIX`` as bytes (b"" if unset), as the reference returns it."""
+    return os.environ.get(FAKE_PREFIX_ENV, "").encode("utf-8")
+
+
+def delete_fake_prefix():
+    os.environ.pop(FAKE_PREFIX_ENV, None)
+
+
+def fake_prefix() -> str:
+    """``CEREAL_FAKE_PREFIX`` as str (the fake subscriber's identifier)."""
+    return os.environ.get(FAKE_PREFIX_ENV, "")
