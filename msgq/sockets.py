@@ -13,7 +13,6 @@ Receives always copy out of the ring (the copy is what makes a lapped reader
 safe); sends copy in, unless you fill a loan in place.
 """
 
-import asyncio
 import sys
 import time
 
@@ -131,6 +130,8 @@ class SubSocket:
         """Await the next message (``bytes``), or ``None`` after ``timeout``
         seconds (``None``: no limit). Waits on :meth:`fileno` in the running
         event loop: no thread and no polling loop per socket."""
+        import asyncio  # lazily: it costs most of msgq's import time
+
         impl = self._connected()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout

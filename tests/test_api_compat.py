@@ -17,6 +17,8 @@ from msgq.testing import unique_topic
 REFERENCE_NAMES = [
     "Context", "Poller", "SubSocket", "PubSocket", "MultiplePublishersError", "IpcError",
     "NO_TRAVERSAL_LIMIT", "context", "pub_sock", "sub_sock", "drain_sock_raw",
+    "SocketEventHandle", "toggle_fake_events", "set_fake_prefix", "get_fake_prefix", "delete_fake_prefix",
+    "wait_for_one_event", "fake_event_handle",
 ]
 
 
