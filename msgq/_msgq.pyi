@@ -1,6 +1,6 @@
 """Type stubs for the native ring module (private: use the msgq package)."""
 
-from typing import List, Union
+from typing import Any, Dict, List, Union
 
 _Buffer = Union[bytes, bytearray, memoryview]
 
@@ -13,6 +13,7 @@ LAYOUT_VERSION: int
 
 def max_message_size(segment_size: int) -> int: ...
 def remove_stale_segments(dir: str, name_prefix: str) -> List[str]: ...
+def segment_stats(dir: str, basename: str) -> Dict[str, Any]: ...
 
 class LoanBuffer:
     def __len__(self) -> int: ...

@@ -11,6 +11,7 @@
 #include "msgq/layout.h"
 #include "msgq/publisher.h"
 #include "msgq/segment.h"
+#include "msgq/stats.h"
 #include "msgq/subscriber.h"
 #include "python/errors.h"
 
@@ -23,6 +24,7 @@ using msgq::WaitStatus;
 namespace {
 
 constexpr size_t kReleaseGilAbove = 256 * 1024;  // bytes copied with the GIL released
+constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
 
 SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode) {
   SegmentSpec spec;
@@ -124,15 +126,27 @@ struct PySubscriber {
     return receive_until(ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000));
   }
 
+  // Up to max_messages, but stops once kBatchBytes have been received: holding
+  // many large bytes objects at once and freeing them together makes malloc
+  // return the memory to the OS, and the next batch faults every page back in.
   py::list receive_batch(size_t max_messages, int timeout) {
     py::list out;
     BytesSink sink;
-    while (out.size() < max_messages && sub->try_read(sink)) out.append(sink.take());
+    size_t bytes = 0;
+    auto more = [&] {
+      while (out.size() < max_messages && bytes < kBatchBytes && sub->try_read(sink)) {
+        py::object msg = sink.take();
+        bytes += static_cast<size_t>(PyBytes_GET_SIZE(msg.ptr()));
+        out.append(std::move(msg));
+      }
+    };
+    more();
     if (out.size() == 0 && timeout != 0) {
       py::object first = receive_until(ipc::deadline_after(timeout < 0 ? -1 : int64_t{timeout} * 1'000'000));
       if (first.is_none()) return out;
+      bytes += static_cast<size_t>(PyBytes_GET_SIZE(first.ptr()));
       out.append(first);
-      while (out.size() < max_messages && sub->try_read(sink)) out.append(sink.take());
+      more();
     }
     return out;
   }
@@ -241,4 +255,27 @@ PYBIND11_MODULE(_msgq, m) {
       .def("__len__", &msgq::Poller::size);
 
   m.def("remove_stale_segments", &msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
+  m.def(
+      "segment_stats",
+      [](const std::string& dir, const std::string& basename) {
+        msgq::SegmentStats s;
+        {
+          py::gil_scoped_release nogil;  // may wait briefly for an attacher
+          s = msgq::read_segment_stats(dir, basename);
+        }
+        py::list readers;
+        for (const msgq::ReaderStats& r : s.readers) {
+          readers.append(py::dict(py::arg("slot") = r.slot, py::arg("pid") = r.pid, py::arg("conflate") = r.conflate,
+                                  py::arg("valid") = r.valid, py::arg("alive") = r.alive,
+                                  py::arg("messages") = r.messages, py::arg("bytes") = r.bytes,
+                                  py::arg("resets") = r.resets, py::arg("read_pointer") = r.read_pointer));
+        }
+        return py::dict(py::arg("name") = s.name, py::arg("data_size") = s.data_size,
+                        py::arg("write_pointer") = s.write_pointer, py::arg("messages_written") = s.messages_written,
+                        py::arg("bytes_written") = s.bytes_written, py::arg("publisher_pid") = s.publisher_pid,
+                        py::arg("publisher_alive") = s.publisher_alive, py::arg("superseded") = s.superseded,
+                        py::arg("attached") = s.attached, py::arg("created_ns") = s.created_ns,
+                        py::arg("readers") = readers);
+      },
+      py::arg("dir"), py::arg("basename"));
 }

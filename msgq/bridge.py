@@ -1,0 +1,334 @@
+"""msgq-bridge: carry topics between this machine's shared memory and ZeroMQ TCP.
+
+``msgq-bridge out TOPIC...`` subscribes to local topics and republishes each
+on a ZeroMQ PUB socket bound at ``tcp://ADDR:zmq_port(TOPIC)``; a subscriber
+on another machine (our ``zmq`` backend, or a plain pyzmq SUB socket) then
+receives it. ``msgq-bridge in TOPIC... --from HOST`` does the reverse: it
+subscribes to ``tcp://HOST:zmq_port(TOPIC)`` and republishes into local
+shared-memory topics. Every message is one ZeroMQ frame holding exactly the
+payload bytes.
+
+The local publisher is never slowed down: the ring never waits for readers,
+and on the network side each remote subscriber has a bounded queue
+(``--hwm`` messages); when any remote subscriber's queue is full, the message
+is dropped (for every remote subscriber, so the stream each one sees has the
+same gaps) and counted. If the bridge itself falls a whole ring behind, its
+subscriber skips ahead and counts ``local_resets``. ``-v`` prints both.
+ZeroMQ reconnects on its own (heartbeats detect dead peers), and a local
+publisher that restarts, even with another segment size, is picked up by the
+bridge's subscriber.
+"""
+
+import argparse
+import signal
+import sys
+import time
+
+from msgq import sockets
+from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
+from msgq.names import current_prefix, validate_name, zmq_port
+
+POLL_MS = 100  # longest wait before the loop checks for a stop request
+BATCH = 256  # messages moved per socket per turn, so one busy topic cannot starve the others
+HEARTBEAT_MS = 1000
+HEARTBEAT_TIMEOUT_MS = 3000
+
+EPILOG = """\
+examples:
+  # machine A: publish the local topics carState and gpsLocation on the network
+  msgq-bridge out carState gpsLocation --bind 0.0.0.0
+  # machine B: receive them into B's shared memory, where local subscribers read them
+  msgq-bridge in carState gpsLocation --from machine-a.local
+
+Ports are zmq_port(TOPIC) (msgq.names), which depends on MSGQ_PREFIX: both
+machines must use the same prefix. The stream is not encrypted or
+authenticated: bind to a trusted interface.
+"""
+
+
+class _TopicStats:
+    __slots__ = ("topic", "messages", "bytes", "drops", "subscribers", "local")
+
+    def __init__(self, topic, local=None):
+        self.topic = topic
+        self.local = local  # out: the bridge's own subscriber, whose resets are data it lost
+        self.messages = 0
+        self.bytes = 0
+        self.drops = 0
+        self.subscribers = None  # remote subscribers (out: known from subscription messages)
+
+
+class _Stopper:
+    """SIGINT / SIGTERM ask the loop to stop; the loop checks at least every POLL_MS."""
+
+    def __init__(self):
+        self.stop = False
+        self._saved = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._saved[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.stop = True
+
+    def restore(self):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+
+
+def _zmq():
+    try:
+        import zmq
+    except ImportError:
+        raise SystemExit("msgq-bridge needs pyzmq: pip install 'visionipc[zmq]'") from None
+    return zmq
+
+
+def _tune(zmq, sock, hwm):
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, hwm)
+    sock.setsockopt(zmq.RCVHWM, hwm)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+    # ZMTP heartbeats: a peer that vanished without closing (cable pulled, host
+    # down) is noticed and the connection re-established.
+    sock.setsockopt(zmq.HEARTBEAT_IVL, HEARTBEAT_MS)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, HEARTBEAT_TIMEOUT_MS)
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+
+
+class _Reporter:
+    def __init__(self, stats, every, direction, stream):
+        self.stats = stats
+        self.every = every
+        self.direction = direction
+        self.stream = stream
+        self.next_at = time.monotonic() + every if every > 0 else None
+        self.last = {s.topic: (0, 0) for s in stats}
+        self.last_t = time.monotonic()
+
+    def maybe_report(self):
+        if self.next_at is None or time.monotonic() < self.next_at:
+            return
+        now = time.monotonic()
+        seconds = max(now - self.last_t, 1e-9)
+        for s in self.stats:
+            m0, b0 = self.last[s.topic]
+            subs = "" if s.subscribers is None else f" remote_subscribers={s.subscribers}"
+            if s.local is not None:
+                subs += f" local_resets={s.local.resets}"
+            self.stream.write(
+                f"msgq-bridge {self.direction} {s.topic}: {(s.messages - m0) / seconds:.1f} msg/s "
+                f"{(s.bytes - b0) / seconds / 1e3:.1f} kB/s total={s.messages} drops={s.drops}{subs}\n"
+            )
+            self.last[s.topic] = (s.messages, s.bytes)
+        self.stream.flush()
+        self.last_t = now
+        self.next_at = now + self.every
+
+
+def run_out(topics, bind, hwm, verbose_every, stopper, log) -> int:
+    """Local shared-memory topics -> ZeroMQ PUB sockets."""
+    zmq = _zmq()
+    ctx = zmq.Context()
+    ctx_msgq = sockets.Context(backend="msgq")  # the local side is shared memory, whatever MSGQ_BACKEND says
+    poller = sockets.Poller()
+    routes = []  # (subscriber, zmq socket, stats)
+    try:
+        for topic in topics:
+            pub = ctx.socket(zmq.XPUB)
+            _tune(zmq, pub, hwm)
+            # Counted drops instead of PUB's silent ones: a full queue makes the
+            # non-blocking send fail with EAGAIN. Every (un)subscription is
+            # passed up, so the bridge knows how many remote subscribers it has.
+            pub.setsockopt(zmq.XPUB_NODROP, 1)
+            pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+            endpoint = f"tcp://{bind}:{zmq_port(topic)}"
+            try:
+                pub.bind(endpoint)
+            except zmq.ZMQError as exc:
+                pub.close(0)
+                log(f"msgq-bridge: cannot bind {endpoint} for {topic!r}: {exc}")
+                return 1
+            sub = sockets.SubSocket()
+            sub.connect(ctx_msgq, topic)
+            poller.registerSocket(sub)
+            stats = _TopicStats(topic, local=sub)
+            stats.subscribers = 0
+            routes.append((sub, pub, stats))
+            log(f"msgq-bridge: {topic} -> {endpoint}")
+        by_sub = {id(sub): (sub, pub, stats) for sub, pub, stats in routes}
+        reporter = _Reporter([r[2] for r in routes], verbose_every, "out", sys.stderr)
+        while not stopper.stop:
+            for sub in poller.poll(POLL_MS):
+                _, pub, stats = by_sub[id(sub)]
+                for msg in sub.receive_batch(BATCH, 0):
+                    try:
+                        pub.send(msg, zmq.NOBLOCK, copy=len(msg) < 65536)
+                        stats.messages += 1
+                        stats.bytes += len(msg)
+                    except zmq.Again:
+                        stats.drops += 1
+            for _, pub, stats in routes:
+                _count_subscriptions(zmq, pub, stats)
+            reporter.maybe_report()
+        return 0
+    finally:
+        for sub, pub, _ in routes:
+            sub.close()
+            pub.close(0)
+        ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
+
+
+def _count_subscriptions(zmq, pub, stats):
+    while True:
+        try:
+            event = pub.recv(zmq.NOBLOCK)
+        except zmq.Again:
+            return
+        if event[:1] == b"\x01":
+            stats.subscribers += 1
+        elif event[:1] == b"\x00":
+            stats.subscribers = max(0, stats.subscribers - 1)
+
+
+def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log) -> int:
+    """ZeroMQ SUB sockets -> local shared-memory topics."""
+    zmq = _zmq()
+    ctx = zmq.Context()
+    ctx_msgq = sockets.Context(backend="msgq")
+    poller = zmq.Poller()
+    routes = {}  # zmq socket -> (publisher, stats)
+    warned = set()
+    try:
+        for topic in topics:
+            sub = ctx.socket(zmq.SUB)
+            _tune(zmq, sub, hwm)
+            sub.setsockopt(zmq.SUBSCRIBE, b"")
+            endpoint = f"tcp://{host}:{zmq_port(topic)}"
+            sub.connect(endpoint)  # never fails for a host that is down: ZeroMQ keeps retrying
+            pub = sockets.PubSocket()
+            pub.connect(ctx_msgq, topic, segment_size)
+            poller.register(sub, zmq.POLLIN)
+            routes[sub] = (pub, _TopicStats(topic))
+            log(f"msgq-bridge: {endpoint} -> {topic}")
+        reporter = _Reporter([r[1] for r in routes.values()], verbose_every, "in", sys.stderr)
+        while not stopper.stop and routes:
+            for sub, _ in poller.poll(POLL_MS):
+                pub, stats = routes[sub]
+                for _ in range(BATCH):
+                    try:
+                        frames = sub.recv_multipart(zmq.NOBLOCK, copy=True)
+                    except zmq.Again:
+                        break
+                    if len(frames) != 1:  # not a msgq message: one frame of payload
+                        stats.drops += 1
+                        continue
+                    try:
+                        pub.send(frames[0])
+                    except MessageTooLargeError as exc:
+                        stats.drops += 1
+                        if stats.topic not in warned:
+                            warned.add(stats.topic)
+                            log(f"msgq-bridge: dropping messages of {stats.topic!r}: {exc}")
+                        continue
+                    except MultiplePublishersError:
+                        # A local publisher took the topic over: it wins; stop forwarding it.
+                        log(f"msgq-bridge: another local publisher took over {stats.topic!r}; no longer forwarding it")
+                        poller.unregister(sub)
+                        sub.close(0)
+                        pub.close()
+                        del routes[sub]
+                        break
+                    stats.messages += 1
+                    stats.bytes += len(frames[0])
+            reporter.maybe_report()
+        if not stopper.stop:
+            log("msgq-bridge: local publishers took over every topic; nothing left to forward")
+            return 1
+        return 0
+    finally:
+        for sub, (pub, _) in routes.items():
+            sub.close(0)
+            pub.close()
+        ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="msgq-bridge",
+        description="Forward msgq topics between this machine's shared memory and ZeroMQ TCP "
+        "(one frame per message, on port zmq_port(TOPIC)).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="direction", metavar="{out,in}", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("topics", nargs="+", metavar="TOPIC", help="topic names")
+    common.add_argument(
+        "--hwm", type=int, default=1000, help="messages queued per remote peer before dropping (default: 1000)"
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="print statistics to stderr periodically")
+    common.add_argument(
+        "--stats-interval", type=float, default=5.0, metavar="S", help="seconds between -v statistics (default: 5)"
+    )
+    out = sub.add_parser(
+        "out",
+        parents=[common],
+        help="local shared-memory topics -> ZeroMQ PUB sockets",
+        description="Publish local topics on tcp://ADDR:zmq_port(TOPIC).",
+    )
+    out.add_argument(
+        "--bind",
+        default="*",
+        metavar="ADDR",
+        help="interface address to bind (default: * = all interfaces; 127.0.0.1 for this machine only)",
+    )
+    inn = sub.add_parser(
+        "in",
+        parents=[common],
+        help="ZeroMQ publishers on HOST -> local shared-memory topics",
+        description="Subscribe to tcp://HOST:zmq_port(TOPIC) and republish into local topics.",
+    )
+    inn.add_argument("--from", dest="host", required=True, metavar="HOST", help="host running `msgq-bridge out`")
+    inn.add_argument(
+        "--segment-size",
+        type=int,
+        default=0,
+        metavar="BYTES",
+        help="ring size of local topics the bridge creates (default: the existing size, or 1 MiB)",
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    try:
+        current_prefix()
+        topics = list(dict.fromkeys(validate_name(t) for t in args.topics))
+    except IpcError as exc:
+        parser.error(str(exc))
+    if args.hwm < 1:
+        parser.error("--hwm must be at least 1")
+    every = args.stats_interval if args.verbose else 0
+
+    def log(text):
+        sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    stopper = _Stopper()  # before any socket exists, so a stop request never leaves a segment behind
+    try:
+        if args.direction == "out":
+            return run_out(topics, args.bind, args.hwm, every, stopper, log)
+        return run_in(topics, args.host, args.hwm, args.segment_size, every, stopper, log)
+    except KeyboardInterrupt:
+        return 0
+    except IpcError as exc:
+        log(f"msgq-bridge: {exc}")
+        return 1
+    finally:
+        stopper.restore()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
