@@ -111,14 +111,6 @@ def sub_sock(
 def drain_sock_raw(sock: SubSocket, wait_for_one: bool = False) -> List[bytes]:
     """Every message waiting on ``sock``; with ``wait_for_one``, first wait
     (up to the socket's timeout) until there is at least one."""
-    if hasattr(sock, "receive_batch"):
-        timeout = (-1 if sock.timeout is None else sock.timeout) if wait_for_one else 0
-        out: List[bytes] = []
-        while True:
-            batch = sock.receive_batch(4096, timeout if not out else 0)
-            out.extend(batch)
-            if len(batch) < 4096:
-                return out
     ret: List[bytes] = []
     while True:
         dat = sock.receive() if wait_for_one and not ret else sock.receive(non_blocking=True)

@@ -79,8 +79,9 @@ class SubSocket:
         return None if self._timeout < 0 else self._timeout
 
     def receive_batch(self, max_messages=1024, timeout=0):
-        """Up to ``max_messages`` waiting messages in one call; waits up to
-        ``timeout`` ms (negative: forever) for the first one."""
+        """Up to ``max_messages`` waiting messages in one call (the shared-memory
+        backend also stops after 256 KiB); waits up to ``timeout`` ms
+        (negative: forever) for the first one. An empty list: nothing came."""
         return self._connected().receive_batch(int(max_messages), -1 if timeout is None else int(timeout))
 
     def ready(self) -> bool:
