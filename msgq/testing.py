@@ -20,7 +20,7 @@ import os
 import secrets
 import time
 
-from msgq.names import SEGMENT_PREFIX, segment_dir
+from msgq.names import SEGMENT_PREFIX, segment_dir, zmq_port
 
 
 def unique_name(stem: str = "t") -> str:
@@ -28,8 +28,38 @@ def unique_name(stem: str = "t") -> str:
     return f"{stem}{secrets.token_hex(6)}"
 
 
+def _ports_in_use() -> set:
+    ports = set()
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as table:
+                lines = table.read().splitlines()[1:]
+        except OSError:
+            continue
+        ports.update(int(line.split()[1].rsplit(":", 1)[1], 16) for line in lines if line.strip())
+    return ports
+
+
+def _ephemeral_ports() -> range:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
 def unique_topic(stem: str = "topic") -> str:
-    return unique_name(stem)
+    """A topic name no other test uses, usable with every backend: under the
+    current prefix its ZeroMQ port lies outside the ephemeral port range and
+    is in no socket's use, so no outgoing connection (every closed one stays
+    in TIME_WAIT for a minute) can hold it."""
+    ephemeral, used = _ephemeral_ports(), _ports_in_use()
+    while True:
+        name = unique_name(stem)
+        port = zmq_port(name)
+        if port not in ephemeral and port not in used:
+            return name
 
 
 def segments(prefix: str) -> list:
