@@ -40,12 +40,46 @@ class Context:
         """Kept for compatibility: sockets own their resources and close on their own."""
 
 
-class SubSocket:
+class _Socket:
+    """What both socket kinds share: closing, the closed check, context
+    management. ``_FAST`` names the hot method bound straight to the native one."""
+
+    _FAST = ""
+
+    def close(self):
+        if self._impl is not None:
+            self._impl.close()
+        self.__dict__.pop(self._FAST, None)
+
+    @property
+    def closed(self) -> bool:
+        return self._impl is None or self._impl.closed
+
+    def _connected(self):
+        if self._impl is None or self._impl.closed:
+            kind = type(self).__name__
+            raise ClosedError(f"{kind} is not connected" if self._impl is None else f"{kind} is closed")
+        return self._impl
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __repr__(self):
+        state = "closed" if self.closed else "connected"
+        return f"<{type(self).__name__} {self.endpoint!r} {state}>"
+
+
+class SubSocket(_Socket):
     """Receives the messages of one topic, in order, each exactly once.
 
     A subscriber that falls a whole ring behind is reset to the newest data
     and counts the loss in ``resets``; it is never handed a torn message.
     """
+
+    _FAST = "receive"
 
     def __init__(self):
         self._impl = None
@@ -113,20 +147,6 @@ class SubSocket:
     def spin_us(self, value):
         self._connected().spin_us = int(value)
 
-    def close(self):
-        if self._impl is not None:
-            self._impl.close()
-        self.__dict__.pop("receive", None)
-
-    @property
-    def closed(self) -> bool:
-        return self._impl is None or self._impl.closed
-
-    def _connected(self):
-        if self._impl is None or self._impl.closed:
-            raise ClosedError("SubSocket is not connected" if self._impl is None else "SubSocket is closed")
-        return self._impl
-
     async def receive_async(self, timeout=None):
         """Await the next message (``bytes``), or ``None`` after ``timeout``
         seconds (``None``: no limit). Waits on :meth:`fileno` in the running
@@ -165,15 +185,6 @@ class SubSocket:
                 return
             yield msg
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self):
-        state = "closed" if self.closed else "connected"
-        return f"<SubSocket {self.endpoint!r} {state}>"
 
 
 class Loan:
@@ -228,10 +239,12 @@ class Loan:
             self.cancel()
 
 
-class PubSocket:
+class PubSocket(_Socket):
     """Publishes messages on one topic. One publisher per topic: the last one
     to connect wins, and an older one's next send raises
     :class:`MultiplePublishersError`."""
+
+    _FAST = "send"
 
     def __init__(self):
         self._impl = None
@@ -282,30 +295,6 @@ class PubSocket:
     @property
     def segment_size(self) -> int:
         return self._connected().segment_size
-
-    def close(self):
-        if self._impl is not None:
-            self._impl.close()
-        self.__dict__.pop("send", None)
-
-    @property
-    def closed(self) -> bool:
-        return self._impl is None or self._impl.closed
-
-    def _connected(self):
-        if self._impl is None or self._impl.closed:
-            raise ClosedError("PubSocket is not connected" if self._impl is None else "PubSocket is closed")
-        return self._impl
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __repr__(self):
-        state = "closed" if self.closed else "connected"
-        return f"<PubSocket {self.endpoint!r} {state}>"
 
 
 class Poller:

@@ -40,23 +40,8 @@ import time
 from itertools import repeat
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(_HERE)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-# Running from the repository root would import the source tree's msgq (without
-# its compiled extension) instead of the installed package: drop the root.
-
-
-def _has_extension(pkg_dir):
-    try:
-        return any(f.startswith("_msgq") for f in os.listdir(pkg_dir))
-    except OSError:
-        return False
-
-
-if not _has_extension(os.path.join(_REPO, "msgq")):
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO]
-
 import benchlib  # noqa: E402
 from benchlib import BenchError, fmt_rate, fmt_size, latency_stats, median  # noqa: E402
 
@@ -970,7 +955,7 @@ def plot(results, sizes, path):
 
 def _git_rev():
     try:
-        return subprocess.run(["git", "-C", _REPO, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+        return subprocess.run(["git", "-C", os.path.dirname(_HERE), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               timeout=5).stdout.strip() or None
     except (OSError, subprocess.SubprocessError):
         return None

@@ -48,23 +48,8 @@ import time
 from itertools import repeat
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_REPO = os.path.dirname(_HERE)
 if _HERE not in sys.path:
     sys.path.insert(0, _HERE)
-
-
-def _has_extension(pkg_dir):
-    try:
-        return any(f.startswith("_msgq") for f in os.listdir(pkg_dir))
-    except OSError:
-        return False
-
-
-# From the repository root, the source tree's msgq (no compiled extension)
-# would shadow the installed package: drop the root.
-if not _has_extension(os.path.join(_REPO, "msgq")):
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO]
-
 import benchlib  # noqa: E402
 from benchlib import BenchError, fmt_rate, fmt_size, latency_stats, median  # noqa: E402
 

@@ -15,8 +15,20 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import os
+import sys
 import time
 import traceback
+
+# From the repository root, the source tree's msgq (no compiled extension)
+# would shadow the installed package: benchmarks importing this module first
+# never see the root on sys.path.
+_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+try:
+    _built_in_place = any(f.startswith("_msgq") for f in os.listdir(os.path.join(_REPO, "msgq")))
+except OSError:
+    _built_in_place = False
+if not _built_in_place:
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO]
 
 # --------------------------------------------------------------------------- statistics
 

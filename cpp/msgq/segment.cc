@@ -168,8 +168,7 @@ void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
   data_size_ = static_cast<uint32_t>(data_size);
 }
 
-std::string Segment::adopt_header(size_t file_size) {
-  const SegmentHeader& h = *header_;
+std::string header_problem(const SegmentHeader& h, size_t file_size) {
   if (h.magic != kMagic) return "not a msgq segment (no magic number: unfinished, or another program's file)";
   if (h.layout_version != kLayoutVersion) {
     return "created by an incompatible msgq layout version " + std::to_string(h.layout_version) +
@@ -179,8 +178,13 @@ std::string Segment::adopt_header(size_t file_size) {
       h.data_size > kMaxDataSize || h.data_size % kCacheLine != 0 || kHeaderSize + h.data_size != file_size) {
     return "corrupt header (sizes do not match the file)";
   }
-  data_size_ = static_cast<uint32_t>(h.data_size);
   return {};
+}
+
+std::string Segment::adopt_header(size_t file_size) {
+  std::string problem = header_problem(*header_, file_size);
+  if (problem.empty()) data_size_ = static_cast<uint32_t>(header_->data_size);
+  return problem;
 }
 
 // A publisher wants another ring size: retire this segment. Its old publisher

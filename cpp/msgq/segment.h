@@ -69,4 +69,8 @@ std::vector<std::string> remove_stale_segments(const std::string& dir, const std
 
 void check_basename(const std::string& basename);
 
+// Why a mapped header of a file of file_size bytes is unusable, or "" if it is
+// a valid segment of our layout. Reads only the immutable identity fields.
+std::string header_problem(const SegmentHeader& h, size_t file_size);
+
 }  // namespace msgq

@@ -41,21 +41,6 @@ class HeaderMapping {
   const SegmentHeader* header_;
 };
 
-// The checks of Segment::adopt_header, against the size fstat gave under the
-// init lock: keep the two in step.
-std::string header_problem(const SegmentHeader& h, size_t file_size) {
-  if (h.magic != kMagic) return "not a msgq segment (no magic number: unfinished, or another program's file)";
-  if (h.layout_version != kLayoutVersion) {
-    return "created by an incompatible msgq layout version " + std::to_string(h.layout_version) +
-           " (this library speaks version " + std::to_string(kLayoutVersion) + ")";
-  }
-  if (h.header_size != kHeaderSize || h.max_readers != kMaxReaders || h.data_size < kMinDataSize ||
-      h.data_size > kMaxDataSize || h.data_size % kCacheLine != 0 || kHeaderSize + h.data_size != file_size) {
-    return "corrupt header (sizes do not match the file)";
-  }
-  return {};
-}
-
 }  // namespace
 
 SegmentStats read_segment_stats(const std::string& dir, const std::string& basename) {
