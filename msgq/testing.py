@@ -49,16 +49,17 @@ def _ephemeral_ports() -> range:
     return range(low, high + 1)
 
 
-def unique_topic(stem: str = "topic") -> str:
+def unique_topic(stem: str = "topic", companions=()) -> str:
     """A topic name no other test uses, usable with every backend: under the
-    current prefix its ZeroMQ port lies outside the ephemeral port range and
-    is in no socket's use, so no outgoing connection (every closed one stays
-    in TIME_WAIT for a minute) can hold it."""
+    current prefix its ZeroMQ port (and those of ``name + suffix`` for each
+    suffix in ``companions``) lies outside the ephemeral port range and is in
+    no socket's use, so no outgoing connection (every closed one stays in
+    TIME_WAIT for a minute) can hold it."""
     ephemeral, used = _ephemeral_ports(), _ports_in_use()
     while True:
         name = unique_name(stem)
-        port = zmq_port(name)
-        if port not in ephemeral and port not in used:
+        ports = [zmq_port(name + suffix) for suffix in ("", *companions)]
+        if not any(port in ephemeral or port in used for port in ports):
             return name
 
 

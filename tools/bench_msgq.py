@@ -30,7 +30,6 @@ PATH`` a PNG (needs matplotlib).
 import argparse
 import json
 import os
-import platform
 import resource
 import struct
 import subprocess
@@ -962,21 +961,9 @@ def _git_rev():
 
 
 def meta(plan, cpus, pinned):
-    import msgq
-    import zmq
-
     return {
-        "argv": sys.argv,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": cpus,
-        "pinned_cpus": pinned,
-        "loadavg_start": benchlib.read_loadavg(),
-        "msgq_file": msgq.__file__,
+        **benchlib.run_meta(cpus, pinned),
         "git": _git_rev(),
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
         "quick": plan.quick,
         "rounds": plan.rounds,
         "sizes": plan.sizes,

@@ -40,8 +40,6 @@ target applies to latency and credit throughput.
 import argparse
 import json
 import os
-import platform
-import secrets
 import struct
 import sys
 import time
@@ -441,35 +439,11 @@ class Plan:
         return base if size <= 1024 else base // 4
 
 
-def _ports_in_use():
-    ports = set()
-    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(path) as table:
-                lines = table.read().splitlines()[1:]
-        except OSError:
-            continue
-        ports.update(int(line.split()[1].rsplit(":", 1)[1], 16) for line in lines if line.strip())
-    return ports
-
-
 def _topic(stem):
-    """A fresh topic whose port, and its ack topic's, lie outside the ephemeral
-    port range and are unused: an outgoing connection (or one of the last
-    minute, in TIME_WAIT) can hold any port of that range."""
-    from msgq.names import zmq_port
+    """A fresh topic whose port, and its ack topic's, no outgoing connection can hold."""
+    from msgq.testing import unique_topic
 
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = map(int, f.read().split())
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    used = _ports_in_use()
-    while True:
-        topic = f"{stem}{secrets.token_hex(6)}"
-        ports = (zmq_port(topic), zmq_port(f"{topic}ack"))
-        if not any(low <= p <= high or p in used for p in ports):
-            return topic
+    return unique_topic(stem, companions=("ack",))
 
 
 class Runner:
@@ -619,21 +593,8 @@ def render(rows):
 
 
 def meta(plan, cpus, pinned):
-    import zmq
-
-    import msgq
-
     return {
-        "argv": sys.argv,
-        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "python": sys.version.split()[0],
-        "platform": platform.platform(),
-        "cpus": cpus,
-        "pinned_cpus": pinned,
-        "loadavg_start": benchlib.read_loadavg(),
-        "msgq_file": msgq.__file__,
-        "pyzmq": zmq.__version__,
-        "libzmq": zmq.zmq_version(),
+        **benchlib.run_meta(cpus, pinned),
         "quick": plan.quick,
         "rounds": plan.rounds,
         "sizes": plan.sizes,

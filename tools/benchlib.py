@@ -304,3 +304,25 @@ def remove_segments(names, shm_dir="/dev/shm"):
             os.unlink(os.path.join(shm_dir, name))
         except FileNotFoundError:
             pass
+
+
+def run_meta(cpus, pinned):
+    """What a results file should say about the run: versions, machine, load."""
+    import platform
+
+    import zmq
+
+    import msgq
+
+    return {
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": cpus,
+        "pinned_cpus": pinned,
+        "loadavg_start": read_loadavg(),
+        "msgq_file": msgq.__file__,
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+    }
