@@ -27,9 +27,9 @@ STRESS_SECONDS = "2"
 
 VARIANTS = {"plain": "", "asan": "address,undefined", "tsan": "thread"}  # -> VIPC_SANITIZE
 TARGETS = {
-    "plain": ["test_ring_protocol", "test_stress", "bench_ring"],
-    "asan": ["test_ring_protocol", "test_stress"],
-    "tsan": ["test_ring_protocol", "test_stress"],
+    "plain": ["test_ring_protocol", "test_stress", "bench_ring", "test_visionipc"],
+    "asan": ["test_ring_protocol", "test_stress", "test_visionipc"],
+    "tsan": ["test_ring_protocol", "test_stress", "test_visionipc"],
 }
 
 # Halt at the first report with a distinctive exit status; the output is
@@ -114,6 +114,12 @@ def run_checked(exe, *args, timeout=120):
 @pytest.mark.parametrize("variant", ["plain", "asan", "tsan"])
 def test_ring_protocol_steps_and_segment_lifecycle(cpp_build, variant):
     out = run_checked(cpp_build(variant) / "test_ring_protocol")
+    assert "test(s) passed" in out
+
+
+@pytest.mark.parametrize("variant", ["plain", "asan", "tsan"])
+def test_visionipc_core_formats_handshake_leases_and_restart(cpp_build, variant):
+    out = run_checked(cpp_build(variant) / "test_visionipc")
     assert "test(s) passed" in out
 
 

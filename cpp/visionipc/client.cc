@@ -1,0 +1,225 @@
+#include "visionipc/client.h"
+
+#include <poll.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/errors.h"
+
+namespace vipc {
+
+namespace {
+
+ipc::UniqueFd dial(const std::string& address) {
+  ipc::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd) ipc::fail_errno("socket(AF_UNIX)");
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (address.size() > sizeof(sa.sun_path)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server name too long");
+  std::memcpy(sa.sun_path, address.data(), address.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) return {};
+  // A server that accepts but never answers must not hang us.
+  timeval tv{2, 0};
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+bool ask(int fd, RequestKind kind, const std::string& stream, Reply& reply, std::vector<ipc::UniqueFd>& fds) {
+  Request req{};
+  req.magic = kProtocolMagic;
+  req.version = kProtocolVersion;
+  req.kind = static_cast<uint32_t>(kind);
+  std::memcpy(req.stream, stream.data(), std::min(stream.size(), kStreamNameCapacity - 1));
+  if (!send_with_fds(fd, &req, sizeof(req), {})) return false;
+  const ssize_t r = recv_with_fds(fd, &reply, sizeof(reply), fds);
+  return r == static_cast<ssize_t>(sizeof(reply)) && reply.magic == kProtocolMagic && reply.version == kProtocolVersion;
+}
+
+struct PacketSink {
+  Packet packet{};
+  size_t size = 0;
+  char scratch[256];
+  char* prepare(size_t n) {
+    size = n;
+    // Anything but a Packet is garbage: read it into scratch (or nowhere) and reject it.
+    if (n == sizeof(Packet)) return reinterpret_cast<char*>(&packet);
+    return n <= sizeof(scratch) ? scratch : nullptr;
+  }
+  void discard() { size = 0; }
+};
+
+}  // namespace
+
+Client::Client(std::string name, std::string stream, bool conflate, ClientOptions options)
+    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)) {
+  check_name("server name", name_);
+  check_name("stream name", stream_);
+}
+
+Client::~Client() { close(); }
+
+void Client::close() {
+  disconnect();
+  pool_.reset();
+  sub_.reset();
+}
+
+void Client::disconnect() {
+  if (lease_ != nullptr) lease_->word.store(0, std::memory_order_release);
+  lease_ = nullptr;
+  leases_.reset();
+  sock_.reset();  // the server clears our slot (L3) when it sees this
+}
+
+void Client::ensure_subscriber() {
+  if (sub_) return;
+  msgq::SegmentSpec spec;
+  spec.dir = options_.shm_dir;
+  const std::string topic = endpoint_name(name_, stream_);
+  spec.basename = options_.prefix.empty() ? "msgq@" + topic : "msgq@" + options_.prefix + "@" + topic;
+  sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_);
+}
+
+bool Client::connect() {
+  ipc::UniqueFd fd = dial(socket_address(options_.prefix, name_));
+  if (!fd) return false;
+  auto reply = std::make_unique<Reply>();
+  std::vector<ipc::UniqueFd> fds;
+  if (!ask(fd.get(), RequestKind::kAttach, stream_, *reply, fds)) return false;
+  if (reply->status != static_cast<uint32_t>(ReplyStatus::kOk)) return false;
+  if (!accept_reply(*reply, fds)) {
+    ipc::fail(ipc::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
+  }
+  sock_ = std::move(fd);
+  ensure_subscriber();
+  return true;
+}
+
+// Bounds-check everything a server told us before mapping or indexing with it.
+bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
+  if (fds.size() != 2 || r.lease_slot >= kMaxClients || r.lease_table_size != kLeaseTableSize) return false;
+  Geometry g{static_cast<Format>(r.format), r.width, r.height, r.stride, r.uv_offset, r.buffer_size};
+  if (r.format > static_cast<uint32_t>(Format::kCustom) || !geometry_problem(g).empty()) return false;
+  if (r.count == 0 || r.count > kMaxBuffers) return false;
+  const PoolLayout l = make_layout(r.count, r.buffer_size);
+  if (l.slot_size != r.slot_size || l.data_offset != r.data_offset || l.total_size != r.pool_size) return false;
+  if (!sealed_memfd_problem(fds[0].get(), l.total_size).empty()) return false;
+  if (!sealed_memfd_problem(fds[1].get(), kLeaseTableSize).empty()) return false;
+  auto pool = std::make_shared<Mapping>(fds[0].get(), l.total_size, false);
+  auto leases = std::make_unique<Mapping>(fds[1].get(), kLeaseTableSize, true);
+  geometry_ = g;
+  layout_ = l;
+  pool_ = std::move(pool);
+  disconnect();
+  leases_ = std::move(leases);
+  lease_ = reinterpret_cast<LeaseSlot*>(leases_->data()) + r.lease_slot;
+  if (server_id_ != r.server_id) retired_id_ = server_id_;
+  server_id_ = r.server_id;
+  ordinal_ = r.stream_ordinal;
+  return true;
+}
+
+bool Client::connected() {
+  if (!sock_) return false;
+  pollfd p{sock_.get(), POLLIN, 0};
+  if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLIN))) {
+    disconnect();  // the server went away (it never sends after the handshake)
+    return false;
+  }
+  return true;
+}
+
+const uint8_t* Client::buffer(uint32_t index) const {
+  if (!pool_ || index >= layout_.count) ipc::fail(ipc::ErrorKind::kInvalidArgument, "buffer index out of range");
+  return pool_->data() + layout_.data_offset + uint64_t{index} * layout_.slot_size;
+}
+
+bool Client::is_valid(uint32_t index, uint64_t generation) const {
+  if (!pool_ || index >= layout_.count) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);  // V: the caller's pixel reads come first
+  const uint64_t g = meta(index).generation.load(std::memory_order_relaxed);
+  return g == generation || g == (generation | kProbeBit);
+}
+
+bool Client::take_lease(uint32_t index, uint64_t generation) {
+  if (lease_ == nullptr || index >= layout_.count) return false;
+  // L1: publish the lease, then confirm the frame is still there.
+  lease_->word.store(lease_word(index, generation), std::memory_order_seq_cst);
+  // A probe resolves within a few instructions; a server preempted (or
+  // killed) mid-probe costs us at most this long, then the frame counts as lost.
+  const int64_t give_up = ipc::monotonic_ns() + 2'000'000;
+  for (int spins = 0;; spins++) {
+    const uint64_t g = meta(index).generation.load(std::memory_order_seq_cst);
+    if (g == generation) return true;
+    if (g != (generation | kProbeBit) || ipc::monotonic_ns() > give_up) break;
+    if (spins > 64) sched_yield();
+    ipc::cpu_relax();
+  }
+  lease_->word.store(0, std::memory_order_release);
+  return false;
+}
+
+void Client::release_lease() {
+  if (lease_ != nullptr) lease_->word.store(0, std::memory_order_release);  // L2
+}
+
+bool Client::handle(const Packet& p, Frame& out) {
+  if (p.magic != kProtocolMagic || p.server_id == retired_id_) return false;
+  if (p.server_id != server_id_ || !sock_) {
+    // A new server instance (restart): remap before trusting its indices.
+    if (!connect() || p.server_id != server_id_) return false;
+  }
+  if (p.stream_ordinal != ordinal_ || p.index >= layout_.count || (p.generation & 1)) return false;
+  out.index = p.index;
+  out.generation = p.generation;
+  out.frame_id = p.frame_id;
+  out.timestamp_sof = p.timestamp_sof;
+  out.timestamp_eof = p.timestamp_eof;
+  out.valid = take_lease(p.index, p.generation);
+  return true;
+}
+
+RecvStatus Client::recv(int64_t deadline_ns, Frame& out) {
+  ensure_subscriber();
+  for (;;) {
+    PacketSink sink;
+    while (sub_->try_read(sink)) {
+      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return RecvStatus::kFrame;
+      dropped_++;
+    }
+    if (deadline_ns != ipc::kNever && ipc::monotonic_ns() >= deadline_ns) return RecvStatus::kTimeout;
+    switch (sub_->wait(deadline_ns)) {
+      case msgq::WaitStatus::kInterrupted: return RecvStatus::kInterrupted;
+      case msgq::WaitStatus::kClosed: return RecvStatus::kClosed;
+      default: break;
+    }
+  }
+}
+
+std::optional<std::vector<std::string>> Client::list_streams(const std::string& name, const ClientOptions& options) {
+  check_name("server name", name);
+  ipc::UniqueFd fd = dial(socket_address(options.prefix, name));
+  if (!fd) return std::nullopt;
+  auto reply = std::make_unique<Reply>();
+  std::vector<ipc::UniqueFd> fds;
+  if (!ask(fd.get(), RequestKind::kList, "", *reply, fds) || reply->status != 0) return std::nullopt;
+  std::vector<std::string> out;
+  std::string cur;
+  for (uint32_t i = 0; i < std::min<uint32_t>(reply->list_length, kListCapacity); i++) {
+    if (reply->list[i] == '\n') {
+      if (!cur.empty()) out.push_back(cur);
+      cur.clear();
+    } else {
+      cur += reply->list[i];
+    }
+  }
+  return out;
+}
+
+}  // namespace vipc

@@ -1,0 +1,91 @@
+// VisionIpcClient: connects to a server's socket, maps one stream's pool
+// read-only, receives frame packets over msgq, and holds at most one read
+// lease at a time (the frame it is looking at).
+//
+// Server restarts: a packet with another server id, or a hang-up of the
+// socket, makes the client reconnect and remap; views of the old mapping
+// stay readable (they own it) until dropped.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+#include "msgq/subscriber.h"
+#include "visionipc/format.h"
+#include "visionipc/pool.h"
+#include "visionipc/protocol.h"
+
+namespace vipc {
+
+struct ClientOptions {
+  std::string prefix;
+  std::string shm_dir = "/dev/shm";
+};
+
+struct Frame {
+  uint32_t index = 0;
+  uint64_t generation = 0;
+  uint64_t frame_id = 0, timestamp_sof = 0, timestamp_eof = 0;
+  bool valid = false;  // the buffer still holds this frame and we lease it
+};
+
+enum class RecvStatus { kFrame, kTimeout, kInterrupted, kClosed };
+
+class Client {
+ public:
+  Client(std::string name, std::string stream, bool conflate, ClientOptions options);
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // One attempt, never waits: true once connected and mapped. False when the
+  // server or the stream does not exist (yet), or refused us.
+  bool connect();
+  bool connected();
+  // Wait for the next frame until deadline (monotonic ns, ipc::kNever). A
+  // returned frame is leased (the previous lease is dropped) when still valid.
+  RecvStatus recv(int64_t deadline_ns, Frame& out);
+
+  bool take_lease(uint32_t index, uint64_t generation);
+  void release_lease();
+  bool is_valid(uint32_t index, uint64_t generation) const;
+
+  const Geometry& geometry() const { return geometry_; }
+  uint32_t count() const { return layout_.count; }
+  std::shared_ptr<Mapping> pool() const { return pool_; }
+  const uint8_t* buffer(uint32_t index) const;
+  uint64_t server_id() const { return server_id_; }
+  uint64_t dropped() const { return dropped_; }  // packets that failed validation
+  void close();
+
+  // Stream names a server offers (one attempt); nullopt if no server answers.
+  static std::optional<std::vector<std::string>> list_streams(const std::string& name, const ClientOptions& options);
+
+ private:
+  void disconnect();
+  bool accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds);
+  bool handle(const Packet& p, Frame& out);
+  void ensure_subscriber();
+  const BufferMeta& meta(uint32_t i) const { return reinterpret_cast<const BufferMeta*>(pool_->data())[i]; }
+
+  std::string name_, stream_;
+  bool conflate_;
+  ClientOptions options_;
+  ipc::UniqueFd sock_;
+  std::shared_ptr<Mapping> pool_;
+  std::unique_ptr<Mapping> leases_;
+  LeaseSlot* lease_ = nullptr;
+  Geometry geometry_;
+  PoolLayout layout_;
+  uint64_t server_id_ = 0;
+  uint64_t retired_id_ = 0;  // the server we left: its late packets are dropped, not chased
+  uint32_t ordinal_ = 0;
+  uint64_t dropped_ = 0;
+  std::unique_ptr<msgq::Subscriber> sub_;
+};
+
+}  // namespace vipc

@@ -1,0 +1,57 @@
+// Pixel formats and the byte layout of one frame buffer.
+//
+// Every row starts on a 64-byte boundary (kStrideAlign: one cache line, and
+// what SIMD loads and most DMA engines want), so stride = align64(bytes per
+// row). Plane offsets are multiples of the stride, so every plane starts
+// aligned too. Buffers inside a pool start on 4096-byte boundaries
+// (kBufferAlign, one page), see pool.h.
+//
+//   format  planes (offset: rows x bytes)                            size
+//   NV12    Y 0: h x stride; UV uv_offset = stride*h: h/2 x stride    stride*h*3/2
+//   I420    Y 0: h x stride; U stride*h: h/2 x stride/2;
+//           V stride*h + stride*h/4: h/2 x stride/2                   stride*h*3/2
+//   GRAY8   0: h x stride                                             stride*h
+//   RGB8    0: h x stride, 3 bytes a pixel (BGR8 likewise)            stride*h
+//   RAW16   0: h x stride, 2 bytes a pixel (little-endian 16-bit raw/Bayer)
+//
+// NV12 and I420 need an even width and height (chroma is subsampled 2x2).
+// kCustom is the reference's create_buffers_with_sizes(): NV12-shaped, with
+// the caller's size, stride and uv_offset taken as given (within bounds).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace vipc {
+
+enum class Format : uint32_t { kNV12 = 0, kI420 = 1, kGray8 = 2, kRGB8 = 3, kBGR8 = 4, kRaw16 = 5, kCustom = 6 };
+
+inline constexpr uint32_t kStrideAlign = 64;
+inline constexpr uint64_t kBufferAlign = 4096;
+inline constexpr uint32_t kMaxDimension = 1 << 15;        // 32768 pixels a side
+inline constexpr uint64_t kMaxBufferSize = 1ull << 30;     // 1 GiB a frame
+
+struct Geometry {
+  Format format = Format::kNV12;
+  uint32_t width = 0;
+  uint32_t height = 0;
+  uint32_t stride = 0;     // bytes from one row to the next (Y plane for NV12/I420)
+  uint32_t uv_offset = 0;  // start of the chroma plane(s); 0 for single-plane formats
+  uint64_t size = 0;       // bytes of one frame
+};
+
+constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// Throws ipc::Error(kInvalidArgument) for zero or oversized dimensions, odd
+// NV12/I420 dimensions, or an unknown format.
+Geometry make_geometry(Format format, uint32_t width, uint32_t height);
+Geometry custom_geometry(uint32_t width, uint32_t height, uint64_t size, uint32_t stride, uint32_t uv_offset);
+
+// Empty if the geometry is internally consistent (every plane inside `size`),
+// else why not. Clients run it on what a server sent before trusting it.
+std::string geometry_problem(const Geometry& g);
+
+const char* format_name(Format f);
+bool parse_format(const std::string& name, Format& out);
+
+}  // namespace vipc

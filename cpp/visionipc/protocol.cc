@@ -1,0 +1,89 @@
+#include "visionipc/protocol.h"
+
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+
+namespace vipc {
+
+std::string socket_address(const std::string& prefix, const std::string& name) {
+  std::string addr(1, '\0');
+  addr += "visionipc@" + prefix + "@" + name;
+  return addr;
+}
+
+std::string endpoint_name(const std::string& name, const std::string& stream) { return "visionipc_" + name + "_" + stream; }
+
+bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>& fds) {
+  iovec iov{const_cast<void*>(data), n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  if (!fds.empty()) {
+    msg.msg_control = control;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
+    std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
+  }
+  for (;;) {
+    const ssize_t r = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    if (r == static_cast<ssize_t>(n)) return true;
+    if (r < 0 && errno == EINTR) continue;
+    return false;
+  }
+}
+
+ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>& fds) {
+  iovec iov{data, n};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof(control);
+  ssize_t r;
+  do {
+    r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+  } while (r < 0 && errno == EINTR);
+  if (r < 0) return r;
+  // Take every fd that arrived, even unexpected ones, so none leaks.
+  for (cmsghdr* cm = CMSG_FIRSTHDR(&msg); cm != nullptr; cm = CMSG_NXTHDR(&msg, cm)) {
+    if (cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) continue;
+    const size_t count = (cm->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+    for (size_t i = 0; i < count; i++) {
+      int fd;
+      std::memcpy(&fd, CMSG_DATA(cm) + i * sizeof(int), sizeof(int));
+      fds.emplace_back(fd);
+    }
+  }
+  if (msg.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) {
+    errno = EMSGSIZE;
+    return -1;
+  }
+  return r;
+}
+
+}  // namespace vipc
+
+#include "common/errors.h"
+
+namespace vipc {
+
+void check_name(const char* kind, const std::string& name) {
+  bool ok = !name.empty() && name.size() <= 100 && name[0] != '.' && name.find("..") == std::string::npos;
+  for (char ch : name) {
+    ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
+                ch == '.' || ch == ':' || ch == '-');
+  }
+  if (!ok) {
+    ipc::fail(ipc::ErrorKind::kInvalidArgument, std::string(kind) + " '" + name.substr(0, 40) +
+                                                    "' must be 1-100 of [A-Za-z0-9_.:-], no '..', not starting with '.'");
+  }
+}
+
+}  // namespace vipc

@@ -1,0 +1,91 @@
+// What server and client say to each other.
+//
+// Connection (Unix SOCK_SEQPACKET, abstract namespace, so nothing on disk):
+//   1. client -> server: Request {magic, version, kind, stream name}.
+//   2. server checks the peer's uid (SO_PEERCRED), then answers one Reply;
+//      for kAttach with the pool fd (read-only) and the lease-table fd
+//      attached by SCM_RIGHTS, for kList with the stream names.
+//   3. kAttach: the client keeps the connection open; its lease slot lives as
+//      long as the connection (the server clears it on hang-up).
+// Every field is fixed-size, little-endian, explicitly laid out (no C++
+// objects on the wire). The client bounds-checks every field of a Reply.
+//
+// Frames: one Packet per send on the msgq topic visionipc_<name>_<stream>.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+
+namespace vipc {
+
+inline constexpr uint32_t kProtocolMagic = 0x43504956;  // "VIPC"
+inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr size_t kStreamNameCapacity = 128;      // incl. NUL
+inline constexpr size_t kListCapacity = 8192;           // stream names, '\n'-separated
+
+enum class RequestKind : uint32_t { kAttach = 1, kList = 2 };
+enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3 };
+
+struct Request {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t kind;
+  uint32_t reserved;
+  char stream[kStreamNameCapacity];
+};
+
+struct Reply {
+  uint32_t magic;
+  uint32_t version;
+  uint32_t status;
+  uint32_t lease_slot;   // this connection's slot in the lease table
+  uint64_t server_id;    // random per server instance; every Packet carries it
+  uint32_t stream_ordinal;
+  uint32_t format;
+  uint32_t width, height, stride, uv_offset;
+  uint64_t buffer_size;
+  uint32_t count;
+  uint32_t reserved;
+  uint64_t slot_size, data_offset, pool_size, lease_table_size;
+  uint32_t list_length;  // kList: bytes used in `list`
+  char list[kListCapacity];
+};
+
+static_assert(sizeof(Request) == 16 + kStreamNameCapacity, "wire format");
+static_assert(offsetof(Reply, list) == 100 && offsetof(Reply, slot_size) == 64, "wire format");
+
+struct Packet {
+  uint32_t magic;
+  uint32_t stream_ordinal;
+  uint64_t server_id;
+  uint32_t index;
+  uint32_t reserved;
+  uint64_t generation;
+  uint64_t frame_id;
+  uint64_t timestamp_sof;
+  uint64_t timestamp_eof;
+};
+static_assert(sizeof(Packet) == 56, "wire format");
+
+// "\0visionipc@PREFIX@NAME" (abstract: the leading NUL keeps it off disk).
+std::string socket_address(const std::string& prefix, const std::string& name);
+// The reference's topic name: "visionipc_NAME_STREAM".
+std::string endpoint_name(const std::string& name, const std::string& stream);
+
+// Send a message with up to two fds attached; false if the peer is gone.
+bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>& fds);
+// Receive one message and any fds (closed unless `fds` takes them); returns
+// bytes received, 0 on hang-up, -1 on error (errno set).
+ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>& fds);
+
+}  // namespace vipc
+
+namespace vipc {
+// Server and stream names: 1..100 of [A-Za-z0-9_.:-], no "..", not starting
+// with '.'; throws ipc::Error(kInvalidArgument, "<kind> ...").
+void check_name(const char* kind, const std::string& name);
+}  // namespace vipc

@@ -1,0 +1,299 @@
+#include "visionipc/server.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "common/errors.h"
+#include "visionipc/protocol.h"
+
+namespace vipc {
+
+namespace {
+
+uint64_t random_id() {
+  uint64_t id = 0;
+  while (id == 0) {
+    if (getrandom(&id, sizeof(id), 0) != sizeof(id)) ipc::fail_errno("getrandom");
+  }
+  return id;
+}
+
+msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
+  msgq::SegmentSpec spec;
+  spec.dir = o.shm_dir;
+  spec.basename = o.prefix.empty() ? "msgq@" + topic : "msgq@" + o.prefix + "@" + topic;
+  return spec;
+}
+
+}  // namespace
+
+// The socket name is claimed here, not in start_listener(): a second server
+// of the same name fails before it takes over any of the first one's topics.
+Server::Server(std::string name, ServerOptions options) : name_(std::move(name)), options_(std::move(options)), id_(random_id()) {
+  check_name("server name", name_);
+  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!listen_fd_) ipc::fail_errno("socket(AF_UNIX)");
+  const std::string addr = socket_address(options_.prefix, name_);
+  sockaddr_un sa{};
+  sa.sun_family = AF_UNIX;
+  if (addr.size() > sizeof(sa.sun_path)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server name too long for a socket address");
+  std::memcpy(sa.sun_path, addr.data(), addr.size());
+  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
+  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+    if (errno == EADDRINUSE) {
+      ipc::fail(ipc::ErrorKind::kIpc, "another VisionIPC server named '" + name_ + "' is running (prefix '" + options_.prefix + "')");
+    }
+    ipc::fail_errno("bind of the VisionIPC socket");
+  }
+}
+
+Server::~Server() { close(); }
+
+void Server::close() {
+  if (listener_.joinable()) {
+    const uint64_t one = 1;
+    if (write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) std::abort();  // eventfd write cannot fail here
+    listener_.join();
+  }
+  connections_.clear();
+  listen_fd_.reset();
+  std::lock_guard<std::mutex> lock(mutex_);
+  streams_.clear();
+}
+
+Server::Stream& Server::find(const std::string& stream) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = streams_.find(stream);
+  if (it == streams_.end()) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
+  return *it->second;
+}
+
+std::vector<std::string> Server::streams() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> out;
+  for (const auto& kv : streams_) out.push_back(kv.first);
+  return out;
+}
+
+uint8_t* Server::buffer(const std::string& stream, uint32_t index) const {
+  const Stream& s = find(stream);
+  if (index >= s.layout.count) ipc::fail(ipc::ErrorKind::kInvalidArgument, "buffer index out of range");
+  return s.pool->data() + s.layout.data_offset + uint64_t{index} * s.layout.slot_size;
+}
+
+uint32_t Server::clients(const std::string& stream) const {
+  const Stream& s = find(stream);
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<uint32_t>(__builtin_popcountll(s.slot_used));
+}
+
+uint64_t Server::generation(const std::string& stream, uint32_t index) const {
+  const Stream& s = find(stream);
+  return index < s.layout.count ? s.generation[index] : 0;
+}
+
+void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
+  check_name("stream name", stream);
+  const std::string problem = geometry_problem(geometry);
+  if (!problem.empty()) ipc::fail(ipc::ErrorKind::kInvalidArgument, problem);
+  auto s = std::make_unique<Stream>();
+  s->name = stream;
+  s->geometry = geometry;
+  s->layout = make_layout(count, geometry.size);
+  s->pool_fd = create_sealed_memfd(("vipc-pool-" + stream).c_str(), s->layout.total_size);
+  s->pool_ro_fd = reopen_read_only(s->pool_fd.get());
+  s->lease_fd = create_sealed_memfd(("vipc-leases-" + stream).c_str(), kLeaseTableSize);
+  s->pool = std::make_shared<Mapping>(s->pool_fd.get(), s->layout.total_size, true);
+  s->leases = std::make_unique<Mapping>(s->lease_fd.get(), kLeaseTableSize, true);
+  s->last_sent.assign(count, 0);
+  s->generation.assign(count, 0);
+  s->publisher = std::make_unique<msgq::Publisher>(topic_spec(options_, endpoint_name(name_, stream)));
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (streams_.count(stream)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
+  s->ordinal = static_cast<uint32_t>(streams_.size());
+  streams_[stream] = std::move(s);
+}
+
+bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const {
+  const uint64_t word = lease_word(index, generation);
+  for (uint32_t slot = 0; slot < kMaxClients; slot++) {
+    // SYNC: pairs with the client's L1 store (seq_cst both sides).
+    if (s.lease(slot).word.load(std::memory_order_seq_cst) == word) return true;
+  }
+  return false;
+}
+
+Acquired Server::get_buffer(const std::string& stream) {
+  Stream& s = find(stream);
+  const uint32_t n = s.layout.count;
+  // Candidates from least to most recently sent; buffers already checked out
+  // (odd) go last, so recycling one only happens when nothing else is left.
+  std::vector<uint32_t> order(n);
+  for (uint32_t i = 0; i < n; i++) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+    const bool oa = s.generation[a] & 1, ob = s.generation[b] & 1;
+    return oa != ob ? ob : s.last_sent[a] < s.last_sent[b];
+  });
+  uint32_t chosen = order[0];
+  for (uint32_t i : order) {
+    const uint64_t gen = s.generation[i];
+    if (gen & 1) continue;
+    if (gen != 0 && leased(s, i, gen)) continue;
+    if (gen != 0) {
+      // G1a: probe, then re-check: a client whose L1 store we missed sees the
+      // probe at its re-read and waits for us, or we see its lease now.
+      s.meta(i).generation.store(gen | kProbeBit, std::memory_order_seq_cst);
+      if (leased(s, i, gen)) {
+        s.meta(i).generation.store(gen, std::memory_order_seq_cst);  // untouched: hand it back
+        continue;
+      }
+    }
+    s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
+    std::atomic_thread_fence(std::memory_order_release);              // pixel writes after it
+    s.generation[i] = gen + 1;
+    return Acquired{i, gen + 1, buffer(stream, i)};
+  }
+  // Everything is leased (or checked out): take the least recently sent one;
+  // its holder's validity check fails from here on.
+  uint64_t& gen = s.generation[chosen];
+  gen += (gen & 1) ? 2 : 1;
+  s.meta(chosen).generation.store(gen, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_release);
+  return Acquired{chosen, gen, buffer(stream, chosen)};
+}
+
+void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+  Stream& s = find(stream);
+  if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
+    ipc::fail(ipc::ErrorKind::kInvalidArgument,
+              "buffer " + std::to_string(index) + " of stream '" + stream +
+                  "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
+  }
+  BufferMeta& m = s.meta(index);
+  m.frame_id.store(frame_id, std::memory_order_relaxed);
+  m.timestamp_sof.store(sof, std::memory_order_relaxed);
+  m.timestamp_eof.store(eof, std::memory_order_relaxed);
+  const uint64_t published = generation + 1;
+  m.generation.store(published, std::memory_order_release);  // G3: pixels and metadata before this
+  s.generation[index] = published;
+  s.last_sent[index] = ++s.sends;
+  const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof};
+  s.publisher->send(&p, sizeof(p));
+}
+
+void Server::start_listener() {
+  if (listener_.joinable()) return;
+  if (!listen_fd_) ipc::fail(ipc::ErrorKind::kClosed, "server '" + name_ + "' is closed");
+  if (listen(listen_fd_.get(), 64) != 0) ipc::fail_errno("listen");
+  stop_fd_.reset(eventfd(0, EFD_CLOEXEC));
+  if (!stop_fd_) ipc::fail_errno("eventfd");
+  listener_ = std::thread([this] { listen_loop(); });
+}
+
+void Server::listen_loop() {
+  for (;;) {
+    std::vector<pollfd> fds{{stop_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
+    for (const Connection& c : connections_) fds.push_back({c.fd.get(), POLLIN, 0});
+    if (poll(fds.data(), fds.size(), -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[0].revents) return;
+    // Walk backwards so erasing keeps the indices of the rest valid.
+    for (size_t i = connections_.size(); i-- > 0;) {
+      if (fds[i + 2].revents == 0) continue;
+      Connection& c = connections_[i];
+      if ((fds[i + 2].revents & POLLIN) && c.stream == nullptr && serve_request(c)) continue;
+      hang_up(c);
+      connections_.erase(connections_.begin() + static_cast<long>(i));
+    }
+    if (fds[1].revents & POLLIN) accept_client();
+  }
+}
+
+bool Server::peer_allowed(int fd) const {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+  if (cred.uid == geteuid()) return true;
+  return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), cred.uid) != options_.allowed_uids.end();
+}
+
+void Server::accept_client() {
+  for (;;) {
+    ipc::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!fd) return;
+    if (!peer_allowed(fd.get())) continue;  // closing the socket is the refusal
+    connections_.push_back(Connection{std::move(fd), nullptr, 0});
+  }
+}
+
+bool Server::serve_request(Connection& c) {
+  Request req{};
+  std::vector<ipc::UniqueFd> junk;
+  const ssize_t r = recv_with_fds(c.fd.get(), &req, sizeof(req), junk);
+  if (r != static_cast<ssize_t>(sizeof(req)) || req.magic != kProtocolMagic) return false;
+  auto reply = std::make_unique<Reply>();  // ~8 KiB: keep it off the listener's stack
+  std::memset(reply.get(), 0, sizeof(Reply));
+  reply->magic = kProtocolMagic;
+  reply->version = kProtocolVersion;
+  reply->server_id = id_;
+  req.stream[kStreamNameCapacity - 1] = '\0';
+  const std::string wanted(req.stream);
+  std::vector<int> fds;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (req.version != kProtocolVersion) {
+    reply->status = static_cast<uint32_t>(ReplyStatus::kBadRequest);
+  } else if (req.kind == static_cast<uint32_t>(RequestKind::kList)) {
+    std::string list;
+    for (const auto& kv : streams_) list += kv.first + "\n";
+    list = list.substr(0, kListCapacity);
+    std::memcpy(reply->list, list.data(), list.size());
+    reply->list_length = static_cast<uint32_t>(list.size());
+  } else if (auto it = streams_.find(wanted); it == streams_.end()) {
+    reply->status = static_cast<uint32_t>(ReplyStatus::kUnknownStream);
+  } else if (Stream& s = *it->second; ~s.slot_used == 0) {
+    reply->status = static_cast<uint32_t>(ReplyStatus::kFull);
+  } else {
+    const auto slot = static_cast<uint32_t>(__builtin_ctzll(~s.slot_used));
+    s.slot_used |= uint64_t{1} << slot;
+    s.lease(slot).word.store(0, std::memory_order_release);
+    c.stream = &s;
+    c.slot = slot;
+    reply->lease_slot = slot;
+    reply->stream_ordinal = s.ordinal;
+    reply->format = static_cast<uint32_t>(s.geometry.format);
+    reply->width = s.geometry.width;
+    reply->height = s.geometry.height;
+    reply->stride = s.geometry.stride;
+    reply->uv_offset = s.geometry.uv_offset;
+    reply->buffer_size = s.geometry.size;
+    reply->count = s.layout.count;
+    reply->slot_size = s.layout.slot_size;
+    reply->data_offset = s.layout.data_offset;
+    reply->pool_size = s.layout.total_size;
+    reply->lease_table_size = kLeaseTableSize;
+    fds = {s.pool_ro_fd.get(), s.lease_fd.get()};
+  }
+  lock.unlock();
+  const bool sent = send_with_fds(c.fd.get(), reply.get(), sizeof(Reply), fds);
+  return sent && c.stream != nullptr;  // list and refusals: done, drop the connection
+}
+
+void Server::hang_up(Connection& c) {
+  if (c.stream == nullptr) return;
+  // L3: the client is gone (or closed): its lease no longer pins a buffer.
+  c.stream->lease(c.slot).word.store(0, std::memory_order_seq_cst);
+  std::lock_guard<std::mutex> lock(mutex_);
+  c.stream->slot_used &= ~(uint64_t{1} << c.slot);
+  c.stream = nullptr;
+}
+
+}  // namespace vipc

@@ -1,0 +1,111 @@
+// VisionIpcServer: owns the frame pools of one named server, hands buffers
+// to the producer, publishes frames over msgq and serves clients their fds.
+//
+// Threads: get_buffer() / send() / create_buffers() belong to one producer
+// thread at a time; the listener thread only reads stream geometry (under
+// mutex_) and clears lease slots of clients that hung up.
+//
+// Buffer choice (get_buffer): the least recently sent buffer that no client
+// holds a lease on and the producer has not already checked out. When every
+// buffer is leased, the least recently sent one is taken anyway: its
+// generation moves on, so the client holding it sees valid == false (it is
+// told, never handed a torn frame). get_buffer never blocks.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/files.h"
+#include "msgq/publisher.h"
+#include "visionipc/format.h"
+#include "visionipc/pool.h"
+
+namespace vipc {
+
+struct ServerOptions {
+  std::string prefix;               // run prefix (MSGQ_PREFIX), part of every name
+  std::string shm_dir = "/dev/shm";  // where the msgq topic segments live
+  std::vector<uid_t> allowed_uids;  // besides our own uid
+};
+
+struct Acquired {
+  uint32_t index;
+  uint64_t generation;  // odd: the producer owns the buffer until send()
+  uint8_t* data;
+};
+
+class Server {
+ public:
+  Server(std::string name, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  void create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry);
+  Acquired get_buffer(const std::string& stream);
+  // Publish a buffer from get_buffer(); throws kInvalidArgument if it is not
+  // checked out under that generation (sent already, or recycled since).
+  void send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
+  void start_listener();
+  void close();
+
+  std::vector<std::string> streams() const;
+  const Geometry& geometry(const std::string& stream) const { return find(stream).geometry; }
+  uint32_t count(const std::string& stream) const { return find(stream).layout.count; }
+  std::shared_ptr<Mapping> pool(const std::string& stream) const { return find(stream).pool; }
+  uint8_t* buffer(const std::string& stream, uint32_t index) const;
+  uint64_t id() const { return id_; }
+  const std::string& name() const { return name_; }
+  uint32_t clients(const std::string& stream) const;
+  // The generation the server last gave the buffer (odd: checked out).
+  uint64_t generation(const std::string& stream, uint32_t index) const;
+
+ private:
+  struct Stream {
+    std::string name;
+    uint32_t ordinal = 0;
+    Geometry geometry;
+    PoolLayout layout;
+    ipc::UniqueFd pool_fd, pool_ro_fd, lease_fd;
+    std::shared_ptr<Mapping> pool;
+    std::unique_ptr<Mapping> leases;
+    std::unique_ptr<msgq::Publisher> publisher;
+    std::vector<uint64_t> last_sent;    // send counter at each buffer's last send (0 = never)
+    std::vector<uint64_t> generation;   // our copy of each buffer's generation
+    uint64_t sends = 0;
+    uint64_t slot_used = 0;             // lease slots given to live connections (mutex_)
+    BufferMeta& meta(uint32_t i) const { return reinterpret_cast<BufferMeta*>(pool->data())[i]; }
+    LeaseSlot& lease(uint32_t slot) const { return reinterpret_cast<LeaseSlot*>(leases->data())[slot]; }
+  };
+  struct Connection {
+    ipc::UniqueFd fd;
+    Stream* stream = nullptr;  // set once attached
+    uint32_t slot = 0;
+  };
+
+  Stream& find(const std::string& stream) const;
+  bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
+  void listen_loop();
+  void accept_client();
+  bool serve_request(Connection& c);  // false: drop the connection
+  void hang_up(Connection& c);
+  bool peer_allowed(int fd) const;
+
+  std::string name_;
+  ServerOptions options_;
+  uint64_t id_;
+  mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
+  std::map<std::string, std::unique_ptr<Stream>> streams_;
+  ipc::UniqueFd listen_fd_, stop_fd_;
+  std::vector<Connection> connections_;  // listener thread only
+  std::thread listener_;
+};
+
+}  // namespace vipc
