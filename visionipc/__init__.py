@@ -1,1 +1,42 @@
-"""visionipc: zero-copy video frames over shared memory (frame pools arrive with the VisionIPC server)."""
+"""visionipc: zero-copy video frames over shared memory.
+
+A :class:`VisionIpcServer` owns one sealed memfd frame pool per stream and
+announces each frame (buffer index + metadata) on an msgq topic; a
+:class:`VisionIpcClient` receives the pool's file descriptor over a Unix
+socket, maps it read-only and hands out frames as numpy views
+(:class:`VisionBuf`) without copying. See README.md ("Using visionipc").
+"""
+
+import enum
+
+from visionipc.client import VisionIpcClient, available_streams, get_endpoint_name
+from visionipc.formats import BUFFER_ALIGN, FORMATS, STRIDE_ALIGN, layout
+from visionipc.frame import VisionBuf
+from visionipc.server import VisionIpcServer
+
+
+class VisionStreamType(enum.IntEnum):
+    """The reference's stream ids (older code); any int or name works as a stream id."""
+
+    ROAD = 0
+    DRIVER = 1
+    WIDE_ROAD = 2
+    MAP = 3
+    VISION_STREAM_ROAD = 0
+    VISION_STREAM_DRIVER = 1
+    VISION_STREAM_WIDE_ROAD = 2
+    VISION_STREAM_MAP = 3
+
+
+__all__ = [
+    "VisionIpcServer",
+    "VisionIpcClient",
+    "VisionBuf",
+    "VisionStreamType",
+    "available_streams",
+    "get_endpoint_name",
+    "layout",
+    "FORMATS",
+    "STRIDE_ALIGN",
+    "BUFFER_ALIGN",
+]

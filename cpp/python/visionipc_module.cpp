@@ -1,0 +1,172 @@
+// visionipc._visionipc: thin bindings of the C++ VisionIPC server and client.
+// Type conversion, GIL release around waits and large copies, exception
+// mapping; the friendly API is in visionipc/ (Python).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+#include "python/errors.h"
+#include "visionipc/client.h"
+#include "visionipc/format.h"
+#include "visionipc/server.h"
+
+namespace py = pybind11;
+using vipc::Client;
+using vipc::Server;
+
+namespace {
+
+constexpr size_t kReleaseGilAbove = 256 * 1024;
+
+// Bytes of one buffer in a pool; keeps the mapping alive while any
+// memoryview / numpy array made from it exists (the .base chain).
+struct View {
+  std::shared_ptr<vipc::Mapping> mapping;
+  uint8_t* ptr;
+  size_t size;
+  bool readonly;
+};
+
+py::dict geometry_dict(const vipc::Geometry& g) {
+  py::dict d;
+  d["format"] = vipc::format_name(g.format);
+  d["width"] = g.width;
+  d["height"] = g.height;
+  d["stride"] = g.stride;
+  d["uv_offset"] = g.uv_offset;
+  d["size"] = g.size;
+  return d;
+}
+
+vipc::Format parse(const std::string& name) {
+  vipc::Format f;
+  if (!vipc::parse_format(name, f) || f == vipc::Format::kCustom) {
+    ipc::fail(ipc::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (nv12, i420, gray8, rgb8, bgr8, raw16)");
+  }
+  return f;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_visionipc, m) {
+  m.doc() = "Native VisionIPC server and client (private: use the visionipc package)";
+  pyipc::register_error_translator();
+  m.attr("STRIDE_ALIGN") = vipc::kStrideAlign;
+  m.attr("BUFFER_ALIGN") = vipc::kBufferAlign;
+  m.attr("MAX_BUFFERS") = vipc::kMaxBuffers;
+  m.attr("MAX_CLIENTS") = vipc::kMaxClients;
+  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_dict(vipc::make_geometry(parse(format), w, h)); });
+  m.def("endpoint_name", &vipc::endpoint_name);
+
+  py::class_<View>(m, "View", py::buffer_protocol())
+      .def_buffer([](View& v) {
+        return py::buffer_info(v.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {v.size}, {1}, v.readonly);
+      })
+      .def("__len__", [](const View& v) { return v.size; });
+
+  py::class_<Server>(m, "Server")
+      .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids) {
+             return std::make_unique<Server>(name, vipc::ServerOptions{prefix, shm_dir, std::move(uids)});
+           }),
+           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm", py::arg("allowed_uids") = std::vector<uid_t>{})
+      .def("create_buffers",
+           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
+             s.create_buffers(stream, count, vipc::make_geometry(parse(format), w, h));
+           })
+      .def("create_buffers_with_sizes",
+           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size, uint32_t stride,
+              uint32_t uv_offset) { s.create_buffers(stream, count, vipc::custom_geometry(w, h, size, stride, uv_offset)); })
+      .def("get_buffer",
+           [](Server& s, const std::string& stream) {
+             const vipc::Acquired a = s.get_buffer(stream);
+             return py::make_tuple(a.index, a.generation, View{s.pool(stream), a.data, s.geometry(stream).size, false});
+           })
+      .def("send", &Server::send)
+      .def("send_copy",
+           [](Server& s, const std::string& stream, py::buffer data, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+             py::buffer_info info = data.request();
+             const size_t n = static_cast<size_t>(info.size * info.itemsize);
+             const size_t want = s.geometry(stream).size;
+             if (n != want) {
+               ipc::fail(ipc::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(n) + " bytes, stream '" + stream +
+                                                               "' buffers are " + std::to_string(want));
+             }
+             const vipc::Acquired a = s.get_buffer(stream);
+             if (n >= kReleaseGilAbove) {
+               py::gil_scoped_release nogil;
+               std::memcpy(a.data, info.ptr, n);
+             } else {
+               std::memcpy(a.data, info.ptr, n);
+             }
+             s.send(stream, a.index, a.generation, frame_id, sof, eof);
+             return a.index;
+           })
+      .def("start_listener", &Server::start_listener)
+      .def("close", [](Server& s) {
+        py::gil_scoped_release nogil;  // joins the listener thread
+        s.close();
+      })
+      .def("streams", &Server::streams)
+      .def("geometry", [](const Server& s, const std::string& stream) { return geometry_dict(s.geometry(stream)); })
+      .def("count", &Server::count)
+      .def("clients", &Server::clients)
+      .def("generation", &Server::generation)
+      .def_property_readonly("id", &Server::id);
+
+  py::class_<Client>(m, "Client")
+      .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
+                       const std::string& shm_dir) {
+             return std::make_unique<Client>(name, stream, conflate, vipc::ClientOptions{prefix, shm_dir});
+           }),
+           py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm")
+      .def("connect", [](Client& c) {
+        py::gil_scoped_release nogil;
+        return c.connect();
+      })
+      .def("connected", &Client::connected)
+      .def("recv",
+           [](Client& c, int timeout_ms) -> py::object {
+             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
+             vipc::Frame f;
+             for (;;) {
+               vipc::RecvStatus st;
+               {
+                 py::gil_scoped_release nogil;
+                 st = c.recv(deadline, f);
+               }
+               if (st == vipc::RecvStatus::kFrame) {
+                 return py::make_tuple(f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof, f.valid);
+               }
+               if (st == vipc::RecvStatus::kTimeout) return py::none();
+               if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
+               pyipc::check_signals();
+             }
+           },
+           py::arg("timeout_ms") = 100)
+      .def("take_lease", &Client::take_lease)
+      .def("release_lease", &Client::release_lease)
+      .def("is_valid", &Client::is_valid)
+      .def("view",
+           [](const Client& c, uint32_t index) {
+             return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, true};
+           })
+      .def("geometry", [](const Client& c) { return geometry_dict(c.geometry()); })
+      .def_property_readonly("count", &Client::count)
+      .def_property_readonly("server_id", &Client::server_id)
+      .def_property_readonly("dropped", &Client::dropped)
+      .def("close", &Client::close);
+
+  m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir) {
+    std::optional<std::vector<std::string>> r;
+    {
+      py::gil_scoped_release nogil;
+      r = Client::list_streams(name, vipc::ClientOptions{prefix, shm_dir});
+    }
+    return r;
+  });
+}

@@ -1,0 +1,32 @@
+"""Stream ids: the reference's opaque ints (and VisionStreamType members) or
+readable names. Both become the stream's name on the wire: ``str(int(id))``
+for ints, the str itself otherwise; names that look like ints come back as ints."""
+
+from msgq.errors import InvalidArgumentError
+from msgq.names import current_prefix, segment_dir, validate_name
+
+
+def stream_key(stream) -> str:
+    if isinstance(stream, bool):
+        raise InvalidArgumentError("a stream id is an int or a str, not a bool")
+    if hasattr(stream, "__index__"):
+        return str(stream.__index__())
+    if isinstance(stream, (str, bytes)):
+        return validate_name(stream, "stream name")
+    raise InvalidArgumentError(f"a stream id is an int or a str, not {type(stream).__name__}")
+
+
+def stream_id(key: str):
+    try:
+        return int(key)
+    except ValueError:
+        return key
+
+
+def server_name(name) -> str:
+    return validate_name(name, "VisionIPC server name")
+
+
+def run_options() -> dict:
+    """Where this process's run lives (MSGQ_PREFIX, MSGQ_SHM_DIR): read here, once per object."""
+    return {"prefix": current_prefix(), "shm_dir": segment_dir()}

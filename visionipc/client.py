@@ -1,0 +1,126 @@
+"""VisionIpcClient: attach to one stream of a server and receive frames without copying."""
+
+import time
+
+from msgq.errors import ClosedError
+from visionipc import _visionipc
+from visionipc._streams import run_options, server_name, stream_id, stream_key
+from visionipc.frame import VisionBuf
+
+_RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
+
+
+class VisionIpcClient:
+    """``VisionIpcClient(name, stream, conflate)``; ``connect(blocking)``; ``recv(timeout_ms)``.
+
+    Each ``recv`` leases the frame it returns (and drops the previous lease), so the
+    server does not reuse that buffer while it is the client's newest frame, as long
+    as the stream has more buffers than clients. ``frame.valid`` tells whether the
+    frame is still intact; ``with client.recv() as frame:`` keeps the lease for the block
+    and drops it at the end. A restarted server is picked up on its first frame.
+    """
+
+    def __init__(self, name, stream, conflate=False, context=None):
+        if context is not None:
+            raise TypeError("OpenCL contexts are not supported; pass context=None")
+        self.name = server_name(name)
+        self.stream = stream
+        self._key = stream_key(stream)
+        self._native = _visionipc.Client(self.name, self._key, bool(conflate), **run_options())
+        self._last = None  # the newest frame received
+        self._leased = None  # (idx, generation) our lease slot holds, if any
+
+    def _client(self):
+        if self._native is None:
+            raise ClosedError("VisionIpcClient is closed")
+        return self._native
+
+    def connect(self, blocking=True) -> bool:
+        native = self._client()
+        while not native.connect():
+            if not blocking:
+                return False
+            time.sleep(_RETRY_S)
+        return True
+
+    def is_connected(self) -> bool:
+        return self._native is not None and self._native.connected()
+
+    def recv(self, timeout_ms=100):
+        """The next frame as a VisionBuf, or None after ``timeout_ms`` (< 0: wait forever)."""
+        native = self._client()
+        got = native.recv(int(timeout_ms))
+        if got is None:
+            return None
+        idx, generation, frame_id, sof, eof, valid = got
+        self._leased = (idx, generation) if valid else None
+        self._last = VisionBuf(native.view(idx), native.geometry(), idx, generation, frame_id, sof, eof,
+                               owner=self, stream=self._key)
+        return self._last
+
+    def _frame_valid(self, buf) -> bool:
+        return self._native is not None and self._native.is_valid(buf.idx, buf.generation)
+
+    def _hold(self, buf):
+        if self._native is not None and self._leased != (buf.idx, buf.generation):
+            self._leased = (buf.idx, buf.generation) if self._native.take_lease(buf.idx, buf.generation) else None
+
+    def _release(self, buf):
+        if self._native is not None and self._leased == (buf.idx, buf.generation):
+            self._native.release_lease()
+            self._leased = None
+
+    def _geometry(self, key):
+        if self._native is None or self._native.count == 0:
+            return None
+        return self._native.geometry()[key]
+
+    width = property(lambda self: self._geometry("width"))
+    height = property(lambda self: self._geometry("height"))
+    stride = property(lambda self: self._geometry("stride"))
+    uv_offset = property(lambda self: self._geometry("uv_offset"))
+    buffer_len = property(lambda self: self._geometry("size"))
+    format = property(lambda self: self._geometry("format"))
+    num_buffers = property(lambda self: 0 if self._native is None else self._native.count)
+    frame_id = property(lambda self: self._last.frame_id if self._last else 0)
+    timestamp_sof = property(lambda self: self._last.timestamp_sof if self._last else 0)
+    timestamp_eof = property(lambda self: self._last.timestamp_eof if self._last else 0)
+    valid = property(lambda self: bool(self._last and self._last.valid))
+
+    @staticmethod
+    def available_streams(name, block=False) -> set:
+        return available_streams(name, block)
+
+    def close(self):
+        """Drop the lease and the connection (frames already received stay readable)."""
+        native, self._native = self._native, None
+        if native is not None:
+            native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def available_streams(name, block=False) -> set:
+    """The stream ids a server offers (ints where the name is an int). With
+    ``block``, wait until the server answers; otherwise an empty set if it does not."""
+    name = server_name(name)
+    opts = run_options()
+    while True:
+        names = _visionipc.list_streams(name, opts["prefix"], opts["shm_dir"])
+        if names is not None or not block:
+            return {stream_id(n) for n in names or ()}
+        time.sleep(_RETRY_S)
+
+
+def get_endpoint_name(name, stream) -> str:
+    """The msgq topic a stream's frames are announced on: ``visionipc_<name>_<stream>``."""
+    if isinstance(name, bytes):
+        name = name.decode()
+    return _visionipc.endpoint_name(server_name(name), stream_key(stream))
+
+
+__all__ = ["VisionIpcClient", "available_streams", "get_endpoint_name"]

@@ -1,0 +1,136 @@
+"""VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
+
+import os
+
+import numpy as np
+
+from msgq.errors import ClosedError, InvalidArgumentError
+from visionipc import _visionipc
+from visionipc._streams import run_options, server_name, stream_key
+from visionipc.formats import check_count, normalize_format
+from visionipc.frame import VisionBuf
+
+
+class VisionIpcServer:
+    """``VisionIpcServer(name)``; then ``create_buffers`` per stream, ``start_listener()``,
+    and per frame ``buf = get_buffer(stream)``, fill ``buf.array``, ``send(buf, frame_id, ...)``.
+
+    Buffer choice: the least recently sent buffer no client holds a read lease on.
+    When every buffer is leased the least recently sent one is reused anyway and its
+    holder's ``valid`` turns False. ``get_buffer`` never blocks. Only clients of the
+    same user connect, plus ``allowed_uids``.
+    """
+
+    def __init__(self, name, allowed_uids=()):
+        self.name = server_name(name)
+        self._native = _visionipc.Server(self.name, allowed_uids=[int(u) for u in allowed_uids], **run_options())
+        self._pid = os.getpid()
+
+    def _server(self):
+        if self._native is None:
+            raise ClosedError(f"VisionIpcServer {self.name!r} is closed")
+        return self._native
+
+    def create_buffers(self, stream, count, width, height, format="nv12"):
+        self._server().create_buffers(stream_key(stream), check_count("buffer count", count),
+                                      check_count("width", width), check_count("height", height),
+                                      normalize_format(format))
+
+    def create_buffers_with_sizes(self, stream, count, width, height, size, stride, uv_offset):
+        if isinstance(uv_offset, bool) or not hasattr(uv_offset, "__index__") or uv_offset < 0:
+            raise InvalidArgumentError(f"uv_offset must be a non-negative int, got {uv_offset!r}")
+        self._server().create_buffers_with_sizes(stream_key(stream), check_count("buffer count", count),
+                                                 check_count("width", width), check_count("height", height),
+                                                 check_count("size", size), check_count("stride", stride),
+                                                 uv_offset.__index__())
+
+    def start_listener(self):
+        self._server().start_listener()
+
+    def get_buffer(self, stream) -> VisionBuf:
+        key = stream_key(stream)
+        native = self._server()
+        idx, generation, view = native.get_buffer(key)
+        return VisionBuf(view, native.geometry(key), idx, generation, owner=self, stream=key)
+
+    def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
+        """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
+        from ``get_buffer`` (no copy); the reference's ``send(stream, data, frame_id, ...)``
+        copies ``data`` (bytes or an array of the buffer's size) into a free buffer first."""
+        native = self._server()
+        if isinstance(buf, VisionBuf):
+            if data is not None:  # send(buf, frame_id) positionally
+                frame_id, timestamp_sof, timestamp_eof = data, frame_id, timestamp_sof
+            if buf._owner is not self:
+                raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
+            native.send(buf.stream, buf.idx, buf.generation, *_stamps(frame_id, timestamp_sof, timestamp_eof))
+            buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
+            buf.generation += 1
+            return
+        key = stream_key(buf)
+        if data is None:
+            raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
+        native.send_copy(key, _frame_bytes(data, native.geometry(key)), *_stamps(frame_id, timestamp_sof, timestamp_eof))
+
+    def _frame_valid(self, buf) -> bool:
+        if self._native is None:
+            return False
+        return self._native.generation(buf.stream, buf.idx) == buf.generation
+
+    def _hold(self, buf):  # a producer's buffer needs no lease
+        pass
+
+    def _release(self, buf):
+        pass
+
+    def streams(self) -> list:
+        return self._server().streams()
+
+    def num_clients(self, stream) -> int:
+        return self._server().clients(stream_key(stream))
+
+    def close(self):
+        """Stop the listener and drop the pools (views handed out stay readable)."""
+        native, self._native = self._native, None
+        if native is not None and self._pid == os.getpid():
+            native.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _stamps(frame_id, sof, eof):
+    for what, v in (("frame_id", frame_id), ("timestamp_sof", sof), ("timestamp_eof", eof)):
+        if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 1 << 64:
+            raise InvalidArgumentError(f"{what} must be an int in [0, 2**64), got {v!r}")
+    return frame_id.__index__(), sof.__index__(), eof.__index__()
+
+
+def _frame_bytes(data, geometry):
+    """The copying send's input: bytes-like of exactly the buffer size, or a
+    C-contiguous array of uint8 (any shape) / the format's own dtype."""
+    size = geometry["size"]
+    if isinstance(data, np.ndarray):
+        allowed = (np.uint16,) if geometry["format"] == "raw16" else ()
+        if data.dtype != np.uint8 and data.dtype.type not in allowed:
+            raise InvalidArgumentError(f"frame data must be uint8, not {data.dtype}")
+        if data.nbytes != size:
+            raise InvalidArgumentError(f"frame data has shape {data.shape} ({data.nbytes} bytes); "
+                                       f"the stream's buffers are {size} bytes")
+        return np.ascontiguousarray(data)
+    try:
+        view = memoryview(data)
+    except TypeError:
+        raise InvalidArgumentError(f"frame data must be bytes-like or a numpy array, not {type(data).__name__}") from None
+    if view.nbytes != size:
+        raise InvalidArgumentError(f"frame data is {view.nbytes} bytes; the stream's buffers are {size} bytes")
+    return view if view.c_contiguous else view.tobytes()
