@@ -1,0 +1,286 @@
+"""VisionIPC in one process: formats and plane views, zero-copy views, leases,
+conflate, bad input. tests/test_visionipc_processes.py runs real processes."""
+
+import gc
+
+import numpy as np
+import pytest
+
+from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError
+from visionipc import (BUFFER_ALIGN, STRIDE_ALIGN, VisionBuf, VisionIpcClient, VisionIpcServer, VisionStreamType,
+                       available_streams, get_endpoint_name, layout)
+from vipc_helpers import stamp, stamp_problem
+
+
+@pytest.fixture
+def pair():
+    """pair(stream, count, w, h, format) -> (server, connected client); closed afterwards."""
+    made = []
+
+    def make(stream=0, count=4, width=64, height=32, fmt="nv12", conflate=False, name="cam"):
+        server = VisionIpcServer(name)
+        server.create_buffers(stream, count, width, height, fmt)
+        server.start_listener()
+        client = VisionIpcClient(name, stream, conflate)
+        assert client.connect(False)
+        made.append((server, client))
+        return server, client
+
+    yield make
+    for server, client in made:
+        client.close()
+        server.close()
+
+
+EXPECTED = {  # format -> (array shape, dtype, bytes a pixel in the stride)
+    "nv12": (lambda w, h, s: (h * 3 // 2, s), np.uint8, 1),
+    "i420": (lambda w, h, s: (h * 3 // 2, s), np.uint8, 1),
+    "gray8": (lambda w, h, s: (h, w), np.uint8, 1),
+    "rgb8": (lambda w, h, s: (h, w, 3), np.uint8, 3),
+    "bgr8": (lambda w, h, s: (h, w, 3), np.uint8, 3),
+    "raw16": (lambda w, h, s: (h, w), np.uint16, 2),
+}
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPECTED))
+@pytest.mark.parametrize("width,height", [(64, 32), (100, 50), (2, 2)])
+def test_every_format_has_its_documented_geometry_and_array_shape(pair, fmt, width, height):
+    server, client = pair(count=2, width=width, height=height, fmt=fmt)
+    shape_of, dtype, bpp = EXPECTED[fmt]
+    geo = layout(fmt, width, height)
+    stride = -(-width * bpp // STRIDE_ALIGN) * STRIDE_ALIGN
+    assert geo["stride"] == stride == client.stride
+    planes = 3 / 2 if fmt in ("nv12", "i420") else 1
+    assert geo["size"] == int(stride * height * planes) == client.buffer_len
+    assert client.uv_offset == (stride * height if fmt in ("nv12", "i420") else 0)
+    assert (client.width, client.height, client.format) == (width, height, fmt)
+
+    buf = server.get_buffer(0)
+    assert buf.array.shape == shape_of(width, height, stride) and buf.array.dtype == dtype
+    assert buf.array.ctypes.data % BUFFER_ALIGN == 0  # buffers start page-aligned in the pool
+    pattern = (np.arange(buf.array.size, dtype=np.uint32) % 251).astype(dtype).reshape(buf.array.shape)
+    buf.array[...] = pattern
+    server.send(buf, frame_id=3)
+
+    frame = client.recv(1000)
+    assert frame is not None and frame.valid and frame.frame_id == 3
+    assert frame.array.shape == shape_of(width, height, stride) and frame.array.dtype == dtype
+    np.testing.assert_array_equal(frame.array, pattern)
+    assert not frame.array.flags.writeable  # clients share the bytes: read-only
+    assert frame.data.nbytes == client.buffer_len
+    if fmt in ("nv12", "i420"):
+        np.testing.assert_array_equal(frame.y, frame.array[:height, :width])
+    if fmt == "nv12":
+        assert frame.uv.shape == (height // 2, width // 2, 2)
+        np.testing.assert_array_equal(frame.uv.reshape(height // 2, width), frame.array[height:, :width])
+    if fmt == "i420":
+        assert frame.u.shape == frame.v.shape == (height // 2, width // 2)
+
+
+@pytest.mark.parametrize("fmt", sorted(EXPECTED))
+def test_to_bgr_converts_every_format(pair, fmt):
+    pytest.importorskip("cv2")
+    server, client = pair(width=64, height=32, fmt=fmt)
+    buf = server.get_buffer(0)
+    buf.array[...] = 128 if fmt != "raw16" else 128 << 8
+    server.send(buf)
+    bgr = client.recv(1000).to_bgr()
+    assert bgr.shape == (32, 64, 3) and bgr.dtype == np.uint8
+    assert abs(int(bgr[5, 5, 0]) - 128) < 4
+
+
+def test_numpy_views_keep_the_mapping_alive_after_client_and_server_are_gone():
+    server = VisionIpcServer("cam")
+    server.create_buffers("road", 2, 64, 32, "gray8")
+    server.start_listener()
+    client = VisionIpcClient("cam", "road", False)
+    assert client.connect(False)
+    buf = server.get_buffer("road")
+    buf.array[...] = 42
+    server.send(buf, frame_id=1)
+    array = client.recv(1000).array
+    assert array.base is not None
+    client.close()
+    server.close()
+    del client, server, buf
+    gc.collect()
+    assert int(array.sum()) == 42 * 64 * 32
+
+
+def test_copying_send_accepts_bytes_and_arrays_of_the_buffer_size(pair):
+    server, client = pair(fmt="gray8", width=64, height=2)
+    server.send(0, bytes(range(128)), frame_id=1)
+    server.send(0, np.arange(128, dtype=np.uint8).reshape(2, 64)[::-1].copy(), 2, 20, 21)
+    first, second = client.recv(1000), client.recv(1000)
+    assert first.data.tolist() == list(range(128))
+    assert (second.frame_id, second.timestamp_sof, second.timestamp_eof) == (2, 20, 21)
+    assert second.array[0, 0] == 64
+
+
+def test_frames_arrive_in_order_without_conflate_and_newest_only_with_it(pair):
+    server, client = pair(count=4)
+    _, latest = pair(count=4, name="cam2", conflate=True)
+    latest_server = _
+    for fid in (1, 2, 3):
+        for srv in (server, latest_server):
+            buf = srv.get_buffer(0)
+            stamp(buf.data, fid)
+            srv.send(buf, frame_id=fid)
+    got = [client.recv(1000) for _ in range(3)]
+    assert [f.frame_id for f in got] == [1, 2, 3]
+    assert all(stamp_problem(f.data, f.frame_id) is None for f in got[-1:])
+    assert client.recv(10) is None
+    newest = latest.recv(1000)
+    assert newest.frame_id == 3 and latest.frame_id == 3
+    assert latest.recv(10) is None
+
+
+def test_a_leased_frame_is_not_reused_while_other_buffers_are_free(pair):
+    server, client = pair(count=2)
+    buf = server.get_buffer(0)
+    server.send(buf, frame_id=1)
+    with client.recv(1000) as held:
+        for fid in range(2, 8):
+            nxt = server.get_buffer(0)
+            assert nxt.idx != held.idx
+            server.send(nxt, frame_id=fid)
+        assert held.valid
+    # Outside the block the lease is gone: the buffer comes back into use.
+    assert {server.get_buffer(0).idx for _ in range(2)} >= {held.idx}
+
+
+def test_with_every_buffer_leased_the_producer_takes_one_and_its_holder_is_told(pair):
+    server, client = pair(count=1)
+    server.send(server.get_buffer(0), frame_id=1)
+    with client.recv(1000) as held:
+        assert held.valid and client.valid
+        again = server.get_buffer(0)  # never blocks
+        assert again.idx == held.idx
+        assert not held.valid and not client.valid
+
+
+def test_a_stale_or_foreign_buffer_cannot_be_sent(pair):
+    server, _ = pair(count=2)
+    other, _ = pair(count=2, name="other")
+    buf = server.get_buffer(0)
+    server.send(buf, frame_id=1)
+    with pytest.raises(InvalidArgumentError):
+        server.send(buf, frame_id=2)  # sent already
+    with pytest.raises(InvalidArgumentError):
+        other.send(server.get_buffer(0))
+    single, _ = pair(count=1, name="single")
+    old = single.get_buffer(0)
+    assert old.valid
+    newer = single.get_buffer(0)  # the only buffer is checked out: recycled under `old`
+    assert newer.idx == old.idx and not old.valid
+    with pytest.raises(InvalidArgumentError):
+        single.send(old)
+    single.send(newer)
+
+
+@pytest.mark.parametrize("args", [(0, 64, 32), (-1, 64, 32), (2, 0, 32), (2, 64, -5), (2, 63, 32), (2, 1.5, 2),
+                                  (100000, 64, 32), (2, 1 << 20, 2)])
+def test_bad_sizes_and_counts_raise_invalid_argument(args):
+    server = VisionIpcServer("cam")
+    with pytest.raises(InvalidArgumentError):
+        server.create_buffers(0, *args)
+    server.close()
+
+
+def test_bad_formats_streams_names_and_data_raise_clear_errors(pair):
+    server, client = pair(fmt="gray8", width=64, height=2)
+    with pytest.raises(InvalidArgumentError, match="format"):
+        server.create_buffers(1, 2, 64, 32, "yuv9")
+    with pytest.raises(InvalidArgumentError, match="already"):
+        server.create_buffers(0, 2, 64, 32)
+    with pytest.raises(InvalidArgumentError, match="no stream"):
+        server.get_buffer(7)
+    with pytest.raises(InvalidArgumentError):
+        server.send(0, np.zeros(127, np.uint8))  # wrong size
+    with pytest.raises(InvalidArgumentError, match="uint8"):
+        server.send(0, np.zeros((2, 64), np.float32))  # wrong dtype
+    with pytest.raises(InvalidArgumentError):
+        server.send(0, "not bytes")
+    with pytest.raises(InvalidArgumentError):
+        server.create_buffers_with_sizes(5, 2, 100, 100, 100, 100, 0)  # stride * height > size
+    with pytest.raises(InvalidNameError):
+        VisionIpcServer("../etc")
+    with pytest.raises(InvalidNameError):
+        VisionIpcClient("cam", "bad/stream", False)
+    with pytest.raises(TypeError):
+        VisionIpcClient("cam", 0, False, context=object())
+    client.close()
+    with pytest.raises(ClosedError):
+        client.recv()
+    server.close()
+    with pytest.raises(ClosedError):
+        server.get_buffer(0)
+
+
+def test_connect_to_a_missing_server_or_stream_returns_false():
+    lonely = VisionIpcClient("nobody_here", 0, False)
+    assert not lonely.connect(False)
+    assert not lonely.is_connected()
+    assert lonely.width is None and lonely.num_buffers == 0
+    assert lonely.recv(10) is None
+    lonely.close()
+    assert available_streams("nobody_here", False) == set()
+    with VisionIpcServer("cam") as server:
+        server.create_buffers(VisionStreamType.ROAD, 1, 64, 32)
+        server.start_listener()
+        with VisionIpcClient("cam", VisionStreamType.DRIVER, False) as wrong:
+            assert not wrong.connect(False)
+
+
+def test_streams_may_be_ints_enum_members_or_names(pair):
+    server, client = pair(stream="wide_left", count=2)
+    server.create_buffers(VisionStreamType.DRIVER, 2, 64, 32)
+    server.create_buffers(7, 2, 64, 32)
+    assert available_streams("cam", True) == {"wide_left", VisionStreamType.DRIVER, 7}
+    assert get_endpoint_name("cam", VisionStreamType.DRIVER) == "visionipc_cam_1"
+    assert get_endpoint_name("cam", "wide_left") == "visionipc_cam_wide_left"
+    server.send(server.get_buffer("wide_left"), frame_id=9)
+    assert client.recv(1000).frame_id == 9
+
+
+def test_create_buffers_with_sizes_keeps_the_callers_layout(pair):
+    server = VisionIpcServer("custom")
+    server.create_buffers_with_sizes(0, 3, 100, 50, 128 * 80, 128, 128 * 56)
+    server.start_listener()
+    client = VisionIpcClient("custom", 0, False)
+    assert client.connect(False)
+    assert (client.width, client.height, client.stride, client.uv_offset, client.buffer_len) == (100, 50, 128, 128 * 56, 128 * 80)
+    buf = server.get_buffer(0)
+    assert isinstance(buf, VisionBuf) and buf.data.nbytes == 128 * 80
+    client.close()
+    server.close()
+
+
+def test_eight_clients_in_one_process_all_get_every_frame(pair):
+    server, first = pair(count=10)
+    clients = [first] + [VisionIpcClient("cam", 0, False) for _ in range(7)]
+    assert all(c.connect(False) for c in clients[1:])
+    assert server.num_clients(0) == 8
+    for fid in range(1, 6):
+        buf = server.get_buffer(0)
+        stamp(buf.data, fid)
+        server.send(buf, frame_id=fid)
+        for c in clients:
+            frame = c.recv(1000)
+            assert frame.frame_id == fid and frame.valid and stamp_problem(frame.data, fid) is None
+    for c in clients[1:]:
+        c.close()
+
+
+def test_a_second_server_of_the_same_name_fails_before_touching_the_first():
+    from msgq.errors import IpcError
+
+    first = VisionIpcServer("cam")
+    first.create_buffers(0, 2, 64, 32)
+    first.start_listener()
+    with pytest.raises(IpcError, match="another VisionIPC server"):
+        VisionIpcServer("cam")
+    first.send(first.get_buffer(0), frame_id=1)  # still the topic's publisher
+    first.close()
+    again = VisionIpcServer("cam")  # the name is free once the first is closed
+    again.close()

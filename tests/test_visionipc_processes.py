@@ -1,0 +1,156 @@
+"""VisionIPC across real processes: intact frames for 8 clients, torn-frame
+policy under a fast producer, a client killed while holding a lease, a server
+killed and restarted. Children are spawned (tests/vipc_helpers.py)."""
+
+import time
+
+import numpy as np
+import pytest
+
+from visionipc import VisionIpcClient, VisionIpcServer
+import vipc_helpers as h
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def test_eight_client_processes_receive_every_frame_intact_and_in_order():
+    frames, clients = 60, 8
+    results, ready = h.SPAWN.Queue(), h.SPAWN.Queue()
+    server = VisionIpcServer("cam")
+    server.create_buffers("road", 12, 128, 64)
+    server.start_listener()
+    procs = [h.start(h.client_reads, f"c{i}", results, "cam", "road", frames, False, ready) for i in range(clients)]
+    try:
+        for _ in range(clients):
+            ready.get(timeout=h.DEADLINE_S)
+        for fid in range(1, frames + 1):
+            buf = server.get_buffer("road")
+            h.stamp(buf.data, fid)
+            server.send(buf, frame_id=fid)
+            time.sleep(0.002)  # paced: this test is about content, not overruns
+        reports = h.collect(results, clients)
+    finally:
+        for p in procs:
+            h.kill(p)
+        server.close()
+    for name, r in reports.items():
+        assert r["ids"] == list(range(1, frames + 1)), name
+        assert r["torn"] == [], (name, r["torn"][:3])
+
+
+@pytest.mark.parametrize("lease", [True, False], ids=["leased", "unleased"])
+def test_a_slow_consumer_never_sees_a_torn_frame_as_valid(lease):
+    """A producer process flat out over 2 buffers, a consumer that reads slowly.
+    Leased (inside ``with``): every frame stays valid and intact. Unleased (the
+    lease dropped before reading): frames may be overwritten, and then ``valid``
+    says so; a frame still valid after the read was intact."""
+    results, stop = h.SPAWN.Queue(), h.SPAWN.Event()
+    producer = h.start(h.serve, "producer", results, "fast", "s", 2, 0, 0, 256, 128, stop=stop)
+    try:
+        h.collect(results, 1)
+        client = VisionIpcClient("fast", "s", True)
+        assert client.connect(True)
+        checked = invalid = 0
+        deadline = time.monotonic() + 30
+        while checked < 40 and time.monotonic() < deadline:
+            frame = client.recv(1000)
+            if frame is None:
+                continue
+            if lease:
+                with frame:
+                    if not frame.valid:  # overwritten before recv could lease it: told, skipped
+                        invalid += 1
+                        continue
+                    time.sleep(0.002)
+                    problem = h.stamp_problem(frame.data, frame.frame_id)
+                    assert frame.valid
+                    assert problem is None, problem
+            else:
+                with frame:
+                    pass  # drops the lease that recv took
+                copy = np.array(frame.data)
+                time.sleep(0.002)
+                if not frame.valid:  # seqlock check after the read
+                    invalid += 1
+                else:
+                    assert h.stamp_problem(copy, frame.frame_id) is None
+            checked += 1
+        client.close()
+        assert checked >= 40, (checked, invalid)
+    finally:
+        stop.set()
+        producer.join(20)
+        h.kill(producer)
+
+
+def test_a_client_killed_while_holding_a_lease_releases_its_buffer():
+    results = h.SPAWN.Queue()
+    server = VisionIpcServer("cam")
+    server.create_buffers(0, 2, 64, 32)
+    server.start_listener()
+    holder = h.start(h.client_holds_lease, "holder", results, "cam", 0)
+    try:
+        while server.num_clients(0) < 1:
+            time.sleep(0.01)
+        fid = 0
+        while results.empty():  # until the child has a frame in hand
+            fid += 1
+            server.send(server.get_buffer(0), frame_id=fid)
+            time.sleep(0.01)
+        held = h.collect(results, 1)["holder"]
+        assert held["valid"]
+        for _ in range(6):  # while it lives, its buffer is never handed out
+            buf = server.get_buffer(0)
+            assert buf.idx != held["idx"]
+            server.send(buf)
+        h.kill(holder)
+        deadline = time.monotonic() + 10
+        while server.num_clients(0) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.num_clients(0) == 0
+        seen = set()
+        for _ in range(4):
+            buf = server.get_buffer(0)
+            seen.add(buf.idx)
+            server.send(buf)
+        assert held["idx"] in seen
+    finally:
+        h.kill(holder)
+        server.close()
+
+
+def test_a_client_follows_a_server_killed_and_restarted():
+    results = h.SPAWN.Queue()
+    first = h.start(h.serve, "first", results, "cam", "road", 3, 0, 0.005)
+    client = VisionIpcClient("cam", "road", False)
+    try:
+        h.collect(results, 1)
+        assert client.connect(True)
+        frame = None
+        while frame is None:
+            frame = client.recv(1000)
+        first_server = client._native.server_id
+        h.kill(first)
+        deadline = time.monotonic() + 10
+        while client.is_connected() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not client.is_connected()
+        second = h.start(h.serve, "second", results, "cam", "road", 4, 0, 0.005, 96, 48)
+        h.collect(results, 1)
+        frames = []
+        deadline = time.monotonic() + 30
+        while len(frames) < 5 and time.monotonic() < deadline:
+            f = client.recv(1000)
+            if f is not None and client._native.server_id != first_server:
+                frames.append(f)
+        assert len(frames) == 5
+        assert (client.width, client.height, client.num_buffers) == (96, 48, 4)
+        for f in frames:
+            if f.valid:
+                copy = np.array(f.data)
+                if f.valid:
+                    assert h.stamp_problem(copy, f.frame_id) is None
+        h.kill(second)
+    finally:
+        client.close()
+        h.kill(first)

@@ -1,0 +1,131 @@
+"""Child-process targets for the VisionIPC tests (spawned, so importable by name).
+
+Frames are stamped: every byte of frame N is ``N % 251`` and its first 8 bytes
+hold N (little-endian), so a reader can tell an intact frame from a torn one.
+"""
+
+import multiprocessing
+import os
+import signal
+import time
+import traceback
+
+import numpy as np
+
+SPAWN = multiprocessing.get_context("spawn")
+DEADLINE_S = 60.0
+
+
+def stamp(array: np.ndarray, frame_id: int):
+    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
+    if flat is None:
+        raise ValueError("stamp needs a contiguous array")
+    flat[:] = frame_id % 251
+    flat[:8] = np.frombuffer(int(frame_id).to_bytes(8, "little"), np.uint8)
+
+
+def stamp_problem(data: np.ndarray, frame_id: int):
+    """None if ``data`` (the whole buffer, uint8) carries frame_id's stamp, else what is wrong."""
+    head = int.from_bytes(bytes(data[:8]), "little")
+    if head != frame_id:
+        return f"frame {frame_id}: header says {head}"
+    body = data[8:]
+    bad = np.flatnonzero(body != frame_id % 251)
+    if bad.size:
+        return f"frame {frame_id}: {bad.size} bytes differ from the stamp (first at {bad[0] + 8})"
+    return None
+
+
+def _report(results, name, fn):
+    try:
+        results.put((name, fn()))
+    except BaseException:
+        results.put((name, {"exception": traceback.format_exc()}))
+
+
+def client_reads(name, results, server, stream, count, conflate=False, ready=None):
+    """Receive ``count`` frames (or until the deadline); check each valid one's stamp."""
+    from visionipc import VisionIpcClient
+
+    def run():
+        client = VisionIpcClient(server, stream, conflate)
+        assert client.connect(True)
+        if ready is not None:
+            ready.put(name)
+        ids, torn, invalid = [], [], 0
+        deadline = time.monotonic() + DEADLINE_S
+        while len(ids) < count and time.monotonic() < deadline:
+            frame = client.recv(200)
+            if frame is None:
+                continue
+            with frame:
+                problem = stamp_problem(frame.data, frame.frame_id)
+                still_valid = frame.valid
+            ids.append(frame.frame_id)
+            if not still_valid:
+                invalid += 1
+            elif problem:
+                torn.append(problem)
+        client.close()
+        return {"ids": ids, "torn": torn, "invalid": invalid}
+
+    _report(results, name, run)
+
+
+def client_holds_lease(name, results, server, stream):
+    """Receive one frame, hold it inside ``with``, report its index, then wait to be killed."""
+    from visionipc import VisionIpcClient
+
+    client = VisionIpcClient(server, stream, False)
+    assert client.connect(True)
+    frame = None
+    while frame is None:
+        frame = client.recv(100)
+    with frame:
+        results.put((name, {"idx": frame.idx, "frame_id": frame.frame_id, "valid": frame.valid}))
+        time.sleep(DEADLINE_S)
+
+
+def serve(name, results, server, stream, count, frames, interval_s, width=64, height=32, stop=None):
+    """A producer: ``frames`` stamped frames (0: until ``stop`` is set or killed)."""
+    from visionipc import VisionIpcServer
+
+    def run():
+        srv = VisionIpcServer(server)
+        srv.create_buffers(stream, count, width, height)
+        srv.start_listener()
+        results.put((name, {"started": os.getpid()}))
+        frame_id = 0
+        while (frames == 0 or frame_id < frames) and not (stop is not None and stop.is_set()):
+            frame_id += 1
+            buf = srv.get_buffer(stream)
+            stamp(buf.data, frame_id)
+            srv.send(buf, frame_id=frame_id, timestamp_sof=frame_id, timestamp_eof=frame_id + 1)
+            if interval_s:
+                time.sleep(interval_s)
+        srv.close()
+        return {"sent": frame_id}
+
+    _report(results, name, run)
+
+
+def start(target, *args, **kwargs):
+    proc = SPAWN.Process(target=target, args=args, kwargs=kwargs, daemon=True)
+    proc.start()
+    return proc
+
+
+def kill(proc):
+    if proc.is_alive():
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.join(10)
+
+
+def collect(results, n, timeout=DEADLINE_S):
+    out = {}
+    deadline = time.monotonic() + timeout
+    while len(out) < n:
+        name, report = results.get(timeout=max(0.1, deadline - time.monotonic()))
+        assert "exception" not in report, f"{name} failed:\n{report['exception']}"
+        out[name] = report
+    return out
