@@ -66,7 +66,7 @@ def test_every_format_has_its_documented_geometry_and_array_shape(pair, fmt, wid
     assert frame is not None and frame.valid and frame.frame_id == 3
     assert frame.array.shape == shape_of(width, height, stride) and frame.array.dtype == dtype
     np.testing.assert_array_equal(frame.array, pattern)
-    assert not frame.array.flags.writeable  # clients share the bytes: read-only
+    assert frame.array.flags.writeable  # as in the reference; every client sees the same bytes
     assert frame.data.nbytes == client.buffer_len
     if fmt in ("nv12", "i420"):
         np.testing.assert_array_equal(frame.y, frame.array[:height, :width])

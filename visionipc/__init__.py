@@ -3,7 +3,7 @@
 A :class:`VisionIpcServer` owns one sealed memfd frame pool per stream and
 announces each frame (buffer index + metadata) on an msgq topic; a
 :class:`VisionIpcClient` receives the pool's file descriptor over a Unix
-socket, maps it read-only and hands out frames as numpy views
+socket, maps it once and hands out frames as numpy views
 (:class:`VisionBuf`) without copying. See README.md ("Using visionipc").
 """
 

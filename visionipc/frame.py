@@ -5,7 +5,10 @@ reference returns; it supports the buffer protocol, so ``memoryview(buf.data)``
 works too), ``.array`` is shaped for the format, ``.y`` / ``.uv`` (NV12) and
 ``.y`` / ``.u`` / ``.v`` (I420) are plane views. Every view keeps the pool's
 mapping alive through its ``.base`` chain, even after the client is gone.
-A client's frames are read-only: other clients are reading the same bytes.
+A client's frames are writable, as in the reference, and shared: every client
+of the stream sees the same bytes, so treat them as read-only unless you mean
+to annotate the frame for everyone. The per-buffer metadata (generation,
+frame id, timestamps) is mapped read-only in clients.
 
 ``valid`` says whether the buffer still holds this frame (its generation is
 unchanged). ``with client.recv() as frame:`` holds the client's read lease on

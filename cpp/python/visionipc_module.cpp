@@ -153,7 +153,7 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("is_valid", &Client::is_valid)
       .def("view",
            [](const Client& c, uint32_t index) {
-             return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, true};
+             return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, false};
            })
       .def("geometry", [](const Client& c) { return geometry_dict(c.geometry()); })
       .def_property_readonly("count", &Client::count)

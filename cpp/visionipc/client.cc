@@ -111,7 +111,10 @@ bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
   if (l.slot_size != r.slot_size || l.data_offset != r.data_offset || l.total_size != r.pool_size) return false;
   if (!sealed_memfd_problem(fds[0].get(), l.total_size).empty()) return false;
   if (!sealed_memfd_problem(fds[1].get(), kLeaseTableSize).empty()) return false;
-  auto pool = std::make_shared<Mapping>(fds[0].get(), l.total_size, false);
+  // Pixels are writable, as in the reference (a client may annotate a frame;
+  // every client sees the same bytes); the metadata the server's seqlock and
+  // lease checks rely on is mapped read-only.
+  auto pool = std::make_shared<Mapping>(fds[0].get(), l.total_size, true, l.data_offset);
   auto leases = std::make_unique<Mapping>(fds[1].get(), kLeaseTableSize, true);
   geometry_ = g;
   layout_ = l;

@@ -24,11 +24,16 @@ PoolLayout make_layout(uint32_t count, uint64_t buffer_size) {
   return l;
 }
 
-Mapping::Mapping(int fd, size_t size, bool writable) : size_(size) {
+Mapping::Mapping(int fd, size_t size, bool writable, size_t read_only_prefix) : size_(size) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
   if (p == MAP_FAILED) ipc::fail_errno("mmap of a frame pool (" + std::to_string(size) + " bytes)");
   data_ = static_cast<uint8_t*>(p);
+  if (writable && read_only_prefix != 0 && mprotect(p, read_only_prefix, PROT_READ) != 0) {
+    const int err = errno;
+    munmap(p, size);
+    ipc::fail_errno("mprotect of a frame pool's metadata", err);
+  }
 }
 
 Mapping::~Mapping() { munmap(data_, size_); }
@@ -44,14 +49,6 @@ ipc::UniqueFd create_sealed_memfd(const char* name, size_t size) {
   }
   if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ipc::fail_errno("sealing a memfd");
   return fd;
-}
-
-ipc::UniqueFd reopen_read_only(int fd) {
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  ipc::UniqueFd ro(open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (!ro) ro.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
-  if (!ro) ipc::fail_errno("duplicating a memfd");
-  return ro;
 }
 
 std::string sealed_memfd_problem(int fd, size_t size) {

@@ -84,7 +84,9 @@ PoolLayout make_layout(uint32_t count, uint64_t buffer_size);
 // A mapping, unmapped when the last owner (server, client, numpy view) goes.
 class Mapping {
  public:
-  Mapping(int fd, size_t size, bool writable);
+  // writable: PROT_READ|PROT_WRITE, except the first read_only_prefix bytes
+  // (a page multiple), which stay PROT_READ.
+  Mapping(int fd, size_t size, bool writable, size_t read_only_prefix = 0);
   ~Mapping();
   Mapping(const Mapping&) = delete;
   Mapping& operator=(const Mapping&) = delete;
@@ -98,9 +100,6 @@ class Mapping {
 
 // A new sealed memfd of `size` zero bytes.
 ipc::UniqueFd create_sealed_memfd(const char* name, size_t size);
-// The same memory through a new read-only open file description (so a client
-// cannot map it writable); falls back to a dup when /proc is missing.
-ipc::UniqueFd reopen_read_only(int fd);
 // Empty if fd is a memfd of exactly `size` bytes sealed against shrink and grow.
 std::string sealed_memfd_problem(int fd, size_t size);
 

@@ -108,7 +108,6 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->geometry = geometry;
   s->layout = make_layout(count, geometry.size);
   s->pool_fd = create_sealed_memfd(("vipc-pool-" + stream).c_str(), s->layout.total_size);
-  s->pool_ro_fd = reopen_read_only(s->pool_fd.get());
   s->lease_fd = create_sealed_memfd(("vipc-leases-" + stream).c_str(), kLeaseTableSize);
   s->pool = std::make_shared<Mapping>(s->pool_fd.get(), s->layout.total_size, true);
   s->leases = std::make_unique<Mapping>(s->lease_fd.get(), kLeaseTableSize, true);
@@ -280,7 +279,7 @@ bool Server::serve_request(Connection& c) {
     reply->data_offset = s.layout.data_offset;
     reply->pool_size = s.layout.total_size;
     reply->lease_table_size = kLeaseTableSize;
-    fds = {s.pool_ro_fd.get(), s.lease_fd.get()};
+    fds = {s.pool_fd.get(), s.lease_fd.get()};
   }
   lock.unlock();
   const bool sent = send_with_fds(c.fd.get(), reply.get(), sizeof(Reply), fds);

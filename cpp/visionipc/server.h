@@ -73,7 +73,7 @@ class Server {
     uint32_t ordinal = 0;
     Geometry geometry;
     PoolLayout layout;
-    ipc::UniqueFd pool_fd, pool_ro_fd, lease_fd;
+    ipc::UniqueFd pool_fd, lease_fd;
     std::shared_ptr<Mapping> pool;
     std::unique_ptr<Mapping> leases;
     std::unique_ptr<msgq::Publisher> publisher;
