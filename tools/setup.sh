@@ -7,12 +7,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
-APT_PACKAGES=(g++ cmake ninja-build python3-venv python3-dev)
+APT_PACKAGES=(g++ gcc cmake ninja-build python3-venv python3-dev spin)
 
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
 command -v cmake >/dev/null || missing+=(cmake)
 command -v ninja >/dev/null || missing+=(ninja-build)
+command -v gcc >/dev/null || missing+=(gcc)
+command -v spin >/dev/null || missing+=(spin)
 "$PY" -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 "$PY" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=(python3-dev)
