@@ -135,6 +135,18 @@ def test_frames_arrive_in_order_without_conflate_and_newest_only_with_it(pair):
     assert latest.recv(10) is None
 
 
+def test_frames_carry_the_servers_publish_time_and_the_clients_receive_time(pair):
+    import time
+    server, client = pair()
+    before = time.monotonic_ns()
+    buf = server.get_buffer(0)
+    server.send(buf, frame_id=7, timestamp_sof=5, timestamp_eof=6)
+    frame = client.recv(1000)
+    after = time.monotonic_ns()
+    assert (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof) == (7, 5, 6)
+    assert before <= frame.timestamp_publish <= frame.timestamp_recv <= after
+
+
 def test_a_leased_frame_is_not_reused_while_other_buffers_are_free(pair):
     server, client = pair(count=2)
     buf = server.get_buffer(0)

@@ -52,10 +52,11 @@ class VisionIpcClient:
         got = native.recv(int(timeout_ms))
         if got is None:
             return None
-        idx, generation, frame_id, sof, eof, valid = got
+        idx, generation, frame_id, sof, eof, valid, published, received = got
         self._leased = (idx, generation) if valid else None
         self._last = VisionBuf(native.view(idx), native.geometry(), idx, generation, frame_id, sof, eof,
                                owner=self, stream=self._key)
+        self._last.timestamp_publish, self._last.timestamp_recv = published, received
         return self._last
 
     def _frame_valid(self, buf) -> bool:

@@ -30,6 +30,10 @@ class VisionBuf:
         self.frame_id = frame_id
         self.timestamp_sof = timestamp_sof
         self.timestamp_eof = timestamp_eof
+        # CLOCK_MONOTONIC ns when the server sent this frame and when this client got it
+        # (0 for frames that were not received); receive - publish is the handoff latency.
+        self.timestamp_publish = 0
+        self.timestamp_recv = 0
         self._owner = owner      # the VisionIpcServer or VisionIpcClient this frame came from
         self.stream = stream
 

@@ -140,7 +140,8 @@ PYBIND11_MODULE(_visionipc, m) {
                  st = c.recv(deadline, f);
                }
                if (st == vipc::RecvStatus::kFrame) {
-                 return py::make_tuple(f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof, f.valid);
+                 return py::make_tuple(f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof, f.valid,
+                                       f.publish_ns, f.receive_ns);
                }
                if (st == vipc::RecvStatus::kTimeout) return py::none();
                if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");

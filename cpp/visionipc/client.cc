@@ -184,6 +184,8 @@ bool Client::handle(const Packet& p, Frame& out) {
   out.frame_id = p.frame_id;
   out.timestamp_sof = p.timestamp_sof;
   out.timestamp_eof = p.timestamp_eof;
+  out.publish_ns = p.publish_ns;
+  out.receive_ns = static_cast<uint64_t>(ipc::monotonic_ns());
   out.valid = take_lease(p.index, p.generation);
   return true;
 }

@@ -30,6 +30,7 @@ struct Frame {
   uint32_t index = 0;
   uint64_t generation = 0;
   uint64_t frame_id = 0, timestamp_sof = 0, timestamp_eof = 0;
+  uint64_t publish_ns = 0, receive_ns = 0;  // CLOCK_MONOTONIC at the server's send / our receive
   bool valid = false;  // the buffer still holds this frame and we lease it
 };
 

@@ -68,8 +68,9 @@ struct Packet {
   uint64_t frame_id;
   uint64_t timestamp_sof;
   uint64_t timestamp_eof;
+  uint64_t publish_ns;  // CLOCK_MONOTONIC when the server sent it (for latency and recording)
 };
-static_assert(sizeof(Packet) == 56, "wire format");
+static_assert(sizeof(Packet) == 64, "wire format");
 
 // "\0visionipc@PREFIX@NAME" (abstract: the leading NUL keeps it off disk).
 std::string socket_address(const std::string& prefix, const std::string& name);

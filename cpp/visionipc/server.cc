@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "visionipc/protocol.h"
 
@@ -183,7 +184,8 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
   m.generation.store(published, std::memory_order_release);  // G3: pixels and metadata before this
   s.generation[index] = published;
   s.last_sent[index] = ++s.sends;
-  const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof};
+  const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof,
+                 static_cast<uint64_t>(ipc::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));
 }
 
