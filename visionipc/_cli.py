@@ -50,3 +50,13 @@ class Stopper:
 def error(prog: str, message: str) -> int:
     print(f"{prog}: error: {message}", file=sys.stderr)
     return 2
+
+
+def run_command(prog: str, parser, run, argv=None) -> int:
+    """``main``'s body for every command: parse ``argv``, ``run(args)``, and turn
+    UsageError into a one-line message and exit status 2."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        return error(prog, str(e))

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from visionipc._cli import Stopper, UsageError, error
+from visionipc._cli import Stopper, UsageError, run_command
 from visionipc.camera.config import build_streams, load_toml
 from visionipc.camera.sources import open_source
 
@@ -213,12 +213,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return run(args)
-    except UsageError as e:
-        return error(PROG, str(e))
+    return run_command(PROG, build_parser(), run, argv)
 
 
 if __name__ == "__main__":
