@@ -32,5 +32,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: building and installing visionipc (C++ core + Python packages)"
-.venv/bin/python -m pip install -q ".[test,zmq,bench,cv]"
+.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record]"
 echo "setup: done (.venv/bin/python)"

@@ -1,0 +1,1 @@
+"""vipc-record / vipc-replay: recordings of VisionIPC streams (docs/recording-format.md)."""

@@ -1,0 +1,75 @@
+"""How a stream's frames are stored in video segments, both ways.
+
+| format | --lossless (FFV1 in .mkv) | default (mp4v in .mp4) |
+|---|---|---|
+| nv12, i420 | ``planes``: the compact ``(h*3/2, w)`` plane image as 8-bit gray | ``bgr``: converted to BGR |
+| gray8 | ``gray``: 8-bit gray | ``gray`` (lossy) |
+| rgb8, bgr8 | ``color``: 3 channels in the format's own order | ``bgr`` |
+| raw16 | ``gray16``: 16-bit gray (always lossless) | ``gray16`` (FFV1) |
+
+``capture`` copies a received frame out of the pool into the stored image (the
+one copy the recorder makes: the pool buffer is recycled after); ``restore``
+writes a decoded image back into a pool buffer (exactly, for lossless kinds).
+"""
+
+import numpy as np
+
+from visionipc import pixels
+
+LOSSLESS = ("FFV1", "mkv")
+LOSSY = ("mp4v", "mp4")
+
+
+class Storage:
+    def __init__(self, cv2, fmt: str, width: int, height: int, lossless: bool):
+        self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
+        self.lossless = lossless or fmt == "raw16"
+        if fmt == "raw16":
+            self.kind = "gray16"
+        elif fmt == "gray8":
+            self.kind = "gray"
+        elif self.lossless:
+            self.kind = "planes" if fmt in ("nv12", "i420") else "color"
+        else:
+            self.kind = "bgr"
+        self.codec, self.ext = LOSSLESS if self.lossless else LOSSY
+        shape = {"bgr": (height, width, 3)}.get(self.kind, pixels.compact_shape(fmt, width, height))
+        self.image_size = (shape[1], shape[0])  # the video's (width, height)
+        self.is_color = len(shape) == 3
+        self._bgr_writer = None
+
+    def describe(self) -> dict:
+        return {"codec": self.codec, "lossless": self.lossless, "stored_as": self.kind}
+
+    def writer_params(self) -> list:
+        cv2 = self.cv2
+        params = [cv2.VIDEOWRITER_PROP_IS_COLOR, int(self.is_color)]
+        if self.kind == "gray16":
+            params += [cv2.VIDEOWRITER_PROP_DEPTH, cv2.CV_16U]
+        return params
+
+    def reader_params(self) -> list:
+        # 16-bit gray only survives decoding without the BGR conversion
+        return [self.cv2.CAP_PROP_CONVERT_RGB, 0] if self.kind == "gray16" else []
+
+    def capture(self, frame) -> np.ndarray:
+        """A received VisionBuf -> a new image to encode."""
+        if self.kind == "bgr":
+            return frame.to_bgr()
+        return pixels.pack(frame)
+
+    def restore(self, image: np.ndarray, buf):
+        """A decoded image -> ``buf`` (a pool buffer of this stream's format)."""
+        if self.kind == "bgr":
+            if self._bgr_writer is None:
+                self._bgr_writer = pixels.BgrWriter(self.fmt, self.width, self.height)
+            self._bgr_writer.write(image, buf)
+            return
+        pixels.unpack(image, buf)
+
+    @classmethod
+    def from_manifest(cls, cv2, info: dict):
+        storage = cls(cv2, info["format"], info["width"], info["height"], info.get("lossless", False))
+        if storage.kind != info.get("stored_as", storage.kind):
+            raise ValueError(f"stored_as {info.get('stored_as')!r} does not match format {info['format']}")
+        return storage
