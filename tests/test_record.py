@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receive, start
+from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receive, run_without, start
 from msgq.testing import unique_name, unique_topic
 from visionipc.camera.pattern import read_stamp
 from visionipc.record.index import INDEX_COLUMNS, index_schema, read_index, read_topic
@@ -143,11 +143,11 @@ def test_lossless_record_replay_record_is_bit_exact(tmp_path):
         assert a[0][1].dtype == (np.uint16 if fmt == "raw16" else np.uint8)
 
 
-def _recorded(tmp_path, frames=12, fps=50):
+def _recorded(tmp_path, frames=12, fps=50, size=SIZE, mode="--lossless"):
     name, out = unique_name("cam"), str(tmp_path / "rec")
-    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", fps, "--frames", frames,
+    camera = start(CAMERA, "--name", name, "--stream", "s", *size, "--fps", fps, "--frames", frames,
                    "--wait-clients", 1)
-    recorder = start(RECORD, "--name", name, "--out", out, "--lossless", "--frames", frames)
+    recorder = start(RECORD, "--name", name, "--out", out, mode, "--frames", frames)
     assert finish(recorder)[0] == 0 and finish(camera)[0] == 0
     return out
 
@@ -216,3 +216,22 @@ def test_replay_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "--rate" in capsys.readouterr().err
     assert replay_main([out, "--name", "bad/name"]) == 2
     assert "name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blocked", ["cv2", "pyarrow"])
+def test_missing_record_extra_names_it(blocked, tmp_path):
+    rc, err = run_without(blocked, "visionipc.record.recorder:main", ["--name", "x", "--out", tmp_path / "r"])
+    assert rc == 2 and "pip install 'visionipc[record]'" in err
+    rc, err = run_without(blocked, "visionipc.record.replay:main", [tmp_path, "--name", "x"])
+    assert rc == 2 and "pip install 'visionipc[record]'" in err
+
+
+def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
+    out = _recorded(tmp_path, frames=10, size=("--width", 160, "--height", 96), mode="-q")
+    assert json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]["stored_as"] == "bgr"
+    name = unique_name("replay")
+    replay = start(REPLAY, out, "--name", name, "--wait-clients", 1)
+    frames = receive(name, "s", count=10)
+    assert finish(replay)[0] == 0
+    assert [f["frame_id"] for f in frames] == list(range(10)) and frames[0]["format"] == "nv12"
+    assert sum(f["stamp"] == f["frame_id"] for f in frames) >= 9
