@@ -235,3 +235,19 @@ def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
     assert finish(replay)[0] == 0
     assert [f["frame_id"] for f in frames] == list(range(10)) and frames[0]["format"] == "nv12"
     assert sum(f["stamp"] == f["frame_id"] for f in frames) >= 9
+
+
+def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
+    name, out = unique_name("cam"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50, "--frames", 10, "--wait-clients", 1)
+    recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 2, "--lossless")
+    assert finish(camera)[0] == 0
+    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 128, "--height", 64, "--fps", 50,
+                   "--frames", 10)
+    assert finish(camera)[0] == 0
+    rc, _, err = finish(recorder)
+    assert rc == 0, err
+    info = json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]
+    assert info["frames"] == 10 and info["width"] == 96
+    assert [read_stamp(image, "nv12", 96) for _, image in iter_frames(out, "s")] == list(range(10))
+    assert info["missed"] >= 1  # the resized server's frames that reached the recorder
