@@ -251,3 +251,24 @@ def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
     assert info["frames"] == 10 and info["width"] == 96
     assert [read_stamp(image, "nv12", 96) for _, image in iter_frames(out, "s")] == list(range(10))
     assert info["missed"] >= 1  # the resized server's frames that reached the recorder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_closes_the_open_segment_properly(sig, tmp_path):
+    name, out = unique_name("cam"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50)
+    connect(name, "s").close()
+    recorder = start(RECORD, "--name", name, "--out", out, "--lossless")
+    _wait_for(lambda: os.path.isdir(os.path.join(out, "frames", "s")) and _hidden(out))  # a segment is open
+    time.sleep(0.3)
+    recorder.send_signal(sig)
+    rc, _, err = finish(recorder)
+    camera.send_signal(signal.SIGINT)
+    assert finish(camera)[0] == 0
+    assert rc == 0, err
+    assert _hidden(out) == []
+    manifest = json.load(open(os.path.join(out, "recording.json")))
+    assert manifest["status"] == "complete" and manifest["streams"]["s"]["segments"] == 1
+    frames = list(iter_frames(out, "s"))
+    assert len(frames) == manifest["streams"]["s"]["frames"] > 5
+    assert all(read_stamp(image, "nv12", 96) == row["frame_id"] for row, image in frames)
