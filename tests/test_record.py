@@ -272,3 +272,22 @@ def test_signal_closes_the_open_segment_properly(sig, tmp_path):
     frames = list(iter_frames(out, "s"))
     assert len(frames) == manifest["streams"]["s"]["frames"] > 5
     assert all(read_stamp(image, "nv12", 96) == row["frame_id"] for row, image in frames)
+
+
+def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
+    name, topic, out = unique_name("cam"), unique_topic("events"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 20, "--frames", 20, "--wait-clients", 1)
+    pub = msgq.pub_sock(topic)
+    recorder = start(RECORD, "--name", name, "--out", out, "--topic", topic, "--frames", 20)
+    _wait_for(lambda: os.path.exists(os.path.join(out, "recording.json")))
+    for i in range(3):
+        pub.send(b"m%d" % i)
+        time.sleep(0.05)
+    assert finish(camera)[0] == 0 and finish(recorder)[0] == 0
+    pub.close()
+    sub = msgq.sub_sock(topic, timeout=3000)  # before the replayer publishes
+    replay = start(REPLAY, out, "--name", unique_name("replay"), "--wait-clients", 0, "--rate", 4)
+    got = [sub.receive() for _ in range(3)]
+    sub.close()
+    assert finish(replay)[0] == 0
+    assert got == [b"m0", b"m1", b"m2"]
