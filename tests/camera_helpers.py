@@ -63,3 +63,13 @@ def connect(name, stream, timeout=20.0):
         assert time.monotonic() < deadline, f"no VisionIPC server {name!r} after {timeout} s"
         time.sleep(0.01)
     return client
+
+
+def run_without(module_blocked, entry, argv):
+    """Run ``entry``'s main(argv) in a fresh interpreter where ``module_blocked`` cannot
+    be imported (as when an optional extra is not installed): (exit status, stderr)."""
+    mod, func = entry.rsplit(":", 1)
+    code = (f"import sys; sys.modules[{module_blocked!r}] = None\n"
+            f"from {mod} import {func}; sys.exit({func}({list(map(str, argv))!r}))")
+    proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
+    return proc.returncode, proc.stderr

@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from camera_helpers import CAMERA, connect, finish, reap, receive, start
+from camera_helpers import CAMERA, connect, finish, reap, receive, run_without, start
 from msgq.testing import unique_name
 from visionipc.camera.daemon import main
 from visionipc.camera.pattern import read_stamp
@@ -152,3 +152,8 @@ def test_unknown_config_key_is_named(tmp_path, capsys):
 def test_read_stamp_rejects_an_unstamped_image():
     assert read_stamp(np.zeros((48, 160), np.uint8), "gray8") is None
     assert read_stamp(np.full((48, 160), 255, np.uint8), "gray8") is None
+
+
+def test_missing_opencv_names_the_extra_to_install():
+    rc, err = run_without("cv2", "visionipc.camera.daemon:main", ["--name", "x", "--stream", "s"])
+    assert rc == 2 and "pip install 'visionipc[cv]'" in err

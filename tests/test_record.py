@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receive, start
+from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receive, run_without, start
 from msgq.testing import unique_name, unique_topic
 from visionipc.camera.pattern import read_stamp
 from visionipc.record.index import INDEX_COLUMNS, index_schema, read_index, read_topic
@@ -143,11 +143,11 @@ def test_lossless_record_replay_record_is_bit_exact(tmp_path):
         assert a[0][1].dtype == (np.uint16 if fmt == "raw16" else np.uint8)
 
 
-def _recorded(tmp_path, frames=12, fps=50):
+def _recorded(tmp_path, frames=12, fps=50, size=SIZE, mode="--lossless"):
     name, out = unique_name("cam"), str(tmp_path / "rec")
-    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", fps, "--frames", frames,
+    camera = start(CAMERA, "--name", name, "--stream", "s", *size, "--fps", fps, "--frames", frames,
                    "--wait-clients", 1)
-    recorder = start(RECORD, "--name", name, "--out", out, "--lossless", "--frames", frames)
+    recorder = start(RECORD, "--name", name, "--out", out, mode, "--frames", frames)
     assert finish(recorder)[0] == 0 and finish(camera)[0] == 0
     return out
 
@@ -216,3 +216,78 @@ def test_replay_bad_input_is_a_clear_error(tmp_path, capsys):
     assert "--rate" in capsys.readouterr().err
     assert replay_main([out, "--name", "bad/name"]) == 2
     assert "name" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("blocked", ["cv2", "pyarrow"])
+def test_missing_record_extra_names_it(blocked, tmp_path):
+    rc, err = run_without(blocked, "visionipc.record.recorder:main", ["--name", "x", "--out", tmp_path / "r"])
+    assert rc == 2 and "pip install 'visionipc[record]'" in err
+    rc, err = run_without(blocked, "visionipc.record.replay:main", [tmp_path, "--name", "x"])
+    assert rc == 2 and "pip install 'visionipc[record]'" in err
+
+
+def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
+    out = _recorded(tmp_path, frames=10, size=("--width", 160, "--height", 96), mode="-q")
+    assert json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]["stored_as"] == "bgr"
+    name = unique_name("replay")
+    replay = start(REPLAY, out, "--name", name, "--wait-clients", 1)
+    frames = receive(name, "s", count=10)
+    assert finish(replay)[0] == 0
+    assert [f["frame_id"] for f in frames] == list(range(10)) and frames[0]["format"] == "nv12"
+    assert sum(f["stamp"] == f["frame_id"] for f in frames) >= 9
+
+
+def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
+    name, out = unique_name("cam"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50, "--frames", 10, "--wait-clients", 1)
+    recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 2, "--lossless")
+    assert finish(camera)[0] == 0
+    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 128, "--height", 64, "--fps", 50,
+                   "--frames", 10)
+    assert finish(camera)[0] == 0
+    rc, _, err = finish(recorder)
+    assert rc == 0, err
+    info = json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]
+    assert info["frames"] == 10 and info["width"] == 96
+    assert [read_stamp(image, "nv12", 96) for _, image in iter_frames(out, "s")] == list(range(10))
+    assert info["missed"] >= 1  # the resized server's frames that reached the recorder
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_closes_the_open_segment_properly(sig, tmp_path):
+    name, out = unique_name("cam"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50)
+    connect(name, "s").close()
+    recorder = start(RECORD, "--name", name, "--out", out, "--lossless")
+    _wait_for(lambda: os.path.isdir(os.path.join(out, "frames", "s")) and _hidden(out))  # a segment is open
+    time.sleep(0.3)
+    recorder.send_signal(sig)
+    rc, _, err = finish(recorder)
+    camera.send_signal(signal.SIGINT)
+    assert finish(camera)[0] == 0
+    assert rc == 0, err
+    assert _hidden(out) == []
+    manifest = json.load(open(os.path.join(out, "recording.json")))
+    assert manifest["status"] == "complete" and manifest["streams"]["s"]["segments"] == 1
+    frames = list(iter_frames(out, "s"))
+    assert len(frames) == manifest["streams"]["s"]["frames"] > 5
+    assert all(read_stamp(image, "nv12", 96) == row["frame_id"] for row, image in frames)
+
+
+def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
+    name, topic, out = unique_name("cam"), unique_topic("events"), str(tmp_path / "rec")
+    camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 20, "--frames", 20, "--wait-clients", 1)
+    pub = msgq.pub_sock(topic)
+    recorder = start(RECORD, "--name", name, "--out", out, "--topic", topic, "--frames", 20)
+    _wait_for(lambda: os.path.exists(os.path.join(out, "recording.json")))
+    for i in range(3):
+        pub.send(b"m%d" % i)
+        time.sleep(0.05)
+    assert finish(camera)[0] == 0 and finish(recorder)[0] == 0
+    pub.close()
+    sub = msgq.sub_sock(topic, timeout=3000)  # before the replayer publishes
+    replay = start(REPLAY, out, "--name", unique_name("replay"), "--wait-clients", 0, "--rate", 4)
+    got = [sub.receive() for _ in range(3)]
+    sub.close()
+    assert finish(replay)[0] == 0
+    assert got == [b"m0", b"m1", b"m2"]

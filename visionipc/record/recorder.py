@@ -55,13 +55,16 @@ def build_parser():
 class StreamRecorder:
     """A receiver thread copies each frame out of the pool (``Storage.capture``) and
     queues it; an encoder thread writes segments. Invariant: the queue is the only
-    data shared by the two threads; counters are written by the receiver only."""
+    data shared by the two threads; counters are written by the receiver only.
+    Frames of another geometry than the stream had at the start (its server was
+    restarted with another size or format) are not recorded but counted as missed."""
 
     def __init__(self, client, storage, writer, max_frames, stop):
         self.client, self.storage, self.writer, self.max_frames, self.stop = client, storage, writer, max_frames, stop
         frame_bytes = storage.image_size[0] * storage.image_size[1] * (3 if storage.is_color else 1)
         self.queue = queue.Queue(max(8, QUEUE_BYTES // frame_bytes))
-        self.received = self.missed_invalid = self.missed_queue = self.gaps = 0
+        self.geometry = (storage.fmt, storage.width, storage.height)
+        self.received = self.missed_invalid = self.missed_queue = self.missed_geometry = self.gaps = 0
         self.last_id = None
         self.last_frame_s = time.monotonic()
         self.error = None
@@ -84,6 +87,9 @@ class StreamRecorder:
             while not self.stop.is_set() and not (self.max_frames and self.received >= self.max_frames):
                 frame = self.client.recv(RECV_MS)
                 if frame is None:
+                    continue
+                if (frame.format, frame.width, frame.height) != self.geometry:  # a restarted server, resized
+                    self.missed_geometry += 1
                     continue
                 with frame:
                     image = self.storage.capture(frame)
@@ -128,7 +134,7 @@ class StreamRecorder:
 
     def summary(self) -> dict:
         return {"frames": self.writer.frames, "segments": self.writer.segments,
-                "missed": self.missed_invalid + self.missed_queue, "gaps": self.gaps}
+                "missed": self.missed_invalid + self.missed_queue + self.missed_geometry, "gaps": self.gaps}
 
 
 class TopicRecorder(threading.Thread):
