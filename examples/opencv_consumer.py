@@ -90,12 +90,12 @@ def main(argv=None) -> int:
             edge_share, motion = work.run(luma(frame))
             intact = frame.valid
         done = time.monotonic_ns()
-        if not intact:
-            overwritten += 1  # the producer lapped us mid-frame: the result is discarded
-            continue
         if last_id is not None and frame.frame_id > last_id + 1:
             drops += frame.frame_id - last_id - 1
         last_id = frame.frame_id
+        if not intact:
+            overwritten += 1  # the producer lapped us mid-frame: the result is discarded
+            continue
         processed += 1
         if 0 < frame.timestamp_eof <= done:
             latencies.append((done - frame.timestamp_eof) / 1e6)

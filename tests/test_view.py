@@ -162,7 +162,7 @@ def test_streams_that_appear_late_and_a_restarted_server_are_picked_up(name):
             status, _, body = view.get("/snapshot/late.jpg")
             assert status == 200 and decode(body).shape == (120, 160, 3)
         assert view.stop(signal.SIGTERM) == 0
-        assert "vipc-view: stopped" in "".join(view.output)
+        assert "vipc-view: stopped" in view.out.text()
 
 
 def test_sigint_stops_it_cleanly_while_viewers_are_connected(name):

@@ -11,6 +11,7 @@ import http.client
 import json
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -76,13 +77,13 @@ def assert_shows_pattern(img):
 class Producer:
     """A VisionIpcServer in a thread sending the pattern on ``streams`` at ``fps``."""
 
-    def __init__(self, name, streams=("road",), width=320, height=240, fps=30, fmt="nv12", texture=False):
+    def __init__(self, name, streams=("road",), width=320, height=240, fps=30, fmt="nv12", texture=False, count=4):
         from visionipc import VisionIpcServer
 
         self.server = VisionIpcServer(name)
         self.streams, self.width, self.height, self.fps = list(streams), width, height, fps
         for stream in self.streams:
-            self.server.create_buffers(stream, 4, width, height, fmt)
+            self.server.create_buffers(stream, count, width, height, fmt)
         self.server.start_listener()
         self.texture = texture
         self.sent = 0
@@ -119,29 +120,42 @@ class Producer:
         self.stop()
 
 
-class ViewProcess:
-    """``vipc-view --name NAME ... --http 127.0.0.1:0`` as a child; ``url`` is where it serves."""
+class Output:
+    """Collects a child's stdout lines in a thread; ``wait_for`` a line matching a pattern."""
 
-    def __init__(self, *args, start_timeout=30):
-        self.proc = subprocess.Popen([VIEW, *args, "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+    def __init__(self, proc):
+        self.proc = proc
         self.lines = queue.Queue()
         self.output = []
         threading.Thread(target=self._pump, daemon=True).start()
-        deadline = time.monotonic() + start_timeout
-        while True:
-            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
-            if line is None:
-                raise AssertionError(f"vipc-view exited before serving: {''.join(self.output)}")
-            if "serving http://" in line:
-                self.url = line.split("serving ", 1)[1].split()[0].rstrip("/")
-                return
 
     def _pump(self):
         for line in self.proc.stdout:
             self.output.append(line)
             self.lines.put(line)
         self.lines.put(None)
+
+    def wait_for(self, pattern, timeout=60):
+        deadline = time.monotonic() + timeout
+        while True:
+            line = self.lines.get(timeout=max(0.1, deadline - time.monotonic()))
+            assert line is not None, f"{self.proc.args[0]} ended before printing {pattern!r}:\n{self.text()}"
+            match = re.search(pattern, line)
+            if match:
+                return match
+
+    def text(self):
+        return "".join(self.output)
+
+
+class ViewProcess:
+    """``vipc-view --name NAME ... --http 127.0.0.1:0`` as a child; ``url`` is where it serves."""
+
+    def __init__(self, *args, start_timeout=30):
+        self.proc = subprocess.Popen([VIEW, *args, "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        self.out = Output(self.proc)
+        self.url = self.out.wait_for(r"serving (http://\S+)/ ", start_timeout).group(1)
 
     def get(self, path, timeout=10):
         """(status, headers, body) of GET url+path; HTTP errors are answers too."""
