@@ -145,8 +145,10 @@ class StreamFeed:
         return out
 
     def close(self):
-        """Stop the worker (it closes its client) and wake every waiting viewer."""
+        """Tell the worker to stop (it closes its client) and wake every waiting viewer."""
         self.stopping = True
         self._stop.set()
         self._notify()
-        self._thread.join(timeout=5)
+
+    def join(self, timeout=5.0):
+        self._thread.join(timeout)

@@ -12,6 +12,7 @@ import asyncio
 import json
 import pathlib
 import socket
+import sys
 import time
 
 from aiohttp import web
@@ -65,6 +66,9 @@ class ViewServer:
             self._discovery.cancel()
         for feed in self.feeds.values():
             feed.close()
+        loop = asyncio.get_running_loop()
+        for feed in self.feeds.values():  # a worker is at most one receive timeout + one encode away
+            await loop.run_in_executor(None, feed.join)
 
     def _add(self, stream: str):
         if stream not in self.feeds:
@@ -72,10 +76,17 @@ class ViewServer:
 
     async def _discover(self):
         loop = asyncio.get_running_loop()
+        last_error = None
         while True:
             # A server that restarts with other streams keeps the old ones on the page (not live).
-            for stream in await loop.run_in_executor(None, available_streams, self.name, False):
-                self._add(str(stream))
+            try:
+                for stream in await loop.run_in_executor(None, available_streams, self.name, False):
+                    self._add(str(stream))
+                last_error = None
+            except Exception as exc:  # e.g. a server of another version: say so once, keep asking
+                if repr(exc) != last_error:
+                    print(f"vipc-view: cannot list the streams of {self.name!r}: {exc}", file=sys.stderr, flush=True)
+                    last_error = repr(exc)
             await asyncio.sleep(DISCOVERY_INTERVAL_S)
 
     def _feed(self, request) -> StreamFeed:
