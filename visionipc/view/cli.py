@@ -81,10 +81,17 @@ def main(argv=None) -> int:
         except WindowError as exc:
             print(f"vipc-view: error: {exc}", file=sys.stderr)
             return 2
-    return asyncio.run(_serve(name, streams, host, port, args.quality, args.window))
+    settings = dict(name=name, streams=streams, host=host, port=port, quality=args.quality)
+    if args.window:
+        from visionipc.view.window import run_with_windows
+
+        return run_with_windows(_serve, settings)
+    return asyncio.run(_serve(**settings))
 
 
-async def _serve(name, streams, host, port, quality, window) -> int:
+async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=None) -> int:
+    """Serve until SIGINT/SIGTERM (in the main thread) or until the ``stop`` event passed
+    to ``on_started(loop, stop, view)`` is set; 0 on a clean stop, 1 if the port is taken."""
     from aiohttp import web
 
     from visionipc.view.web import ViewServer
@@ -94,10 +101,9 @@ async def _serve(name, streams, host, port, quality, window) -> int:
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    view = ViewServer(name, streams, quality, keep_bgr=window)
+    view = ViewServer(name, streams, quality, keep_bgr=keep_bgr)
     runner = web.AppRunner(view.app, access_log=None)
     await runner.setup()
-    windows = None
     try:
         site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
         try:
@@ -109,14 +115,10 @@ async def _serve(name, streams, host, port, quality, window) -> int:
         shown = f"[{host}]" if ":" in host else host
         print(f"vipc-view: serving http://{shown}:{bound}/ (VisionIPC server {name!r}, "
               f"streams: {', '.join(streams) or 'all'}); Ctrl-C stops", flush=True)
-        if window:
-            from visionipc.view.window import WindowLoop
-
-            windows = WindowLoop(view.feeds, lambda: loop.call_soon_threadsafe(stop.set))
+        if on_started is not None:
+            on_started(loop, stop, view)
         await stop.wait()
         return 0
     finally:
-        if windows is not None:
-            windows.close()
         await runner.cleanup()
         print("vipc-view: stopped", flush=True)

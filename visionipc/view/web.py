@@ -42,7 +42,9 @@ class ViewServer:
         self.fixed_streams = list(streams)
         self.quality = quality
         self.keep_bgr = keep_bgr
-        self.feeds = {}  # stream name -> StreamFeed; event-loop thread only
+        # stream name -> StreamFeed; changed on the event-loop thread only (the window
+        # thread reads a copy, list(feeds.items()), taken in one step under the GIL)
+        self.feeds = {}
         self.started = time.monotonic()
         self._discovery = None
         self.app = web.Application()

@@ -1,12 +1,19 @@
 """``vipc-view --window``: the streams in OpenCV windows, beside the browser view.
 
-All HighGUI calls happen in one thread (OpenCV's GUI backends want that). It
-shows each feed's newest converted frame (``StreamFeed.latest_bgr``); q or Esc
-in a window stops vipc-view.
+All HighGUI calls happen in the main thread (OpenCV's Qt and Cocoa backends want
+that); the HTTP side then runs its event loop in another thread. The windows show
+each feed's newest converted frame (``StreamFeed.latest_bgr``); q or Esc in a
+window stops vipc-view.
 """
 
+import asyncio
 import os
+import queue
+import signal
+import sys
 import threading
+
+WAIT_MS = 30  # cv2.waitKey per round: the windows' refresh period
 
 
 class WindowError(RuntimeError):
@@ -27,37 +34,41 @@ def check_window_support():
                               "or use the browser view (--http)")
 
 
-class WindowLoop:
-    def __init__(self, feeds, on_quit, interval_ms=30):
-        self._feeds = feeds          # dict stream -> StreamFeed, read (never changed) here
-        self._on_quit = on_quit      # called from this thread when the user quits
-        self._interval_ms = interval_ms
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="vipc-view:window", daemon=True)
-        self._thread.start()
+def run_with_windows(serve, settings) -> int:
+    """Run ``serve(**settings)`` (the HTTP side) in a thread and the OpenCV windows in
+    this, the main thread (Qt and Cocoa want their GUI there). SIGINT/SIGTERM, q or Esc
+    in a window, or the HTTP side ending (port taken) stop both."""
+    import cv2
 
-    def _run(self):
-        import cv2
-
-        shown = set()
+    started, result = queue.Queue(), []
+    http = threading.Thread(target=lambda: result.append(asyncio.run(
+        serve(**settings, keep_bgr=True, on_started=lambda *hooks: started.put(hooks)))), name="vipc-view:http")
+    quit_requested = threading.Event()
+    handlers = {sig: signal.signal(sig, lambda *_: quit_requested.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    http.start()
+    shown = set()
+    try:
+        while started.empty() and http.is_alive():
+            http.join(0.05)
+        if started.empty():
+            return result[0] if result else 1
+        loop, stop, view = started.get()
         try:
-            while not self._stop.is_set():
-                for stream, feed in list(self._feeds.items()):
+            while not quit_requested.is_set() and http.is_alive():
+                for stream, feed in list(view.feeds.items()):
                     bgr = feed.latest_bgr
                     if bgr is not None:
                         cv2.imshow(f"vipc-view {feed.server}/{stream}", bgr)
                         shown.add(stream)
-                key = cv2.waitKey(self._interval_ms) & 0xFF
-                if key in (ord("q"), 27):
-                    self._on_quit()
-                    return
+                if cv2.waitKey(WAIT_MS) & 0xFF in (ord("q"), 27):
+                    break
         except cv2.error as exc:
-            print(f"vipc-view: the OpenCV window failed: {exc}", flush=True)
-            self._on_quit()
-        finally:
-            if shown:
-                cv2.destroyAllWindows()
-
-    def close(self):
-        self._stop.set()
-        self._thread.join(timeout=2)
+            print(f"vipc-view: the OpenCV window failed: {exc}", file=sys.stderr, flush=True)
+        loop.call_soon_threadsafe(stop.set)
+        http.join()
+        return result[0] if result else 1
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        if shown:
+            cv2.destroyAllWindows()
