@@ -122,10 +122,10 @@ def test_a_slow_viewer_skips_frames_and_frames_are_encoded_once_not_per_viewer(n
     with Producer(name, ["road"], 640, 480, fps=30, texture=True) as producer, ViewProcess("--name", name) as view:
         view.wait_for(live("road"), what="road live")
         fast = [MjpegReader(view.url, "road") for _ in range(2)]
-        slow = MjpegReader(view.url, "road", delay=0.2)
+        slow = MjpegReader(view.url, "road", delay=0.5)
         assert fast[0].status == 200 and fast[0].content_type.startswith("multipart/x-mixed-replace")
-        before = view.stats()["streams"]["road"]
         sent_before = producer.sent
+        before = view.stats()["streams"]["road"]
         time.sleep(3)
         after = view.wait_for(lambda s: s["streams"]["road"]["viewers"] == 3, what="3 viewers")["streams"]["road"]
         sent = producer.sent - sent_before
@@ -135,14 +135,18 @@ def test_a_slow_viewer_skips_frames_and_frames_are_encoded_once_not_per_viewer(n
         received = after["frames_received"] - before["frames_received"]
         encoded = after["frames_encoded"] - before["frames_encoded"]
         assert sent >= 30  # sanity: the producer kept going (about 90 at 30 fps)
-        assert 0 < encoded <= received <= sent  # one encode per received frame, whatever the viewer count
+        # Each received frame has its own, newer frame id; each is encoded at most once
+        # whatever the viewer count (+1: a snapshot of the counters may fall between
+        # receiving a frame and encoding it).
+        assert 0 < encoded <= received + 1 and received <= after["frame_id"] - before["frame_id"]
+        assert after["frame_id"] <= sent_before + sent  # nothing the producer has not sent
         for reader in fast:
             assert len(reader.frame_ids) >= encoded // 3, (len(reader.frame_ids), encoded)
             assert reader.frame_ids == sorted(set(reader.frame_ids))
             assert_shows_pattern(decode(reader.last_jpeg))
-        assert 1 <= len(slow.frame_ids) <= 20  # one part per 0.2 s, whatever the frame rate
+        assert 1 <= len(slow.frame_ids) <= 8  # one part per 0.5 s, whatever the frame rate
+        assert slow.frame_ids == sorted(set(slow.frame_ids))
         assert after["frames_skipped"] > 0, after  # the slow one got the newest frame, not a backlog
-        assert max(np.diff(slow.frame_ids), default=2) > 1, slow.frame_ids
         assert after["frames_sent"] <= 3 * after["frames_encoded"]
 
 
