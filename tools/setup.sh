@@ -8,6 +8,8 @@ cd "$(dirname "$0")/.."
 
 PY=${PYTHON:-python3}
 APT_PACKAGES=(g++ gcc cmake ninja-build python3-venv python3-dev spin)
+# vipc-view's browser tests drive the system Chromium with its matching chromedriver
+APT_PACKAGES+=(chromium chromium-driver)
 
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
@@ -15,6 +17,8 @@ command -v cmake >/dev/null || missing+=(cmake)
 command -v ninja >/dev/null || missing+=(ninja-build)
 command -v gcc >/dev/null || missing+=(gcc)
 command -v spin >/dev/null || missing+=(spin)
+command -v chromium >/dev/null || missing+=(chromium)
+command -v chromedriver >/dev/null || missing+=(chromium-driver)
 "$PY" -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 "$PY" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=(python3-dev)
@@ -23,7 +27,7 @@ if ((${#missing[@]})); then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${APT_PACKAGES[@]}" >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq -o DPkg::Lock::Timeout=600 "${APT_PACKAGES[@]}" >/dev/null
 fi
 
 if [ ! -x .venv/bin/python ]; then
@@ -32,5 +36,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: building and installing visionipc (C++ core + Python packages)"
-.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record]"
+.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record,view]"
 echo "setup: done (.venv/bin/python)"

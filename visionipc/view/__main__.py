@@ -1,0 +1,5 @@
+import sys
+
+from visionipc.view.cli import main
+
+sys.exit(main())
