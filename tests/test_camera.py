@@ -69,10 +69,11 @@ def test_video_file_source_is_resized_and_converted(tmp_path):
     writer.release()
     name = unique_name("cam")
     proc = start(CAMERA, "--name", name, "--stream", "s", "--source", path, "--width", 32, "--height", 24,
-                 "--fps", 100, "--format", "gray", "--wait-clients", 1)
+                 "--format", "gray", "--wait-clients", 1)
     frames = receive(name, "s")
     rc, _, err = finish(proc)
     assert rc == 0, err  # the file ended: the daemon stops by itself
+    assert "@ 25 fps" in err  # the file's own rate when --fps is not given
     assert [f["frame_id"] for f in frames] == list(range(len(levels)))
     assert (frames[0]["width"], frames[0]["height"]) == (32, 24)
     assert np.allclose([f["mean"] for f in frames], levels, atol=3)

@@ -283,8 +283,10 @@ def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
     for i in range(3):
         pub.send(b"m%d" % i)
         time.sleep(0.05)
-    assert finish(camera)[0] == 0 and finish(recorder)[0] == 0
+    assert finish(camera)[0] == 0
+    rc, _, err = finish(recorder)
     pub.close()
+    assert rc == 0, err
     sub = msgq.sub_sock(topic, timeout=3000)  # before the replayer publishes
     replay = start(REPLAY, out, "--name", unique_name("replay"), "--wait-clients", 0, "--rate", 4)
     got = [sub.receive() for _ in range(3)]

@@ -7,7 +7,7 @@ optional TOML file (``--config cams.toml``) with one ``[[stream]]`` table per st
     source = "synthetic"          # or a video file, or /dev/video0
     width = 640
     height = 480
-    fps = 20
+    fps = 20                      # default: a video file's own rate, else 20
     format = "nv12"
     frames = 0                    # 0: run until stopped
     drop_frames = [10, 20]        # or "10,20"
@@ -26,6 +26,7 @@ import math
 from visionipc._cli import UsageError
 from visionipc.formats import FORMATS, normalize_format
 
+DEFAULT_FPS = 20.0
 STREAM_KEYS = {"name", "source", "width", "height", "fps", "format", "frames", "drop_frames", "delay_frames", "loop"}
 
 
@@ -35,7 +36,7 @@ class StreamConfig:
     source: str = "synthetic"
     width: int = 640
     height: int = 480
-    fps: float = 20.0
+    fps: float = None  # None: resolve_fps() after the source is open
     format: str = "nv12"
     frames: int = 0
     drop_frames: frozenset = frozenset()
@@ -48,8 +49,8 @@ class StreamConfig:
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "frames" else 1):
                 raise UsageError(f"{where}: {key} must be a {'non-negative' if key == 'frames' else 'positive'} int, got {value!r}")
-        if isinstance(self.fps, bool) or not isinstance(self.fps, (int, float)) or not 0 < self.fps <= 10000 or math.isnan(self.fps):
-            raise UsageError(f"{where}: fps must be a number in (0, 10000], got {self.fps!r}")
+        if self.fps is not None:
+            self.check_fps()
         try:
             self.format = normalize_format(self.format)
         except ValueError as e:
@@ -59,6 +60,18 @@ class StreamConfig:
         self.drop_frames = parse_drop_frames(self.drop_frames)
         self.delay_frames = parse_delay_frames(self.delay_frames)
         return self
+
+    def check_fps(self):
+        fps = self.fps
+        if isinstance(fps, bool) or not isinstance(fps, (int, float)) or math.isnan(fps) or not 0 < fps <= 10000:
+            raise UsageError(f"stream {self.name!r}: fps must be a number in (0, 10000], got {fps!r}")
+
+    def resolve_fps(self, source):
+        """No fps given: a video file's own rate (when it has a sane one), else DEFAULT_FPS."""
+        if self.fps is None:
+            own = getattr(source, "file_fps", 0.0)
+            self.fps = own if 0 < own <= 1000 else DEFAULT_FPS
+        self.check_fps()
 
     def max_delay_frames(self) -> int:
         """Frames that can be captured while the longest delayed one waits."""

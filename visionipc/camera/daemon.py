@@ -7,7 +7,7 @@ import threading
 import time
 
 from visionipc._cli import Stopper, UsageError, run_command
-from visionipc.camera.config import build_streams, load_toml
+from visionipc.camera.config import DEFAULT_FPS, build_streams, load_toml
 from visionipc.camera.sources import open_source
 
 PROG = "vipc-camera"
@@ -63,7 +63,7 @@ def build_parser():
     p.add_argument("--source", default="synthetic", help="synthetic | video file | /dev/videoN (default: synthetic)")
     p.add_argument("--width", type=int, default=640, help="frame width (default 640)")
     p.add_argument("--height", type=int, default=480, help="frame height (default 480)")
-    p.add_argument("--fps", type=float, default=20.0, help="frames per second (default 20)")
+    p.add_argument("--fps", type=float, help="frames per second (default: a video file's own rate, else 20)")
     p.add_argument("--frames", type=int, default=0, help="stop after frame ids 0..N-1 (default 0: run until stopped)")
     p.add_argument("--format", default="nv12", help="nv12 | i420 | bgr | rgb | gray | raw16 (default nv12)")
     p.add_argument("--loop", action="store_true", help="video files: start again at the end instead of stopping")
@@ -171,7 +171,8 @@ def run(args) -> int:
     server = None
     try:
         for s in streams:
-            sources[s.name] = open_source(s.source, s.format, s.width, s.height, s.fps, s.loop)
+            sources[s.name] = open_source(s.source, s.format, s.width, s.height, s.fps or DEFAULT_FPS, s.loop)
+            s.resolve_fps(sources[s.name])
         try:
             server = VisionIpcServer(name)
             for s in streams:

@@ -276,9 +276,9 @@ def run(args) -> int:
             t.join()
         for r in recorders:
             manifest["streams"][r.writer.stream].update(r.summary())
-        manifest["stop"], manifest["status"] = index.clock_now(), "complete"
-        index.write_json(os.path.join(args.out, "recording.json"), manifest)
         failed = [r for r in recorders + topics if r.error]
+        manifest["stop"], manifest["status"] = index.clock_now(), "failed" if failed else "complete"
+        index.write_json(os.path.join(args.out, "recording.json"), manifest)
         for r in failed:
             print(f"{PROG}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
         if not args.quiet:

@@ -11,6 +11,8 @@ import os
 from visionipc.record import index
 
 NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
+# A segment's container rate is nominal (whole frames per second, from its first two
+# frames' timestamp_sof); the index holds the real times.
 
 
 class StreamWriter:
@@ -42,7 +44,7 @@ class StreamWriter:
             return
         if self._video is None:
             first = self._held[1]
-            interval = meta["timestamp_eof"] - first["timestamp_eof"]
+            interval = meta["timestamp_sof"] - first["timestamp_sof"]
             self._open(1e9 / interval if interval > 0 else NOMINAL_FPS)
         self._write(image, meta)
 
@@ -50,7 +52,8 @@ class StreamWriter:
         cv2, storage = self.cv2, self.storage
         self._final = os.path.join(self.folder, self._relative())
         self._tmp = index.partial_path(self._final)
-        fps = min(max(fps, 1.0), 1000.0)
+        # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
+        fps = float(min(max(round(fps), 1), 1000))
         self._video = cv2.VideoWriter(self._tmp, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*storage.codec), fps,
                                       storage.image_size, storage.writer_params())
         if not self._video.isOpened():
@@ -78,6 +81,8 @@ class StreamWriter:
             self._open(NOMINAL_FPS)
         self._video.release()
         self._video = None
+        if not os.path.exists(self._tmp):
+            raise RuntimeError(f"OpenCV did not write {self._tmp} ({self.storage.codec}); see its messages above")
         os.replace(self._tmp, self._final)
         index.write_table(self._rows, index.index_schema(),
                           os.path.join(self.index_dir, index.segment_name(self.segments, "parquet")))
