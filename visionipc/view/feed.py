@@ -24,6 +24,8 @@ import threading
 import time
 from typing import NamedTuple
 
+import cv2
+
 from visionipc.client import VisionIpcClient
 from visionipc.view.stats import StreamStats
 
@@ -47,9 +49,6 @@ def mjpeg_part(frame_id: int, jpeg: bytes) -> bytes:
 
 class StreamFeed:
     def __init__(self, server: str, stream: str, quality: int = 80, keep_bgr: bool = False):
-        import cv2  # the view extra; checked by the command before any feed starts
-
-        self._cv2 = cv2
         self.server = server
         self.stream = stream
         self.stats = StreamStats()
@@ -104,7 +103,7 @@ class StreamFeed:
             self.latest_bgr = bgr
         if not (self.viewers or self.snapshot_waiters):
             return
-        ok, jpeg = self._cv2.imencode(".jpg", bgr, self._params)
+        ok, jpeg = cv2.imencode(".jpg", bgr, self._params)
         if not ok:
             raise RuntimeError(f"OpenCV could not JPEG-encode a {frame.width}x{frame.height} frame")
         self.stats.encoded(time.perf_counter() - start)
