@@ -181,4 +181,4 @@ def drops_job(index_df):
 def timeline_job(index_df):
     """Spark: index DataFrame -> frames per second per recording x stream (``fps_timeline``)."""
     return (index_df.select("recording_id", "stream", "timestamp_eof").groupBy(*KEYS)
-            .applyInPandas(fps_timeline, spark_schema(TIMELINE_COLUMNS)))
+            .applyInPandas(lambda index: fps_timeline(index), spark_schema(TIMELINE_COLUMNS)))

@@ -54,10 +54,14 @@ def spark_session(master: str | None = None, app_name: str = "vipc-analyze", *, 
                .config("spark.sql.execution.arrow.pyspark.enabled", "true")
                .config("spark.sql.session.timeZone", "UTC")
                .config("spark.sql.adaptive.enabled", "true")
-               .config("spark.python.worker.reuse", "true"))
+               .config("spark.python.worker.reuse", "true")
+               .config("spark.sql.debug.maxToStringFields", "200")
+               # workers import installed packages, never a source tree that happens to be their cwd
+               .config("spark.executorEnv.PYTHONSAFEPATH", "1"))
     if java_options:
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         # no DNS needed: the driver and its executors talk over loopback
         builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
     for key, value in (conf or {}).items():
