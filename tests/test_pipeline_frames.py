@@ -65,7 +65,7 @@ def test_a_video_shorter_than_its_index_is_a_clear_error(spark, recordings, tmp_
     video = os.path.join(rec, "frames", "s", "000000.mkv")
     with open(video, "r+b") as f:
         f.truncate(os.path.getsize(video) // 3)
-    with pytest.raises(RecordingError, match="ends after|cannot open"):
+    with pytest.raises(RecordingError, match="ends before|cannot open"):
         metrics.metrics_pandas([rec])
     with pytest.raises(Exception, match="RecordingError"):
         metrics.spark_metrics(spark, [rec]).collect()

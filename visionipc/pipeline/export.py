@@ -66,11 +66,11 @@ def export_segment(selected, out_dir: str, image_format: str):
                "index_file": os.path.join(first["recording_path"], "index", first["stream"], f"{int(first['segment']):06d}.parquet")}
     reasons = dict(zip(selected["position"].astype(int), selected["reason"]))
     rows = []
-    for row, image in iter_segment(segment, positions=reasons):
+    for row, image, storage in iter_segment(segment, positions=reasons):
         rel = image_name(first["recording_id"], first["stream"], int(row["frame_id"]), image_format)
         dest = os.path.join(out_dir, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        picture = to_bgr(image, row["format"], int(row["height"]))
+        picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
         if not cv2.imwrite(dest, picture):
             raise OSError(f"could not write {dest}")
         rows.append((rel, first["recording_id"], first["stream"], segment["segment"], int(row["position"]),

@@ -14,13 +14,12 @@ import os
 
 import numpy as np
 
-from visionipc.pipeline.read import INDEX_ARROW_SCHEMA, RecordingError, _recordings, index_files
+from visionipc.pipeline.read import INDEX_ARROW_SCHEMA, Recording, RecordingError, _recordings, index_files, recording_info
 
 SEGMENT_SCHEMA = "recording_id string, recording_path string, stream string, segment int, index_file string"
 FRAME_SCHEMA = ("recording_id string, stream string, segment int, position int, frame_id bigint, "
                 "timestamp_eof bigint, format string, width int, height int, "
                 "shape array<int>, dtype string, pixels binary")
-PLANAR = ("nv12", "i420")
 
 
 def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
@@ -37,47 +36,58 @@ def segments_df(spark, recordings, **kw):
     return spark.createDataFrame(rdd, SEGMENT_SCHEMA)
 
 
-def open_video(path: str):
-    """An OpenCV capture decoding on one thread (Spark runs one task per core already)."""
+class _OneThreadStorage:
+    """vipc-record's Storage, decoding on one thread (Spark already runs one task per core)."""
+
+    def __init__(self, storage):
+        self._storage = storage
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    def reader_params(self) -> list:
+        return self._storage.reader_params() + [self._storage.cv2.CAP_PROP_N_THREADS, 1]
+
+
+def storage_of(recording_path: str, row) -> object:
+    """How the segment's pixels are stored, from recording.json (or the index row and the
+    file's extension while the recorder has not described the stream yet)."""
     import cv2
 
-    cv2.setNumThreads(1)
-    cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, [cv2.CAP_PROP_N_THREADS, 1])
-    if not cap.isOpened():
-        raise RecordingError(f"cannot open segment video {path}")
-    return cap
+    from visionipc.record.storage import Storage
+
+    info = recording_info(Recording("", recording_path)).get("streams", {}).get(row["stream"])
+    if info is None:
+        info = {"format": row["format"], "width": int(row["width"]), "height": int(row["height"]),
+                "lossless": str(row["segment_file"]).endswith(".mkv")}
+    try:
+        return Storage.from_manifest(cv2, info)
+    except (KeyError, ValueError) as e:
+        raise RecordingError(f"{recording_path}/recording.json: stream {row['stream']!r}: {e}") from e
 
 
-def planes(decoded: np.ndarray, fmt: str, width: int, height: int) -> np.ndarray:
-    """A decoded picture in the recorded format's layout: NV12/I420 as their (h*3/2, w) plane
-    image, gray8 as (h, w), others as decoded. Lossless recordings store planes as gray video,
-    which OpenCV returns as 3 equal channels."""
-    stored_as_planes = fmt == "gray8" or (fmt in PLANAR and decoded.shape[0] == height * 3 // 2)
-    if stored_as_planes and decoded.ndim == 3:
-        return decoded[..., 0]
-    return decoded  # a picture (compressed recordings of YUV store BGR)
-
-
-def luma(image: np.ndarray, fmt: str, height: int) -> np.ndarray:
-    """The (h, w) 8-bit brightness plane of ``planes(...)``'s output (or a decoded BGR picture)."""
+def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
+    """The (h, w) 8-bit brightness plane of a stored image (``kind``: Storage.kind)."""
     import cv2
 
-    if image.ndim == 2:
-        return image[:height] if image.dtype == np.uint8 else (image[:height] >> 8).astype(np.uint8)
-    if fmt == "rgb8":
-        return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY)
-    return cv2.cvtColor(image, cv2.COLOR_BGR2GRAY)
+    if kind == "planes":
+        return image[:height]
+    if kind == "gray":
+        return image
+    if kind == "gray16":
+        return (image >> 8).astype(np.uint8)
+    return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY)
 
 
-def to_bgr(image: np.ndarray, fmt: str, height: int) -> np.ndarray:
-    """A (h, w, 3) BGR picture of ``planes(...)``'s output, for writing JPEG/PNG."""
+def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
+    """A (h, w, 3) BGR picture of a stored image, for writing JPEG/PNG."""
     import cv2
 
-    if image.ndim == 2 and image.shape[0] == height * 3 // 2 and fmt in PLANAR:
+    if kind == "planes":
         return cv2.cvtColor(image, cv2.COLOR_YUV2BGR_NV12 if fmt == "nv12" else cv2.COLOR_YUV2BGR_I420)
-    if image.ndim == 2:
-        return cv2.cvtColor(luma(image, fmt, height), cv2.COLOR_GRAY2BGR)
-    return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if fmt == "rgb8" else image
+    if kind in ("gray", "gray16"):
+        return cv2.cvtColor(luma(image, kind, fmt, height), cv2.COLOR_GRAY2BGR)
+    return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
 
 
 def read_segment_index(index_file: str):
@@ -88,30 +98,26 @@ def read_segment_index(index_file: str):
 
 
 def iter_segment(segment: dict, positions=None):
-    """Yield ``(index_row, picture)`` for the frames of one segment (``planes`` layout), in
-    order; with ``positions`` only those frames are converted (the rest are skipped over)."""
+    """Yield ``(index_row, stored_image, storage)`` for the frames of one segment in order
+    (all of them, or those at ``positions``), decoded by vipc-record's reader."""
+    import cv2
+
+    from visionipc.record.reader import iter_segment_frames
+
     index = read_segment_index(segment["index_file"])
+    if positions is not None:
+        index = index[index["position"].isin([int(p) for p in positions])]
     if len(index) == 0:
         return
-    wanted = None if positions is None else set(int(p) for p in positions)
-    last = int(index["position"].max()) if wanted is None else max(wanted, default=-1)
-    video = os.path.join(segment["recording_path"], index["segment_file"].iloc[0])
-    cap = open_video(video)
+    storage = storage_of(segment["recording_path"], index.iloc[0])
+    cv2.setNumThreads(1)
+    wanted = list(zip(index["segment_file"], index["position"].astype(int)))
     try:
-        rows = index.set_index("position", drop=False)
-        for pos in range(last + 1):
-            if wanted is not None and pos not in wanted:
-                if not cap.grab():
-                    raise RecordingError(f"{video} ends after {pos} frames, its index lists {last + 1}")
-                continue
-            ok, decoded = cap.read()
-            if not ok:
-                raise RecordingError(f"{video} ends after {pos} frames, its index lists {last + 1}")
-            if pos in rows.index:
-                row = rows.loc[pos]
-                yield row, planes(decoded, row["format"], int(row["width"]), int(row["height"]))
-    finally:
-        cap.release()
+        for (_, row), image in zip(index.iterrows(), iter_segment_frames(cv2, segment["recording_path"], wanted,
+                                                                        _OneThreadStorage(storage))):
+            yield row, image, storage
+    except RuntimeError as e:  # the reader's "cannot open" / "ends before"
+        raise RecordingError(f"{segment['recording_path']}: {e}") from e
 
 
 def map_segments(segments, fn, schema: str):
@@ -133,7 +139,7 @@ def _frame_rows(segment: dict):
     import pandas as pd
 
     rows = []
-    for row, image in iter_segment(segment):
+    for row, image, _ in iter_segment(segment):
         rows.append({"recording_id": segment["recording_id"], "stream": segment["stream"],
                      "segment": int(segment["segment"]), "position": int(row["position"]),
                      "frame_id": int(row["frame_id"]), "timestamp_eof": int(row["timestamp_eof"]),

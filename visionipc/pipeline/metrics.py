@@ -47,8 +47,8 @@ def segment_metrics(segment: dict, *, black_brightness: float = BLACK_BRIGHTNESS
 
     cv2.setNumThreads(1)
     rows, previous = [], None
-    for row, image in iter_segment(segment):
-        gray = luma(image, row["format"], int(row["height"]))
+    for row, image, storage in iter_segment(segment):
+        gray = luma(image, storage.kind, row["format"], int(row["height"]))
         b, c, s, m = frame_metrics(gray, previous)
         previous = gray
         rows.append((segment["recording_id"], segment["recording_path"], segment["stream"], int(segment["segment"]),

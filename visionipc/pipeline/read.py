@@ -16,12 +16,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-INDEX_ARROW_SCHEMA = pa.schema([
-    ("stream", pa.string()), ("frame_id", pa.int64()), ("timestamp_sof", pa.int64()),
-    ("timestamp_eof", pa.int64()), ("publish_time", pa.int64()), ("receive_time", pa.int64()),
-    ("width", pa.int32()), ("height", pa.int32()), ("format", pa.string()),
-    ("segment", pa.int32()), ("position", pa.int32()), ("segment_file", pa.string()),
-])
+from visionipc.record.index import index_schema
+
+INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
 INDEX_SPARK_SCHEMA = ", ".join(f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
                                for f in INDEX_ARROW_SCHEMA)
 

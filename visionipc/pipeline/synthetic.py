@@ -1,7 +1,8 @@
-"""Synthetic recordings in the layout of docs/recording-format.md, written with
-OpenCV and pyarrow alone: fixtures for tests and benchmarks of the pipeline
-(recordings from ``vipc-record`` are the real thing; these let a test choose
-exact pictures: black frames, frozen frames, blurred streams).
+"""Synthetic recordings for tests and benchmarks of the pipeline, written with
+vipc-record's own segment writer (so the layout is the recorder's by
+construction). Recordings of the real camera are the real thing; these let a
+test choose exact pictures (black, frozen, blurred) and exact timings, and
+``write_index`` makes index-only recordings of millions of rows quickly.
 """
 
 from __future__ import annotations
@@ -11,7 +12,6 @@ import os
 
 import numpy as np
 
-from visionipc.pipeline.read import INDEX_ARROW_SCHEMA
 
 FPS_NS = 1_000_000_000
 
@@ -38,70 +38,58 @@ def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
-    """Write a lossless (FFV1) recording folder and return its path.
+    """Write a lossless recording with vipc-record's own writer and return its path.
 
     ``streams``: ``{name: spec}`` where spec has ``frames``, ``width``, ``height`` and optionally
-    ``format`` (nv12 or gray8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
-    ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency}),
-    ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids shown black /
-    as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``.
+    ``format`` (nv12, i420 or gray8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
+    ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency; later frames
+    queue behind it}), ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids
+    shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``.
     """
     import cv2
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from visionipc.record import index
+    from visionipc.record.storage import Storage
+    from visionipc.record.writer import StreamWriter
 
     os.makedirs(path, exist_ok=True)
-    meta = {"format_version": 1, "name": name, "streams": {}, "topics": [], "clock": "CLOCK_MONOTONIC",
-            "start": {"monotonic_ns": 0, "wall_time": "2026-11-23T10:00:00Z"},
-            "stop": {"monotonic_ns": 0, "wall_time": "2026-11-23T10:00:30Z"}, "status": status}
+    start_clock = index.clock_now()
+    meta = {"format_version": index.FORMAT_VERSION, "name": name, "streams": {}, "topics": [],
+            "clock": "CLOCK_MONOTONIC", "start": start_clock, "stop": start_clock, "status": status}
     for stream, spec in streams.items():
         w, h, fmt = spec["width"], spec["height"], spec.get("format", "nv12")
         period = FPS_NS // spec.get("fps", 30)
-        seg_frames = spec.get("segment_frames", 50)
         drop, delay = set(spec.get("drop", ())), spec.get("delay_ms", {})
         black, frozen = set(spec.get("black", ())), set(spec.get("frozen", ()))
         start = spec.get("start_ns", 1_000_000_000_000)
-        os.makedirs(os.path.join(path, "frames", stream), exist_ok=True)
-        os.makedirs(os.path.join(path, "index", stream), exist_ok=True)
-        kept = [i for i in range(spec["frames"]) if i not in drop]
-        segments = [kept[i:i + seg_frames] for i in range(0, len(kept), seg_frames)]
-        previous = None
-        backlog = 0  # a delayed frame delays those after it, as a real publisher would
-        for seg, ids in enumerate(segments):
-            rel = f"frames/{stream}/{seg:06d}.mkv"
-            plane_shape = (h * 3 // 2, w) if fmt in ("nv12", "i420") else (h, w)
-            writer = cv2.VideoWriter(os.path.join(path, rel), cv2.VideoWriter_fourcc(*"FFV1"), 30,
-                                     (plane_shape[1], plane_shape[0]), False)
-            rows = {k: [] for k in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time")}
-            for fid in ids:
-                if fid in black:
-                    gray = np.zeros((h, w), np.uint8)
-                elif fid in frozen and previous is not None:
-                    gray = previous
-                else:
-                    gray = pattern(fid, w, h, blur=spec.get("blur", 0))
-                previous = gray
-                writer.write(_planes(gray, fmt))
-                eof = start + fid * period
-                backlog = max(0, backlog - period) + int(delay.get(fid, 0) * 1e6)
-                publish = eof + backlog + 100_000
-                rows["frame_id"].append(fid)
-                rows["timestamp_sof"].append(eof - period // 2)
-                rows["timestamp_eof"].append(eof)
-                rows["publish_time"].append(publish)
-                rows["receive_time"].append(publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000)
-            writer.release()
-            n = len(ids)
-            table = pa.table({"stream": [stream] * n, **{k: np.asarray(v, np.int64) for k, v in rows.items()},
-                              "width": np.full(n, w, np.int32), "height": np.full(n, h, np.int32),
-                              "format": [fmt] * n, "segment": np.full(n, seg, np.int32),
-                              "position": np.arange(n, dtype=np.int32), "segment_file": [rel] * n},
-                             schema=INDEX_ARROW_SCHEMA)
-            pq.write_table(table, os.path.join(path, "index", stream, f"{seg:06d}.parquet"))
-        meta["streams"][stream] = {"width": w, "height": h, "format": fmt, "codec": "FFV1", "lossless": True,
-                                   "segments": len(segments), "frames": len(kept)}
-    with open(os.path.join(path, "recording.json"), "w") as f:
-        json.dump(meta, f, indent=1)
+        storage = Storage(cv2, fmt, w, h, lossless=True)
+        writer = StreamWriter(cv2, str(path), stream, storage, 0)
+        previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
+        for fid in range(spec["frames"]):
+            backlog = max(0, backlog - period)
+            if fid in drop:
+                continue
+            if fid in black:
+                gray = np.zeros((h, w), np.uint8)
+            elif fid in frozen and previous is not None:
+                gray = previous
+            else:
+                gray = pattern(fid, w, h, blur=spec.get("blur", 0))
+            previous = gray
+            eof = start + fid * period
+            backlog += int(delay.get(fid, 0) * 1e6)
+            publish = eof + backlog + 100_000
+            if kept and kept % spec.get("segment_frames", 50) == 0:
+                writer.close_segment()
+            writer.add(_planes(gray, fmt), {"frame_id": fid, "timestamp_sof": eof - period // 2, "timestamp_eof": eof,
+                                            "publish_time": publish,
+                                            "receive_time": publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000})
+            kept += 1
+        writer.close_segment()
+        meta["streams"][stream] = {"width": w, "height": h, "format": fmt, **storage.describe(),
+                                   "segments": writer.segments, "frames": writer.frames, "missed": 0,
+                                   "gaps": len(drop & set(range(spec["frames"])))}
+    index.write_json(os.path.join(path, "recording.json"), meta)
     return str(path)
 
 
@@ -112,6 +100,8 @@ def write_index(path, *, recordings: int, streams: int, frames: int, fps: int = 
     Returns the recording paths."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from visionipc.record.index import index_schema
 
     rng = np.random.default_rng(seed)
     period = FPS_NS // fps
@@ -134,7 +124,7 @@ def write_index(path, *, recordings: int, streams: int, frames: int, fps: int = 
                                   "format": ["nv12"] * n, "segment": np.full(n, seg, np.int32),
                                   "position": np.arange(n, dtype=np.int32),
                                   "segment_file": [f"frames/{stream}/{seg:06d}.mkv"] * n},
-                                 schema=INDEX_ARROW_SCHEMA)
+                                 schema=index_schema())
                 pq.write_table(table, os.path.join(rec, "index", stream, f"{seg:06d}.parquet"))
         with open(os.path.join(rec, "recording.json"), "w") as f:
             json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)
