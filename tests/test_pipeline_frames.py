@@ -6,11 +6,12 @@ import cv2
 import numpy as np
 import pandas as pd
 import pytest
-from pipeline_helpers import DROPS, H, W, recordings, spark  # noqa: F401
+from pipeline_helpers import DROPS, H, W, camera_recordings, missing_ids, raw_index, recordings, spark  # noqa: F401
 
 from visionipc.pipeline import export, health, metrics, synthetic
 from visionipc.pipeline.frames import read_frames, segments_df
 from visionipc.pipeline.read import RecordingError, read_index
+from visionipc.record.reader import iter_frames
 
 
 def test_metrics_flag_black_and_frozen_frames_and_rank_sharpness(spark, recordings):
@@ -25,6 +26,20 @@ def test_metrics_flag_black_and_frozen_frames_and_rank_sharpness(spark, recordin
     assert sharp.loc[sharp.frame_id == 5, "brightness"].item() == 0.0
     first = sharp[(sharp.segment == 0) & (sharp.position == 0)]
     assert np.isnan(first["motion"].item())  # no previous frame inside the segment
+
+
+def test_metrics_of_real_camera_recordings_lossless_and_lossy(spark, camera_recordings):
+    paths = [camera_recordings["lossless"], camera_recordings["lossy"]]
+    keys = ["recording_id", "stream", "segment", "position"]
+    on_spark = metrics.spark_metrics(spark, paths).toPandas().sort_values(keys, ignore_index=True)
+    alone = metrics.metrics_pandas(paths, processes=2).sort_values(keys, ignore_index=True)
+    pd.testing.assert_frame_equal(on_spark, alone)  # the same function, in executors or a process pool
+    for rid in ("lossless", "lossy"):
+        index = raw_index(camera_recordings[rid])
+        got = on_spark[on_spark.recording_id == rid]
+        assert sorted(got["frame_id"]) == sorted(index["frame_id"])  # every recorded frame, once
+    assert not on_spark.black.any() and not on_spark.frozen.any()  # the pattern scrolls every frame
+    assert (on_spark["contrast"] > 20).all() and (on_spark["sharpness"] > 100).all()
 
 
 def test_spark_metrics_equal_the_same_function_without_spark(spark, recordings):
@@ -43,19 +58,23 @@ def test_read_frames_gives_the_recorded_pixels(spark, recordings):
     assert np.array_equal(image[:H], synthetic.pattern(3, W, H))
 
 
-def test_export_writes_images_and_a_manifest(spark, recordings, tmp_path):
-    index = read_index(spark, [recordings["faults"]])
+def test_export_writes_images_and_a_manifest(spark, camera_recordings, tmp_path):
+    rec = camera_recordings["lossless"]
+    index = read_index(spark, [rec])
     out = tmp_path / "every"
-    manifest = export.export_job(export.select_every_nth(index.where("stream = 'road'"), 25), out, "png")
-    assert sorted(manifest["frame_id"]) == [0, 25, 50, 75, 100]
+    manifest = export.export_job(export.select_every_nth(index, 25), out, "png")
+    recorded = {row["frame_id"]: image for row, image in iter_frames(rec, "road")}  # vipc-record's reader
+    assert sorted(manifest["frame_id"]) == sorted(i for i in recorded if i % 25 == 0)
     for row in manifest.itertuples():
         picture = cv2.imread(str(out / row.path))
-        nv12 = np.vstack([synthetic.pattern(row.frame_id, W, H), np.full((H // 2, W), 128, np.uint8)])
-        assert np.array_equal(picture, cv2.cvtColor(nv12, cv2.COLOR_YUV2BGR_NV12))  # PNG: exact
+        assert picture.shape == (row.height, row.width, 3)
+        assert np.array_equal(picture, cv2.cvtColor(recorded[row.frame_id], cv2.COLOR_YUV2BGR_NV12))  # PNG: exact
     around = export.export_job(export.select_around_drops(index, health.drops_job(index), 1), tmp_path / "drops")
-    expected = sorted({i for d in DROPS for i in (d - 1, d + 1)})
-    assert sorted(around["frame_id"]) == expected and set(around["reason"]) == {"around_drop"}
-    assert all(os.path.getsize(tmp_path / "drops" / p) > 0 for p in around["path"])
+    gaps = missing_ids(raw_index(rec), "road")
+    expected = sorted({i for d in gaps for i in (d - 1, d + 1)} - set(gaps))
+    assert set(DROPS) <= set(gaps) and sorted(around["frame_id"]) == expected
+    assert set(around["reason"]) == {"around_drop"}
+    assert all(cv2.imread(str(tmp_path / "drops" / p)) is not None for p in around["path"])
     with pytest.raises(ValueError, match="image format"):
         export.export_frames(index, tmp_path, "gif")
 

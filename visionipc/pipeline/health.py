@@ -7,7 +7,9 @@ function per recording x stream through Spark's ``applyInPandas`` and
 
 Conventions: a stream's frames are taken in recorded order (segment, position);
 frame rates come from ``timestamp_eof`` (the camera's clock, untouched by
-delivery delays); latency is ``receive_time - timestamp_eof``, exposure is
+delivery delays): ``fps`` is the producer's rate (1 / the median interval between
+consecutive frame ids, robust to drops and to a late first frame),
+``received_fps`` the frames recorded per second over the whole stream; latency is ``receive_time - timestamp_eof``, exposure is
 ``timestamp_eof - timestamp_sof``; percentiles are numpy's (linear
 interpolation); times in ms unless a name says otherwise.
 """
@@ -111,7 +113,8 @@ def stream_health(index: pd.DataFrame) -> pd.DataFrame:
     duration_ns = int(eof.max() - eof.min())
     duration_s = duration_ns / 1e9
     received_fps = (n - 1) / duration_s if duration_ns > 0 else np.nan
-    fps = (ids.max() - ids.min()) / duration_s if duration_ns > 0 else np.nan
+    eof_gap_ns = np.diff(eof)[consecutive]
+    fps = 1e9 / float(np.median(eof_gap_ns)) if len(eof_gap_ns) and np.median(eof_gap_ns) > 0 else np.nan
     recv_gap_ms = _ms(np.diff(recv))
     drops = find_drops(df)
     stall = int(np.argmax(recv_gap_ms)) if n > 1 else -1
@@ -129,7 +132,7 @@ def stream_health(index: pd.DataFrame) -> pd.DataFrame:
         **dict(zip([f"exposure_p{p}_ms" for p in PERCENTILES] + ["exposure_max_ms"], _quantiles(_ms(eof - sof)))),
         "interval_mean_ms": float(recv_gap_ms[consecutive].mean()) if consecutive.any() else np.nan,
         "jitter_ms": float(recv_gap_ms[consecutive].std()) if consecutive.any() else np.nan,
-        "eof_jitter_ms": float(_ms(np.diff(eof))[consecutive].std()) if consecutive.any() else np.nan,
+        "eof_jitter_ms": float(_ms(eof_gap_ns).std()) if consecutive.any() else np.nan,
         "longest_stall_ms": float(recv_gap_ms[stall]) if stall >= 0 else 0.0,
         "stall_before_frame_id": int(ids[stall + 1]) if stall >= 0 else int(ids[0]),
     }
