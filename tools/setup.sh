@@ -10,6 +10,7 @@ PY=${PYTHON:-python3}
 APT_PACKAGES=(g++ gcc cmake ninja-build python3-venv python3-dev spin)
 # vipc-view's browser tests drive the system Chromium with its matching chromedriver
 APT_PACKAGES+=(chromium chromium-driver)
+command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
 
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
@@ -19,6 +20,8 @@ command -v gcc >/dev/null || missing+=(gcc)
 command -v spin >/dev/null || missing+=(spin)
 command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
+# the Spark pipeline (vipc-analyze) runs PySpark on a Java 17+ runtime
+command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 "$PY" -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 "$PY" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=(python3-dev)
@@ -36,5 +39,5 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/python -m pip install -q --upgrade pip
 echo "setup: building and installing visionipc (C++ core + Python packages)"
-.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record,view]"
+.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record,view,spark]"
 echo "setup: done (.venv/bin/python)"

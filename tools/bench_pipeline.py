@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""Benchmark of the Spark pipeline (vipc-analyze), side by side with its peers.
+
+1. health: the health job on a synthetic index of --rows frames (default 10 M) on
+   local[2], timed from a fresh process starting its SparkSession to the health rows
+   on the driver; beside it the same function in plain pandas (one process).
+2. metrics: per-frame OpenCV metrics over >= 2,000 decoded 1280x720 NV12 frames
+   (lossless FFV1 segments) on local[2], on local[1] and on a 2-process
+   multiprocessing pool running the same segment function; frames/s and ratios.
+
+Every Spark configuration runs in its own child process (a master is fixed per
+JVM). Data are generated once into --data (reused when present).
+
+    .venv/bin/python tools/bench_pipeline.py                      # both parts
+    .venv/bin/python tools/bench_pipeline.py --part metrics --frames 2016
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import benchlib  # noqa: F401  (first: keeps the source tree off sys.path)
+from benchlib import format_table, read_loadavg
+
+
+def make_index(data, rows):
+    from visionipc.pipeline import synthetic
+
+    root = os.path.join(data, f"index_{rows}")
+    if not os.path.isdir(root):
+        recordings, streams = 100, 2
+        frames = -(-rows // (recordings * streams)) * 997 // 996 + 1  # one frame in 997 is dropped
+        t = time.monotonic()
+        synthetic.write_index(root + ".tmp", recordings=recordings, streams=streams, frames=frames, segment_frames=1800)
+        os.rename(root + ".tmp", root)
+        print(f"  wrote the synthetic index in {time.monotonic() - t:.0f} s: {root}", file=sys.stderr)
+    return root
+
+
+def make_video(data, frames, segment_frames=126):
+    from visionipc.pipeline import synthetic
+
+    root = os.path.join(data, f"video_{frames}")
+    if not os.path.isdir(root):
+        t = time.monotonic()
+        synthetic.write_recording(root + ".tmp", {"road": dict(frames=frames, width=1280, height=720,
+                                                               segment_frames=segment_frames)})
+        os.rename(root + ".tmp", root)
+        print(f"  wrote {frames} 1280x720 frames in {time.monotonic() - t:.0f} s: {root}", file=sys.stderr)
+    return root
+
+
+# ---------------------------------------------------------------- children (one measurement each)
+
+def child_health_spark(root, master):
+    t0 = time.monotonic()
+    from visionipc.pipeline import health
+    from visionipc.pipeline.read import read_index
+    from visionipc.pipeline.session import spark_session
+
+    spark = spark_session(master)
+    started = time.monotonic()
+    rows = health.health_job(read_index(spark, [root])).toPandas()
+    done = time.monotonic()
+    frames = int(rows["frames"].sum())
+    spark.stop()
+    return {"total_s": done - t0, "session_s": started - t0, "job_s": done - started, "rows": frames,
+            "streams": len(rows), "dropped": int(rows["dropped"].sum())}
+
+
+def child_health_pandas(root):
+    t0 = time.monotonic()
+    from visionipc.pipeline import health
+    from visionipc.pipeline.read import read_index_pandas
+
+    index = read_index_pandas([root])
+    read = time.monotonic()
+    rows = health.health_pandas(index)
+    done = time.monotonic()
+    return {"total_s": done - t0, "read_s": read - t0, "job_s": done - read, "rows": int(rows["frames"].sum())}
+
+
+def child_metrics_spark(root, master):
+    from pyspark.sql import functions as F
+
+    from visionipc.pipeline import metrics
+    from visionipc.pipeline.frames import segments_df
+    from visionipc.pipeline.session import spark_session
+
+    spark = spark_session(master)
+    segments = segments_df(spark, [root]).cache()
+    segments.count()
+    t = time.monotonic()
+    agg = metrics.metrics_job(segments).agg(F.count("*").alias("n"), F.sum("sharpness").alias("s")).first()
+    elapsed = time.monotonic() - t
+    spark.stop()
+    return {"frames": int(agg["n"]), "seconds": elapsed, "fps": agg["n"] / elapsed, "sharpness_sum": agg["s"]}
+
+
+def child_metrics_pool(root, processes):
+    from visionipc.pipeline import metrics
+
+    t = time.monotonic()
+    m = metrics.metrics_pandas([root], processes=processes)
+    elapsed = time.monotonic() - t
+    return {"frames": len(m), "seconds": elapsed, "fps": len(m) / elapsed, "sharpness_sum": float(m["sharpness"].sum())}
+
+
+CHILDREN = {"health_spark": child_health_spark, "health_pandas": child_health_pandas,
+            "metrics_spark": child_metrics_spark, "metrics_pool": child_metrics_pool}
+
+
+def in_child(name, *args):
+    """Run one measurement in a fresh interpreter; returns its JSON result."""
+    cmd = [sys.executable, os.path.abspath(__file__), "--child", json.dumps([name, *args])]
+    out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--part", choices=("health", "metrics", "all"), default="all")
+    p.add_argument("--rows", type=int, default=10_000_000, help="index rows for the health part")
+    p.add_argument("--frames", type=int, default=2016, help="decoded 1280x720 frames for the metrics part")
+    p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "vipc-bench-pipeline"),
+                   help="where the synthetic inputs are kept (made once, reused)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat each measurement, report the best")
+    p.add_argument("--json", help="write the results here too")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child:
+        name, *rest = json.loads(args.child)
+        print(json.dumps(CHILDREN[name](*rest)))
+        return 0
+    os.makedirs(args.data, exist_ok=True)
+    results = {"loadavg_start": read_loadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+
+    def best(key, *a):
+        runs = [in_child(*a) for _ in range(args.rounds)]
+        return min(runs, key=lambda r: r[key]) if key == "total_s" else max(runs, key=lambda r: r[key])
+
+    if args.part in ("health", "all"):
+        root = make_index(args.data, args.rows)
+        s = best("total_s", "health_spark", root, "local[2]")
+        pd_ = best("total_s", "health_pandas", root)
+        results["health"] = {"spark_local2": s, "pandas": pd_}
+        print(format_table(["health job", "index rows", "total s", "session start s", "job s", "target"], [
+            ["Spark local[2]", s["rows"], f"{s['total_s']:.1f}", f"{s['session_s']:.1f}", f"{s['job_s']:.1f}",
+             "< 30 s: " + ("met" if s["total_s"] < 30 else "MISSED")],
+            ["pandas, 1 process", pd_["rows"], f"{pd_['total_s']:.1f}", "-", f"{pd_['job_s']:.1f} (+{pd_['read_s']:.1f} read)", ""],
+        ]))
+        print()
+    if args.part in ("metrics", "all"):
+        root = make_video(args.data, args.frames)
+        two = best("fps", "metrics_spark", root, "local[2]")
+        one = best("fps", "metrics_spark", root, "local[1]")
+        pool = best("fps", "metrics_pool", root, 2)
+        results["metrics"] = {"spark_local2": two, "spark_local1": one, "pool2": pool}
+        assert two["sharpness_sum"] == one["sharpness_sum"] == pool["sharpness_sum"], "the three runs disagree"
+        r1, rp = two["fps"] / one["fps"], two["fps"] / pool["fps"]
+        print(format_table(["metrics (1280x720 NV12, FFV1)", "frames", "seconds", "frames/s", "local[2] vs this"], [
+            ["Spark local[2]", two["frames"], f"{two['seconds']:.1f}", f"{two['fps']:.1f}", "1.00x"],
+            ["Spark local[1]", one["frames"], f"{one['seconds']:.1f}", f"{one['fps']:.1f}",
+             f"{r1:.2f}x (target >= 1.5x: {'met' if r1 >= 1.5 else 'MISSED'})"],
+            ["multiprocessing pool, 2 processes", pool["frames"], f"{pool['seconds']:.1f}", f"{pool['fps']:.1f}",
+             f"{rp:.2f}x (target >= 0.9x: {'met' if rp >= 0.9 else 'MISSED'})"],
+        ]))
+    results["loadavg_end"] = read_loadavg()
+    print(f"\nload average: start {results['loadavg_start']}, end {results['loadavg_end']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""The human report: one HTML page with tables and matplotlib plots (PNG files beside it).
+
+Everything here works on small pandas frames the jobs have already reduced
+(health rows, drops, per-second frame counts, histograms, a sample of metrics).
+"""
+
+from __future__ import annotations
+
+import html
+import os
+
+import numpy as np
+
+MAX_LINES = 12  # streams drawn in the per-stream plots; the tables list all of them
+
+
+def latency_histogram(index_df, max_ms: float, bins: int = 60):
+    """Spark: counts of ``receive_time - timestamp_eof`` per stream name in ``bins`` equal bins
+    over [0, max_ms) plus one overflow bin (``bin == bins``); returns pandas."""
+    from pyspark.sql import functions as F
+
+    width = max_ms / bins
+    lat_ms = (F.col("receive_time") - F.col("timestamp_eof")) / 1e6
+    b = F.least(F.greatest(F.floor(lat_ms / width), F.lit(0)), F.lit(bins)).cast("int")
+    out = index_df.groupBy("stream", b.alias("bin")).count().toPandas()
+    out["lo_ms"] = out["bin"] * width
+    return out.sort_values(["stream", "bin"], ignore_index=True)
+
+
+def _plot_timeline(plt, timeline, health, drops, path):
+    fig, ax = plt.subplots(figsize=(10, 4))
+    keys = health[["recording_id", "stream"]].drop_duplicates().head(MAX_LINES)
+    for rid, stream in keys.itertuples(index=False):
+        t = timeline[(timeline.recording_id == rid) & (timeline.stream == stream)].sort_values("second")
+        whole = int(health[(health.recording_id == rid) & (health.stream == stream)]["duration_s"].iloc[0])
+        t = t[t["second"] < max(1, whole)]  # the last, partial second would look like a drop
+        ax.plot(t["second"], t["frames"], marker=".", label=f"{rid}/{stream}")
+    ax.set_xlabel("seconds since the stream's first frame")
+    ax.set_ylabel("frames in that second")
+    ax.set_title("Frame rate over time")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+
+
+def _plot_latency(plt, hist, path):
+    fig, ax = plt.subplots(figsize=(10, 4))
+    for stream, h in hist.groupby("stream"):
+        ax.step(h["lo_ms"], h["count"], where="post", label=stream)
+    ax.set_yscale("log")
+    ax.set_xlabel("latency receive - eof (ms; the last bin holds everything above)")
+    ax.set_ylabel("frames")
+    ax.set_title("Latency histogram")
+    ax.grid(alpha=0.3); ax.legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+
+
+def _plot_drops(plt, health, drops, path):
+    fig, ax = plt.subplots(figsize=(10, 0.5 + 0.35 * max(3, min(len(health), 40))))
+    keys = [f"{r}/{s}" for r, s in health[["recording_id", "stream"]].itertuples(index=False)][:40]
+    for y, key in enumerate(keys):
+        rid, _, stream = key.rpartition("/")
+        h = health[(health.recording_id == rid) & (health.stream == stream)].iloc[0]
+        ax.hlines(y, 0, h["duration_s"], color="0.8", lw=6)
+        d = drops[(drops.recording_id == rid) & (drops.stream == stream)]
+        ax.scatter(d["t_s"], [y] * len(d), s=20 + 10 * np.minimum(d["missing"], 20), color="crimson", zorder=3)
+    ax.set_yticks(range(len(keys)), keys, fontsize=7)
+    ax.set_xlabel("seconds since the stream's first frame (red: a gap in frame_id, bigger = more frames)")
+    ax.set_title("Drop timeline")
+    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+
+
+def _plot_metrics(plt, sample, path):
+    names = ["brightness", "contrast", "sharpness", "motion"]
+    fig, axes = plt.subplots(1, 4, figsize=(12, 3))
+    for ax, name in zip(axes, names):
+        for stream, s in sample.groupby("stream"):
+            values = s[name].dropna()
+            if len(values):
+                ax.hist(values, bins=40, histtype="step", label=stream)
+        ax.set_title(name); ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+
+
+def _table(df, max_rows: int = 200) -> str:
+    def fmt(v):
+        if isinstance(v, float):
+            return f"{v:.3f}" if np.isfinite(v) else "-"
+        if isinstance(v, (list, np.ndarray)):
+            v = list(v)
+            return html.escape(", ".join(map(str, v[:10])) + (f" ... ({len(v)})" if len(v) > 10 else ""))
+        return html.escape(str(v))
+
+    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
+    body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+                   for row in df.head(max_rows).itertuples(index=False))
+    more = f"<p>... {len(df) - max_rows} more rows in the Parquet results.</p>" if len(df) > max_rows else ""
+    return f"<table><tr>{head}</tr>{body}</table>{more}"
+
+
+HEALTH_SHOWN = ["recording_id", "stream", "frames", "duration_s", "fps", "fps_min", "dropped", "dropped_frame_ids",
+                "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms", "jitter_ms", "longest_stall_ms",
+                "stall_before_frame_id"]
+
+
+def write_report(out_dir, *, health=None, drops=None, timeline=None, latency_hist=None,
+                 metrics_summary=None, metrics_sample=None, manifest=None, title="vipc-analyze report") -> str:
+    """Write ``out_dir/report.html`` (+ ``out_dir/plots/*.png``) and return its path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = os.path.join(out_dir, "plots")
+    os.makedirs(plots, exist_ok=True)
+    parts = [f"<h1>{html.escape(title)}</h1>"]
+
+    def figure(name, caption, draw, *args):
+        draw(plt, *args, os.path.join(plots, name))
+        parts.append(f"<figure><img src='plots/{name}' alt='{html.escape(caption)}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+
+    if health is not None:
+        parts.append(f"<h2>Stream health ({len(health)} recording x stream)</h2>")
+        parts.append(_table(health[[c for c in HEALTH_SHOWN if c in health.columns]]))
+        if timeline is not None and len(timeline):
+            figure("fps_over_time.png", "frames per second over time, per stream", _plot_timeline, timeline, health, drops)
+        if latency_hist is not None and len(latency_hist):
+            figure("latency_histogram.png", "latency (receive - eof) histogram", _plot_latency, latency_hist)
+        if drops is not None and len(health):
+            figure("drop_timeline.png", "where frames were dropped", _plot_drops, health, drops)
+            parts.append(f"<h3>Drops ({len(drops)} gaps)</h3>" + _table(drops))
+    if metrics_summary is not None:
+        parts.append("<h2>Image metrics</h2>" + _table(metrics_summary))
+        if metrics_sample is not None and len(metrics_sample):
+            figure("metric_distributions.png", "distributions of the per-frame metrics", _plot_metrics, metrics_sample)
+    if manifest is not None:
+        parts.append(f"<h2>Export ({len(manifest)} frames)</h2>" + _table(manifest, 50))
+    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
+    path = os.path.join(out_dir, "report.html")
+    with open(path, "w") as f:
+        f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+                f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+    return path
