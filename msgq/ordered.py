@@ -93,10 +93,10 @@ class Reservation:
             raise InvalidArgumentError(f"message {self.id} was already published or cancelled")
         size = self.size if size is None else size
         size = _uint("size", size)
+        self._producer._p().publish(self.id, size, _uint("t0", self.t0 if t0 is None else t0),
+                                    _uint("t1", self.t1 if t1 is None else t1))  # a bad size leaves it open
         self._done = True
         self._release_view()
-        self._producer._p().publish(self.id, size, _uint("t0", self.t0 if t0 is None else t0),
-                                    _uint("t1", self.t1 if t1 is None else t1))
 
     def cancel(self) -> None:
         if not self._done:
@@ -122,7 +122,38 @@ class Reservation:
         return False
 
 
-class OrderedProducer:
+class _Attached:
+    """close() / context manager / finalizer shared by producers and readers."""
+
+    _native = None
+
+    def close(self) -> None:
+        """Leave the topic (a producer cancels its open reservations: readers skip them)."""
+        native, self._native = self._native, None
+        if native is not None:
+            if self._pid == os.getpid():
+                native.close()
+            else:
+                native._forget_after_fork()
+
+    @property
+    def closed(self) -> bool:
+        return self._native is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class OrderedProducer(_Attached):
     """A producer of topic ``name``. The first one creates it with ``capacity``
     slots of ``slot_bytes`` each; later ones (any process) may pass 0 to take
     the existing sizes. One producer may be shared by threads."""
@@ -175,33 +206,9 @@ class OrderedProducer:
         """Wake every reader and producer waiting on the topic; their calls raise QueueShutdownError."""
         self._p().shutdown()
 
-    def close(self) -> None:
-        """Leave the topic; reservations still open are cancelled (readers skip them)."""
-        native, self._native = self._native, None
-        if native is not None:
-            if self._pid == os.getpid():
-                native.close()
-            else:
-                native._forget_after_fork()
-
-    @property
-    def closed(self) -> bool:
-        return self._native is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
-class OrderedReader:
+class OrderedReader(_Attached):
     """A reader of an existing topic: ``mode="sequential"`` (every id, in id
     order) or ``"newest"`` (the newest available message, skipping older
     ones). It starts at the first id still in flight when it attaches."""
@@ -257,29 +264,6 @@ class OrderedReader:
     def shutdown(self) -> None:
         self._r().shutdown()
 
-    def close(self) -> None:
-        native, self._native = self._native, None
-        if native is not None:
-            if self._pid == os.getpid():
-                native.close()
-            else:
-                native._forget_after_fork()
-
-    @property
-    def closed(self) -> bool:
-        return self._native is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 __all__ = ["OrderedProducer", "OrderedReader", "Reservation", "Message", "Availability", "MODES", "WINDOW",
