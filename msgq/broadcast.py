@@ -496,8 +496,14 @@ class BroadcastQueue:
                 pass
 
     def close(self) -> None:
-        """Leave the queue (the writer's close removes the shared memory once
-        every reader has left too). Safe to call twice."""
+        """Leave the queue. The writer's close shuts the queue down (readers
+        drain what was written, then get QueueShutdownError); the shared memory
+        goes once every reader has left too. Safe to call twice."""
+        if self._is_writer and self._pid == os.getpid() and not self.closed:
+            try:
+                self.shutdown()
+            except Exception:  # closing must not fail: a remote socket may be gone already
+                pass
         for attr in ("_writer", "_reader"):
             native = getattr(self, attr, None)
             setattr(self, attr, None)

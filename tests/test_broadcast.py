@@ -145,6 +145,17 @@ def test_a_reader_can_shut_the_queue_down_and_wake_a_blocked_writer():
     reader.close()
 
 
+def test_closing_the_writer_lets_readers_drain_then_tells_them():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=4)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue("one")
+    queue.close()
+    assert reader.dequeue(timeout=1) == "one"
+    with pytest.raises(QueueShutdownError):
+        reader.dequeue(timeout=1)
+    reader.close()
+
+
 def test_bad_input_gets_clear_errors():
     with pytest.raises(InvalidArgumentError):
         msgq.BroadcastQueue(n_readers=0)
