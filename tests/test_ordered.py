@@ -137,12 +137,15 @@ def test_a_lapped_sequential_reader_counts_drops_and_keeps_order():
     topic = unique_name("ooo")
     producer = msgq.OrderedProducer(topic, capacity=16, slot_bytes=8)
     reader = msgq.OrderedReader(topic, "sequential")
+    newest = msgq.OrderedReader(topic, "newest")
     for i in range(40):
         producer.send(i.to_bytes(8, "little"))
     got = [reader.recv(timeout=0).id for _ in range(16)]
     assert got == list(range(24, 40)) and reader.dropped == 24
-    producer.close()
-    reader.close()
+    m = newest.recv(timeout=0)
+    assert (m.id, m.data) == (39, (39).to_bytes(8, "little"))
+    for end in (producer, reader, newest):
+        end.close()
 
 
 def test_shutdown_and_timeouts_wake_waiters_with_clear_errors():

@@ -12,7 +12,10 @@
 Each object is ``(seq, send_time_ns, payload)`` with a ``--size`` byte
 payload (default 1 KiB), pickled by each transport. Throughput: the writer
 sends ``--messages`` flat out; the rate is messages / (first send .. last
-reader done). Latency: ``--latency-messages`` sent one every ``--interval-us``,
+reader done); CPU per message: user + system time of the writer (with
+mp.Queue's feeder threads) and every reader over the run, divided by the
+messages: on a busy shared machine the one number that does not depend on
+what else runs. Latency: ``--latency-messages`` sent one every ``--interval-us``,
 readers record receive - send time (CLOCK_MONOTONIC, shared by processes).
 Every reader checks it got every sequence number in order. Runs alternate
 transports round by round (``--rounds``), and report medians and ratios.
@@ -27,6 +30,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import resource
 import struct
 import sys
 import time
@@ -40,6 +44,12 @@ from msgq.testing import isolated_prefix  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 DONE_TIMEOUT = 120.0
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 # ------------------------------------------------------------------ the seed's design in pure Python
@@ -118,13 +128,14 @@ def _reader(kind, endpoint, rank, count, ready, results, record_latency):
         get = lambda: q.get(timeout=DONE_TIMEOUT)  # noqa: E731
     ready.put(rank)
     deadline = time.monotonic() + DONE_TIMEOUT
+    cpu0 = cpu_s()
     lat, ok = [], True
     for seq in range(count):
         got_seq, sent, _payload = get()
         if record_latency:
             lat.append(time.monotonic_ns() - sent)
         ok &= got_seq == seq
-    results.put((rank, time.monotonic_ns(), ok, lat))
+    results.put((rank, time.monotonic_ns(), ok, lat, cpu_s() - cpu0))
     if kind == "msgq":
         q.close()
     elif kind == "seed-py":
@@ -159,7 +170,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
             ready.get(timeout=60)
         if kind == "msgq":
             writer.wait_until_ready(timeout=60)
-        start = time.monotonic_ns()
+        start, cpu0 = time.monotonic_ns(), cpu_s()
         for seq in range(count):
             if record_latency:
                 target = start + seq * interval_us * 1000
@@ -167,6 +178,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
                     pass
             send((seq, time.monotonic_ns(), payload))
         reports = [results.get(timeout=DONE_TIMEOUT) for _ in range(n_readers)]
+        writer_cpu = cpu_s() - cpu0  # mp.Queue: includes its feeder threads
     finally:
         for p in procs:
             p.join(30)
@@ -179,7 +191,9 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
     end = max(r[1] for r in reports)
     ok = all(r[2] for r in reports)
     lat = [x for r in reports for x in r[3]]
-    return {"rate": count / ((end - start) / 1e9), "ok": ok, "latency": benchlib.latency_stats(lat) if lat else None}
+    cpu = writer_cpu + sum(r[4] for r in reports)
+    return {"rate": count / ((end - start) / 1e9), "ok": ok, "cpu_us": cpu / count * 1e6,
+            "latency": benchlib.latency_stats(lat) if lat else None}
 
 
 KINDS = ("msgq", "seed-py", "mp.Queue")
@@ -201,6 +215,7 @@ def main(argv=None) -> int:
     print(f"# {args.readers} readers, {args.size} B payload objects, {os.cpu_count()} CPUs, "
           f"load average {benchlib.read_loadavg()}")
     rates = {k: [] for k in KINDS}
+    cpus = {k: [] for k in KINDS}
     lats = {k: [] for k in KINDS}
     with isolated_prefix():
         for _ in range(args.rounds):
@@ -210,6 +225,7 @@ def main(argv=None) -> int:
                     print(f"{kind}: a reader lost or reordered messages", file=sys.stderr)
                     return 1
                 rates[kind].append(r["rate"])
+                cpus[kind].append(r["cpu_us"])
                 lat = run(kind, args.readers, args.latency_messages, args.size, True, args.interval_us)
                 lats[kind].append(lat["latency"])
     rows = []
@@ -218,13 +234,17 @@ def main(argv=None) -> int:
         rate = benchlib.median(rates[kind])
         p50 = benchlib.median([x["p50"] for x in lats[kind]])
         p99 = benchlib.median([x["p99"] for x in lats[kind]])
-        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "rates": rates[kind]}
-        rows.append([kind, benchlib.fmt_rate(rate), f"{p50:.1f}", f"{p99:.1f}"])
-    print(benchlib.format_table(["transport", "msgs/s", "latency p50 µs", "p99 µs"], rows))
+        cpu = benchlib.median(cpus[kind])
+        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu,
+                         "rates": rates[kind]}
+        rows.append([kind, benchlib.fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}"])
+    print(benchlib.format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"],
+                                rows))
     base = summary["msgq"]
     for other in ("seed-py", "mp.Queue"):
         o = summary[other]
         print(f"msgq / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
+              f"CPU per message x{o['cpu_us_per_msg'] / base['cpu_us_per_msg']:.1f} lower, "
               f"latency p50 x{o['p50_us'] / base['p50_us']:.1f} lower")
     if args.json:
         with open(args.json, "w") as f:

@@ -11,7 +11,10 @@ producer processes, in one run:
 
 A sequential reader process drains the topic every few ms and checks that it
 got every id exactly once, in order. The rate is messages / (barrier ..
-last producer done). Rounds alternate producer counts; medians are reported
+last producer done); the producers' CPU time per message (user + system)
+shows contention on the shared word independently of what else runs on a
+busy machine: with no hidden serialization it stays flat as producers are
+added. Rounds alternate producer counts; medians are reported
 with ratios to one producer.
 
     python tools/bench_ordered.py            # ~1 minute
@@ -22,6 +25,7 @@ import argparse
 import json
 import multiprocessing
 import os
+import resource
 import sys
 import time
 
@@ -35,9 +39,15 @@ SPAWN = multiprocessing.get_context("spawn")
 PAYLOAD = bytes(range(64))
 
 
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def _producer(topic, count, work_us, barrier, done):
     producer = msgq.OrderedProducer(topic)
     barrier.wait(60)
+    cpu0 = cpu_s()
     work_s = work_us / 1e6
     perf = time.perf_counter
     for _ in range(count):
@@ -50,7 +60,7 @@ def _producer(topic, count, work_us, barrier, done):
             res.publish(64)
         else:
             producer.send(PAYLOAD, timeout=60)
-    done.put(time.monotonic_ns())
+    done.put((time.monotonic_ns(), cpu_s() - cpu0))
     producer.close()
 
 
@@ -85,12 +95,14 @@ def run(producers, total, work_us):
         p.start()
     barrier.wait(60)
     start = time.monotonic_ns()
-    end = max(done.get(timeout=300) for _ in procs)
+    finished = [done.get(timeout=300) for _ in procs]
+    end = max(t for t, _ in finished)
+    cpu = sum(c for _, c in finished)
     check = result.get(timeout=300)
     for p in (*procs, reader):
         p.join(30)
     creator.close()
-    return {"rate": total / ((end - start) / 1e9), **check}
+    return {"rate": total / ((end - start) / 1e9), "cpu_us": cpu / total * 1e6, **check}
 
 
 def main(argv=None) -> int:
@@ -107,6 +119,7 @@ def main(argv=None) -> int:
         args.work_messages, args.publish_messages, args.rounds = 1000, 5000, 1
     print(f"# ordered topic, {os.cpu_count()} CPUs, load average {benchlib.read_loadavg()}")
     results = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
+    cpus = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
     with isolated_prefix():
         for _ in range(args.rounds):
             for p in args.producers:
@@ -118,15 +131,23 @@ def main(argv=None) -> int:
                               file=sys.stderr)
                         return 1
                     results[mode][p].append(r["rate"])
+                    cpus[mode][p].append(r["cpu_us"])
     summary, rows = {}, []
     for mode in ("work", "publish"):
         base = benchlib.median(results[mode][args.producers[0]])
+        base_cpu = benchlib.median(cpus[mode][args.producers[0]])
         for p in args.producers:
             rate = benchlib.median(results[mode][p])
-            summary.setdefault(mode, {})[p] = {"msgs_per_s": rate, "ratio": rate / base, "rates": results[mode][p]}
+            cpu = benchlib.median(cpus[mode][p])
+            # What P producers could publish on min(P, CPUs) idle cores at this CPU cost per message.
+            cores = min(p, os.cpu_count() or 1)
+            summary.setdefault(mode, {})[p] = {"msgs_per_s": rate, "ratio": rate / base, "cpu_us_per_msg": cpu,
+                                               "cpu_ratio": cpu / base_cpu, "rates": results[mode][p]}
             label = f"{args.work_us:g} µs work" if mode == "work" else "publish only"
-            rows.append([label, str(p), benchlib.fmt_rate(rate), f"x{rate / base:.2f}"])
-    print(benchlib.format_table(["mode", "producers", "msgs/s", f"vs {args.producers[0]} producer"], rows))
+            rows.append([label, str(p), benchlib.fmt_rate(rate), f"x{rate / base:.2f}", f"{cpu:.1f}",
+                         f"x{base_cpu / cpu:.2f}", benchlib.fmt_rate(cores / cpu * 1e6)])
+    print(benchlib.format_table(["mode", "producers", "msgs/s", f"vs {args.producers[0]}", "producer CPU µs/msg",
+                                 "CPU efficiency vs 1", "msgs/s on idle cores (from CPU)"], rows))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "summary": summary, "load": benchlib.read_loadavg()}, f, indent=1)

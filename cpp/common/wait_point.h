@@ -12,6 +12,9 @@
 // raised: notifiers then make one needless syscall each, never miss a wake.
 #pragma once
 
+#include <sched.h>
+
+#include <algorithm>
 #include <atomic>
 #include <climits>
 #include <cstdint>
@@ -30,18 +33,19 @@ static_assert(sizeof(WaitPoint) == 8, "two 32-bit words");
 enum class WaitResult { kReady, kTimeout, kInterrupted };
 
 // Sleep until ready() is true or the deadline (monotonic ns, kNever) passes.
-// Spins first for up to spin_ns (0: sleep at once). Signals end the wait with
+// Polls first for up to spin_ns, yielding between polls (0: sleep at once). Signals end the wait with
 // kInterrupted so the caller can run its handlers and wait again.
 template <class Ready>
 WaitResult wait_until(WaitPoint& wp, Ready&& ready, int64_t deadline_ns, int64_t spin_ns = 0) {
   if (ready()) return WaitResult::kReady;
   if (spin_ns > 0) {
+    // Poll, yielding the CPU between polls: on a machine with fewer cores than
+    // busy processes the peer we wait for gets to run, and a stream of
+    // messages costs no futex sleep / wake per message. Then sleep (0 % CPU).
     const int64_t spin_end = std::min(deadline_ns, monotonic_ns() + spin_ns);
     do {
-      for (int i = 0; i < 32; i++) {
-        if (ready()) return WaitResult::kReady;
-        cpu_relax();
-      }
+      sched_yield();
+      if (ready()) return WaitResult::kReady;
     } while (monotonic_ns() < spin_end);
   }
   for (;;) {

@@ -338,6 +338,10 @@ bool Reader::next(Message* m) {
       if (!a.newest_available(&newest) || newest < cursor_) return false;
       // The newest available id that holds a message (not a gap).
       const uint64_t floor = std::max({cursor_, a.begin(cap), newest >= kNewestScan ? newest - kNewestScan : 0});
+      if (newest < floor) {  // its slot is being reused already: wait for a newer one
+        cursor_ = newest + 1;
+        return false;
+      }
       id = newest;
       for (;;) {
         const uint64_t s = topic_->meta(id).stamp.load(std::memory_order_acquire);
