@@ -44,6 +44,18 @@ from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_nam
 
 logger = logging.getLogger("msgq.broadcast")
 
+# Bumped in a forked child: a queue made before the fork belongs to the
+# parent. (Cheaper than os.getpid() per call, a system call on every message.)
+_fork_generation = 0
+
+
+def _after_fork():
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
 DEFAULT_CHUNK_BYTES = 1 << 20
 DEFAULT_MAX_CHUNKS = 16
 DEFAULT_WARN_INTERVAL = 60.0
@@ -199,6 +211,7 @@ class BroadcastQueue:
 
     def _init_common(self, n_total):
         self._pid = os.getpid()
+        self._generation = _fork_generation
         self._seq = 0  # sequence number of the next message
         self._writer = self._reader = None
         self._local_sock = self._remote_sock = None
@@ -279,7 +292,7 @@ class BroadcastQueue:
     def _check_writer(self):
         if not self._is_writer:
             raise IpcError("only the writer can enqueue (this is a reader)")
-        if self._pid != os.getpid():
+        if self._generation != _fork_generation:
             raise IpcError("a forked child cannot use its parent's queue")
         if self._writer is None and self._remote_sock is None:
             raise ClosedError(f"broadcast queue {self.name!r} is closed")
@@ -399,7 +412,7 @@ class BroadcastQueue:
     def _check_reader(self):
         if self._is_writer:
             raise IpcError("only readers can dequeue (this is the writer)")
-        if self._pid != os.getpid():
+        if self._generation != _fork_generation:
             raise IpcError("a forked child cannot use its parent's queue")
         if self._reader is None and self._sub is None:
             raise ClosedError(f"broadcast queue reader {self.rank} is closed")
