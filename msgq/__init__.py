@@ -8,6 +8,7 @@ instead of aborts, no signals, sleeping receivers that use no CPU.
 
 from typing import List, Optional, Union
 
+from msgq.broadcast import BroadcastHandle, BroadcastQueue
 from msgq.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -18,6 +19,7 @@ from msgq.errors import (
     MessageTooLargeError,
     MultiplePublishersError,
     NoSpaceError,
+    QueueShutdownError,
     SegmentError,
     TooManyReadersError,
 )
@@ -30,6 +32,7 @@ from msgq.events import (
     toggle_fake_events,
     wait_for_one_event,
 )
+from msgq.ordered import OrderedProducer, OrderedReader
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
 
 __all__ = [
@@ -51,6 +54,11 @@ __all__ = [
     "InvalidNameError",
     "NoSpaceError",
     "IpcTimeoutError",
+    "QueueShutdownError",
+    "BroadcastQueue",
+    "BroadcastHandle",
+    "OrderedProducer",
+    "OrderedReader",
     "toggle_fake_events",
     "set_fake_prefix",
     "get_fake_prefix",

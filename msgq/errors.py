@@ -50,6 +50,10 @@ class IpcTimeoutError(IpcError, TimeoutError):
     """A bounded wait ran out."""
 
 
+class QueueShutdownError(ClosedError):
+    """A broadcast queue or ordered topic was shut down (``shutdown()``): nothing more will come."""
+
+
 __all__ = [
     "IpcError",
     "MultiplePublishersError",
@@ -62,4 +66,5 @@ __all__ = [
     "InvalidNameError",
     "NoSpaceError",
     "IpcTimeoutError",
+    "QueueShutdownError",
 ]

@@ -62,8 +62,8 @@ def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
     out = []
     for name in names:
         parsed = _parse_name(name)
-        if parsed is None or not parsed[1]:
-            continue
+        if parsed is None or not parsed[1] or "#" in parsed[1]:
+            continue  # not a topic: "NAME#broadcast" / "NAME#ordered" files of msgq.broadcast / msgq.ordered
         if prefix is None or parsed[0] == prefix:
             out.append(name)
     return sorted(out)

@@ -27,9 +27,9 @@ STRESS_SECONDS = "2"
 
 VARIANTS = {"plain": "", "asan": "address,undefined", "tsan": "thread"}  # -> VIPC_SANITIZE
 TARGETS = {
-    "plain": ["test_ring_protocol", "test_stress", "bench_ring", "test_visionipc"],
-    "asan": ["test_ring_protocol", "test_stress", "test_visionipc"],
-    "tsan": ["test_ring_protocol", "test_stress", "test_visionipc"],
+    "plain": ["test_ring_protocol", "test_stress", "bench_ring", "test_visionipc", "test_queues"],
+    "asan": ["test_ring_protocol", "test_stress", "test_visionipc", "test_queues"],
+    "tsan": ["test_ring_protocol", "test_stress", "test_visionipc", "test_queues"],
 }
 
 # Halt at the first report with a distinctive exit status; the output is
@@ -120,6 +120,14 @@ def test_ring_protocol_steps_and_segment_lifecycle(cpp_build, variant):
 @pytest.mark.parametrize("variant", ["plain", "asan", "tsan"])
 def test_visionipc_core_formats_handshake_leases_and_restart(cpp_build, variant):
     out = run_checked(cpp_build(variant) / "test_visionipc")
+    assert "test(s) passed" in out
+
+
+@pytest.mark.parametrize("variant", ["plain", "asan", "tsan"])
+def test_ordered_topic_cas_stress_and_broadcast_queue_threads(cpp_build, variant):
+    """The availability word's CAS loops under many producer threads, ordered
+    topics and the lossless broadcast queue on real segment files (cpp/tests/test_queues.cc)."""
+    out = run_checked(cpp_build(variant) / "test_queues", timeout=240)
     assert "test(s) passed" in out
 
 

@@ -15,4 +15,10 @@ FutexResult futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t t
 // Wake up to `count` sleepers; returns how many were woken.
 int futex_wake(std::atomic<uint32_t>* word, int count);
 
+// FUTEX_WAIT_BITSET / FUTEX_WAKE_BITSET on any aligned 32-bit word (e.g. the
+// low half of a 64-bit atomic): a waiter names the events it waits for in
+// `bitset`, and a wake reaches only waiters whose bitset intersects its own.
+FutexResult futex_wait_bitset(const void* word32, uint32_t expected, int64_t timeout_ns, uint32_t bitset);
+int futex_wake_bitset(const void* word32, int count, uint32_t bitset);
+
 }  // namespace ipc

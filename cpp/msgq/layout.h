@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <sys/types.h>
 
+#include "common/shm_file.h"
+
 namespace msgq {
 
 inline constexpr uint64_t kMagic = 0x474e4952'5147534dull;  // the bytes "MSGQRING" read as little-endian
@@ -143,8 +145,8 @@ inline constexpr uint32_t kStateSuperseded = 2;
 
 // Byte-range OFD locks on the segment file (never touching data; locks may
 // lie beyond EOF). Released by the kernel when the holder dies.
-inline constexpr off_t kLockInit = 0;       // exclusive: attach/detach critical section
-inline constexpr off_t kLockPresence = 1;   // shared while attached; detach probes exclusive
+inline constexpr off_t kLockInit = ipc::kLockInit;          // exclusive: attach/detach (common/shm_file.h)
+inline constexpr off_t kLockPresence = ipc::kLockPresence;  // shared while attached; detach probes exclusive
 inline constexpr off_t kLockSlotBase = 16;  // exclusive: reader slot i owner
 // exclusive: publisher with token t is alive, byte kLockPublisherBase + t % span
 inline constexpr off_t kLockPublisherBase = 4096;

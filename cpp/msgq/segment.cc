@@ -18,16 +18,11 @@ using ipc::ErrorKind;
 using ipc::fail;
 using ipc::fail_errno;
 
-void check_basename(const std::string& basename) {
-  if (basename.empty() || basename.size() >= kNameCapacity || basename.find('/') != std::string::npos ||
-      basename == "." || basename == ".." || basename.find('\0') != std::string::npos) {
-    fail(ErrorKind::kInvalidArgument, "invalid segment name '" + basename + "'");
-  }
-}
+void check_basename(const std::string& basename) { ipc::check_basename(basename, kNameCapacity); }
 
 namespace {
 
-constexpr int kAttachAttempts = 100;
+constexpr int kAttachAttempts = 100;  // a segment superseded while we attach is attached again
 
 size_t round_data_size(size_t requested) {
   const size_t n = requested == 0 ? kDefaultDataSize : requested;
@@ -42,46 +37,24 @@ size_t round_data_size(size_t requested) {
 
 std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
   check_basename(spec.basename);
-  const std::string path = spec.dir + "/" + spec.basename;
   const size_t wanted = spec.data_size == 0 ? 0 : round_data_size(spec.data_size);
 
   for (int attempt = 0; attempt < kAttachAttempts; attempt++) {
     std::shared_ptr<Segment> seg(new Segment());
-    seg->path_ = path;
-    seg->fd_.reset(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, spec.mode));
-    if (!seg->fd_) {
-      if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
-      fail_errno("cannot open shared-memory segment " + path);
-    }
-    const int fd = seg->fd();
-    ipc::ofd_lock(fd, kLockInit, true);
+    seg->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+    const bool nobody_else = seg->file_.alone_at_open();
+    const size_t file_size = seg->file_.size_at_open();
+    const std::string& path = seg->path();
 
-    struct stat st {};
-    if (fstat(fd, &st) != 0) fail_errno("fstat " + path);
-    seg->dev_ = st.st_dev;
-    seg->ino_ = st.st_ino;
-    if (!seg->still_linked()) continue;  // unlinked by a detaching peer after we opened it: retry
-    if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, path + " is not a regular file: refusing it");
-    if (st.st_uid != geteuid()) {
-      fail(ErrorKind::kPermission, path + " belongs to uid " + std::to_string(st.st_uid) +
-                                       ", not to us (uid " + std::to_string(geteuid()) +
-                                       "): another user owns this topic name, or is squatting it");
-    }
-    if (st.st_mode & S_IWOTH) fail(ErrorKind::kPermission, path + " is world-writable: refusing it");
-    seg->ours_ = true;
-
-    const bool nobody_else = ipc::ofd_try_lock(fd, kLockPresence, true);
-    if (nobody_else) ipc::ofd_unlock(fd, kLockPresence);
-
-    if (st.st_size == 0) {
+    if (file_size == 0) {
       seg->initialize(spec, wanted == 0 ? round_data_size(0) : wanted);
     } else {
-      if (static_cast<size_t>(st.st_size) < kHeaderSize + kMinDataSize) {
+      if (file_size < kHeaderSize + kMinDataSize) {
         if (!nobody_else) fail(ErrorKind::kSegment, path + " is too small to be a msgq segment");
         seg->initialize(spec, wanted == 0 ? round_data_size(0) : wanted);
       } else {
-        seg->map(static_cast<size_t>(st.st_size));
-        const std::string problem = seg->adopt_header(static_cast<size_t>(st.st_size));
+        seg->file_.map(file_size);
+        const std::string problem = seg->adopt_header(file_size);
         if (!problem.empty()) {
           if (!nobody_else) {
             fail(ErrorKind::kSegment, path + ": " + problem +
@@ -90,70 +63,24 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
           seg->initialize(spec, wanted == 0 ? round_data_size(0) : wanted);  // stale leftover: start over
         } else if (wanted != 0 && spec.size_is_binding && seg->data_size_ != wanted) {
           seg->supersede();
-          unlink(path.c_str());
+          seg->file_.unlink_name();
           continue;  // the next attempt creates the segment at the size the publisher asked for
         }
       }
     }
-    ipc::ofd_lock(fd, kLockPresence, false);
-    ipc::ofd_unlock(fd, kLockInit);
+    seg->file_.finish_attach();
     return seg;
   }
-  fail(ErrorKind::kIpc, "could not attach " + path + ": it kept being replaced while we opened it");
+  fail(ErrorKind::kIpc, "could not attach " + spec.dir + "/" + spec.basename +
+                            ": it kept being replaced while we opened it");
 }
 
-Segment::~Segment() {
-  if (header_ != nullptr) munmap(header_, map_length_);
-  if (!fd_ || !ours_) return;
-  const int fd = fd_.get();
-  try {
-    ipc::ofd_lock(fd, kLockInit, true);
-    ipc::ofd_unlock(fd, kLockPresence);
-    if (ipc::ofd_try_lock(fd, kLockPresence, true) && still_linked()) unlink(path_.c_str());
-  } catch (const ipc::Error&) {
-    // Detaching must not throw; the file is left for remove_stale_segments().
-  }
-}
-
-void Segment::forget_after_fork() {
-  if (header_ != nullptr) munmap(header_, map_length_);
-  header_ = nullptr;
-  fd_.reset();  // the parent's descriptor keeps the shared open file (and its locks) alive
-}
-
-bool Segment::still_linked() const {
-  struct stat st {};
-  if (stat(path_.c_str(), &st) != 0) return false;
-  return st.st_dev == dev_ && st.st_ino == ino_;
-}
-
-void Segment::map(size_t length) {
-  if (header_ != nullptr) munmap(header_, map_length_);
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
-  if (p == MAP_FAILED) fail_errno("mmap " + path_);
-  header_ = static_cast<SegmentHeader*>(p);
-  map_length_ = length;
-}
+Segment::~Segment() = default;  // file_ detaches: see common/shm_file.h
 
 void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
-  const int fd = fd_.get();
-  const size_t total = kHeaderSize + data_size;
-  if (ftruncate(fd, 0) != 0) fail_errno("ftruncate " + path_);
-  if (fchmod(fd, spec.mode) != 0) fail_errno("fchmod " + path_);
-  // Reserve every page now: on a full /dev/shm this fails cleanly here instead
-  // of killing a process with SIGBUS at its first write.
-  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
-    ftruncate(fd, 0);
-    if (err == ENOSPC) {
-      fail(ErrorKind::kNoSpace, "not enough space in " + spec.dir + " for " + spec.basename + " (" +
-                                    std::to_string(total) + " bytes): free some, use a smaller segment_size, " +
-                                    "or give the container more shared memory (docker --shm-size)");
-    }
-    fail_errno("posix_fallocate " + path_, err);
-  }
-  map(total);
-  std::memset(static_cast<void*>(header_), 0, kHeaderSize);
-  SegmentHeader& h = *header_;
+  file_.allocate(kHeaderSize + data_size, spec.mode);
+  std::memset(static_cast<void*>(header()), 0, kHeaderSize);
+  SegmentHeader& h = *header();
   h.layout_version = kLayoutVersion;
   h.header_size = kHeaderSize;
   h.data_size = data_size;
@@ -182,20 +109,20 @@ std::string header_problem(const SegmentHeader& h, size_t file_size) {
 }
 
 std::string Segment::adopt_header(size_t file_size) {
-  std::string problem = header_problem(*header_, file_size);
-  if (problem.empty()) data_size_ = static_cast<uint32_t>(header_->data_size);
+  std::string problem = header_problem(*header(), file_size);
+  if (problem.empty()) data_size_ = static_cast<uint32_t>(header()->data_size);
   return problem;
 }
 
 // A publisher wants another ring size: retire this segment. Its old publisher
 // fails on its next send, and its readers reattach by name after draining it.
 void Segment::supersede() {
-  SegmentHeader& h = *header_;
+  SegmentHeader& h = *header();
   constexpr uint64_t kRetiredToken = 1 << 1;  // token 1 is never handed to a publisher
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
   const int64_t give_up = ipc::monotonic_ns() + 2'000'000'000;
   for (;;) {
-    const bool owner_alive = ipc::ofd_is_locked(fd_.get(), publisher_liveness_byte(cur >> 1), true);
+    const bool owner_alive = ipc::ofd_is_locked(fd(), publisher_liveness_byte(cur >> 1), true);
     if ((cur & 1) != 0 && owner_alive && ipc::monotonic_ns() < give_up) {  // a send is in flight: let it finish
       usleep(100);
       cur = h.publisher.load(std::memory_order_acquire);
@@ -209,26 +136,7 @@ void Segment::supersede() {
 }
 
 std::vector<std::string> remove_stale_segments(const std::string& dir, const std::string& name_prefix) {
-  std::vector<std::string> removed;
-  DIR* d = opendir(dir.c_str());
-  if (d == nullptr) return removed;
-  while (dirent* e = readdir(d)) {
-    const std::string name = e->d_name;
-    if (name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
-    const std::string path = dir + "/" + name;
-    ipc::UniqueFd fd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-    if (!fd) continue;
-    struct stat st {}, now {};
-    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
-    if (!ipc::ofd_try_lock(fd.get(), kLockInit, true)) continue;  // someone is attaching right now
-    if (stat(path.c_str(), &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev) continue;
-    if (ipc::ofd_try_lock(fd.get(), kLockPresence, true)) {
-      unlink(path.c_str());
-      removed.push_back(name);
-    }
-  }
-  closedir(d);
-  return removed;
+  return ipc::remove_stale_files(dir, name_prefix);
 }
 
 }  // namespace msgq

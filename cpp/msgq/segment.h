@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/shm_file.h"
 #include "msgq/layout.h"
 #include "msgq/ring.h"
 
@@ -31,35 +32,27 @@ class Segment {
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;
 
-  SegmentHeader* header() const { return header_; }
-  uint8_t* data() const { return reinterpret_cast<uint8_t*>(header_) + kHeaderSize; }
+  SegmentHeader* header() const { return reinterpret_cast<SegmentHeader*>(file_.data()); }
+  uint8_t* data() const { return file_.data() + kHeaderSize; }
   uint32_t data_size() const { return data_size_; }
-  RingView view() const { return RingView{header_, data(), data_size_}; }
-  int fd() const { return fd_.get(); }
-  const std::string& path() const { return path_; }
-  bool superseded() const { return header_->state.load(std::memory_order_acquire) == kStateSuperseded; }
+  RingView view() const { return RingView{header(), data(), data_size_}; }
+  int fd() const { return file_.fd(); }
+  const std::string& path() const { return file_.path(); }
+  bool superseded() const { return header()->state.load(std::memory_order_acquire) == kStateSuperseded; }
 
   // In a forked child: drop the inherited fd and mapping without touching any
   // shared state (the parent still owns its locks and slots).
-  void forget_after_fork();
+  void forget_after_fork() { file_.forget(); }
 
  private:
   Segment() = default;
-  bool still_linked() const;
-  void map(size_t length);
   void initialize(const SegmentSpec& spec, size_t data_size);
   // Checks the mapped header and takes its sizes; returns why it is unusable, or "".
   std::string adopt_header(size_t file_size);
   void supersede();
 
-  ipc::UniqueFd fd_;
-  SegmentHeader* header_ = nullptr;
-  size_t map_length_ = 0;
+  ipc::ShmFile file_;  // open, owner-checked, mapped; detaching may unlink it
   uint32_t data_size_ = 0;
-  std::string path_;
-  dev_t dev_ = 0;
-  ino_t ino_ = 0;
-  bool ours_ = false;  // owner checks passed: detaching may unlink the file
 };
 
 // Unlink segment files in `dir` whose names start with `name_prefix` and that

@@ -1,0 +1,176 @@
+#include "common/shm_file.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <utility>
+
+#include "common/errors.h"
+
+namespace ipc {
+
+namespace {
+constexpr int kOpenAttempts = 100;
+}
+
+void check_basename(const std::string& basename, size_t capacity) {
+  if (basename.empty() || basename.size() >= capacity || basename.find('/') != std::string::npos ||
+      basename == "." || basename == ".." || basename.find('\0') != std::string::npos) {
+    fail(ErrorKind::kInvalidArgument, "invalid segment name '" + basename + "'");
+  }
+}
+
+ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename, mode_t mode) {
+  const std::string path = dir + "/" + basename;
+  for (int attempt = 0; attempt < kOpenAttempts; attempt++) {
+    ShmFile f;
+    f.path_ = path;
+    f.fd_.reset(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode));
+    if (!f.fd_) {
+      if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
+      fail_errno("cannot open shared-memory segment " + path);
+    }
+    ofd_lock(f.fd(), kLockInit, true);
+    struct stat st {};
+    if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
+    f.dev_ = st.st_dev;
+    f.ino_ = st.st_ino;
+    if (!f.still_linked()) {  // unlinked by a detaching peer after we opened it: try again
+      f.fd_.reset();
+      continue;
+    }
+    if (!S_ISREG(st.st_mode)) {
+      f.fd_.reset();
+      fail(ErrorKind::kPermission, path + " is not a regular file: refusing it");
+    }
+    if (st.st_uid != geteuid()) {
+      f.fd_.reset();
+      fail(ErrorKind::kPermission, path + " belongs to uid " + std::to_string(st.st_uid) + ", not to us (uid " +
+                                       std::to_string(geteuid()) +
+                                       "): another user owns this name, or is squatting it");
+    }
+    if (st.st_mode & S_IWOTH) {
+      f.fd_.reset();
+      fail(ErrorKind::kPermission, path + " is world-writable: refusing it");
+    }
+    f.size_at_open_ = static_cast<size_t>(st.st_size);
+    f.alone_ = ofd_try_lock(f.fd(), kLockPresence, true);
+    if (f.alone_) ofd_unlock(f.fd(), kLockPresence);
+    return f;
+  }
+  fail(ErrorKind::kIpc, "could not attach " + path + ": it kept being replaced while we opened it");
+}
+
+ShmFile::ShmFile(ShmFile&& o) noexcept { *this = std::move(o); }
+
+ShmFile& ShmFile::operator=(ShmFile&& o) noexcept {
+  if (this != &o) {
+    detach();
+    fd_ = std::move(o.fd_);
+    path_ = std::move(o.path_);
+    dev_ = o.dev_;
+    ino_ = o.ino_;
+    size_at_open_ = o.size_at_open_;
+    alone_ = o.alone_;
+    data_ = std::exchange(o.data_, nullptr);
+    mapped_ = std::exchange(o.mapped_, 0);
+  }
+  return *this;
+}
+
+ShmFile::~ShmFile() { detach(); }
+
+void ShmFile::detach() {
+  unmap();
+  if (!fd_) return;
+  const int fd = fd_.get();
+  try {
+    ofd_lock(fd, kLockInit, true);
+    ofd_unlock(fd, kLockPresence);
+    if (ofd_try_lock(fd, kLockPresence, true) && still_linked()) unlink(path_.c_str());
+  } catch (const Error&) {
+    // Detaching must not throw; the file is left for remove_stale_files().
+  }
+  fd_.reset();  // closing the description drops every lock we held on it
+}
+
+void ShmFile::unmap() {
+  if (data_ != nullptr) munmap(data_, mapped_);
+  data_ = nullptr;
+  mapped_ = 0;
+}
+
+void ShmFile::forget() {
+  unmap();
+  fd_.reset();  // the parent's descriptor keeps the shared open file (and its locks) alive
+}
+
+bool ShmFile::still_linked() const {
+  struct stat st {};
+  if (stat(path_.c_str(), &st) != 0) return false;
+  return st.st_dev == dev_ && st.st_ino == ino_;
+}
+
+void ShmFile::unlink_name() {
+  if (still_linked()) unlink(path_.c_str());
+}
+
+void ShmFile::map(size_t size) {
+  unmap();
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
+  if (p == MAP_FAILED) fail_errno("mmap " + path_);
+  data_ = static_cast<uint8_t*>(p);
+  mapped_ = size;
+}
+
+void ShmFile::allocate(size_t size, mode_t mode) {
+  const int fd = fd_.get();
+  unmap();
+  if (ftruncate(fd, 0) != 0) fail_errno("ftruncate " + path_);
+  if (fchmod(fd, mode) != 0) fail_errno("fchmod " + path_);
+  if (const int err = posix_fallocate(fd, 0, static_cast<off_t>(size)); err != 0) {
+    if (ftruncate(fd, 0) != 0) {
+      // best effort: the file stays empty either way
+    }
+    if (err == ENOSPC) {
+      fail(ErrorKind::kNoSpace, "not enough space for " + path_ + " (" + std::to_string(size) +
+                                    " bytes): free some, ask for a smaller size, " +
+                                    "or give the container more shared memory (docker --shm-size)");
+    }
+    fail_errno("posix_fallocate " + path_, err);
+  }
+  map(size);
+}
+
+void ShmFile::finish_attach() {
+  ofd_lock(fd_.get(), kLockPresence, false);
+  ofd_unlock(fd_.get(), kLockInit);
+}
+
+std::vector<std::string> remove_stale_files(const std::string& dir, const std::string& name_prefix) {
+  std::vector<std::string> removed;
+  DIR* d = opendir(dir.c_str());
+  if (d == nullptr) return removed;
+  while (dirent* e = readdir(d)) {
+    const std::string name = e->d_name;
+    if (name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
+    const std::string path = dir + "/" + name;
+    UniqueFd fd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+    if (!fd) continue;
+    struct stat st {}, now {};
+    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
+    if (!ofd_try_lock(fd.get(), kLockInit, true)) continue;  // someone is attaching right now
+    if (stat(path.c_str(), &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev) continue;
+    if (ofd_try_lock(fd.get(), kLockPresence, true)) {
+      unlink(path.c_str());
+      removed.push_back(name);
+    }
+  }
+  closedir(d);
+  return removed;
+}
+
+}  // namespace ipc

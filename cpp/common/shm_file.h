@@ -1,0 +1,92 @@
+// One named shared-memory file (a /dev/shm segment) of any of our layouts:
+// open or create it with owner checks, allocate and map it, and unlink it
+// when the last process detaches. Used by msgq segments, broadcast queues and
+// ordered topics; each puts its own versioned header at offset 0 and
+// validates it while it holds the init lock.
+//
+// Ownership is carried by OFD byte-range locks, which the kernel drops when
+// the holder dies (so the file of a killed run can be swept):
+//  - byte 0 (kLockInit), exclusive: the attach / detach critical section;
+//  - byte 1 (kLockPresence), shared while attached. Detach unlinks the file
+//    when it can take this lock exclusively: nobody else is attached.
+// Higher bytes are free for the layouts (reader slots, liveness locks).
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/files.h"
+
+namespace ipc {
+
+inline constexpr off_t kLockInit = 0;
+inline constexpr off_t kLockPresence = 1;
+
+// Throws kInvalidArgument unless `basename` is a plain file name we may create.
+void check_basename(const std::string& basename, size_t capacity);
+
+class ShmFile {
+ public:
+  // Opens (creating it with `mode`) dir/basename with O_NOFOLLOW and takes the
+  // init lock. Refuses symbolic links, non-regular files, files of another
+  // user and world-writable files (kPermission). A file unlinked by a
+  // detaching peer while we opened it is opened again.
+  static ShmFile open_locked(const std::string& dir, const std::string& basename, mode_t mode);
+
+  ShmFile() = default;
+  ShmFile(ShmFile&& o) noexcept;
+  ShmFile& operator=(ShmFile&& o) noexcept;
+  ShmFile(const ShmFile&) = delete;
+  ShmFile& operator=(const ShmFile&) = delete;
+  // Detach: unmap; release presence; unlink the file if no one else is attached.
+  ~ShmFile();
+
+  int fd() const { return fd_.get(); }
+  const std::string& path() const { return path_; }
+  size_t size_at_open() const { return size_at_open_; }
+  // True if no other process was attached when we opened the file (a header
+  // that fails validation is then a leftover we may overwrite).
+  bool alone_at_open() const { return alone_; }
+
+  // Empty the file and give it `size` zero bytes, reserved now
+  // (posix_fallocate: a full /dev/shm fails here with kNoSpace instead of a
+  // later SIGBUS), with permissions `mode`; then map it.
+  void allocate(size_t size, mode_t mode);
+  // Map the whole file as it is (`size` bytes).
+  void map(size_t size);
+  uint8_t* data() const { return data_; }
+  size_t mapped_size() const { return mapped_; }
+
+  // Take the presence lock and drop the init lock: the attach is complete.
+  void finish_attach();
+  // Unlink the name now (the file lives on for those who have it mapped).
+  void unlink_name();
+  // Still the file the name points to?
+  bool still_linked() const;
+  // In a forked child: drop the inherited descriptor and mapping without
+  // touching any lock (the parent still owns them).
+  void forget();
+
+ private:
+  void unmap();
+  void detach();
+  UniqueFd fd_;
+  std::string path_;
+  dev_t dev_ = 0;
+  ino_t ino_ = 0;
+  size_t size_at_open_ = 0;
+  bool alone_ = false;
+  uint8_t* data_ = nullptr;
+  size_t mapped_ = 0;
+};
+
+// Unlink files in `dir` whose names start with `name_prefix` and that no live
+// process is attached to (left behind when every participant was killed).
+// Returns the basenames removed. Works for every layout built on ShmFile.
+std::vector<std::string> remove_stale_files(const std::string& dir, const std::string& name_prefix);
+
+}  // namespace ipc

@@ -1,0 +1,391 @@
+#include "ordered/topic.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "common/clock.h"
+#include "common/errors.h"
+#include "common/futex.h"
+
+namespace ordered {
+
+using ipc::ErrorKind;
+using ipc::fail;
+
+namespace {
+
+constexpr size_t kNameCapacity = 256;
+// A sleep is cut into slices: the futex compares only the low 32 bits of the
+// availability word, so a change confined to its high bits (last moving by a
+// multiple of 65536 between our check and our sleep) is caught within one slice.
+constexpr int64_t kSleepSliceNs = 100'000'000;
+constexpr int kNewestScan = 64;  // how far below the newest available id a newest reader looks
+
+const void* low_word(const std::atomic<uint64_t>& w) { return &w; }  // little-endian (layout.h)
+uint32_t low_bits(uint64_t w) { return static_cast<uint32_t>(w); }
+uint32_t id_bit(uint64_t id) { return uint32_t{1} << (id % 32); }
+
+}  // namespace
+
+// ------------------------------------------------------------------ topic
+
+std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
+  ipc::check_basename(spec.basename, kNameCapacity);
+  if (spec.capacity != 0 && (spec.capacity < kMinCapacity || spec.capacity > kMaxCapacity)) {
+    fail(ErrorKind::kInvalidArgument, "capacity must be " + std::to_string(kMinCapacity) + " to " +
+                                          std::to_string(kMaxCapacity) + " slots, not " + std::to_string(spec.capacity));
+  }
+  if (spec.capacity != 0 && (spec.slot_bytes < 1 || spec.slot_bytes > kMaxSlotBytes)) {
+    fail(ErrorKind::kInvalidArgument, "slot_bytes must be 1 to " + std::to_string(kMaxSlotBytes) + ", not " +
+                                          std::to_string(spec.slot_bytes));
+  }
+  std::shared_ptr<Topic> t(new Topic());
+  t->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+  const size_t size = t->file_.size_at_open();
+  std::string problem = "no ordered topic of that name exists yet (create it with a capacity and slot_bytes)";
+  if (size >= sizeof(TopicHeader)) {
+    t->file_.map(size);
+    problem = t->adopt(size);
+  }
+  if (problem.empty() && spec.capacity != 0 && (spec.capacity != t->capacity_ || spec.slot_bytes != t->slot_bytes_)) {
+    if (!t->file_.alone_at_open()) {
+      fail(ErrorKind::kInvalidArgument,
+           t->path() + " exists with capacity " + std::to_string(t->capacity_) + " and slot_bytes " +
+               std::to_string(t->slot_bytes_) + ", not " + std::to_string(spec.capacity) + " and " +
+               std::to_string(spec.slot_bytes) + " (pass 0 to take the existing sizes)");
+    }
+    problem = "stale, of other sizes";  // a leftover nobody uses: start over
+  }
+  if (!problem.empty()) {
+    if (spec.capacity == 0) fail(ErrorKind::kInvalidArgument, t->path() + ": " + problem);
+    if (!t->file_.alone_at_open() && size >= sizeof(TopicHeader)) {
+      fail(ErrorKind::kSegment, t->path() + ": " + problem + ". A process using it is still alive.");
+    }
+    t->capacity_ = spec.capacity;
+    t->slot_bytes_ = spec.slot_bytes;
+    t->stride_ = slot_stride_for(spec.slot_bytes);
+    t->data_offset_ = data_offset_for(spec.capacity);
+    t->file_.allocate(t->data_offset_ + t->stride_ * spec.capacity, spec.mode);
+    TopicHeader& h = t->header();  // zero-filled
+    h.layout_version = kLayoutVersion;
+    h.capacity = t->capacity_;
+    h.slot_bytes = t->slot_bytes_;
+    h.slot_stride = t->stride_;
+    h.data_offset = t->data_offset_;
+    h.created_ns = static_cast<uint64_t>(ipc::realtime_ns());
+    h.creator_uid = geteuid();
+    h.availability.store(Availability::initial(0), std::memory_order_relaxed);
+    // Published to attachers by the init lock; magic last.
+    std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
+  }
+  t->file_.finish_attach();
+  return t;
+}
+
+std::string Topic::adopt(size_t file_size) {
+  const TopicHeader& h = header();
+  if (h.magic != kMagic) return "not an ordered topic (no magic number: unfinished, or another program's file)";
+  if (h.layout_version != kLayoutVersion) return "incompatible ordered topic layout version";
+  if (h.capacity < kMinCapacity || h.capacity > kMaxCapacity || h.slot_bytes < 1 || h.slot_bytes > kMaxSlotBytes ||
+      h.slot_stride != slot_stride_for(h.slot_bytes) || h.data_offset != data_offset_for(h.capacity) ||
+      h.data_offset + h.slot_stride * h.capacity != file_size) {
+    return "corrupt header (sizes do not match the file)";
+  }
+  capacity_ = h.capacity;
+  slot_bytes_ = h.slot_bytes;
+  stride_ = h.slot_stride;
+  data_offset_ = h.data_offset;
+  return {};
+}
+
+template <class Done>
+Status Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate) {
+  TopicHeader& h = header();
+  for (;;) {
+    if (gate.closing()) return Status::kClosed;
+    // SYNC: announce the sleep (seq_cst) before the final check (seq_cst
+    // load); a producer's seq_cst O3 CAS comes before its seq_cst load of
+    // sleepers. Either it sees us and wakes us, or we see its id.
+    h.sleepers.fetch_add(1, std::memory_order_seq_cst);
+    const uint64_t w = h.availability.load(std::memory_order_seq_cst);
+    if (done(Availability::unpack(w))) {
+      h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return Status::kReady;
+    }
+    if (is_shutdown() || gate.closing()) {
+      h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return gate.closing() ? Status::kClosed : Status::kShutdown;
+    }
+    const int64_t now = ipc::monotonic_ns();
+    if (now >= deadline_ns) {
+      h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+      return Status::kTimeout;
+    }
+    const int64_t slice = std::min(deadline_ns - now, kSleepSliceNs);
+    const ipc::FutexResult r = ipc::futex_wait_bitset(low_word(h.availability), low_bits(w), slice, bitset);
+    h.sleepers.fetch_sub(1, std::memory_order_relaxed);
+    if (r == ipc::FutexResult::kInterrupted) return Status::kInterrupted;
+  }
+}
+
+void Topic::wake(uint32_t bitset) {
+  // SYNC: seq_cst after the seq_cst CAS that changed availability (see wait()).
+  if (header().sleepers.load(std::memory_order_seq_cst) != 0) {
+    ipc::futex_wake_bitset(low_word(header().availability), INT_MAX, bitset);
+  }
+}
+
+void Topic::wake_all_now() { ipc::futex_wake_bitset(low_word(header().availability), INT_MAX, ~0u); }
+
+void Topic::shutdown() {
+  header().shutdown.store(1, std::memory_order_seq_cst);
+  wake_all_now();
+}
+
+// ------------------------------------------------------------------ producer
+
+void Producer::close() {
+  if (!topic_) return;
+  gate_.begin_close();
+  while (!gate_.idle()) {  // a reserve waiting on another thread: wake it
+    topic_->wake_all_now();
+    usleep(50);
+  }
+  std::set<uint64_t> left;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    left.swap(pending_);
+  }
+  for (uint64_t id : left) {  // reservations never published: readers skip them instead of waiting forever
+    SlotMeta& m = topic_->meta(id);
+    m.stamp.store(stamp(id, kStateCancelled), std::memory_order_release);
+    if (try_make_available(topic_->header().availability, id) == MakeAvailable::kOk) topic_->wake(id_bit(id));
+  }
+  topic_.reset();
+}
+
+void Producer::forget_after_fork() {
+  if (topic_) topic_->forget();
+  topic_.reset();
+}
+
+uint64_t Producer::oldest_in_flight() const {
+  if (!topic_) return 0;
+  const Availability a = topic_->snapshot();
+  return a.available_end();
+}
+
+void Producer::begin_fill(uint64_t id) {
+  // S1: mark the slot as being written before any byte of it changes.
+  SlotMeta& m = topic_->meta(id);
+  m.stamp.store(stamp(id, kStateWriting), std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.insert(id);
+}
+
+Status Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return Status::kClosed;
+  TopicHeader& h = topic_->header();
+  for (;;) {
+    if (topic_->is_shutdown()) return Status::kShutdown;
+    const Reserve r = try_reserve_next(h.availability, id);  // O1
+    if (r == Reserve::kOk) break;
+    if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids are exhausted (2**48)");
+    // 16 ids in flight: wait for the oldest of them (last - 16) to become available.
+    const uint64_t oldest = topic_->snapshot().last - kWindow;
+    const Status st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
+                                   deadline_ns, gate_);
+    if (st != Status::kReady) return st;
+  }
+  begin_fill(*id);
+  return Status::kReady;
+}
+
+Status Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return Status::kClosed;
+  TopicHeader& h = topic_->header();
+  for (;;) {
+    if (topic_->is_shutdown()) return Status::kShutdown;
+    const Reserve r = try_reserve_id(h.availability, id);  // O2
+    if (r == Reserve::kOk) break;
+    if (r == Reserve::kTooOld) {
+      fail(ErrorKind::kInvalidArgument, "message id " + std::to_string(id) + " was reserved already (the next free id is " +
+                                            std::to_string(topic_->snapshot().last) + ")");
+    }
+    if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids end at 2**48 - 1");
+    const uint64_t oldest = topic_->snapshot().available_end();
+    const Status st = topic_->wait(
+        [id](const Availability& a) {
+          if (id < a.last) return true;  // someone else took it: try_reserve_id reports it
+          const uint64_t shift = id + 1 - a.last;
+          return a.available_end() + kWindow >= a.last + shift;  // everything leaving the window is available
+        },
+        id_bit(oldest), deadline_ns, gate_);
+    if (st != Status::kReady) return st;
+  }
+  topic_->wake(~0u);  // ids skipped over became available (as gaps)
+  begin_fill(id);
+  return Status::kReady;
+}
+
+uint8_t* Producer::slot(uint64_t id) {
+  if (closed()) fail(ErrorKind::kClosed, "ordered producer is closed");
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (pending_.count(id) == 0) {
+      fail(ErrorKind::kInvalidArgument, "message id " + std::to_string(id) + " is not reserved by this producer");
+    }
+  }
+  return topic_->slot(id);
+}
+
+void Producer::take(uint64_t id) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (pending_.erase(id) == 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "message id " + std::to_string(id) + " is not reserved by this producer (published or cancelled already?)");
+  }
+}
+
+void Producer::publish(uint64_t id, uint64_t size, uint64_t t0, uint64_t t1) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !topic_) fail(ErrorKind::kClosed, "ordered producer is closed");
+  if (size > topic_->slot_bytes()) {
+    fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) + " bytes does not fit in a " +
+                                          std::to_string(topic_->slot_bytes()) + "-byte slot");
+  }
+  take(id);
+  SlotMeta& m = topic_->meta(id);
+  m.size.store(size, std::memory_order_relaxed);
+  m.t0.store(t0, std::memory_order_relaxed);
+  m.t1.store(t1, std::memory_order_relaxed);
+  m.stamp.store(stamp(id, kStateDone), std::memory_order_release);  // S2
+  if (try_make_available(topic_->header().availability, id) != MakeAvailable::kOk) {  // O3
+    fail(ErrorKind::kSegment, topic_->path() + ": id " + std::to_string(id) + " was made available by someone else");
+  }
+  topic_->wake(id_bit(id));  // O4
+}
+
+void Producer::cancel(uint64_t id) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !topic_) fail(ErrorKind::kClosed, "ordered producer is closed");
+  take(id);
+  topic_->meta(id).stamp.store(stamp(id, kStateCancelled), std::memory_order_release);
+  if (try_make_available(topic_->header().availability, id) == MakeAvailable::kOk) topic_->wake(id_bit(id));
+}
+
+Status Producer::send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id) {
+  if (topic_ && size > topic_->slot_bytes()) {
+    fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) + " bytes does not fit in a " +
+                                          std::to_string(topic_->slot_bytes()) + "-byte slot");
+  }
+  const Status st = reserve_next(deadline_ns, id);
+  if (st != Status::kReady) return st;
+  if (size != 0) std::memcpy(slot(*id), data, size);
+  publish(*id, size);
+  return Status::kReady;
+}
+
+// ------------------------------------------------------------------ reader
+
+Reader::Reader(const TopicSpec& spec, Mode mode) : topic_(Topic::attach(spec)), mode_(mode) {
+  // Start at the frontier: every id from the first one still in flight on.
+  cursor_ = topic_->snapshot().available_end();
+}
+
+void Reader::close() {
+  if (!topic_) return;
+  gate_.begin_close();
+  while (!gate_.idle()) {
+    topic_->wake_all_now();
+    usleep(50);
+  }
+  topic_.reset();
+}
+
+void Reader::forget_after_fork() {
+  if (topic_) topic_->forget();
+  topic_.reset();
+}
+
+bool Reader::deliverable(const Availability& a) const {
+  if (mode_ == Mode::kSequential) return a.is_available(cursor_) || cursor_ < a.begin(topic_->capacity());
+  uint64_t newest = 0;
+  return a.newest_available(&newest) && newest >= cursor_;
+}
+
+bool Reader::next(Message* m) {
+  if (closed()) fail(ErrorKind::kClosed, "ordered reader is closed");
+  const uint32_t cap = topic_->capacity();
+  for (;;) {
+    const Availability a = topic_->snapshot();  // R1 (acquire: pairs with O3)
+    uint64_t id = cursor_;
+    if (mode_ == Mode::kSequential) {
+      if (cursor_ < a.begin(cap)) {  // the ring has moved past ids we never read
+        dropped_ += a.begin(cap) - cursor_;
+        cursor_ = a.begin(cap);
+        continue;
+      }
+      if (!a.is_available(cursor_)) return false;
+    } else {
+      uint64_t newest = 0;
+      if (!a.newest_available(&newest) || newest < cursor_) return false;
+      // The newest available id that holds a message (not a gap).
+      const uint64_t floor = std::max({cursor_, a.begin(cap), newest >= kNewestScan ? newest - kNewestScan : 0});
+      if (newest < floor) {  // its slot is being reused already: wait for a newer one
+        cursor_ = newest + 1;
+        return false;
+      }
+      id = newest;
+      for (;;) {
+        const uint64_t s = topic_->meta(id).stamp.load(std::memory_order_acquire);
+        if (a.is_available(id) && s == stamp(id, kStateDone)) break;
+        if (id == floor) {
+          cursor_ = newest + 1;
+          return false;
+        }
+        id--;
+      }
+    }
+    const SlotMeta& meta = topic_->meta(id);
+    const uint64_t s = meta.stamp.load(std::memory_order_acquire);  // R2
+    cursor_ = id + 1;
+    if (s == stamp(id, kStateDone)) {
+      m->id = id;
+      m->stamp = s;
+      m->size = std::min(meta.size.load(std::memory_order_relaxed), topic_->slot_bytes());
+      m->t0 = meta.t0.load(std::memory_order_relaxed);
+      m->t1 = meta.t1.load(std::memory_order_relaxed);
+      m->data = topic_->slot(id);
+      return true;  // R3 (the copy) is the caller's, then still_valid() (R4)
+    }
+    if (s != 0 && stamp_id(s) > id) {
+      dropped_++;  // overwritten by a newer id already
+    } else {
+      gaps_++;  // skipped by reserve_id, or cancelled
+    }
+  }
+}
+
+bool Reader::still_valid(const Message& m) {
+  if (closed()) return false;
+  std::atomic_thread_fence(std::memory_order_acquire);  // R4: the copy happens before this load
+  if (topic_->meta(m.id).stamp.load(std::memory_order_relaxed) == m.stamp) return true;
+  dropped_++;
+  return false;
+}
+
+Status Reader::wait(int64_t deadline_ns) {
+  ipc::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return Status::kClosed;
+  const uint32_t bits = mode_ == Mode::kSequential ? id_bit(cursor_) : ~0u;
+  return topic_->wait([this](const Availability& a) { return deliverable(a); }, bits, deadline_ns, gate_);
+}
+
+}  // namespace ordered

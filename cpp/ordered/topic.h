@@ -1,0 +1,152 @@
+// An ordered topic (seed 004): many producers (threads or processes) reserve
+// consecutive message ids, fill their slots in any order, and make each id
+// available; readers follow in `sequential` mode (every id in order: id N is
+// never delivered before N is available, even if N+1 is) or `newest` mode
+// (the newest available id). Steps O1..O5 / S1..S3 / R1..R4: README.md.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "common/shm_file.h"
+#include "common/use_gate.h"
+#include "ordered/availability.h"
+#include "ordered/layout.h"
+
+namespace ordered {
+
+struct TopicSpec {
+  std::string dir = "/dev/shm";
+  std::string basename;
+  mode_t mode = 0600;
+  // 0: take the existing topic's; required to create one. A non-zero value
+  // that differs from an existing topic's is an error.
+  uint32_t capacity = 0;
+  uint64_t slot_bytes = 0;
+};
+
+enum class Status { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
+
+// One attachment of a topic file, shared by the producers and readers of a process.
+class Topic {
+ public:
+  static std::shared_ptr<Topic> attach(const TopicSpec& spec);
+  TopicHeader& header() const { return *reinterpret_cast<TopicHeader*>(file_.data()); }
+  SlotMeta& meta(uint64_t id) const {
+    return reinterpret_cast<SlotMeta*>(file_.data() + sizeof(TopicHeader))[id % capacity_];
+  }
+  uint8_t* slot(uint64_t id) const { return file_.data() + data_offset_ + (id % capacity_) * stride_; }
+  uint32_t capacity() const { return capacity_; }
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  const std::string& path() const { return file_.path(); }
+  Availability snapshot() const {
+    return Availability::unpack(header().availability.load(std::memory_order_acquire));
+  }
+  // Sleep until done(snapshot) is true, the deadline passes, a signal comes,
+  // shutdown, or gate closes. bitset: the ids (bit id % 32) whose availability
+  // may make done() true; ~0u for any change.
+  template <class Done>
+  Status wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate);
+  // Wake sleepers waiting for ids in bitset (no syscall if nobody sleeps).
+  void wake(uint32_t bitset);
+  void wake_all_now();
+  void shutdown();
+  bool is_shutdown() const { return header().shutdown.load(std::memory_order_seq_cst) != 0; }
+  void forget() { file_.forget(); }
+
+ private:
+  Topic() = default;
+  std::string adopt(size_t file_size);
+  ipc::ShmFile file_;
+  uint32_t capacity_ = 0;
+  uint64_t slot_bytes_ = 0, stride_ = 0, data_offset_ = 0;
+};
+
+class Producer {
+ public:
+  explicit Producer(const TopicSpec& spec) : topic_(Topic::attach(spec)) {}
+  ~Producer() { close(); }
+  Producer(const Producer&) = delete;
+  Producer& operator=(const Producer&) = delete;
+
+  // O1 (waiting while 16 ids are in flight) then S1. Thread-safe.
+  Status reserve_next(int64_t deadline_ns, uint64_t* id);
+  // O2: exactly `id`; kInvalidArgument if it was reserved already. Thread-safe.
+  Status reserve_id(uint64_t id, int64_t deadline_ns);
+  // The slot of a reserved id, slot_bytes() long, to fill in place.
+  uint8_t* slot(uint64_t id);
+  // S2 + O3 + wake: make a reserved id available with its first `size` bytes.
+  void publish(uint64_t id, uint64_t size, uint64_t t0 = 0, uint64_t t1 = 0);
+  // Give a reservation up: readers skip the id (a gap).
+  void cancel(uint64_t id);
+  // Convenience: reserve-next, copy, publish.
+  Status send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id);
+
+  // The id reserve_next waits on (the oldest in flight), for error messages.
+  uint64_t oldest_in_flight() const;
+  const std::shared_ptr<Topic>& topic() const { return topic_; }
+  void shutdown() { if (topic_) topic_->shutdown(); }
+  void close();
+  bool closed() const { return topic_ == nullptr || gate_.closing(); }
+  void forget_after_fork();
+
+ private:
+  void begin_fill(uint64_t id);
+  void take(uint64_t id);  // remove from pending_, or kInvalidArgument
+  std::shared_ptr<Topic> topic_;
+  std::mutex mutex_;
+  std::set<uint64_t> pending_;  // ids this producer reserved and has not published
+  ipc::UseGate gate_;
+};
+
+enum class Mode { kSequential, kNewest };
+
+// One message found by Reader::next(), still in its slot.
+struct Message {
+  uint64_t id = 0;
+  uint64_t stamp = 0;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  uint64_t t0 = 0, t1 = 0;
+};
+
+class Reader {
+ public:
+  Reader(const TopicSpec& spec, Mode mode);
+  ~Reader() { close(); }
+  Reader(const Reader&) = delete;
+  Reader& operator=(const Reader&) = delete;
+
+  // R1..R3: the next message of this reader's mode, left in its slot (copy
+  // it, then check still_valid()), or false if none is deliverable now.
+  bool next(Message* m);
+  // R4: acquire fence, then the slot's stamp again: unchanged = the bytes
+  // read since next() are the message's (a reader lapped by the ring counts a drop).
+  bool still_valid(const Message& m);
+  Status wait(int64_t deadline_ns);
+
+  Mode mode() const { return mode_; }
+  uint64_t cursor() const { return cursor_; }  // the lowest id this reader may still deliver
+  uint64_t dropped() const { return dropped_; }  // ids overwritten before this reader got them
+  uint64_t gaps() const { return gaps_; }        // ids skipped by reserve_id or cancelled
+  const std::shared_ptr<Topic>& topic() const { return topic_; }
+  void close();
+  bool closed() const { return topic_ == nullptr || gate_.closing(); }
+  void forget_after_fork();
+
+ private:
+  bool deliverable(const Availability& a) const;
+  std::shared_ptr<Topic> topic_;
+  Mode mode_;
+  uint64_t cursor_ = 0;
+  uint64_t dropped_ = 0, gaps_ = 0;
+  ipc::UseGate gate_;
+};
+
+}  // namespace ordered

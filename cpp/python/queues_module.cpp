@@ -1,0 +1,372 @@
+// msgq._queues: thin bindings of the lossless broadcast queue
+// (cpp/broadcast) and the ordered topic (cpp/ordered). Type conversion, GIL
+// release around waits and large copies, signal checks, exception mapping;
+// no logic (the Python side is msgq/broadcast.py and msgq/ordered.py).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "broadcast/queue.h"
+#include "common/clock.h"
+#include "ordered/topic.h"
+#include "python/errors.h"
+
+namespace py = pybind11;
+
+namespace {
+
+constexpr size_t kReleaseGilAbove = 64 * 1024;
+
+int64_t deadline_from(std::optional<double> timeout_s) {
+  if (!timeout_s) return ipc::kNever;
+  const double s = *timeout_s < 0 ? 0 : *timeout_s;
+  return ipc::monotonic_ns() + static_cast<int64_t>(s * 1e9);
+}
+
+template <class S>
+const char* status_name(S st) {
+  switch (st) {
+    case S::kReady: return "ready";
+    case S::kTimeout: return "timeout";
+    case S::kShutdown: return "shutdown";
+    case S::kClosed: return "closed";
+    case S::kInterrupted: return "interrupted";
+  }
+  return "?";
+}
+
+// Runs a blocking wait without the GIL; signals run Python's handlers
+// (Ctrl-C raises) and the wait goes on.
+template <class F>
+auto blocking(F&& wait) {
+  for (;;) {
+    decltype(wait()) st;
+    {
+      py::gil_scoped_release nogil;
+      st = wait();
+    }
+    if (st != decltype(st)::kInterrupted) return st;
+    pyipc::check_signals();
+  }
+}
+
+// Holds buffers (bytes, bytearray, memoryview, numpy...) for the duration of a write.
+class Parts {
+ public:
+  explicit Parts(const py::sequence& seq) {
+    views_.resize(seq.size());
+    for (size_t i = 0; i < seq.size(); i++) {
+      py::object o = seq[i];
+      if (PyObject_GetBuffer(o.ptr(), &views_[i], PyBUF_C_CONTIGUOUS) != 0) {
+        PyErr_Clear();
+        release(i);
+        throw py::type_error(std::string("message parts must be bytes-like, C-contiguous buffers, not ") +
+                             Py_TYPE(o.ptr())->tp_name);
+      }
+      parts_.push_back(bcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});
+      total_ += static_cast<size_t>(views_[i].len);
+    }
+  }
+  ~Parts() { release(views_.size()); }
+  const std::vector<bcast::Part>& parts() const { return parts_; }
+  size_t total() const { return total_; }
+
+ private:
+  void release(size_t n) {
+    for (size_t i = 0; i < n; i++) PyBuffer_Release(&views_[i]);
+    views_.clear();
+  }
+  std::vector<Py_buffer> views_;
+  std::vector<bcast::Part> parts_;
+  size_t total_ = 0;
+};
+
+// A view into a mapped slot; keeps the mapping alive while any memoryview
+// or numpy array of it exists.
+struct SlotBuffer {
+  std::shared_ptr<ordered::Topic> topic;
+  uint8_t* ptr;
+  size_t size;
+  bool readonly;
+};
+
+ordered::TopicSpec topic_spec(const std::string& dir, const std::string& basename, uint32_t capacity,
+                              uint64_t slot_bytes, unsigned mode) {
+  ordered::TopicSpec s;
+  s.dir = dir;
+  s.basename = basename;
+  s.capacity = capacity;
+  s.slot_bytes = slot_bytes;
+  s.mode = static_cast<mode_t>(mode);
+  return s;
+}
+
+py::tuple availability_tuple(const ordered::Topic& t) {
+  const ordered::Availability a = t.snapshot();
+  return py::make_tuple(a.begin(t.capacity()), a.end(), a.available_end(), a.bitmap);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_queues, m) {
+  m.doc() = "Native broadcast queue and ordered topic (private: use msgq.broadcast / msgq.ordered)";
+  pyipc::register_error_translator();
+  m.attr("FLAG_RAW") = bcast::kFlagRaw;
+  m.attr("FLAG_OVERFLOW") = bcast::kFlagOverflow;
+  m.attr("MAX_READERS") = bcast::kMaxReaders;
+  m.attr("WINDOW") = ordered::kWindow;
+
+  // ---------------------------------------------------------------- broadcast
+  py::class_<bcast::Writer, std::shared_ptr<bcast::Writer>>(m, "BroadcastWriter")
+      .def(py::init([](const std::string& dir, const std::string& basename, uint32_t n_readers, uint32_t n_chunks,
+                       uint64_t chunk_bytes, unsigned mode) {
+             bcast::QueueSpec s;
+             s.dir = dir;
+             s.basename = basename;
+             s.mode = static_cast<mode_t>(mode);
+             s.n_readers = n_readers;
+             s.n_chunks = n_chunks;
+             s.chunk_bytes = chunk_bytes;
+             return std::make_shared<bcast::Writer>(s);
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("n_readers"), py::arg("n_chunks"), py::arg("chunk_bytes"),
+           py::arg("mode") = 0600)
+      .def("fits",
+           [](const bcast::Writer& w, const py::sequence& parts) {
+             Parts p(parts);
+             return w.fits(p.parts().data(), p.parts().size());
+           })
+      .def(
+          "write",
+          [](bcast::Writer& w, uint32_t flags, const py::sequence& parts, std::optional<double> timeout_s) {
+            Parts p(parts);
+            if (!w.fits(p.parts().data(), p.parts().size())) return "too_large";
+            const int64_t deadline = deadline_from(timeout_s);
+            const bcast::Status st = blocking([&] { return w.wait_writable(deadline); });
+            if (st != bcast::Status::kReady) return status_name(st);
+            if (p.total() >= kReleaseGilAbove) {
+              py::gil_scoped_release nogil;
+              w.write(flags, p.parts().data(), p.parts().size());
+            } else {
+              w.write(flags, p.parts().data(), p.parts().size());
+            }
+            return "ready";
+          },
+          py::arg("flags"), py::arg("parts"), py::arg("timeout_s"),
+          "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or too_large.")
+      .def("pending_readers",
+           [](const bcast::Writer& w) {
+             std::vector<uint32_t> ranks;
+             const uint64_t mask = w.pending_readers();
+             for (uint32_t r = 0; r < 64; r++) {
+               if (mask >> r & 1) ranks.push_back(r);
+             }
+             return ranks;
+           })
+      .def("reader_attached", [](const bcast::Writer& w, uint32_t r) {
+        if (w.closed() || r >= w.file()->n_readers()) return false;
+        return w.file()->reader_attached(r);
+      })
+      .def("reader_pid", [](const bcast::Writer& w, uint32_t r) {
+        if (w.closed() || r >= w.file()->n_readers()) return uint32_t{0};
+        return w.file()->header().readers[r].pid.load(std::memory_order_relaxed);
+      })
+      .def("reader_consumed", [](const bcast::Writer& w, uint32_t r) {
+        if (w.closed() || r >= w.file()->n_readers()) return uint64_t{0};
+        return w.file()->header().readers[r].consumed.load(std::memory_order_relaxed);
+      })
+      .def("shutdown", &bcast::Writer::shutdown)
+      .def_property_readonly("written", &bcast::Writer::written)
+      .def_property_readonly("chunk_bytes", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
+      .def_property_readonly("n_chunks", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->n_chunks(); })
+      .def_property_readonly("n_readers", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->n_readers(); })
+      .def_property_readonly("path", [](const bcast::Writer& w) { return w.closed() ? std::string() : w.file()->path(); })
+      .def_property_readonly("closed", &bcast::Writer::closed)
+      .def("close", &bcast::Writer::close)
+      .def("_forget_after_fork", &bcast::Writer::forget_after_fork);
+
+  py::class_<bcast::Reader, std::shared_ptr<bcast::Reader>>(m, "BroadcastReader")
+      .def(py::init([](const std::string& dir, const std::string& basename, uint32_t rank, unsigned mode) {
+             bcast::QueueSpec s;
+             s.dir = dir;
+             s.basename = basename;
+             s.mode = static_cast<mode_t>(mode);
+             return std::make_shared<bcast::Reader>(s, rank);
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("rank"), py::arg("mode") = 0600)
+      .def(
+          "wait",
+          [](bcast::Reader& r, std::optional<double> timeout_s) {
+            const int64_t deadline = deadline_from(timeout_s);
+            return status_name(blocking([&] { return r.wait_readable(deadline); }));
+          },
+          py::arg("timeout_s"))
+      .def("peek_flags",
+           [](bcast::Reader& r) -> std::optional<uint32_t> {
+             bcast::ChunkView v;
+             if (!r.peek(v)) return std::nullopt;
+             return v.flags;
+           })
+      .def("read",
+           [](bcast::Reader& r) -> py::object {
+             // The next message, copied out: (flags, [first part as bytes,
+             // further parts as writable bytearrays]); then BR3. None if there is none.
+             bcast::ChunkView v;
+             if (!r.peek(v)) return py::none();
+             py::list parts;
+             for (size_t i = 0; i < v.parts.size(); i++) {
+               const auto* src = static_cast<const char*>(v.parts[i].data);
+               const auto n = static_cast<Py_ssize_t>(v.parts[i].size);
+               PyObject* o = i == 0 ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
+               if (o == nullptr) throw py::error_already_set();
+               char* dst = i == 0 ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
+               if (n >= static_cast<Py_ssize_t>(kReleaseGilAbove)) {
+                 py::gil_scoped_release nogil;
+                 std::memcpy(dst, src, static_cast<size_t>(n));
+               } else if (n != 0) {
+                 std::memcpy(dst, src, static_cast<size_t>(n));
+               }
+               parts.append(py::reinterpret_steal<py::object>(o));
+             }
+             r.consume();
+             return py::make_tuple(v.flags, parts);
+           })
+      .def("consume", &bcast::Reader::consume)
+      .def("shutdown", &bcast::Reader::shutdown)
+      .def_property_readonly("rank", &bcast::Reader::rank)
+      .def_property_readonly("consumed", &bcast::Reader::consumed)
+      .def_property_readonly("closed", &bcast::Reader::closed)
+      .def("close", &bcast::Reader::close)
+      .def("_forget_after_fork", &bcast::Reader::forget_after_fork);
+
+  // ---------------------------------------------------------------- ordered
+  py::class_<SlotBuffer>(m, "SlotBuffer", py::buffer_protocol())
+      .def_buffer([](SlotBuffer& b) {
+        return py::buffer_info(b.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {b.size}, {1}, b.readonly);
+      })
+      .def("__len__", [](const SlotBuffer& b) { return b.size; });
+
+  py::class_<ordered::Producer, std::shared_ptr<ordered::Producer>>(m, "OrderedProducer")
+      .def(py::init([](const std::string& dir, const std::string& basename, uint32_t capacity, uint64_t slot_bytes,
+                       unsigned mode) {
+             return std::make_shared<ordered::Producer>(topic_spec(dir, basename, capacity, slot_bytes, mode));
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("capacity") = 0, py::arg("slot_bytes") = 0,
+           py::arg("mode") = 0600)
+      .def(
+          "reserve",
+          [](ordered::Producer& p, std::optional<uint64_t> id, std::optional<double> timeout_s) -> py::object {
+            const int64_t deadline = deadline_from(timeout_s);
+            uint64_t got = id.value_or(0);
+            const ordered::Status st =
+                blocking([&] { return id ? p.reserve_id(*id, deadline) : p.reserve_next(deadline, &got); });
+            if (st != ordered::Status::kReady) return py::str(status_name(st));
+            return py::int_(got);
+          },
+          py::arg("id"), py::arg("timeout_s"), "The reserved id (int), or the wait's status (str).")
+      .def("slot",
+           [](ordered::Producer& p, uint64_t id) {
+             uint8_t* ptr = p.slot(id);
+             return SlotBuffer{p.topic(), ptr, p.topic()->slot_bytes(), false};
+           })
+      .def("publish", &ordered::Producer::publish, py::arg("id"), py::arg("size"), py::arg("t0") = 0,
+           py::arg("t1") = 0)
+      .def("cancel", &ordered::Producer::cancel)
+      .def(
+          "send",
+          [](ordered::Producer& p, py::buffer data, std::optional<double> timeout_s, uint64_t t0,
+             uint64_t t1) -> py::object {
+            py::buffer_info info = data.request();
+            if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::type_error("send() needs a C-contiguous buffer");
+            const auto size = static_cast<uint64_t>(info.size * info.itemsize);
+            if (size > p.topic()->slot_bytes()) {
+              ipc::fail(ipc::ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) +
+                                                              " bytes does not fit in a " +
+                                                              std::to_string(p.topic()->slot_bytes()) + "-byte slot");
+            }
+            const int64_t deadline = deadline_from(timeout_s);
+            uint64_t id = 0;
+            const ordered::Status st = blocking([&] { return p.reserve_next(deadline, &id); });
+            if (st != ordered::Status::kReady) return py::str(status_name(st));
+            if (size != 0) std::memcpy(p.slot(id), info.ptr, size);
+            p.publish(id, size, t0, t1);
+            return py::int_(id);
+          },
+          py::arg("data"), py::arg("timeout_s"), py::arg("t0") = 0, py::arg("t1") = 0)
+      .def("availability", [](const ordered::Producer& p) { return availability_tuple(*p.topic()); })
+      .def("is_available", [](const ordered::Producer& p, uint64_t id) { return p.topic()->snapshot().is_available(id); })
+      .def_property_readonly("oldest_in_flight", &ordered::Producer::oldest_in_flight)
+      .def_property_readonly("capacity", [](const ordered::Producer& p) { return p.topic()->capacity(); })
+      .def_property_readonly("slot_bytes", [](const ordered::Producer& p) { return p.topic()->slot_bytes(); })
+      .def_property_readonly("path", [](const ordered::Producer& p) { return p.closed() ? std::string() : p.topic()->path(); })
+      .def("shutdown", &ordered::Producer::shutdown)
+      .def_property_readonly("closed", &ordered::Producer::closed)
+      .def("close", &ordered::Producer::close)
+      .def("_forget_after_fork", &ordered::Producer::forget_after_fork);
+
+  py::class_<ordered::Reader, std::shared_ptr<ordered::Reader>>(m, "OrderedReader")
+      .def(py::init([](const std::string& dir, const std::string& basename, const std::string& mode_name,
+                       unsigned mode) {
+             ordered::Mode md;
+             if (mode_name == "sequential") {
+               md = ordered::Mode::kSequential;
+             } else if (mode_name == "newest") {
+               md = ordered::Mode::kNewest;
+             } else {
+               ipc::fail(ipc::ErrorKind::kInvalidArgument,
+                         "mode must be 'sequential' or 'newest', not '" + mode_name + "'");
+             }
+             return std::make_shared<ordered::Reader>(topic_spec(dir, basename, 0, 0, mode), md);
+           }),
+           py::arg("dir"), py::arg("basename"), py::arg("mode_name"), py::arg("mode") = 0600)
+      .def(
+          "recv",
+          [](ordered::Reader& r, std::optional<double> timeout_s, bool zero_copy) -> py::object {
+            // (id, data, t0, t1[, stamp]) of the next message; data is bytes
+            // (copied and checked), or with zero_copy a read-only view into the
+            // slot plus its stamp for is_valid(). A str: the wait's status.
+            const int64_t deadline = deadline_from(timeout_s);
+            for (;;) {
+              ordered::Message msg;
+              while (r.next(&msg)) {
+                if (zero_copy) {
+                  SlotBuffer view{r.topic(), const_cast<uint8_t*>(msg.data), msg.size, true};
+                  return py::make_tuple(msg.id, view, msg.t0, msg.t1, msg.stamp);
+                }
+                PyObject* o = PyBytes_FromStringAndSize(nullptr, static_cast<Py_ssize_t>(msg.size));
+                if (o == nullptr) throw py::error_already_set();
+                py::object data = py::reinterpret_steal<py::object>(o);
+                if (msg.size >= kReleaseGilAbove) {
+                  py::gil_scoped_release nogil;
+                  std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size);
+                } else if (msg.size != 0) {
+                  std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size);
+                }
+                if (r.still_valid(msg)) return py::make_tuple(msg.id, data, msg.t0, msg.t1);
+              }
+              const ordered::Status st = blocking([&] { return r.wait(deadline); });
+              if (st != ordered::Status::kReady) return py::str(status_name(st));
+            }
+          },
+          py::arg("timeout_s"), py::arg("zero_copy") = false)
+      .def("is_valid",
+           [](const ordered::Reader& r, uint64_t id, uint64_t stamp) {
+             if (r.closed()) return false;
+             std::atomic_thread_fence(std::memory_order_acquire);
+             return r.topic()->meta(id).stamp.load(std::memory_order_relaxed) == stamp;
+           })
+      .def("availability", [](const ordered::Reader& r) { return availability_tuple(*r.topic()); })
+      .def_property_readonly("cursor", &ordered::Reader::cursor)
+      .def_property_readonly("dropped", &ordered::Reader::dropped)
+      .def_property_readonly("gaps", &ordered::Reader::gaps)
+      .def_property_readonly("capacity", [](const ordered::Reader& r) { return r.topic()->capacity(); })
+      .def_property_readonly("slot_bytes", [](const ordered::Reader& r) { return r.topic()->slot_bytes(); })
+      .def("shutdown", [](ordered::Reader& r) { if (!r.closed()) r.topic()->shutdown(); })
+      .def_property_readonly("closed", &ordered::Reader::closed)
+      .def("close", &ordered::Reader::close)
+      .def("_forget_after_fork", &ordered::Reader::forget_after_fork);
+}

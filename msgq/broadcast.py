@@ -1,0 +1,560 @@
+"""A lossless broadcast queue: one writer, N readers known at creation (seed 003).
+
+Every reader gets every message, in order, exactly once. Messages travel
+through a shared-memory ring of chunks (``cpp/broadcast``): the writer reuses
+a chunk only after every reader has consumed it, so a slow reader slows the
+writer down instead of losing messages. A message larger than a chunk takes
+a ZeroMQ side channel, transparently; readers on other hosts get every
+message over ZeroMQ TCP. Readers find the queue through a small picklable
+:class:`BroadcastHandle`::
+
+    q = BroadcastQueue(n_readers=2)                  # the writer
+    handle = q.handle                                # pickle it to the readers
+    r = BroadcastQueue.create_from_handle(handle, 0) # reader 0, in any process
+    q.enqueue({"frame": np.zeros((480, 640))})       # pickle protocol 5, buffers out of band
+    obj = r.dequeue(timeout=1.0)                     # TimeoutError after 1 s
+
+The writer logs a warning naming the readers it waits for every
+``warn_interval`` seconds; ``shutdown()`` (from any side) ends every wait with
+:class:`~msgq.errors.QueueShutdownError` once the readers have drained what
+was written before it.
+"""
+
+import dataclasses
+import logging
+import os
+import pickle
+import secrets
+import socket
+import struct
+import time
+from typing import Any, List, Optional, Sequence
+
+from msgq import _queues
+from msgq.backends.shm import _mode
+from msgq.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    IpcError,
+    IpcTimeoutError,
+    MessageTooLargeError,
+    QueueShutdownError,
+)
+from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+
+logger = logging.getLogger("msgq.broadcast")
+
+# Bumped in a forked child: a queue made before the fork belongs to the
+# parent. (Cheaper than os.getpid() per call, a system call on every message.)
+_fork_generation = 0
+
+
+def _after_fork():
+    global _fork_generation
+    _fork_generation += 1
+
+
+os.register_at_fork(after_in_child=_after_fork)
+
+DEFAULT_CHUNK_BYTES = 1 << 20
+DEFAULT_MAX_CHUNKS = 16
+DEFAULT_WARN_INTERVAL = 60.0
+
+_KIND_PICKLE, _KIND_RAW, _KIND_SHUTDOWN = 0, 1, 2
+_FRAME = struct.Struct("<BQ")  # first ZeroMQ frame of a message: kind, sequence number
+_HELLO = b"\xffmsgq-broadcast-reader:"  # a subscription that only says "reader N is here"
+_REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits (never drops)
+
+
+def queue_basename(name: str, prefix: str) -> str:
+    """File name of a queue's shared memory: ``msgq@PREFIX@NAME#broadcast``."""
+    return f"{SEGMENT_PREFIX}{prefix}@{name}#broadcast" if prefix else f"{SEGMENT_PREFIX}{name}#broadcast"
+
+
+@dataclasses.dataclass(frozen=True)
+class BroadcastHandle:
+    """Everything a reader needs to find the queue; small and picklable.
+    Readers ``0 .. n_readers-1`` are local (shared memory), the next
+    ``n_remote_readers`` ranks are remote (ZeroMQ TCP)."""
+
+    name: str
+    prefix: str
+    shm_dir: str
+    n_readers: int
+    n_remote_readers: int
+    chunk_bytes: int
+    max_chunks: int
+    local_addr: Optional[str]
+    remote_addr: Optional[str]
+
+
+def _zmq():
+    try:
+        import zmq
+    except ImportError as e:  # optional dependency
+        raise ImportError("messages larger than a chunk and remote readers need pyzmq: "
+                          "pip install 'visionipc[zmq]'") from e
+    return zmq
+
+
+def _default_ip() -> str:
+    """This host's address on its default route (no packet is sent), else 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+            return s.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _count(what: str, value, low: int, high: int) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
+    value = value.__index__()
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{what} must be {low} to {high}, got {value}")
+    return value
+
+
+def _deadline(timeout: Optional[float]) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise InvalidArgumentError(f"timeout must be a number of seconds or None, not {timeout!r}")
+    return time.monotonic() + max(0.0, float(timeout))
+
+
+def _left(deadline: Optional[float], cap: Optional[float] = None) -> Optional[float]:
+    """Seconds to the deadline (None: unbounded), at most ``cap``."""
+    if deadline is None:
+        return cap
+    left = max(0.0, deadline - time.monotonic())
+    return left if cap is None else min(left, cap)
+
+
+def _expired(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline
+
+
+def _serialize(obj) -> List[Any]:
+    """Pickle protocol 5: the stream, then every contiguous buffer out of band (not copied)."""
+    buffers = []
+
+    def out_of_band(buf):
+        try:
+            buffers.append(buf.raw())
+            return False
+        except BufferError:  # not contiguous: serialize in band
+            return True
+
+    return [pickle.dumps(obj, protocol=5, buffer_callback=out_of_band), *buffers]
+
+
+def _decode(kind: int, parts: Sequence):
+    if kind == _KIND_RAW:
+        return bytes(parts[0])
+    return pickle.loads(parts[0], buffers=parts[1:])
+
+
+class BroadcastQueue:
+    """The writer: ``BroadcastQueue(n_readers, n_remote_readers=0, ...)``; a
+    reader: ``BroadcastQueue.create_from_handle(handle, rank)``.
+
+    ``chunk_bytes`` bounds a message that travels in shared memory (larger
+    ones take the ZeroMQ side channel); ``max_chunks`` is how many messages
+    the writer may be ahead of the slowest reader. ``remote_host`` is the
+    address remote readers connect to (default: this host's address on its
+    default route), ``remote_bind`` the interface the writer listens on.
+    """
+
+    def __init__(self, n_readers: int, n_remote_readers: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 max_chunks: int = DEFAULT_MAX_CHUNKS, name: Optional[str] = None,
+                 remote_host: Optional[str] = None, remote_bind: str = "*",
+                 warn_interval: float = DEFAULT_WARN_INTERVAL):
+        n_readers = _count("n_readers", n_readers, 0, _queues.MAX_READERS)
+        n_remote_readers = _count("n_remote_readers", n_remote_readers, 0, 1 << 16)
+        if n_readers + n_remote_readers == 0:
+            raise InvalidArgumentError("a broadcast queue needs at least one reader")
+        chunk_bytes = _count("chunk_bytes", chunk_bytes, 64, 1 << 31)
+        max_chunks = _count("max_chunks", max_chunks, 1, 4096)
+        if not warn_interval > 0:
+            raise InvalidArgumentError(f"warn_interval must be positive, got {warn_interval!r}")
+        self.name = validate_name(name or f"bq{secrets.token_hex(6)}", "queue name")
+        self._init_common(n_readers + n_remote_readers)
+        self._is_writer = True
+        self.warn_interval = float(warn_interval)
+        prefix, shm_dir = current_prefix(), segment_dir()
+        self._writer = None
+        self._local_sock = self._remote_sock = None
+        self._subscribed = {}  # socket -> ranks whose hello arrived
+        local_addr = remote_addr = None
+        if n_readers:
+            self._writer = _queues.BroadcastWriter(shm_dir, queue_basename(self.name, prefix), n_readers,
+                                                   max_chunks, chunk_bytes, _mode())
+            local_addr = f"ipc://@msgq-broadcast-{os.getpid()}-{secrets.token_hex(8)}"
+        try:
+            if n_readers:
+                try:
+                    self._local_sock = self._xpub(local_addr, hwm=0)
+                except ImportError:
+                    local_addr = None  # no pyzmq: messages must fit in a chunk
+            if n_remote_readers:
+                host = remote_host or _default_ip()
+                self._remote_sock = self._xpub(None, hwm=_REMOTE_HWM)
+                port = self._remote_sock.bind_to_random_port(f"tcp://{remote_bind}")
+                remote_addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+        except BaseException:
+            self.close()
+            raise
+        self.handle = BroadcastHandle(self.name, prefix, shm_dir, n_readers, n_remote_readers, chunk_bytes,
+                                      max_chunks, local_addr, remote_addr)
+
+    def _init_common(self, n_total):
+        self._pid = os.getpid()
+        self._generation = _fork_generation
+        self._seq = 0  # sequence number of the next message
+        self._writer = self._reader = None
+        self._local_sock = self._remote_sock = None
+        self._pending_overflow = None  # local reader: the overflow message it consumed a chunk for
+        self._stash = None  # a message dequeue_bytes refused, kept for the next dequeue
+        self._n_total = n_total
+
+    def _xpub(self, addr, hwm):
+        zmq = _zmq()
+        sock = zmq.Context.instance().socket(zmq.XPUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
+        sock.setsockopt(zmq.XPUB_NODROP, 1)   # a full queue makes send() wait, never drop
+        sock.setsockopt(zmq.SNDHWM, hwm)
+        if addr:
+            sock.bind(addr)
+        self._subscribed[sock] = set()
+        return sock
+
+    # ---------------------------------------------------------------- readers
+
+    @classmethod
+    def create_from_handle(cls, handle: BroadcastHandle, rank: int) -> "BroadcastQueue":
+        """Reader ``rank`` of the queue ``handle`` describes (local ranks first, then remote)."""
+        if not isinstance(handle, BroadcastHandle):
+            raise InvalidArgumentError(f"expected a BroadcastHandle, not {type(handle).__name__}")
+        rank = _count("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
+        self = cls.__new__(cls)
+        self.name = handle.name
+        self._init_common(handle.n_readers + handle.n_remote_readers)
+        self._is_writer = False
+        self.handle = handle
+        self.rank = rank
+        self._sub = None
+        try:
+            if rank < handle.n_readers:
+                self._reader = _queues.BroadcastReader(handle.shm_dir, queue_basename(handle.name, handle.prefix),
+                                                       rank, _mode())
+                self._seq = self._reader.consumed
+                if handle.local_addr:
+                    self._sub = self._subscribe(handle.local_addr)
+            else:
+                self._sub = self._subscribe(handle.remote_addr)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _subscribe(self, addr):
+        zmq = _zmq()
+        sock = zmq.Context.instance().socket(zmq.SUB)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
+        if addr.startswith("tcp://["):
+            sock.setsockopt(zmq.IPV6, 1)
+        sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.setsockopt(zmq.SUBSCRIBE, _HELLO + str(self.rank).encode())
+        sock.connect(addr)
+        return sock
+
+    # ---------------------------------------------------------------- writing
+
+    def enqueue(self, obj, timeout: Optional[float] = None) -> None:
+        """Send ``obj`` to every reader (pickle protocol 5; contiguous buffers
+        such as numpy arrays go out of band, copied once into shared memory).
+        Waits while the slowest reader is ``max_chunks`` messages behind; raises
+        ``TimeoutError`` (:class:`~msgq.errors.IpcTimeoutError`) after ``timeout`` s."""
+        self._send(_KIND_PICKLE, _serialize(obj), _deadline(timeout))
+
+    def enqueue_bytes(self, data, timeout: Optional[float] = None) -> None:
+        """Send one bytes-like message as it is (no pickling)."""
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise TypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
+        self._send(_KIND_RAW, [view], _deadline(timeout))
+
+    def _check_writer(self):
+        if not self._is_writer:
+            raise IpcError("only the writer can enqueue (this is a reader)")
+        if self._generation != _fork_generation:
+            raise IpcError("a forked child cannot use its parent's queue")
+        if self._writer is None and self._remote_sock is None:
+            raise ClosedError(f"broadcast queue {self.name!r} is closed")
+
+    def _send(self, kind: int, parts: list, deadline: Optional[float]) -> None:
+        self._check_writer()
+        seq = self._seq
+        if self._writer is not None:
+            flags = _queues.FLAG_RAW if kind == _KIND_RAW else 0
+            if not self._write_chunk(flags, parts, deadline):
+                if self._local_sock is None:
+                    _zmq()  # explains what to install
+                self._write_chunk(flags | _queues.FLAG_OVERFLOW, [], deadline)
+                self._zmq_send(self._local_sock, range(self.handle.n_readers), kind, seq, parts, deadline)
+        if self._remote_sock is not None:
+            first = self.handle.n_readers
+            self._zmq_send(self._remote_sock, range(first, first + self.handle.n_remote_readers), kind, seq, parts,
+                           deadline)
+        self._seq = seq + 1
+
+    def _write_chunk(self, flags: int, parts: list, deadline: Optional[float]) -> bool:
+        """Write into the next chunk, waiting (and warning) for slow readers;
+        False if the message does not fit in a chunk."""
+        started = time.monotonic()
+        while True:
+            status = self._writer.write(flags, parts, _left(deadline, self.warn_interval))
+            if status == "ready":
+                return True
+            if status == "too_large":
+                return False
+            if status in ("shutdown", "closed"):
+                raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+            waiting = self._describe_readers(self._writer.pending_readers())
+            if _expired(deadline):
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: message {self._seq} timed out after "
+                                      f"{time.monotonic() - started:.3g} s waiting for {waiting}")
+            logger.warning("broadcast queue %r: the writer has waited %.1f s for %s to consume message %d",
+                           self.name, time.monotonic() - started, waiting, self._seq - self._writer.n_chunks)
+
+    def _describe_readers(self, ranks) -> str:
+        out = []
+        for rank in ranks:
+            if rank >= self.handle.n_readers:
+                out.append(f"remote reader {rank}")
+            elif self._writer.reader_attached(rank):
+                out.append(f"reader {rank} (pid {self._writer.reader_pid(rank)}, "
+                           f"consumed {self._writer.reader_consumed(rank)})")
+            elif self._writer.reader_pid(rank):
+                out.append(f"reader {rank} (pid {self._writer.reader_pid(rank)} has left or died)")
+            else:
+                out.append(f"reader {rank} (never attached)")
+        return ", ".join(out) or "nobody"
+
+    def _drain_subscriptions(self, sock) -> None:
+        zmq = _zmq()
+        ranks = self._subscribed[sock]
+        while True:
+            try:
+                msg = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[1:].startswith(_HELLO):
+                rank = int(msg[1 + len(_HELLO):])
+                if msg[0] == 1:
+                    ranks.add(rank)
+                else:
+                    ranks.discard(rank)
+
+    def _zmq_send(self, sock, ranks, kind: int, seq: int, parts: list, deadline: Optional[float]) -> None:
+        """Send one message to every reader in ``ranks`` once each has subscribed;
+        waits (with warnings) while a slow remote reader's queue is full."""
+        zmq = _zmq()
+        wanted = set(ranks)
+        started = time.monotonic()
+        frames = [_FRAME.pack(kind, seq), *parts]
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        while True:
+            self._drain_subscriptions(sock)
+            missing = wanted - self._subscribed[sock]
+            if not missing:
+                try:
+                    sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                    return
+                except zmq.Again:  # a reader's queue is full (XPUB_NODROP): wait for it
+                    poller.modify(sock, zmq.POLLIN | zmq.POLLOUT)
+            if _expired(deadline):
+                what = f"readers {sorted(missing)} to subscribe" if missing else "a slow remote reader"
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: message {seq} timed out waiting for {what}")
+            slice_s = _left(deadline, self.warn_interval)
+            poller.poll(None if slice_s is None else int(slice_s * 1000) + 1)
+            poller.modify(sock, zmq.POLLIN)
+            if time.monotonic() - started >= self.warn_interval:
+                started = time.monotonic()
+                logger.warning("broadcast queue %r: the writer is waiting for %s on the ZeroMQ channel",
+                               self.name, f"readers {sorted(missing)} to connect" if missing else "a slow remote reader")
+
+    # ---------------------------------------------------------------- reading
+
+    def dequeue(self, timeout: Optional[float] = None):
+        """The next message (the object, or bytes if it was sent with
+        ``enqueue_bytes``). Raises ``TimeoutError`` after ``timeout`` s and
+        :class:`~msgq.errors.QueueShutdownError` once the queue was shut down
+        and everything before it was read."""
+        kind, parts = self._next(_deadline(timeout))
+        return _decode(kind, parts)
+
+    def dequeue_bytes(self, timeout: Optional[float] = None) -> bytes:
+        """The next message, which must have been sent with ``enqueue_bytes``;
+        a pickled one raises ``TypeError`` and stays for ``dequeue()``."""
+        kind, parts = self._next(_deadline(timeout))
+        if kind != _KIND_RAW:
+            self._stash = (kind, parts)
+            raise TypeError("the next message was enqueued as an object: use dequeue()")
+        return bytes(parts[0])
+
+    def _check_reader(self):
+        if self._is_writer:
+            raise IpcError("only readers can dequeue (this is the writer)")
+        if self._generation != _fork_generation:
+            raise IpcError("a forked child cannot use its parent's queue")
+        if self._reader is None and self._sub is None:
+            raise ClosedError(f"broadcast queue reader {self.rank} is closed")
+
+    def _next(self, deadline):
+        self._check_reader()
+        if self._stash is not None:
+            got, self._stash = self._stash, None
+            return got
+        if self._reader is None:
+            return self._recv_remote(deadline)
+        if self._pending_overflow is not None:
+            return self._recv_overflow(deadline)
+        while True:
+            got = self._reader.read()
+            if got is not None:
+                flags, parts = got
+                seq, self._seq = self._seq, self._seq + 1
+                if flags & _queues.FLAG_OVERFLOW:
+                    self._pending_overflow = seq
+                    return self._recv_overflow(deadline)
+                return (_KIND_RAW if flags & _queues.FLAG_RAW else _KIND_PICKLE), parts
+            status = self._reader.wait(_left(deadline))
+            if status == "timeout":
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
+            if status in ("shutdown", "closed"):
+                raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+
+    def _recv_frames(self, deadline):
+        zmq = _zmq()
+        left = _left(deadline)
+        if not self._sub.poll(None if left is None else int(left * 1000), zmq.POLLIN):
+            raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
+        frames = self._sub.recv_multipart(copy=False)
+        kind, seq = _FRAME.unpack(frames[0].bytes)
+        return kind, seq, [f.buffer for f in frames[1:]]
+
+    def _recv_overflow(self, deadline):
+        if self._sub is None:
+            _zmq()
+            raise IpcError("a message larger than a chunk came, but this reader has no side channel")
+        kind, seq, parts = self._recv_frames(deadline)
+        if seq != self._pending_overflow:
+            raise IpcError(f"broadcast queue {self.name!r}: side channel sent message {seq}, "
+                           f"expected {self._pending_overflow}")
+        self._pending_overflow = None
+        return kind, parts
+
+    def _recv_remote(self, deadline):
+        kind, seq, parts = self._recv_frames(deadline)
+        if kind == _KIND_SHUTDOWN:
+            self._stash = (kind, parts)  # stays shut down
+            raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+        if seq != self._seq:
+            raise IpcError(f"broadcast queue {self.name!r}: remote reader {self.rank} got message {seq}, "
+                           f"expected {self._seq}: messages were lost")
+        self._seq += 1
+        return kind, parts
+
+    # ---------------------------------------------------------------- lifecycle
+
+    def wait_until_ready(self, timeout: Optional[float] = None) -> None:
+        """Writer: wait until every reader has attached (local: shared memory
+        and side channel; remote: its TCP subscription)."""
+        self._check_writer()
+        deadline = _deadline(timeout)
+        while True:
+            missing = []
+            if self._writer is not None:
+                missing += [r for r in range(self.handle.n_readers) if not self._writer.reader_attached(r)]
+            for sock, ranks in ((self._local_sock, range(self.handle.n_readers)),
+                                (self._remote_sock, range(self.handle.n_readers, self._n_total))):
+                if sock is not None:
+                    self._drain_subscriptions(sock)
+                    missing += [r for r in ranks if r not in self._subscribed[sock]]
+            if not missing:
+                return
+            if _expired(deadline):
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: readers {sorted(set(missing))} did not attach")
+            time.sleep(0.005)
+
+    def shutdown(self) -> None:
+        """Wake every waiting reader and writer: once the readers have read
+        what was written before, every call raises QueueShutdownError."""
+        if self._writer is not None:
+            self._writer.shutdown()
+        elif self._reader is not None:
+            self._reader.shutdown()
+        if self._remote_sock is not None:
+            zmq = _zmq()
+            try:
+                self._remote_sock.send_multipart([_FRAME.pack(_KIND_SHUTDOWN, self._seq)], flags=zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+
+    def close(self) -> None:
+        """Leave the queue. The writer's close shuts the queue down (readers
+        drain what was written, then get QueueShutdownError); the shared memory
+        goes once every reader has left too. Safe to call twice."""
+        if self._is_writer and self._pid == os.getpid() and not self.closed:
+            try:
+                self.shutdown()
+            except Exception:  # closing must not fail: a remote socket may be gone already
+                pass
+        for attr in ("_writer", "_reader"):
+            native = getattr(self, attr, None)
+            setattr(self, attr, None)
+            if native is not None:
+                if self._pid == os.getpid():
+                    native.close()
+                else:
+                    native._forget_after_fork()
+        for attr in ("_local_sock", "_remote_sock", "_sub"):
+            sock = getattr(self, attr, None)
+            setattr(self, attr, None)
+            if sock is not None and self._pid == os.getpid():
+                sock.close(linger=0)
+
+    @property
+    def closed(self) -> bool:
+        return self._writer is None and self._reader is None and self._remote_sock is None and \
+            getattr(self, "_sub", None) is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    def __getstate__(self):
+        raise TypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
+
+    def __repr__(self):
+        role = "writer" if self._is_writer else f"reader {self.rank}"
+        return f"<BroadcastQueue {self.name!r} {role}, {self.handle.n_readers} local + " \
+               f"{self.handle.n_remote_readers} remote readers>"
+
+
+__all__ = ["BroadcastQueue", "BroadcastHandle", "queue_basename"]

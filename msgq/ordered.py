@@ -1,0 +1,270 @@
+"""Ordered topics: many producers, out-of-order submission (seed 004).
+
+Producers (threads or processes) reserve consecutive message ids, fill their
+messages in any order and make each id available; readers see exactly which
+ids are available (a bitmap packed with the last id in one 64-bit atomic,
+``cpp/ordered``). A ``sequential`` reader gets every id in order and never
+sees id N before N is available, even when N+1 finished first; a ``newest``
+reader gets the newest available message and skips older ones::
+
+    topic = OrderedProducer("detections", capacity=64, slot_bytes=4096)  # creates it
+    with topic.reserve() as msg:        # id = msg.id, reserved in order
+        msg.data[:5] = b"hello"         # fill in place (any order between producers)
+        msg.size = 5                    # published when the block ends
+    topic.send(b"one copy")             # reserve + copy + publish
+
+    reader = OrderedReader("detections", mode="sequential")
+    m = reader.recv(timeout=1.0)        # m.id, m.data (bytes); TimeoutError after 1 s
+
+At most 16 ids are in flight at once (the window of the bitmap): a 17th
+``reserve()`` waits until the oldest is published. A producer that closes
+with reservations still open cancels them, so readers skip them instead of
+waiting forever; one that dies holding a reservation stalls the topic until
+``timeout`` (the error names the id).
+"""
+
+import os
+from typing import NamedTuple, Optional
+
+from msgq import _queues
+from msgq.backends.shm import _mode
+from msgq.broadcast import _deadline, _left
+from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, QueueShutdownError
+from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+
+MODES = ("sequential", "newest")
+WINDOW = _queues.WINDOW
+
+
+def topic_basename(name: str, prefix: Optional[str] = None) -> str:
+    """File name of an ordered topic: ``msgq@PREFIX@NAME#ordered``."""
+    name = validate_name(name, "ordered topic name")
+    prefix = current_prefix() if prefix is None else prefix
+    return f"{SEGMENT_PREFIX}{prefix}@{name}#ordered" if prefix else f"{SEGMENT_PREFIX}{name}#ordered"
+
+
+def _raise_status(status: str, what: str):
+    if status == "timeout":
+        raise IpcTimeoutError(what)
+    if status == "shutdown":
+        raise QueueShutdownError("the ordered topic was shut down")
+    raise ClosedError("the ordered topic was closed while waiting")
+
+
+def _uint(what, value, high=(1 << 64) - 1) -> int:
+    if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= value.__index__() <= high:
+        raise InvalidArgumentError(f"{what} must be an int in [0, {high}], got {value!r}")
+    return value.__index__()
+
+
+class Availability(NamedTuple):
+    """A snapshot of the availability word: ids in ``[begin, end)`` are still in
+    the ring; every id below ``available_end`` is available (or a gap);
+    ``bitmap`` bit k is id ``end-1-k``."""
+
+    begin: int
+    end: int
+    available_end: int
+    bitmap: int
+
+
+class Message(NamedTuple):
+    id: int
+    data: bytes
+    t0: int
+    t1: int
+
+
+class Reservation:
+    """A reserved id and its slot: fill ``data`` (a writable memoryview of
+    ``slot_bytes``), set ``size``, then ``publish()`` (or leave the ``with``
+    block); ``cancel()`` or an exception in the block gives the id up."""
+
+    def __init__(self, producer, id_):
+        self._producer = producer
+        self.id = id_
+        self.data = memoryview(producer._native.slot(id_))
+        self.size = 0
+        self.t0 = self.t1 = 0
+        self._done = False
+
+    def publish(self, size: Optional[int] = None, t0: Optional[int] = None, t1: Optional[int] = None) -> None:
+        if self._done:
+            raise InvalidArgumentError(f"message {self.id} was already published or cancelled")
+        size = self.size if size is None else size
+        size = _uint("size", size)
+        self._producer._p().publish(self.id, size, _uint("t0", self.t0 if t0 is None else t0),
+                                    _uint("t1", self.t1 if t1 is None else t1))  # a bad size leaves it open
+        self._done = True
+        self._release_view()
+
+    def cancel(self) -> None:
+        if not self._done:
+            self._done = True
+            self._release_view()
+            self._producer._p().cancel(self.id)
+
+    def _release_view(self):
+        try:
+            self.data.release()  # no writes after publishing, through this view at least
+        except BufferError:
+            pass  # numpy views of it exist; they keep the mapping alive
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            if not self._done:
+                self.publish()
+        else:
+            self.cancel()
+        return False
+
+
+class _Attached:
+    """close() / context manager / finalizer shared by producers and readers."""
+
+    _native = None
+
+    def close(self) -> None:
+        """Leave the topic (a producer cancels its open reservations: readers skip them)."""
+        native, self._native = self._native, None
+        if native is not None:
+            if self._pid == os.getpid():
+                native.close()
+            else:
+                native._forget_after_fork()
+
+    @property
+    def closed(self) -> bool:
+        return self._native is None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class OrderedProducer(_Attached):
+    """A producer of topic ``name``. The first one creates it with ``capacity``
+    slots of ``slot_bytes`` each; later ones (any process) may pass 0 to take
+    the existing sizes. One producer may be shared by threads."""
+
+    def __init__(self, name: str, capacity: int = 0, slot_bytes: int = 0):
+        self.name = validate_name(name, "ordered topic name")
+        self._pid = os.getpid()
+        self._native = _queues.OrderedProducer(segment_dir(), topic_basename(name), _uint("capacity", capacity),
+                                               _uint("slot_bytes", slot_bytes), _mode())
+
+    def _p(self):
+        if self._native is None:
+            raise ClosedError(f"ordered producer of {self.name!r} is closed")
+        return self._native
+
+    def reserve(self, id: Optional[int] = None, timeout: Optional[float] = None) -> Reservation:
+        """Reserve the next id (or exactly ``id``, which must not be reserved yet:
+        ids skipped over become gaps readers pass). Waits while 16 ids are in flight."""
+        native = self._p()
+        got = native.reserve(None if id is None else _uint("id", id), _left(_deadline(timeout)))
+        if isinstance(got, str):
+            _raise_status(got, f"ordered topic {self.name!r}: no id within {timeout} s: message "
+                               f"{native.oldest_in_flight} was reserved but not published (its producer is slow "
+                               f"or died)")
+        return Reservation(self, got)
+
+    def send(self, data, timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
+        """Reserve the next id, copy ``data`` (bytes-like) into it, publish; returns the id."""
+        native = self._p()
+        try:
+            view = memoryview(data)
+        except TypeError:
+            raise TypeError(f"send() takes a bytes-like object, not {type(data).__name__}") from None
+        got = native.send(view, _left(_deadline(timeout)), _uint("t0", t0), _uint("t1", t1))
+        if isinstance(got, str):
+            _raise_status(got, f"ordered topic {self.name!r}: no id within {timeout} s: message "
+                               f"{native.oldest_in_flight} was reserved but not published")
+        return got
+
+    def availability(self) -> Availability:
+        return Availability(*self._p().availability())
+
+    def is_available(self, id: int) -> bool:
+        return self._p().is_available(_uint("id", id))
+
+    capacity = property(lambda self: self._p().capacity)
+    slot_bytes = property(lambda self: self._p().slot_bytes)
+
+    def shutdown(self) -> None:
+        """Wake every reader and producer waiting on the topic; their calls raise QueueShutdownError."""
+        self._p().shutdown()
+
+
+
+class OrderedReader(_Attached):
+    """A reader of an existing topic: ``mode="sequential"`` (every id, in id
+    order) or ``"newest"`` (the newest available message, skipping older
+    ones). It starts at the first id still in flight when it attaches."""
+
+    def __init__(self, name: str, mode: str = "sequential"):
+        if mode not in MODES:
+            raise InvalidArgumentError(f"mode must be 'sequential' or 'newest', not {mode!r}")
+        self.name = validate_name(name, "ordered topic name")
+        self.mode = mode
+        self._pid = os.getpid()
+        self._native = _queues.OrderedReader(segment_dir(), topic_basename(name), mode, _mode())
+
+    def _r(self):
+        if self._native is None:
+            raise ClosedError(f"ordered reader of {self.name!r} is closed")
+        return self._native
+
+    def recv(self, timeout: Optional[float] = None) -> Message:
+        """The next message (copied out and checked); ``TimeoutError`` after ``timeout`` s."""
+        got = self._r().recv(_left(_deadline(timeout)))
+        if isinstance(got, str):
+            _raise_status(got, f"ordered topic {self.name!r}: message {self._native.cursor} did not come "
+                               f"within {timeout} s")
+        return Message(*got)
+
+    def _recv_view(self, timeout: Optional[float]):
+        """(id, read-only view into the slot, t0, t1, stamp), without copying;
+        ``_is_valid(id, stamp)`` says whether the slot still holds it."""
+        got = self._r().recv(_left(_deadline(timeout)), True)
+        if isinstance(got, str):
+            _raise_status(got, f"ordered topic {self.name!r}: no message within {timeout} s")
+        return got
+
+    def _is_valid(self, id_, stamp) -> bool:
+        return self._native is not None and self._native.is_valid(id_, stamp)
+
+    def availability(self) -> Availability:
+        return Availability(*self._r().availability())
+
+    def __iter__(self):
+        """Messages until a shutdown."""
+        while True:
+            try:
+                yield self.recv()
+            except QueueShutdownError:
+                return
+
+    dropped = property(lambda self: self._r().dropped)  # ids the ring overwrote before we read them
+    gaps = property(lambda self: self._r().gaps)        # ids skipped by reserve(id=...) or cancelled
+    capacity = property(lambda self: self._r().capacity)
+    slot_bytes = property(lambda self: self._r().slot_bytes)
+
+    def shutdown(self) -> None:
+        self._r().shutdown()
+
+
+
+__all__ = ["OrderedProducer", "OrderedReader", "Reservation", "Message", "Availability", "MODES", "WINDOW",
+           "topic_basename"]

@@ -1,0 +1,215 @@
+"""The lossless broadcast queue (msgq.BroadcastQueue, seed 003) across real
+processes: every reader gets every message exactly, a slow reader makes the
+writer wait and warn, large messages overflow to ZeroMQ, remote readers get
+everything over TCP; and bad input."""
+
+import logging
+import pickle
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import msgq
+from mp_helpers import Children
+from msgq.broadcast import BroadcastHandle
+from msgq.errors import ClosedError, InvalidArgumentError, IpcError, QueueShutdownError
+from queue_helpers import broadcast_reader, send_message
+
+CHUNK = 4096
+
+
+def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_writer_back(caplog):
+    count = 300
+    queue = msgq.BroadcastQueue(n_readers=3, chunk_bytes=CHUNK, max_chunks=4, warn_interval=0.2)
+    with Children() as children, queue:
+        children.start(broadcast_reader, "slow", queue.handle, 0, count, CHUNK, 1.0, 50, 0.05)
+        children.start(broadcast_reader, "fast1", queue.handle, 1, count, CHUNK)
+        children.start(broadcast_reader, "fast2", queue.handle, 2, count, CHUNK)
+        queue.wait_until_ready(timeout=30)
+        with caplog.at_level(logging.WARNING, logger="msgq.broadcast"):
+            for seq in range(count):
+                send_message(queue, seq, CHUNK, timeout=60)
+        reports = children.collect(["slow", "fast1", "fast2"], timeout=90)
+    for name, report in reports.items():
+        assert report == {"count": count, "bad": 0, "first_bad": None, "extra": False}, (name, report)
+    # The slow reader started 1 s late with a ring of 4 chunks: the writer had to wait for it, and said so.
+    warnings = [r.getMessage() for r in caplog.records if r.name == "msgq.broadcast"]
+    assert warnings and all("reader 0" in w for w in warnings), warnings
+    assert not any("reader 1" in w or "reader 2" in w for w in warnings)
+
+
+def test_remote_reader_receives_every_message_over_zeromq_tcp():
+    pytest.importorskip("zmq")
+    count = 120
+    queue = msgq.BroadcastQueue(n_readers=1, n_remote_readers=2, chunk_bytes=CHUNK, max_chunks=8,
+                                remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    assert queue.handle.remote_addr.startswith("tcp://127.0.0.1:")
+    with Children() as children, queue:
+        children.start(broadcast_reader, "local", queue.handle, 0, count, CHUNK)
+        children.start(broadcast_reader, "remote1", queue.handle, 1, count, CHUNK)
+        children.start(broadcast_reader, "remote2", queue.handle, 2, count, CHUNK, 0.5, 10, 0.01)
+        queue.wait_until_ready(timeout=30)
+        for seq in range(count):
+            send_message(queue, seq, CHUNK, timeout=60)
+        reports = children.collect(["local", "remote1", "remote2"], timeout=90)
+    for name, report in reports.items():
+        assert report["bad"] == 0 and not report["extra"], (name, report)
+
+
+def test_messages_larger_than_a_chunk_overflow_to_the_side_channel_in_order():
+    queue = msgq.BroadcastQueue(n_readers=2, chunk_bytes=1024, max_chunks=4)
+    readers = [msgq.BroadcastQueue.create_from_handle(queue.handle, r) for r in range(2)]
+    queue.wait_until_ready(timeout=10)
+    big = np.arange(1 << 18, dtype=np.uint32)  # 1 MiB: 1024 times a chunk
+    queue.enqueue("small")
+    queue.enqueue(big)
+    queue.enqueue_bytes(b"x" * 5000)
+    queue.enqueue({"after": True})
+    for reader in readers:
+        assert reader.dequeue(timeout=5) == "small"
+        got = reader.dequeue(timeout=5)
+        assert isinstance(got, np.ndarray) and np.array_equal(got, big)
+        assert reader.dequeue_bytes(timeout=5) == b"x" * 5000
+        assert reader.dequeue(timeout=5) == {"after": True}
+    for q in (queue, *readers):
+        q.close()
+
+
+def test_numpy_buffers_travel_out_of_band_and_come_back_writable():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=1 << 20, max_chunks=2)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    frame = np.random.default_rng(0).integers(0, 255, (480, 640), dtype=np.uint8)
+    queue.enqueue({"frame": frame, "strided": frame[:, ::2]})  # a strided view goes in band
+    got = reader.dequeue(timeout=5)
+    assert np.array_equal(got["frame"], frame) and np.array_equal(got["strided"], frame[:, ::2])
+    assert got["frame"].flags.writeable  # the reader's own copy (one copy out of the chunk, none in pickle)
+    queue.close()
+    reader.close()
+
+
+def test_timeouts_raise_timeout_error_naming_the_reader_the_writer_waits_for():
+    queue = msgq.BroadcastQueue(n_readers=2, chunk_bytes=256, max_chunks=2, warn_interval=10)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    with pytest.raises(TimeoutError):
+        reader.dequeue(timeout=0.05)
+    queue.enqueue(1)
+    queue.enqueue(2)
+    assert reader.dequeue(timeout=1) == 1 and reader.dequeue(timeout=1) == 2
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"reader 1 \(never attached\)"):
+        queue.enqueue(3, timeout=0.1)
+    assert time.monotonic() - started < 5
+    queue.close()
+    reader.close()
+
+
+def test_shutdown_wakes_a_waiting_reader_after_it_drained_the_queue():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=4)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue("last words")
+    outcome = []
+
+    def wait():
+        outcome.append(reader.dequeue())
+        try:
+            reader.dequeue()
+        except QueueShutdownError as e:
+            outcome.append(type(e).__name__)
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.2)
+    queue.shutdown()
+    thread.join(5)
+    assert not thread.is_alive() and outcome == ["last words", "QueueShutdownError"]
+    with pytest.raises(QueueShutdownError):
+        queue.enqueue("too late")
+    queue.close()
+    reader.close()
+
+
+def test_a_reader_can_shut_the_queue_down_and_wake_a_blocked_writer():
+    queue = msgq.BroadcastQueue(n_readers=2, chunk_bytes=256, max_chunks=1)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue(0)
+    result = []
+    thread = threading.Thread(target=lambda: result.append(pytest.raises(QueueShutdownError, queue.enqueue, 1)))
+    thread.start()
+    time.sleep(0.2)
+    reader.shutdown()
+    thread.join(5)
+    assert not thread.is_alive() and result
+    queue.close()
+    reader.close()
+
+
+def test_closing_the_writer_lets_readers_drain_then_tells_them():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=4)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue("one")
+    queue.close()
+    assert reader.dequeue(timeout=1) == "one"
+    with pytest.raises(QueueShutdownError):
+        reader.dequeue(timeout=1)
+    reader.close()
+
+
+def test_bad_input_gets_clear_errors():
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue(n_readers=0)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue(n_readers=65)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue(n_readers=1, chunk_bytes=10)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue(n_readers=1, max_chunks=0)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue(n_readers=1, name="../etc")
+    queue = msgq.BroadcastQueue(n_readers=2, chunk_bytes=256, max_chunks=2)
+    with pytest.raises(InvalidArgumentError, match="already exists|in use"):
+        msgq.BroadcastQueue(n_readers=1, name=queue.name)
+    handle = pickle.loads(pickle.dumps(queue.handle))
+    assert isinstance(handle, BroadcastHandle) and handle == queue.handle
+    with pytest.raises(TypeError):
+        pickle.dumps(queue)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue.create_from_handle(handle, 2)
+    with pytest.raises(InvalidArgumentError):
+        msgq.BroadcastQueue.create_from_handle("not a handle", 0)
+    reader = msgq.BroadcastQueue.create_from_handle(handle, 0)
+    with pytest.raises(InvalidArgumentError, match="already attached"):
+        msgq.BroadcastQueue.create_from_handle(handle, 0)
+    with pytest.raises(IpcError, match="only the writer"):
+        reader.enqueue(1)
+    with pytest.raises(IpcError, match="only readers"):
+        queue.dequeue()
+    with pytest.raises(TypeError):
+        queue.enqueue_bytes(12345)
+    with pytest.raises(InvalidArgumentError):
+        queue.enqueue(1, timeout="soon")
+    queue.enqueue({"an": "object"})
+    with pytest.raises(TypeError, match="use dequeue"):
+        reader.dequeue_bytes(timeout=1)
+    assert reader.dequeue(timeout=1) == {"an": "object"}  # not lost
+    reader.close()
+    queue.close()
+    with pytest.raises(ClosedError):
+        queue.enqueue(1)
+    with pytest.raises(ClosedError):
+        reader.dequeue(timeout=0)
+    queue.close()  # twice is fine
+
+
+def test_a_reader_that_comes_back_under_its_rank_continues_where_it_stopped():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=4)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    for i in range(4):
+        queue.enqueue(i)
+    assert reader.dequeue(timeout=1) == 0
+    reader.close()
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    assert [reader.dequeue(timeout=1) for _ in range(3)] == [1, 2, 3]
+    reader.close()
+    queue.close()
