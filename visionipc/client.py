@@ -1,6 +1,7 @@
 """VisionIpcClient: attach to one stream of a server and receive frames without copying."""
 
 import time
+import types
 
 from msgq.errors import ClosedError
 from visionipc import _visionipc
@@ -115,6 +116,13 @@ class VisionIpcClient:
     def close(self):
         """Drop the lease and the connection (frames already received stay readable)."""
         native, self._native = self._native, None
+        # Drop what maps the pool (frames handed out keep their own views); the last
+        # frame's numbers stay readable through the reference's properties.
+        self._epoch, self._geometry_cache, self._buffers = None, None, []
+        last = self._last
+        if last is not None:
+            self._last = types.SimpleNamespace(frame_id=last.frame_id, timestamp_sof=last.timestamp_sof,
+                                               timestamp_eof=last.timestamp_eof, valid=False)
         if native is not None:
             native.close()
 

@@ -108,6 +108,7 @@ class VisionIpcServer:
     def close(self):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         native, self._native = self._native, None
+        self._buffers = {}  # frames handed out keep their own views
         if native is not None and self._pid == os.getpid():
             native.close()
 
