@@ -115,11 +115,12 @@ def render(summary, skipped=()):
     if summary["paced"]:
         lines.append("Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "
                      "µs; CPU per frame, µs")
-        rows = [[r["frame"], r["clients"], r["transport"], fmt(r["p50_us"]), fmt(r["p90_us"]), fmt(r["p99_us"]),
-                 fmt(r["server_cpu_us"]), fmt(r["client_cpu_us"]), fmt(r["vipc_advantage"], "{:.2f}x"),
+        rows = [[r["frame"], r["clients"], r["transport"], fmt(r["recv_p50_us"]), fmt(r["p50_us"]), fmt(r["p90_us"]),
+                 fmt(r["p99_us"]), fmt(r["server_cpu_us"]), fmt(r["client_cpu_us"]), fmt(r["vipc_advantage"], "{:.2f}x"),
                  r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)"] for r in summary["paced"]]
-        lines.append(format_table(["frame", "clients", "transport", "p50", "p90", "p99", "server CPU", "client CPU",
-                                   "p50 / visionipc p50", "samples"], rows, "lrlrrrrrrr"))
+        lines.append(format_table(["frame", "clients", "transport", "recv() p50", "view p50", "p90", "p99", "server CPU",
+                                   "client CPU", "view p50 / visionipc's", "samples"], rows, "lrlrrrrrrrr"))
+        lines.append("  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view")
         lines.append("")
     if summary["flat"]:
         lines.append("Flat out (producer as fast as it can): intact frames/s each client gets (median of clients), "

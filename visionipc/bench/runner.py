@@ -55,12 +55,29 @@ class Runner:
         self._n = 0
 
     def run(self):
+        self.warm_up()
         for rnd in range(self.cfg.rounds):
             for mode in self.cfg.modes:
                 self.log(f"round {rnd + 1}/{self.cfg.rounds}: {mode}")
                 for w, h, n, kind in self.cfg.cells(mode, rnd):
                     self.cell(mode, kind, w, h, n, rnd)
         return self.results
+
+    def warm_up(self):
+        """One short, unrecorded run per transport with every worker: imports, first
+        mappings and lazy set-up are paid here, not by whichever cell comes first."""
+        w, h = self.cfg.sizes[0]
+        n = max(self.cfg.clients)
+        for kind in self.cfg.transports:
+            tag = f"w{kind}".replace("+", "")
+            prod = dict(kind=kind, tag=tag, w=w, h=h, nbuf=n + self.cfg.extra_buffers, nclients=n, fill=False,
+                        mode="paced", fps=200.0, count=3, warmup=0)
+            cons = dict(kind=kind, tag=tag, w=w, h=h, conflate=False, warmup=0, keep_samples=False)
+            tasks = [(task_producer, prod)] + [(task_consumer, cons)] * n
+            try:
+                self.pool.run(tasks + [None] * (self.pool.size - len(tasks)), 60)
+            except BenchError as e:
+                self.log(f"  warm-up of {kind} failed: {str(e).strip().splitlines()[-1]}")
 
     def cell(self, mode, kind, w, h, n, rnd):
         c = self.cfg
