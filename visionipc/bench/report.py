@@ -92,8 +92,7 @@ def targets(out):
         t.append(_target(f"flat out 4K in place vs {peer}", f"visionipc / {peer} intact frames/s at the client",
                          f"{fmt(v4k and v4k['fps'], '{:.0f}')} / {fmt(p and p['fps'], '{:.0f}')}", r, want,
                          lambda x, lim=lim: x >= lim, "" if r is not None else
-                         f"needs 3840x2160 flat with visionipc and {peer}" + (" (pip install iceoryx2)"
-                                                                              if peer == "iceoryx2" else "")))
+                         f"needs 3840x2160 flat with visionipc and {peer}"))
     for mode, rows in (("paced", paced), ("flat", flat)):
         one, eight = _find(rows, "visionipc", 3840, 2160, 1), _find(rows, "visionipc", 3840, 2160, 8)
         r = ratio(eight and eight["server_cpu_us"], one and one["server_cpu_us"])
@@ -136,7 +135,7 @@ def render(summary, skipped=()):
     if skipped:
         lines.append("")
     lines.append("Targets (issue 4), this run:")
-    rows = [[t["target"], t["measured"], t["value"], fmt(t["ratio"], "{:.2f}x"), t["want"], t["verdict"],
+    rows = [[t["target"], t["measured"], t["value"], fmt(t["ratio"], "{:.3f}x"), t["want"], t["verdict"],
              t["note"]] for t in summary["targets"]]
     lines.append(format_table(["target", "measured", "value", "ratio", "want", "verdict", ""], rows, "lllrlll"))
     return "\n".join(lines)
