@@ -16,7 +16,7 @@ from visionipc.bench.tasks import worker_setup, worker_teardown
 from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
 
 FULL = dict(sizes="64x64,640x480,1920x1080,3840x2160,7680x4320", clients="1,2,4,8", paced_count=60, flat_seconds=1.0)
-QUICK = dict(sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=10, flat_seconds=0.2)
+QUICK = dict(sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=8, flat_seconds=0.15)
 
 DESCRIPTION = """\
 VisionIPC frame-rate benchmark: visionipc against pyzmq, multiprocessing.shared_memory
@@ -90,8 +90,8 @@ def build_parser():
     ap.add_argument("--modes", type=_names(["paced", "flat"]), default=["paced", "flat"], help="paced,flat (default both)")
     ap.add_argument("--rounds", type=int, default=1, help="repeat the whole matrix, transports rotating (default 1)")
     ap.add_argument("--fps", type=float, default=30.0, help="paced frame rate (default 30)")
-    ap.add_argument("--frames", type=int, help="measured frames per paced cell (default 60, --quick 10)")
-    ap.add_argument("--seconds", type=float, help="duration of each flat-out cell (default 1.0, --quick 0.2)")
+    ap.add_argument("--frames", type=int, help="measured frames per paced cell (default 60, --quick 8)")
+    ap.add_argument("--seconds", type=float, help="duration of each flat-out cell (default 1.0, --quick 0.15)")
     ap.add_argument("--fill", action="store_true", help="flat out: write every byte of every frame, not only a stamp")
     ap.add_argument("--plot", metavar="PNG", default="vipc-bench.png", help="PNG plot path (default vipc-bench.png; "
                     "'' for none)")
