@@ -107,6 +107,33 @@ def test_numpy_views_keep_the_mapping_alive_after_client_and_server_are_gone():
     assert int(array.sum()) == 42 * 64 * 32
 
 
+def _pool_mappings():
+    with open("/proc/self/maps") as maps:
+        return sum("memfd:vipc-pool-" in line for line in maps)
+
+
+def test_close_unmaps_the_pools_once_no_frame_is_held_even_while_the_objects_live():
+    before = _pool_mappings()
+    server = VisionIpcServer("cam")
+    server.create_buffers("road", 3, 64, 32, "nv12")
+    server.start_listener()
+    client = VisionIpcClient("cam", "road", False)
+    assert client.connect(False)
+    for i in range(3):  # every buffer: the server and client cache a view of each
+        buf = server.get_buffer("road")
+        buf.array[...] = i
+        server.send(buf, frame_id=i)
+        frame = client.recv(1000)
+        assert int(frame.array[0, 0]) == i
+    assert _pool_mappings() > before
+    frame = buf = None
+    client.close()
+    server.close()
+    gc.collect()
+    assert _pool_mappings() == before  # server and client objects are still referenced here
+    assert client.width is None and not client.is_connected()
+
+
 def test_copying_send_accepts_bytes_and_arrays_of_the_buffer_size(pair):
     server, client = pair(fmt="gray8", width=64, height=2)
     server.send(0, bytes(range(128)), frame_id=1)

@@ -1,11 +1,12 @@
 """VisionIpcClient: attach to one stream of a server and receive frames without copying."""
 
 import time
+import types
 
 from msgq.errors import ClosedError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_id, stream_key
-from visionipc.frame import VisionBuf
+from visionipc.frame import VisionBuf, buffer_arrays
 
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
 
@@ -29,6 +30,11 @@ class VisionIpcClient:
         self._native = _visionipc.Client(self.name, self._key, bool(conflate), **run_options())
         self._last = None  # the newest frame received
         self._leased = None  # (idx, generation) our lease slot holds, if any
+        # Per mapping (native epoch): the geometry dict and, per buffer index,
+        # (view, buffer_arrays) made once, so recv() allocates only the VisionBuf.
+        self._epoch = None
+        self._geometry_cache = None
+        self._buffers = []
 
     def _client(self):
         if self._native is None:
@@ -52,12 +58,24 @@ class VisionIpcClient:
         got = native.recv(int(timeout_ms))
         if got is None:
             return None
-        idx, generation, frame_id, sof, eof, valid, published, received = got
+        idx, generation, frame_id, sof, eof, valid, published, received, epoch = got
         self._leased = (idx, generation) if valid else None
-        self._last = VisionBuf(native.view(idx), native.geometry(), idx, generation, frame_id, sof, eof,
-                               owner=self, stream=self._key)
-        self._last.timestamp_publish, self._last.timestamp_recv = published, received
+        if epoch != self._epoch:
+            self._remapped(native, epoch)
+        cached = self._buffers[idx]
+        if cached is None:
+            view = native.view(idx)
+            cached = self._buffers[idx] = (view, buffer_arrays(view, self._geometry_cache))
+        self._last = VisionBuf(cached[0], self._geometry_cache, idx, generation, frame_id, sof, eof, owner=self,
+                               stream=self._key, arrays=cached[1], timestamp_publish=published, timestamp_recv=received)
         return self._last
+
+    def _remapped(self, native, epoch):
+        """A (re)connect mapped a pool: drop what was cached for the old mapping
+        (frames already handed out keep theirs alive)."""
+        self._epoch = epoch
+        self._geometry_cache = native.geometry() if native.count else None
+        self._buffers = [None] * native.count
 
     def _frame_valid(self, buf) -> bool:
         return self._native is not None and self._native.is_valid(buf.idx, buf.generation)
@@ -72,9 +90,12 @@ class VisionIpcClient:
             self._leased = None
 
     def _geometry(self, key):
-        if self._native is None or self._native.count == 0:
+        native = self._native
+        if native is None or native.count == 0:
             return None
-        return self._native.geometry()[key]
+        if native.epoch != self._epoch:
+            self._remapped(native, native.epoch)
+        return self._geometry_cache[key]
 
     width = property(lambda self: self._geometry("width"))
     height = property(lambda self: self._geometry("height"))
@@ -95,6 +116,13 @@ class VisionIpcClient:
     def close(self):
         """Drop the lease and the connection (frames already received stay readable)."""
         native, self._native = self._native, None
+        # Drop what maps the pool (frames handed out keep their own views); the last
+        # frame's numbers stay readable through the reference's properties.
+        self._epoch, self._geometry_cache, self._buffers = None, None, []
+        last = self._last
+        if last is not None:
+            self._last = types.SimpleNamespace(frame_id=last.frame_id, timestamp_sof=last.timestamp_sof,
+                                               timestamp_eof=last.timestamp_eof, valid=False)
         if native is not None:
             native.close()
 

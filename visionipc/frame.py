@@ -20,11 +20,38 @@ import numpy as np
 from msgq.errors import InvalidArgumentError
 
 
+def buffer_arrays(view, geometry):
+    """(flat, shaped): the uint8 array over a whole buffer and its format-shaped view
+    (see ``VisionBuf.array``), both keeping ``view`` (and so the mapping) alive.
+    Owners build these once per buffer and hand them to every VisionBuf of it."""
+    flat = np.frombuffer(view, dtype=np.uint8)
+    g = geometry
+    fmt, h, w, s = g["format"], g["height"], g["width"], g["stride"]
+
+    def plane(shape, strides, dtype=np.uint8):
+        return np.ndarray(shape, dtype=dtype, buffer=flat, offset=0, strides=strides)
+
+    if fmt in ("nv12", "i420", "custom"):
+        if g["uv_offset"] == s * h and s * (h * 3 // 2) <= g["size"]:
+            return flat, plane((h * 3 // 2, s), (s, 1))
+        return flat, flat
+    if fmt in ("rgb8", "bgr8"):
+        return flat, plane((h, w, 3), (s, 3, 1))
+    if fmt == "gray8":
+        return flat, plane((h, w), (s, 1))
+    return flat, plane((h, w), (s, 2), np.uint16)  # raw16
+
+
 class VisionBuf:
+    """One frame. ``arrays``: the owner's cached ``buffer_arrays(view, geometry)`` for
+    this buffer; ``.data`` / ``.array`` return a fresh view of them each time, so
+    callers may reshape or flag their arrays without touching anyone else's."""
+
     def __init__(self, view, geometry, idx, generation, frame_id=0, timestamp_sof=0, timestamp_eof=0,
-                 owner=None, stream=None):
+                 owner=None, stream=None, arrays=None, timestamp_publish=0, timestamp_recv=0):
         self._view = view
         self._geometry = geometry
+        self._arrays = arrays
         self.idx = idx
         self.generation = generation
         self.frame_id = frame_id
@@ -32,8 +59,8 @@ class VisionBuf:
         self.timestamp_eof = timestamp_eof
         # CLOCK_MONOTONIC ns when the server sent this frame and when this client got it
         # (0 for frames that were not received); receive - publish is the handoff latency.
-        self.timestamp_publish = 0
-        self.timestamp_recv = 0
+        self.timestamp_publish = timestamp_publish
+        self.timestamp_recv = timestamp_recv
         self._owner = owner      # the VisionIpcServer or VisionIpcClient this frame came from
         self.stream = stream
 
@@ -53,31 +80,27 @@ class VisionBuf:
         """True while the buffer still holds this frame (checks its generation now)."""
         return self._owner is not None and self._owner._frame_valid(self)
 
+    def _cached(self):
+        if self._arrays is None:
+            self._arrays = buffer_arrays(self._view, self._geometry)
+        return self._arrays
+
     @property
     def data(self) -> np.ndarray:
-        return np.frombuffer(self._view, dtype=np.uint8)
+        return self._cached()[0].view()
 
     def as_array(self) -> np.ndarray:
         return self.data
 
     def _plane(self, offset, shape, strides, dtype=np.uint8):
-        return np.ndarray(shape, dtype=dtype, buffer=self._view, offset=offset, strides=strides)
+        return np.ndarray(shape, dtype=dtype, buffer=self._cached()[0], offset=offset, strides=strides)
 
     @property
     def array(self) -> np.ndarray:
         """NV12/I420: ``(height*3//2, stride)`` uint8; RGB/BGR: ``(h, w, 3)``; GRAY: ``(h, w)``;
         RAW16: ``(h, w)`` uint16. A custom layout whose chroma does not follow the luma
         directly is the flat buffer."""
-        fmt, h, w, s = self.format, self.height, self.width, self.stride
-        if fmt in ("nv12", "i420", "custom"):
-            if self.uv_offset == s * h and s * (h * 3 // 2) <= len(self):
-                return self._plane(0, (h * 3 // 2, s), (s, 1))
-            return self.data
-        if fmt in ("rgb8", "bgr8"):
-            return self._plane(0, (h, w, 3), (s, 3, 1))
-        if fmt == "gray8":
-            return self._plane(0, (h, w), (s, 1))
-        return self._plane(0, (h, w), (s, 2), np.uint16)  # raw16
+        return self._cached()[1].view()
 
     def _yuv(self, what):
         if self.format not in ("nv12", "i420", "custom"):

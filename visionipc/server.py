@@ -8,7 +8,7 @@ from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
 from visionipc.formats import check_count, normalize_format
-from visionipc.frame import VisionBuf
+from visionipc.frame import VisionBuf, buffer_arrays
 
 
 class VisionIpcServer:
@@ -25,6 +25,10 @@ class VisionIpcServer:
         self.name = server_name(name)
         self._native = _visionipc.Server(self.name, allowed_uids=[int(u) for u in allowed_uids], **run_options())
         self._pid = os.getpid()
+        # Per stream key: (geometry dict, per buffer index (view, buffer_arrays) or None).
+        # A stream's pool never changes once created, so these stay valid.
+        self._buffers = {}
+        self._keys = {}  # stream names (str) already validated -> key
 
     def _server(self):
         if self._native is None:
@@ -48,10 +52,22 @@ class VisionIpcServer:
         self._server().start_listener()
 
     def get_buffer(self, stream) -> VisionBuf:
-        key = stream_key(stream)
+        key = self._keys.get(stream) if type(stream) is str else None  # validated once per name
+        if key is None:
+            key = stream_key(stream)
+            if type(stream) is str:
+                self._keys[stream] = key
         native = self._server()
-        idx, generation, view = native.get_buffer(key)
-        return VisionBuf(view, native.geometry(key), idx, generation, owner=self, stream=key)
+        idx, generation = native.acquire(key)
+        cache = self._buffers.get(key)
+        if cache is None:
+            cache = self._buffers[key] = (native.geometry(key), [None] * native.count(key))
+        geometry, per_index = cache
+        cached = per_index[idx]
+        if cached is None:
+            view = native.view(key, idx)
+            cached = per_index[idx] = (view, buffer_arrays(view, geometry))
+        return VisionBuf(cached[0], geometry, idx, generation, owner=self, stream=key, arrays=cached[1])
 
     def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
         """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
@@ -92,6 +108,7 @@ class VisionIpcServer:
     def close(self):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         native, self._native = self._native, None
+        self._buffers = {}  # frames handed out keep their own views
         if native is not None and self._pid == os.getpid():
             native.close()
 
@@ -109,6 +126,9 @@ class VisionIpcServer:
 
 
 def _stamps(frame_id, sof, eof):
+    if type(frame_id) is int and type(sof) is int and type(eof) is int and \
+            0 <= frame_id < 1 << 64 and 0 <= sof < 1 << 64 and 0 <= eof < 1 << 64:
+        return frame_id, sof, eof  # the common case, checked without the loop below
     for what, v in (("frame_id", frame_id), ("timestamp_sof", sof), ("timestamp_eof", eof)):
         if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 1 << 64:
             raise InvalidArgumentError(f"{what} must be an int in [0, 2**64), got {v!r}")

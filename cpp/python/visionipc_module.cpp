@@ -86,6 +86,15 @@ PYBIND11_MODULE(_visionipc, m) {
              const vipc::Acquired a = s.get_buffer(stream);
              return py::make_tuple(a.index, a.generation, View{s.pool(stream), a.data, s.geometry(stream).size, false});
            })
+      .def("acquire",  // get_buffer without the view: (index, generation)
+           [](Server& s, const std::string& stream) {
+             const vipc::Acquired a = s.get_buffer(stream);
+             return py::make_tuple(a.index, a.generation);
+           })
+      .def("view",
+           [](const Server& s, const std::string& stream, uint32_t index) {
+             return View{s.pool(stream), s.buffer(stream, index), s.geometry(stream).size, false};
+           })
       .def("send", &Server::send)
       .def("send_copy",
            [](Server& s, const std::string& stream, py::buffer data, uint64_t frame_id, uint64_t sof, uint64_t eof) {
@@ -141,7 +150,7 @@ PYBIND11_MODULE(_visionipc, m) {
                }
                if (st == vipc::RecvStatus::kFrame) {
                  return py::make_tuple(f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof, f.valid,
-                                       f.publish_ns, f.receive_ns);
+                                       f.publish_ns, f.receive_ns, c.epoch());
                }
                if (st == vipc::RecvStatus::kTimeout) return py::none();
                if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
@@ -159,6 +168,7 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("geometry", [](const Client& c) { return geometry_dict(c.geometry()); })
       .def_property_readonly("count", &Client::count)
       .def_property_readonly("server_id", &Client::server_id)
+      .def_property_readonly("epoch", &Client::epoch)
       .def_property_readonly("dropped", &Client::dropped)
       .def("close", &Client::close);
 

@@ -119,6 +119,7 @@ bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
   geometry_ = g;
   layout_ = l;
   pool_ = std::move(pool);
+  epoch_++;
   disconnect();
   leases_ = std::move(leases);
   lease_ = reinterpret_cast<LeaseSlot*>(leases_->data()) + r.lease_slot;
@@ -156,11 +157,15 @@ bool Client::take_lease(uint32_t index, uint64_t generation) {
   lease_->word.store(lease_word(index, generation), std::memory_order_seq_cst);
   // A probe resolves within a few instructions; a server preempted (or
   // killed) mid-probe costs us at most this long, then the frame counts as lost.
-  const int64_t give_up = ipc::monotonic_ns() + 2'000'000;
+  // (The clock is read only once a probe is seen: none on the common path.)
+  int64_t give_up = 0;
   for (int spins = 0;; spins++) {
     const uint64_t g = meta(index).generation.load(std::memory_order_seq_cst);
     if (g == generation) return true;
-    if (g != (generation | kProbeBit) || ipc::monotonic_ns() > give_up) break;
+    if (g != (generation | kProbeBit)) break;
+    const int64_t now = ipc::monotonic_ns();
+    if (give_up == 0) give_up = now + 2'000'000;
+    if (now > give_up) break;
     if (spins > 64) sched_yield();
     ipc::cpu_relax();
   }

@@ -60,6 +60,9 @@ class Client {
   std::shared_ptr<Mapping> pool() const { return pool_; }
   const uint8_t* buffer(uint32_t index) const;
   uint64_t server_id() const { return server_id_; }
+  // Bumped each time a (re)connect maps a pool: views made under an older
+  // epoch belong to a mapping the client no longer uses (caches key on it).
+  uint64_t epoch() const { return epoch_; }
   uint64_t dropped() const { return dropped_; }  // packets that failed validation
   void close();
 
@@ -83,6 +86,7 @@ class Client {
   Geometry geometry_;
   PoolLayout layout_;
   uint64_t server_id_ = 0;
+  uint64_t epoch_ = 0;
   uint64_t retired_id_ = 0;  // the server we left: its late packets are dropped, not chased
   uint32_t ordinal_ = 0;
   uint64_t dropped_ = 0;

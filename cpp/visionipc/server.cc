@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "common/clock.h"
@@ -133,16 +134,21 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
 Acquired Server::get_buffer(const std::string& stream) {
   Stream& s = find(stream);
   const uint32_t n = s.layout.count;
-  // Candidates from least to most recently sent; buffers already checked out
-  // (odd) go last, so recycling one only happens when nothing else is left.
-  std::vector<uint32_t> order(n);
+  uint8_t* const data = s.pool->data() + s.layout.data_offset;
+  const auto pixels = [&](uint32_t i) { return data + uint64_t{i} * s.layout.slot_size; };
+  // Candidates from least to most recently sent (ties by index); buffers already
+  // checked out (odd) go last, so recycling one only happens when nothing else is
+  // left. On the stack: no allocation per frame (n <= kMaxBuffers).
+  std::array<uint32_t, kMaxBuffers> order;
   for (uint32_t i = 0; i < n; i++) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](uint32_t a, uint32_t b) {
+  std::sort(order.begin(), order.begin() + n, [&](uint32_t a, uint32_t b) {
     const bool oa = s.generation[a] & 1, ob = s.generation[b] & 1;
-    return oa != ob ? ob : s.last_sent[a] < s.last_sent[b];
+    if (oa != ob) return ob;
+    return s.last_sent[a] != s.last_sent[b] ? s.last_sent[a] < s.last_sent[b] : a < b;
   });
-  uint32_t chosen = order[0];
-  for (uint32_t i : order) {
+  const uint32_t chosen = order[0];
+  for (uint32_t k = 0; k < n; k++) {
+    const uint32_t i = order[k];
     const uint64_t gen = s.generation[i];
     if (gen & 1) continue;
     if (gen != 0 && leased(s, i, gen)) continue;
@@ -158,7 +164,7 @@ Acquired Server::get_buffer(const std::string& stream) {
     s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
     std::atomic_thread_fence(std::memory_order_release);              // pixel writes after it
     s.generation[i] = gen + 1;
-    return Acquired{i, gen + 1, buffer(stream, i)};
+    return Acquired{i, gen + 1, pixels(i)};
   }
   // Everything is leased (or checked out): take the least recently sent one;
   // its holder's validity check fails from here on.
@@ -166,7 +172,7 @@ Acquired Server::get_buffer(const std::string& stream) {
   gen += (gen & 1) ? 2 : 1;
   s.meta(chosen).generation.store(gen, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_release);
-  return Acquired{chosen, gen, buffer(stream, chosen)};
+  return Acquired{chosen, gen, pixels(chosen)};
 }
 
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {

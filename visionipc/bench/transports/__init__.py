@@ -1,0 +1,68 @@
+"""The transports ``vipc-bench`` compares. Each module defines a ``Producer`` and a
+``Consumer`` with the same small interface, so the runner treats them alike.
+
+Producer(state, tag, w, h, nbuf, nclients):
+    ``prefault()`` touch every buffer before a flat-out run;
+    ``accept()``   between the "bound" and "ready" barriers: wait for the clients;
+    ``check()``    after "ready": every client is attached;
+    ``send(fid, fill) -> ns`` publish frame ``fid`` (stamped with it; ``fill``:
+                   write the whole frame first); returns the CLOCK_MONOTONIC send time;
+    ``end()``      the end marker; ``close()``.
+Consumer(state, tag, w, h, conflate):
+    ``recv() -> (fid, sent_ns, recv_ns, view_ns, intact) | "end" | None`` (timeout):
+    ``view_ns`` is when the client holds a numpy view of the frame; ``intact``
+    says the frame's stamp matches the announced frame id; ``close()``.
+
+Every frame is NV12; the first 8 bytes of its pixels carry the frame id.
+"""
+
+import importlib
+import os
+import struct
+
+END = (1 << 63) - 1  # frame id of the end marker
+FID = struct.Struct("<Q")  # the stamp at the start of every frame's pixels
+HDR = struct.Struct("<QQ")  # frame id, send time (ns): pyzmq header part, futex page, iceoryx2 frame head
+RECV_TIMEOUT_MS = 5000  # only there so that a lost frame cannot hang a run
+
+# name -> (module, what it is, the package it needs)
+TRANSPORTS = {
+    "visionipc": ("vipc", "visionipc: server.get_buffer() written in place, server.send(buf), client.recv().array", None),
+    "pyzmq": ("zmq_bytes", "pyzmq ipc:// XPUB_NODROP sending the frame bytes (copy=False), np.frombuffer", "zmq"),
+    "shm+pipe": ("shm_pipe", "multiprocessing.shared_memory ring + slot index over a Unix socket pipe, no protection",
+                 None),
+    "futex": ("futex", "bare futex wake-up (ctypes syscall, shared mmap): the floor of a sleeping receiver; no frame",
+              None),
+    "iceoryx2": ("iox2", "iceoryx2 publish-subscribe Slice[c_uint8] loaned and written in place + Event wake-up",
+                 "iceoryx2"),
+}
+
+
+def load(name):
+    """The transport's module (raises ImportError when its package is missing)."""
+    return importlib.import_module(f"visionipc.bench.transports.{TRANSPORTS[name][0]}")
+
+
+def unavailable(name):
+    """None if ``name`` can run here, else why not."""
+    need = TRANSPORTS[name][2]
+    if need is None:
+        return None
+    try:
+        importlib.import_module(need)
+    except ImportError:
+        return f"{need} not installed"
+    return None
+
+
+def nv12(w, h):
+    """(size in bytes, array shape) of an NV12 frame as visionipc lays it out."""
+    from visionipc import layout
+
+    g = layout("nv12", w, h)
+    return g["size"], (h * 3 // 2, g["stride"])
+
+
+def shm_name(tag):
+    """Names of this run's files in /dev/shm: removed by the runner if a worker dies."""
+    return f"vipcb{os.environ.get('VIPC_BENCH_RUN', os.getpid())}_{tag}"

@@ -1,0 +1,94 @@
+"""iceoryx2 (``pip install iceoryx2``): a publish-subscribe service of ``Slice[c_uint8]``
+frames (subscriber buffer 2, safe overflow: the oldest unread sample is dropped),
+the producer loans a sample, writes (frame id, send time) into it in place and sends
+it, then notifies an Event service; each subscriber waits on its Event listener,
+takes the sample and makes a numpy view of its payload (held until the next one)."""
+
+import ctypes
+import time
+
+from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12, shm_name
+
+
+def _services(tag, nclients):
+    import iceoryx2 as iox2
+
+    iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
+    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    name = iox2.ServiceName.new(f"vipcbench/{shm_name(tag)}")
+    pubsub = (node.service_builder(name).publish_subscribe(iox2.Slice[ctypes.c_uint8])
+              .max_publishers(1).max_subscribers(max(2, nclients)).subscriber_max_buffer_size(2).history_size(0)
+              .enable_safe_overflow(True).open_or_create())
+    event = node.service_builder(name).event().max_listeners(max(2, nclients)).open_or_create()
+    return iox2, node, pubsub, event
+
+
+class Producer:
+    def __init__(self, state, tag, w, h, nbuf, nclients):
+        self.size = nv12(w, h)[0]
+        self.iox2, self.node, self.pubsub, self.event = _services(tag, nclients)
+        self.pub = self.pubsub.publisher_builder().initial_max_slice_len(self.size).create()
+        self.notifier = self.event.notifier_builder().create()
+        self.nclients = nclients
+
+    def prefault(self):
+        pass
+
+    def accept(self):
+        pass
+
+    def check(self):
+        self.pub.update_connections()
+
+    def send(self, fid, fill, now=time.monotonic_ns):
+        sample = self.pub.loan_slice_uninit(self.size)
+        ptr = sample.payload().as_ptr()
+        if fill:
+            ctypes.memset(ptr, fid & 0xFF, self.size)
+        ts = now()
+        ctypes.memmove(ptr, HDR.pack(fid, ts), HDR.size)
+        sample.assume_init().send()
+        self.notifier.notify()
+        return ts
+
+    def end(self):
+        self.send(END, False)
+
+    def close(self):
+        self.notifier = self.pub = self.event = self.pubsub = self.node = None
+
+
+class Consumer:
+    def __init__(self, state, tag, w, h, conflate):
+        import numpy as np
+
+        self.np = np
+        self.size, self.shape = nv12(w, h)
+        self.iox2, self.node, self.pubsub, self.event = _services(tag, 2)
+        self.sub = self.pubsub.subscriber_builder().create()
+        self.listener = self.event.listener_builder().create()
+        self.timeout = self.iox2.Duration.from_millis(RECV_TIMEOUT_MS)
+        self.held = None
+
+    def recv(self, now=time.monotonic_ns):
+        self.held = None  # give the previous sample back before taking the next
+        deadline = time.monotonic() + RECV_TIMEOUT_MS / 1000
+        while True:
+            sample = self.sub.receive()
+            if sample is not None:
+                break
+            if time.monotonic() > deadline:
+                return None
+            self.listener.timed_wait(self.timeout)
+        tr = now()
+        ptr = sample.payload().as_ptr()
+        view = self.np.frombuffer((ctypes.c_uint8 * self.size).from_address(ptr), self.np.uint8).reshape(self.shape)
+        tv = now()
+        self.held = sample  # the view does not keep the sample alive: hold it until the next recv
+        fid, ts = HDR.unpack_from(view)
+        if fid == END:
+            return "end"
+        return fid, ts, tr, tv, True
+
+    def close(self):
+        self.held = self.listener = self.event = self.sub = self.pubsub = self.node = None

@@ -1,0 +1,78 @@
+"""visionipc: the producer writes the stamp in place into ``get_buffer().array``."""
+
+import time
+
+from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS
+from visionipc.bench.workers import BenchError
+
+
+class Producer:
+    def __init__(self, state, tag, w, h, nbuf, nclients):
+        from visionipc import VisionIpcServer
+
+        self.server = VisionIpcServer(f"vb{tag}")
+        self.server.create_buffers("s", nbuf, w, h, "nv12")
+        self.server.start_listener()
+        self.nbuf, self.nclients = nbuf, nclients
+        self._get, self._send = self.server.get_buffer, self.server.send
+
+    def prefault(self):
+        for _ in range(self.nbuf):  # no client yet: these frames reach nobody
+            buf = self._get("s")
+            buf.array.fill(0)
+            self._send(buf, frame_id=0, timestamp_eof=0)
+
+    def accept(self):
+        pass  # a client's connect() returns once the server registered it
+
+    def check(self):
+        got = self.server.num_clients("s")
+        if got != self.nclients:
+            raise BenchError(f"visionipc server sees {got} clients, expected {self.nclients}")
+
+    def send(self, fid, fill, now=time.monotonic_ns, pack=FID.pack_into):
+        buf = self._get("s")
+        arr = buf.array  # numpy view into the pool: written in place
+        if fill:
+            arr.fill(fid & 0xFF)
+        pack(arr, 0, fid)
+        ts = now()
+        self._send(buf, frame_id=fid, timestamp_eof=ts)
+        return ts
+
+    def end(self):
+        buf = self._get("s")
+        FID.pack_into(buf.array, 0, END)
+        self._send(buf, frame_id=END, timestamp_eof=0)
+
+    def close(self):
+        self.server.close()
+
+
+class Consumer:
+    def __init__(self, state, tag, w, h, conflate):
+        from visionipc import VisionIpcClient
+
+        self.client = VisionIpcClient(f"vb{tag}", "s", conflate=conflate)
+        deadline = time.monotonic() + 20
+        while not self.client.connect(blocking=False):
+            if time.monotonic() > deadline:
+                raise BenchError(f"visionipc client could not connect to vb{tag}")
+            time.sleep(0.01)
+        self._recv = self.client.recv
+
+    def recv(self, now=time.monotonic_ns, unpack=FID.unpack_from):
+        f = self._recv(RECV_TIMEOUT_MS)
+        tr = now()
+        if f is None:
+            return None
+        arr = f.array  # the numpy view an application works with
+        tv = now()
+        fid = f.frame_id
+        if fid == END:
+            return "end"
+        stamp = unpack(arr)[0]  # read the pixels first, then check the frame is still there
+        return fid, f.timestamp_eof, tr, tv, stamp == fid and f.valid
+
+    def close(self):
+        self.client.close()
