@@ -41,8 +41,7 @@ def _camera_recording(out, *, streams, fps, frames, fmt="nv12", width=96, height
                    "--width", width, "--height", height, "--fps", fps, "--frames", frames, "--format", fmt,
                    "--drop-frames", ",".join(map(str, DROPS)), "--delay-frames", DELAY_FLAG,
                    "--wait-clients", 1)
-    # lossless: vipc-record's lossy mp4v writer can fail on the first two frames' interval after
-    # --wait-clients (an MPEG-4 timebase over 65535); the lossy path is covered by recordings["quality"]
+    # lossless keeps pixels exact; the lossy (mp4v) path is covered by recordings["quality"]
     recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 1.5, "--segment-seconds", 1.5, "--lossless")
     try:
         rc, _, err = finish(camera, timeout=60)
