@@ -16,9 +16,10 @@ from visionipc.record.reader import iter_frames
 
 def test_metrics_flag_black_and_frozen_frames_and_rank_sharpness(spark, recordings):
     segments = segments_df(spark, [recordings["quality"]])
-    assert segments.rdd.getNumPartitions() == segments.count() == 4  # one task per segment
+    assert segments.rdd.getNumPartitions() == segments.count() == 5  # one task per segment
     m = metrics.metrics_job(segments).toPandas()
-    sharp, blurry = m[m.stream == "sharp"], m[m.stream == "blurry"]
+    sharp, blurry, lossy = m[m.stream == "sharp"], m[m.stream == "blurry"], m[m.stream == "compressed"]
+    assert len(lossy) == 12 and not lossy.black.any() and lossy["sharpness"].min() > 10 * blurry["sharpness"].max()
     assert sorted(sharp.loc[sharp.black, "frame_id"]) == [5]
     assert sorted(sharp.loc[sharp.frozen, "frame_id"]) == [12, 13]
     assert not blurry.black.any() and not blurry.frozen.any()
@@ -28,13 +29,13 @@ def test_metrics_flag_black_and_frozen_frames_and_rank_sharpness(spark, recordin
     assert np.isnan(first["motion"].item())  # no previous frame inside the segment
 
 
-def test_metrics_of_real_camera_recordings_lossless_and_lossy(spark, camera_recordings):
-    paths = [camera_recordings["lossless"], camera_recordings["lossy"]]
+def test_metrics_of_real_camera_recordings_nv12_and_gray(spark, camera_recordings):
+    paths = [camera_recordings["lossless"], camera_recordings["gray"]]
     keys = ["recording_id", "stream", "segment", "position"]
     on_spark = metrics.spark_metrics(spark, paths).toPandas().sort_values(keys, ignore_index=True)
     alone = metrics.metrics_pandas(paths, processes=2).sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(on_spark, alone)  # the same function, in executors or a process pool
-    for rid in ("lossless", "lossy"):
+    for rid in ("lossless", "gray"):
         index = raw_index(camera_recordings[rid])
         got = on_spark[on_spark.recording_id == rid]
         assert sorted(got["frame_id"]) == sorted(index["frame_id"])  # every recorded frame, once

@@ -9,7 +9,7 @@ import pytest
 from pipeline_helpers import (DELAYS_MS, DROPS, FPS, camera_recordings, missing_ids, numpy_latency,  # noqa: F401
                               raw_index, recordings, spark)
 
-from visionipc.pipeline import health
+from visionipc.pipeline import health, read
 from visionipc.pipeline.read import RecordingError, find_recordings, read_index, read_index_pandas
 
 
@@ -18,9 +18,9 @@ def _sorted(df, keys):
 
 
 def test_health_of_real_camera_recordings_finds_rate_drops_and_numpy_latency(spark, camera_recordings):
-    paths = [camera_recordings["lossless"], camera_recordings["lossy"]]
+    paths = [camera_recordings["lossless"], camera_recordings["gray"]]
     rows = health.health_job(read_index(spark, paths)).toPandas().set_index(["recording_id", "stream"])
-    assert sorted(rows.index) == [("lossless", "road"), ("lossy", "left"), ("lossy", "right")]
+    assert sorted(rows.index) == [("gray", "left"), ("gray", "right"), ("lossless", "road")]
     for (rid, stream), h in rows.iterrows():
         reference = raw_index(camera_recordings[rid])  # pyarrow + numpy, no pipeline code
         assert abs(h["fps"] - FPS) / FPS < 0.02, (rid, stream, h["fps"])
@@ -48,19 +48,34 @@ def test_health_of_a_synthetic_recording_with_exact_timing(spark, recordings):
 
 
 def test_spark_and_pandas_give_identical_numbers(spark, recordings, camera_recordings):
-    paths = [camera_recordings["lossless"], camera_recordings["lossy"], recordings["faults"], recordings["quality"]]
+    paths = [camera_recordings["lossless"], camera_recordings["gray"], recordings["faults"], recordings["quality"]]
     index_pd = read_index_pandas(paths)
     index_spark = read_index(spark, paths)
-    for job, local, keys in ((health.health_job, health.health_pandas, health.KEYS),
-                             (health.drops_job, health.drops_pandas, health.KEYS + ["after_frame_id"]),
-                             (health.timeline_job, health.timeline_pandas, health.KEYS + ["second"])):
-        on_spark, on_pandas = _sorted(job(index_spark).toPandas(), keys), _sorted(local(index_pd), keys)
+    streams = health.streams_df(spark, paths)
+    for job, from_files, local, keys in (
+            (health.health_job, health.health_from_files, health.health_pandas, health.KEYS),
+            (health.drops_job, health.drops_from_files, health.drops_pandas, health.KEYS + ["after_frame_id"]),
+            (health.timeline_job, health.timeline_from_files, health.timeline_pandas, health.KEYS + ["second"])):
+        on_pandas = _sorted(local(index_pd), keys)
         assert len(on_pandas) > 0
-        for column in on_pandas.columns:
-            a, b = on_spark[column].tolist(), on_pandas[column].tolist()
-            if column == "dropped_frame_ids":
-                a, b = [list(x) for x in a], [list(x) for x in b]
-            assert a == b, column  # exact: the same function on the same rows
+        for on_spark in (_sorted(job(index_spark).toPandas(), keys), _sorted(from_files(streams).toPandas(), keys)):
+            for column in on_pandas.columns:
+                a, b = on_spark[column].tolist(), on_pandas[column].tolist()
+                if column == "dropped_frame_ids":
+                    a, b = [list(x) for x in a], [list(x) for x in b]
+                assert a == b, column  # exact: the same function on the same rows
+
+
+def test_vipc_data_source_reads_the_same_index(spark, camera_recordings, recordings):
+    paths = [camera_recordings["gray"], recordings["faults"]]
+    via_source = spark.read.format("vipc").option("paths", ",".join(paths)).load()
+    assert via_source.rdd.getNumPartitions() == len(read.index_files(read.find_recordings(paths)))  # one per segment
+    keys = ["recording_id", "stream", "frame_id"]
+    a = via_source.toPandas().sort_values(keys, ignore_index=True)
+    b = read_index(spark, paths).select(*via_source.columns).toPandas().sort_values(keys, ignore_index=True)
+    pd.testing.assert_frame_equal(a, b)
+    with pytest.raises(Exception, match="needs a recording"):
+        spark.read.format("vipc").load().count()
 
 
 def test_stream_health_is_a_pure_function_of_a_pandas_frame():
@@ -101,7 +116,7 @@ def test_bad_input_gives_clear_errors(spark, recordings, tmp_path):
     (empty / "recording.json").write_text('{"format_version": 1, "status": "recording"}')
     with pytest.raises(RecordingError, match="without any complete segment"):
         read_index(spark, [empty])
-    assert read_index(spark, [empty, recordings["quality"]], skip_empty=True).count() == 36
+    assert read_index(spark, [empty, recordings["quality"]], skip_empty=True).count() == 48
     broken = tmp_path / "broken"
     shutil.copytree(recordings["quality"], broken)
     (broken / "index" / "blurry" / "000000.parquet").write_bytes(b"PAR1 this is not parquet")

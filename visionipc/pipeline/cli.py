@@ -1,4 +1,6 @@
-"""vipc-analyze: health, image metrics and frame export over many recordings, on Spark."""
+"""Analyse recordings on Apache Spark: stream health (fps, drops, latency, jitter,
+stalls), per-frame image metrics and frame export, written as Parquet results plus
+an HTML report with plots."""
 
 from __future__ import annotations
 
@@ -94,16 +96,15 @@ def run(args, step) -> int:
         spark.sparkContext.setLogLevel("OFF")
     try:
         index = read_index(spark, recs, skip_empty=args.skip_empty)
-        keys = health.KEYS
-        index = index.repartition(spark.sparkContext.defaultParallelism, *keys).cache()
+        streams = health.streams_df(spark, recs, skip_empty=args.skip_empty, validate=False).cache()  # no shuffle of the index
         res = {}
         need_index_jobs = "health" in args.jobs or ("export" in args.jobs and args.export[0] == "drops")
         if need_index_jobs:
             step("health: fps, drops, latency, jitter, stalls per recording x stream")
-            res["health"] = _write_small(health.health_job(index), os.path.join(out, "health.parquet"))
-            res["drops"] = _write_small(health.drops_job(index), os.path.join(out, "drops.parquet"))
+            res["health"] = _write_small(health.health_from_files(streams), os.path.join(out, "health.parquet"))
+            res["drops"] = _write_small(health.drops_from_files(streams), os.path.join(out, "drops.parquet"))
         if "health" in args.jobs:
-            res["timeline"] = _write_small(health.timeline_job(index), os.path.join(out, "fps_timeline.parquet"))
+            res["timeline"] = _write_small(health.timeline_from_files(streams), os.path.join(out, "fps_timeline.parquet"))
             top = float(res["health"]["latency_p99_ms"].max()) if len(res["health"]) else 1.0
             res["latency_hist"] = report.latency_histogram(index, max(1.0, 2 * top))
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
@@ -126,8 +127,7 @@ def run(args, step) -> int:
         if "export" in args.jobs:
             kind, value = args.export
             if kind == "drops":
-                selection = export.select_around_drops(index, spark.createDataFrame(res["drops"]) if len(res["drops"])
-                                                       else health.drops_job(index), int(value))
+                selection = export.select_around_drops(index, health.drops_from_files(streams), int(value))
             elif kind == "every":
                 selection = export.select_every_nth(index, int(value))
             else:

@@ -185,3 +185,56 @@ def timeline_job(index_df):
     """Spark: index DataFrame -> frames per second per recording x stream (``fps_timeline``)."""
     return (index_df.select("recording_id", "stream", "timestamp_eof").groupBy(*KEYS)
             .applyInPandas(lambda index: fps_timeline(index), spark_schema(TIMELINE_COLUMNS)))
+
+
+def _per_stream_files(fn):
+    """A mapInPandas body: each input row names one recording x stream and its index files;
+    ``fn`` runs on that stream's whole index (read here, with pyarrow)."""
+
+    def run(streams):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from visionipc.pipeline.read import INDEX_ARROW_SCHEMA
+
+        for batch in streams:
+            for row in batch.itertuples(index=False):
+                table = pa.concat_tables([pq.read_table(f, schema=INDEX_ARROW_SCHEMA, columns=_NEEDED[1:])
+                                          for f in row.index_files])
+                index = table.to_pandas()
+                index.insert(0, "recording_id", row.recording_id)
+                out = fn(index)
+                if len(out):
+                    yield out
+
+    return run
+
+
+def streams_df(spark, recordings, *, skip_empty: bool = False, validate: bool = True):
+    """One row per recording x stream with its index files, spread over a few tasks per core."""
+    from visionipc.pipeline.read import _recordings, index_files
+
+    by_stream = {}
+    for rec, stream, _, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate):
+        by_stream.setdefault((rec.recording_id, stream), []).append(path)
+    rows = [(rid, stream, files) for (rid, stream), files in sorted(by_stream.items())]
+    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4))
+    return spark.createDataFrame(spark.sparkContext.parallelize(rows, slices),
+                                 "recording_id string, stream string, index_files array<string>")
+
+
+def health_from_files(streams):
+    """``health_job`` without a shuffle: each task reads its streams' index files itself
+    (``streams_df``) and runs ``stream_health``. Same rows; several times faster on big
+    indexes, since the index never goes through Spark's shuffle."""
+    return streams.mapInPandas(_per_stream_files(stream_health), spark_schema(HEALTH_COLUMNS))
+
+
+def drops_from_files(streams):
+    """``drops_job`` without a shuffle (see ``health_from_files``)."""
+    return streams.mapInPandas(_per_stream_files(find_drops), spark_schema(DROP_COLUMNS))
+
+
+def timeline_from_files(streams):
+    """``timeline_job`` without a shuffle (see ``health_from_files``)."""
+    return streams.mapInPandas(_per_stream_files(fps_timeline), spark_schema(TIMELINE_COLUMNS))

@@ -68,4 +68,7 @@ def spark_session(master: str | None = None, app_name: str = "vipc-analyze", *, 
         builder = builder.config(key, str(value))
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    from visionipc.pipeline import datasource
+
+    datasource.register(spark)  # spark.read.format("vipc")
     return spark

@@ -38,16 +38,18 @@ def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
 
 
 def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
-    """Write a lossless recording with vipc-record's own writer and return its path.
+    """Write a recording with vipc-record's own writer and return its path.
 
     ``streams``: ``{name: spec}`` where spec has ``frames``, ``width``, ``height`` and optionally
     ``format`` (nv12, i420 or gray8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
     ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency; later frames
     queue behind it}), ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids
-    shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``.
+    shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
+    ``lossless`` (True: FFV1; False: the recorder's lossy mp4v, NV12 stored as BGR).
     """
     import cv2
 
+    from visionipc.pipeline.frames import to_bgr
     from visionipc.record import index
     from visionipc.record.storage import Storage
     from visionipc.record.writer import StreamWriter
@@ -62,7 +64,7 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
         drop, delay = set(spec.get("drop", ())), spec.get("delay_ms", {})
         black, frozen = set(spec.get("black", ())), set(spec.get("frozen", ()))
         start = spec.get("start_ns", 1_000_000_000_000)
-        storage = Storage(cv2, fmt, w, h, lossless=True)
+        storage = Storage(cv2, fmt, w, h, lossless=spec.get("lossless", True))
         writer = StreamWriter(cv2, str(path), stream, storage, 0)
         previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
         for fid in range(spec["frames"]):
@@ -81,7 +83,10 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
             publish = eof + backlog + 100_000
             if kept and kept % spec.get("segment_frames", 50) == 0:
                 writer.close_segment()
-            writer.add(_planes(gray, fmt), {"frame_id": fid, "timestamp_sof": eof - period // 2, "timestamp_eof": eof,
+            stored = _planes(gray, fmt)
+            if storage.kind == "bgr":  # what the lossy recorder stores for YUV formats
+                stored = to_bgr(stored, "planes", fmt, h)
+            writer.add(stored, {"frame_id": fid, "timestamp_sof": eof - period // 2, "timestamp_eof": eof,
                                             "publish_time": publish,
                                             "receive_time": publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000})
             kept += 1
