@@ -91,11 +91,14 @@ class Runner:
             prod = dict(common, nbuf=nbuf, nclients=n, fill=False, mode="paced", fps=c.paced_fps, count=c.paced_count,
                         warmup=c.paced_warmup, spin_us=c.spin_us)
             cons = dict(common, conflate=False, warmup=c.paced_warmup, keep_samples=True)
-            timeout = 60 + (c.paced_count + c.paced_warmup) / c.paced_fps * 4
+            # a transport that copies the frame to every client (pyzmq) falls behind at 8K: allow
+            # ~50 MB/s per client copy on a loaded machine before calling the cell lost
+            copies = (c.paced_count + c.paced_warmup) * n * rec["bytes"]
+            timeout = 60 + (c.paced_count + c.paced_warmup) / c.paced_fps * 4 + copies / 50e6
         else:
             prod = dict(common, nbuf=nbuf, nclients=n, fill=c.fill, mode="flat", seconds=c.flat_seconds)
             cons = dict(common, conflate=True, warmup=0, keep_samples=False)
-            timeout = 60 + c.flat_seconds * 6
+            timeout = 60 + c.flat_seconds * 6 + 4 * n * rec["bytes"] / 50e6  # + draining the queued frames
         tasks = [(task_producer, prod)] + [(task_consumer, cons)] * n
         started = time.monotonic()
         try:
