@@ -21,6 +21,10 @@ bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>&
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  if (fds.size() > 2) {  // control holds two: refuse rather than overflow it (found by cpp/fuzz)
+    errno = EINVAL;
+    return false;
+  }
   if (!fds.empty()) {
     msg.msg_control = control;
     msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
