@@ -3,10 +3,16 @@
 // too many is an AddressSanitizer report, not a silent overrun).
 #pragma once
 
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <string>
 
 namespace fuzz {
 
@@ -56,5 +62,23 @@ struct ExactSink {
     size = 0;
   }
 };
+
+// A private directory for segment files: in $VIPC_TEST_TMPDIR (tests/test_fuzz.py
+// removes it afterwards), else /dev/shm, else /tmp.
+inline std::string make_temp_dir() {
+  const char* base = getenv("VIPC_TEST_TMPDIR");
+  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
+                      "/vipc-fuzz-XXXXXX";
+  if (mkdtemp(templ.data()) == nullptr) abort();
+  return templ;
+}
+
+// sockaddr_un of an abstract address (leading NUL included in `address`).
+inline socklen_t abstract_address(const std::string& address, sockaddr_un& sa) {
+  sa = sockaddr_un{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, address.data(), address.size());
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+}
 
 }  // namespace fuzz

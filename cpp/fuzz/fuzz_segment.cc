@@ -48,11 +48,7 @@ struct Sink {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* base = getenv("VIPC_TEST_TMPDIR");
-  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
-                      "/vipc-fuzz-XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) abort();
-  g_dir = templ;
+  g_dir = fuzz::make_temp_dir();
   return 0;
 }
 

@@ -66,40 +66,18 @@ ipc::UniqueFd serve_once(const std::vector<uint8_t>& reply, const std::vector<in
   if (!conn) return {};
   Request req;
   if (poll_one(conn.get(), 2000) != 1 || recv(conn.get(), &req, sizeof(req), 0) <= 0) return conn;
-  // Our own sendmsg: a hostile server may attach more fds than send_with_fds allows.
-  iovec iov{const_cast<uint8_t*>(reply.data()), reply.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 3)] = {};
-  if (!fds.empty()) {
-    msg.msg_control = control;
-    msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
-    cm->cmsg_level = SOL_SOCKET;
-    cm->cmsg_type = SCM_RIGHTS;
-    cm->cmsg_len = CMSG_LEN(sizeof(int) * fds.size());
-    std::memcpy(CMSG_DATA(cm), fds.data(), sizeof(int) * fds.size());
-  }
-  (void)sendmsg(conn.get(), &msg, MSG_NOSIGNAL);
+  send_with_fds(conn.get(), reply.data(), reply.size(), fds);
   return conn;
 }
 
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* base = getenv("VIPC_TEST_TMPDIR");
-  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
-                      "/vipc-fuzz-XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) abort();
-  g_dir = templ;
+  g_dir = fuzz::make_temp_dir();
   g_name = "fuzz" + std::to_string(getpid());
   g_listener.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  const std::string addr = socket_address("", g_name);
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::memcpy(sa.sun_path, addr.data(), addr.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
+  sockaddr_un sa;
+  const socklen_t len = fuzz::abstract_address(socket_address("", g_name), sa);
   if (bind(g_listener.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0 || listen(g_listener.get(), 8) != 0) abort();
   return 0;
 }

@@ -41,22 +41,19 @@ msgq::Publisher* g_raw = nullptr;
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* base = getenv("VIPC_TEST_TMPDIR");
-  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
-                      "/vipc-fuzz-XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) abort();
+  const std::string dir = fuzz::make_temp_dir();
   const std::string name = "fuzzpkt" + std::to_string(getpid());
   ServerOptions so;
-  so.shm_dir = templ;
+  so.shm_dir = dir;
   g_server = new Server(name, so);
   g_server->create_buffers("s", kBuffers, make_geometry(Format::kGray8, 64, 8));
   g_server->start_listener();
   ClientOptions co;
-  co.shm_dir = templ;
+  co.shm_dir = dir;
   g_client = new Client(name, "s", false, co);
   if (!g_client->connect()) abort();
   msgq::SegmentSpec spec;
-  spec.dir = templ;
+  spec.dir = dir;
   spec.basename = "msgq@" + endpoint_name(name, "s");
   g_raw = new msgq::Publisher(spec);
   return 0;

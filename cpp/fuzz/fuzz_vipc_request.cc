@@ -39,11 +39,8 @@ uint64_t g_runs = 0;
 
 ipc::UniqueFd dial() {
   ipc::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  const std::string addr = socket_address("", g_name);
-  sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  std::memcpy(sa.sun_path, addr.data(), addr.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
+  sockaddr_un sa;
+  const socklen_t len = fuzz::abstract_address(socket_address("", g_name), sa);
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) abort();  // the server must still listen
   return fd;
 }
@@ -51,11 +48,7 @@ ipc::UniqueFd dial() {
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
-  const char* base = getenv("VIPC_TEST_TMPDIR");
-  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
-                      "/vipc-fuzz-XXXXXX";
-  if (mkdtemp(templ.data()) == nullptr) abort();
-  g_dir = templ;
+  g_dir = fuzz::make_temp_dir();
   g_name = "fuzzsrv" + std::to_string(getpid());
   ServerOptions options;
   options.shm_dir = g_dir;
