@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "common/clock.h"
@@ -51,6 +53,16 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
     seg->fd_.reset(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, spec.mode));
     if (!seg->fd_) {
       if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
+      struct stat other {};
+      if (errno == EACCES && lstat(path.c_str(), &other) == 0) {
+        char mode[8];
+        std::snprintf(mode, sizeof(mode), "%03o", static_cast<unsigned>(other.st_mode & 0777));
+        fail(ErrorKind::kPermission,
+             path + " belongs to uid " + std::to_string(other.st_uid) + " with mode " + mode +
+                 ", and this process (uid " + std::to_string(geteuid()) + ") may not open it. To share topics "
+                 "between users, run them with MSGQ_SHM_MODE=660 and MSGQ_SHM_DIR set to a setgid directory of a "
+                 "common group, and MSGQ_TRUSTED_UIDS listing each other's uids");
+      }
       fail_errno("cannot open shared-memory segment " + path);
     }
     const int fd = seg->fd();
@@ -62,10 +74,12 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
     seg->ino_ = st.st_ino;
     if (!seg->still_linked()) continue;  // unlinked by a detaching peer after we opened it: retry
     if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, path + " is not a regular file: refusing it");
-    if (st.st_uid != geteuid()) {
+    const bool trusted = std::find(spec.trusted_uids.begin(), spec.trusted_uids.end(), st.st_uid) != spec.trusted_uids.end();
+    if (st.st_uid != geteuid() && !trusted) {
       fail(ErrorKind::kPermission, path + " belongs to uid " + std::to_string(st.st_uid) +
                                        ", not to us (uid " + std::to_string(geteuid()) +
-                                       "): another user owns this topic name, or is squatting it");
+                                       "): another user owns this topic name, or is squatting it (list the uid in "
+                                       "MSGQ_TRUSTED_UIDS if you share topics with that user on purpose)");
     }
     if (st.st_mode & S_IWOTH) fail(ErrorKind::kPermission, path + " is world-writable: refusing it");
     seg->ours_ = true;
@@ -100,6 +114,33 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
     return seg;
   }
   fail(ErrorKind::kIpc, "could not attach " + path + ": it kept being replaced while we opened it");
+}
+
+std::shared_ptr<Segment> Segment::adopt(int fd_in, const SegmentSpec& spec) {
+  check_basename(spec.basename);
+  std::shared_ptr<Segment> seg(new Segment());
+  seg->path_ = spec.dir + "/" + spec.basename;
+  seg->fd_.reset(fcntl(fd_in, F_DUPFD_CLOEXEC, 0));
+  if (!seg->fd_) fail_errno("dup of the segment descriptor for " + seg->path_);
+  const int fd = seg->fd();
+  ipc::ofd_lock(fd, kLockInit, true);
+  struct stat st {};
+  if (fstat(fd, &st) != 0) fail_errno("fstat " + seg->path_);
+  if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, seg->path_ + ": the descriptor passed is not a regular file");
+  if (static_cast<size_t>(st.st_size) < kHeaderSize + kMinDataSize) {
+    fail(ErrorKind::kSegment, seg->path_ + ": the descriptor passed is too small to be a msgq segment");
+  }
+  seg->dev_ = st.st_dev;
+  seg->ino_ = st.st_ino;
+  // Our own file at its usual path: detach like attach() does (the last one out unlinks it).
+  seg->ours_ = st.st_uid == geteuid() && seg->still_linked();
+  seg->map(static_cast<size_t>(st.st_size));
+  if (const std::string problem = seg->adopt_header(static_cast<size_t>(st.st_size)); !problem.empty()) {
+    fail(ErrorKind::kSegment, seg->path_ + " (passed by descriptor): " + problem);
+  }
+  ipc::ofd_lock(fd, kLockPresence, false);
+  ipc::ofd_unlock(fd, kLockInit);
+  return seg;  // not ours_: the destructor only unmaps and closes (which drops our locks)
 }
 
 Segment::~Segment() {
