@@ -38,6 +38,7 @@ examples:
   msgq-top                          this run's topics (MSGQ_PREFIX), refreshed every second
   msgq-top --all-prefixes --once    one table of every run's topics
   msgq-top --json --interval 0.5    one JSON document: {"topics": [...]}
+  msgq-top --check                  what is wrong and what to do (exit status 1 if anything)
 """
 
 
@@ -259,7 +260,7 @@ class _Keys:
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="msgq-top",
-        usage="msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--dir DIR]",
+        usage="msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--dir DIR]",
         description="Show the live msgq topics of this machine: publisher, readers, message rate, "
         "bandwidth, reader lag and resets (drops). Refreshes like top; press q or Ctrl-C to quit.",
         epilog=EPILOG,
@@ -277,6 +278,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="print one table after one interval and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON document after one interval and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="print what is wrong (slow, stopped or dead readers, dead publishers, leftovers, corrupt "
+                        "files) and what to do, then exit: status 1 if anything is")
     parser.add_argument(
         "--dir", metavar="DIR", help="directory of the segment files (default: MSGQ_SHM_DIR or /dev/shm)"
     )
@@ -302,6 +306,13 @@ def main(argv=None) -> int:
     out = sys.stdout
 
     try:
+        if args.check:
+            from msgq.diagnostics import problems
+
+            found = problems(build_report({}, snapshot(directory, prefix)))
+            out.write("\n".join(found) + "\n" if found else "no problems\n")
+            out.flush()
+            return 1 if found else 0
         if args.json or args.once:
             before = snapshot(directory, prefix)
             time.sleep(args.interval)

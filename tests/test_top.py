@@ -127,7 +127,7 @@ def test_once_prints_a_table_and_help_explains_the_columns(capsys):
         top.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    assert "msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--dir DIR]" in text
+    assert "msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--dir DIR]" in text
     for word in ("RESETS", "LAG", "STALE", "--json"):
         assert word in text
 

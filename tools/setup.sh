@@ -11,6 +11,8 @@ APT_PACKAGES=(g++ gcc cmake ninja-build python3-venv python3-dev spin)
 # vipc-view's browser tests drive the system Chromium with its matching chromedriver
 APT_PACKAGES+=(chromium chromium-driver)
 command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
+# the fuzz targets (cpp/fuzz) need clang and its libFuzzer runtime
+APT_PACKAGES+=(clang libclang-rt-14-dev)
 
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
@@ -22,6 +24,7 @@ command -v chromium >/dev/null || missing+=(chromium)
 command -v chromedriver >/dev/null || missing+=(chromium-driver)
 # the Spark pipeline (vipc-analyze) runs PySpark on a Java 17+ runtime
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
+command -v clang++ >/dev/null || missing+=(clang)
 "$PY" -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 "$PY" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=(python3-dev)

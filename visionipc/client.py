@@ -19,15 +19,20 @@ class VisionIpcClient:
     as the stream has more buffers than clients. ``frame.valid`` tells whether the
     frame is still intact; ``with client.recv() as frame:`` keeps the lease for the block
     and drops it at the end. A restarted server is picked up on its first frame.
+
+    The client only talks to a server run by its own user or root, plus
+    ``trusted_uids`` (checked with SO_PEERCRED); a server refusing this client's
+    user raises :class:`msgq.IpcPermissionError` from ``connect``.
     """
 
-    def __init__(self, name, stream, conflate=False, context=None):
+    def __init__(self, name, stream, conflate=False, context=None, trusted_uids=()):
         if context is not None:
             raise TypeError("OpenCL contexts are not supported; pass context=None")
         self.name = server_name(name)
         self.stream = stream
         self._key = stream_key(stream)
-        self._native = _visionipc.Client(self.name, self._key, bool(conflate), **run_options())
+        self._native = _visionipc.Client(self.name, self._key, bool(conflate), **run_options(),
+                                         trusted_uids=[int(u) for u in trusted_uids])
         self._last = None  # the newest frame received
         self._leased = None  # (idx, generation) our lease slot holds, if any
         # Per mapping (native epoch): the geometry dict and, per buffer index,

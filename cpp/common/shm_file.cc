@@ -6,6 +6,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <utility>
 
 #include "common/errors.h"
@@ -23,7 +25,8 @@ void check_basename(const std::string& basename, size_t capacity) {
   }
 }
 
-ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename, mode_t mode) {
+ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename, mode_t mode,
+                             const std::vector<uid_t>& trusted_uids) {
   const std::string path = dir + "/" + basename;
   for (int attempt = 0; attempt < kOpenAttempts; attempt++) {
     ShmFile f;
@@ -31,6 +34,16 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
     f.fd_.reset(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode));
     if (!f.fd_) {
       if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
+      struct stat other {};
+      if (errno == EACCES && lstat(path.c_str(), &other) == 0) {
+        char mode_text[8];
+        std::snprintf(mode_text, sizeof(mode_text), "%03o", static_cast<unsigned>(other.st_mode & 0777));
+        fail(ErrorKind::kPermission,
+             path + " belongs to uid " + std::to_string(other.st_uid) + " with mode " + mode_text +
+                 ", and this process (uid " + std::to_string(geteuid()) + ") may not open it. To share topics "
+                 "between users, run them with MSGQ_SHM_MODE=660 and MSGQ_SHM_DIR set to a setgid directory of a "
+                 "common group, and MSGQ_TRUSTED_UIDS listing each other's uids");
+      }
       fail_errno("cannot open shared-memory segment " + path);
     }
     ofd_lock(f.fd(), kLockInit, true);
@@ -46,11 +59,13 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
       f.fd_.reset();
       fail(ErrorKind::kPermission, path + " is not a regular file: refusing it");
     }
-    if (st.st_uid != geteuid()) {
+    const bool trusted = std::find(trusted_uids.begin(), trusted_uids.end(), st.st_uid) != trusted_uids.end();
+    if (st.st_uid != geteuid() && !trusted) {
       f.fd_.reset();
       fail(ErrorKind::kPermission, path + " belongs to uid " + std::to_string(st.st_uid) + ", not to us (uid " +
                                        std::to_string(geteuid()) +
-                                       "): another user owns this name, or is squatting it");
+                                       "): another user owns this name, or is squatting it (list the uid in "
+                                       "MSGQ_TRUSTED_UIDS if you share topics with that user on purpose)");
     }
     if (st.st_mode & S_IWOTH) {
       f.fd_.reset();
@@ -62,6 +77,22 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
     return f;
   }
   fail(ErrorKind::kIpc, "could not attach " + path + ": it kept being replaced while we opened it");
+}
+
+ShmFile ShmFile::adopt(int fd, const std::string& path) {
+  ShmFile f;
+  f.path_ = path;
+  f.fd_.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!f.fd_) fail_errno("dup of the descriptor passed for " + path);
+  ofd_lock(f.fd(), kLockInit, true);
+  struct stat st {};
+  if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
+  if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, path + ": the descriptor passed is not a regular file");
+  f.dev_ = st.st_dev;
+  f.ino_ = st.st_ino;
+  f.size_at_open_ = static_cast<size_t>(st.st_size);
+  f.ours_ = st.st_uid == geteuid() && f.still_linked();
+  return f;
 }
 
 ShmFile::ShmFile(ShmFile&& o) noexcept { *this = std::move(o); }
@@ -77,6 +108,7 @@ ShmFile& ShmFile::operator=(ShmFile&& o) noexcept {
     alone_ = o.alone_;
     data_ = std::exchange(o.data_, nullptr);
     mapped_ = std::exchange(o.mapped_, 0);
+    ours_ = o.ours_;
   }
   return *this;
 }
@@ -86,6 +118,10 @@ ShmFile::~ShmFile() { detach(); }
 void ShmFile::detach() {
   unmap();
   if (!fd_) return;
+  if (!ours_) {  // adopted from another user: closing drops our locks, the owner unlinks
+    fd_.reset();
+    return;
+  }
   const int fd = fd_.get();
   try {
     ofd_lock(fd, kLockInit, true);

@@ -35,7 +35,14 @@ class ShmFile {
   // init lock. Refuses symbolic links, non-regular files, files of another
   // user and world-writable files (kPermission). A file unlinked by a
   // detaching peer while we opened it is opened again.
-  static ShmFile open_locked(const std::string& dir, const std::string& basename, mode_t mode);
+  // `trusted_uids`: owners besides us whose files we accept (sharing between users).
+  static ShmFile open_locked(const std::string& dir, const std::string& basename, mode_t mode,
+                             const std::vector<uid_t>& trusted_uids = {});
+  // Attach through a descriptor another process opened for us (it is
+  // duplicated, and must be an open file description of its own: OFD locks
+  // are per description), named `path` in messages. Takes the init lock.
+  // Detaching only unlinks the name if the file is our own and still at `path`.
+  static ShmFile adopt(int fd, const std::string& path);
 
   ShmFile() = default;
   ShmFile(ShmFile&& o) noexcept;
@@ -82,6 +89,7 @@ class ShmFile {
   bool alone_ = false;
   uint8_t* data_ = nullptr;
   size_t mapped_ = 0;
+  bool ours_ = true;  // false for an adopted file of another user: never unlinked by us
 };
 
 // Unlink files in `dir` whose names start with `name_prefix` and that no live

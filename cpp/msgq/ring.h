@@ -213,6 +213,21 @@ class RingReader {
         corrupted();
         continue;
       }
+      // R0b: where we stand against the writer. Ahead of it is impossible.
+      // More than a ring behind means it lapped us: an honest writer cleared
+      // our flag before publishing wp (W1), so R2 would reset us anyway; a
+      // corrupt one did not, and following its -1 markers or (in conflate
+      // mode) skipping its messages would take up to 2^32 cycles. Found by
+      // cpp/fuzz/fuzz_ring.cc.
+      const auto behind = static_cast<int32_t>(cycle_of(wp) - rc);
+      if (behind < 0 || (behind == 0 && offset_of(wp) < ro)) {
+        corrupted();
+        continue;
+      }
+      if (behind > 1 || (behind == 1 && offset_of(wp) > ro)) {
+        lapped(conflate);
+        continue;
+      }
       const int64_t size = load_prefix(v_.data + ro);                                   // R1
       // SYNC: the size load happens before the validity load (the spec's "do not
       // reorder 1 and 2"); pairs with the writer's release fence after W1.

@@ -41,7 +41,7 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
 
   for (int attempt = 0; attempt < kAttachAttempts; attempt++) {
     std::shared_ptr<Segment> seg(new Segment());
-    seg->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+    seg->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode, spec.trusted_uids);
     const bool nobody_else = seg->file_.alone_at_open();
     const size_t file_size = seg->file_.size_at_open();
     const std::string& path = seg->path();
@@ -75,10 +75,34 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
                             ": it kept being replaced while we opened it");
 }
 
+std::shared_ptr<Segment> Segment::adopt(int fd, const SegmentSpec& spec) {
+  check_basename(spec.basename);
+  std::shared_ptr<Segment> seg(new Segment());
+  seg->file_ = ipc::ShmFile::adopt(fd, spec.dir + "/" + spec.basename);
+  const size_t file_size = seg->file_.size_at_open();
+  if (file_size < kHeaderSize + kMinDataSize) {
+    fail(ErrorKind::kSegment, seg->path() + ": the descriptor passed is too small to be a msgq segment");
+  }
+  seg->file_.map(file_size);
+  if (const std::string problem = seg->adopt_header(file_size); !problem.empty()) {
+    fail(ErrorKind::kSegment, seg->path() + " (passed by descriptor): " + problem);
+  }
+  seg->file_.finish_attach();
+  return seg;
+}
+
 Segment::~Segment() = default;  // file_ detaches: see common/shm_file.h
 
 void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
-  file_.allocate(kHeaderSize + data_size, spec.mode);
+  try {
+    file_.allocate(kHeaderSize + data_size, spec.mode);
+  } catch (const ipc::Error& e) {
+    if (e.kind() != ErrorKind::kNoSpace) throw;
+    fail(ErrorKind::kNoSpace, "not enough space in " + spec.dir + " for " + spec.basename + " (" +
+                                  std::to_string(kHeaderSize + data_size) +
+                                  " bytes): free some, use a smaller segment_size, "
+                                  "or give the container more shared memory (docker --shm-size)");
+  }
   std::memset(static_cast<void*>(header()), 0, kHeaderSize);
   SegmentHeader& h = *header();
   h.layout_version = kLayoutVersion;

@@ -23,11 +23,20 @@ struct SegmentSpec {
   size_t data_size = 0;          // 0: keep an existing segment's size, or the default when creating
   bool size_is_binding = false;  // a publisher's explicit size replaces a segment of another size
   mode_t mode = 0600;            // permissions of a segment we create
+  std::vector<uid_t> trusted_uids;  // owners besides us whose segment files we accept (sharing between users)
 };
 
 class Segment {
  public:
   static std::shared_ptr<Segment> attach(const SegmentSpec& spec);
+  // Attach through a descriptor another process opened for us (a VisionIPC
+  // server passes its topic's segment to the clients it admitted, so an
+  // allowed user needs no file permission). `fd` must be an open file
+  // description of its own (not shared with the sender: OFD locks are per
+  // description); it is duplicated. The file is never initialised or resized
+  // through it (a header that is not a valid segment is an error), and only
+  // unlinked on detach if it is our own file at spec's path.
+  static std::shared_ptr<Segment> adopt(int fd, const SegmentSpec& spec);
   ~Segment();
   Segment(const Segment&) = delete;
   Segment& operator=(const Segment&) = delete;

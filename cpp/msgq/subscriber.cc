@@ -23,6 +23,12 @@ Subscriber::Subscriber(const SegmentSpec& spec, bool conflate) : spec_(spec), co
   claim_slot(false);
 }
 
+Subscriber::Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment)
+    : spec_(spec), conflate_(conflate), seg_(std::move(segment)) {
+  spec_.size_is_binding = false;
+  claim_slot(false);
+}
+
 Subscriber::~Subscriber() { close(); }
 
 void Subscriber::close() {

@@ -20,6 +20,9 @@ enum class WaitStatus { kReady, kTimeout, kInterrupted, kClosed };
 class Subscriber {
  public:
   Subscriber(const SegmentSpec& spec, bool conflate);
+  // On a segment already attached (Segment::adopt); `spec` names it for
+  // messages and for following a publisher that replaces it.
+  Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment);
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
   Subscriber& operator=(const Subscriber&) = delete;

@@ -26,12 +26,14 @@ namespace {
 constexpr size_t kReleaseGilAbove = 256 * 1024;  // bytes copied with the GIL released
 constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
 
-SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode) {
+SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
+                      std::vector<uid_t> trusted_uids) {
   SegmentSpec spec;
   spec.dir = dir;
   spec.basename = basename;
   spec.data_size = segment_size;
   spec.mode = static_cast<mode_t>(mode);
+  spec.trusted_uids = std::move(trusted_uids);
   return spec;
 }
 
@@ -173,10 +175,12 @@ PYBIND11_MODULE(_msgq, m) {
       .def("__len__", [](const LoanBuffer& b) { return b.size; });
 
   py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
-      .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode) {
-             return std::make_shared<Publisher>(make_spec(dir, basename, segment_size, mode));
+      .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
+                       std::vector<uid_t> trusted_uids) {
+             return std::make_shared<Publisher>(make_spec(dir, basename, segment_size, mode, std::move(trusted_uids)));
            }),
-           py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("mode") = 0600)
+           py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("mode") = 0600,
+           py::arg("trusted_uids") = std::vector<uid_t>{})
       .def("send",
            [](Publisher& p, py::handle data) {
              Payload payload(data);
@@ -208,11 +212,12 @@ PYBIND11_MODULE(_msgq, m) {
 
   py::class_<PySubscriber>(m, "Subscriber")
       .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, bool conflate,
-                       unsigned mode) {
-             return PySubscriber{std::make_shared<Subscriber>(make_spec(dir, basename, segment_size, mode), conflate)};
+                       unsigned mode, std::vector<uid_t> trusted_uids) {
+             return PySubscriber{std::make_shared<Subscriber>(
+                 make_spec(dir, basename, segment_size, mode, std::move(trusted_uids)), conflate)};
            }),
            py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("conflate") = false,
-           py::arg("mode") = 0600)
+           py::arg("mode") = 0600, py::arg("trusted_uids") = std::vector<uid_t>{})
       .def("receive", &PySubscriber::receive, py::arg("non_blocking") = false)
       .def("receive_batch", &PySubscriber::receive_batch, py::arg("max_messages") = 1024, py::arg("timeout_ms") = 0)
       .def("set_timeout", [](PySubscriber& s, int ms) { s.timeout_ms = ms < 0 ? -1 : ms; })

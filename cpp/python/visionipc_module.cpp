@@ -129,10 +129,11 @@ PYBIND11_MODULE(_visionipc, m) {
 
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
-                       const std::string& shm_dir) {
-             return std::make_unique<Client>(name, stream, conflate, vipc::ClientOptions{prefix, shm_dir});
+                       const std::string& shm_dir, std::vector<uid_t> trusted_uids) {
+             return std::make_unique<Client>(name, stream, conflate, vipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
            }),
-           py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm")
+           py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm",
+           py::arg("trusted_uids") = std::vector<uid_t>{})
       .def("connect", [](Client& c) {
         py::gil_scoped_release nogil;
         return c.connect();
@@ -172,12 +173,13 @@ PYBIND11_MODULE(_visionipc, m) {
       .def_property_readonly("dropped", &Client::dropped)
       .def("close", &Client::close);
 
-  m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir) {
+  m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
+                           std::vector<uid_t> trusted_uids) {
     std::optional<std::vector<std::string>> r;
     {
       py::gil_scoped_release nogil;
-      r = Client::list_streams(name, vipc::ClientOptions{prefix, shm_dir});
+      r = Client::list_streams(name, vipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
     }
     return r;
-  });
+  }, py::arg("name"), py::arg("prefix"), py::arg("shm_dir"), py::arg("trusted_uids") = std::vector<uid_t>{});
 }

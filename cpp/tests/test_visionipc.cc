@@ -239,7 +239,7 @@ TEST(a_hostile_handshake_is_refused) {
       recv_with_fds(c.get(), &req, sizeof(req), junk);
       Reply r = *good;
       corrupt(r);
-      send_with_fds(c.get(), &r, sizeof(r), {pool.get(), leases.get()});
+      send_with_fds(c.get(), &r, sizeof(r), {pool.get(), leases.get(), pool.get()});  // third: the topic
     }
   });
   for (size_t i = 0; i < corruptions.size(); i++) {

@@ -15,6 +15,22 @@ namespace vipc {
 
 namespace {
 
+// The server's uid must be ours, root's, or one we were told to trust.
+void check_server(int fd, const std::string& name, const ClientOptions& options) {
+  ucred cred{};
+  socklen_t len = sizeof(cred);
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) ipc::fail_errno("SO_PEERCRED of VisionIPC server '" + name + "'");
+  if (cred.uid == geteuid() || cred.uid == 0) return;
+  for (uid_t u : options.trusted_uids) {
+    if (u == cred.uid) return;
+  }
+  ipc::fail(ipc::ErrorKind::kPermission,
+            "VisionIPC server '" + name + "' is run by uid " + std::to_string(cred.uid) + " (pid " +
+                std::to_string(cred.pid) + "), which this client (uid " + std::to_string(geteuid()) +
+                ") does not trust: if that is really your server, pass its uid in trusted_uids; otherwise another "
+                "user is squatting the name");
+}
+
 ipc::UniqueFd dial(const std::string& address) {
   ipc::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd) ipc::fail_errno("socket(AF_UNIX)");
@@ -30,15 +46,33 @@ ipc::UniqueFd dial(const std::string& address) {
   return fd;
 }
 
-bool ask(int fd, RequestKind kind, const std::string& stream, Reply& reply, std::vector<ipc::UniqueFd>& fds) {
+// False if the server hung up or answered garbage; throws for a refusal
+// (kDenied) and for a version mismatch, which retrying cannot fix.
+bool ask(int fd, const std::string& name, RequestKind kind, const std::string& stream, Reply& reply,
+         std::vector<ipc::UniqueFd>& fds) {
   Request req{};
   req.magic = kProtocolMagic;
   req.version = kProtocolVersion;
   req.kind = static_cast<uint32_t>(kind);
   std::memcpy(req.stream, stream.data(), std::min(stream.size(), kStreamNameCapacity - 1));
-  if (!send_with_fds(fd, &req, sizeof(req), {})) return false;
+  // A refusing server answers and hangs up without reading: read its answer even if our send failed.
+  (void)send_with_fds(fd, &req, sizeof(req), {});
   const ssize_t r = recv_with_fds(fd, &reply, sizeof(reply), fds);
-  return r == static_cast<ssize_t>(sizeof(reply)) && reply.magic == kProtocolMagic && reply.version == kProtocolVersion;
+  if (r < 8 || reply.magic != kProtocolMagic) return false;
+  if (reply.version != kProtocolVersion ||
+      (r == sizeof(reply) && reply.status == static_cast<uint32_t>(ReplyStatus::kBadRequest))) {
+    ipc::fail(ipc::ErrorKind::kIpc, "VisionIPC server '" + name + "' speaks protocol version " +
+                                        std::to_string(reply.version) + ", this client version " +
+                                        std::to_string(kProtocolVersion) +
+                                        ": run the same visionipc release in the server and its clients");
+  }
+  if (r != static_cast<ssize_t>(sizeof(reply))) return false;
+  if (reply.status == static_cast<uint32_t>(ReplyStatus::kDenied)) {
+    ipc::fail(ipc::ErrorKind::kPermission,
+              "VisionIPC server '" + name + "' refused this client (uid " + std::to_string(geteuid()) +
+                  "): it admits its own user only; start it with allowed_uids=[" + std::to_string(geteuid()) + "]");
+  }
+  return true;
 }
 
 struct PacketSink {
@@ -66,6 +100,7 @@ Client::~Client() { close(); }
 
 void Client::close() {
   disconnect();
+  topic_fd_.reset();
   pool_.reset();
   sub_.reset();
 }
@@ -83,15 +118,21 @@ void Client::ensure_subscriber() {
   spec.dir = options_.shm_dir;
   const std::string topic = endpoint_name(name_, stream_);
   spec.basename = options_.prefix.empty() ? "msgq@" + topic : "msgq@" + options_.prefix + "@" + topic;
-  sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_);
+  if (topic_fd_) {  // what the server passed: works for an admitted user of another uid too
+    sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, msgq::Segment::adopt(topic_fd_.get(), spec));
+    topic_fd_.reset();
+  } else {
+    sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_);
+  }
 }
 
 bool Client::connect() {
   ipc::UniqueFd fd = dial(socket_address(options_.prefix, name_));
   if (!fd) return false;
+  check_server(fd.get(), name_, options_);
   auto reply = std::make_unique<Reply>();
   std::vector<ipc::UniqueFd> fds;
-  if (!ask(fd.get(), RequestKind::kAttach, stream_, *reply, fds)) return false;
+  if (!ask(fd.get(), name_, RequestKind::kAttach, stream_, *reply, fds)) return false;
   if (reply->status != static_cast<uint32_t>(ReplyStatus::kOk)) return false;
   if (!accept_reply(*reply, fds)) {
     ipc::fail(ipc::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
@@ -103,7 +144,7 @@ bool Client::connect() {
 
 // Bounds-check everything a server told us before mapping or indexing with it.
 bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
-  if (fds.size() != 2 || r.lease_slot >= kMaxClients || r.lease_table_size != kLeaseTableSize) return false;
+  if (fds.size() != 3 || r.lease_slot >= kMaxClients || r.lease_table_size != kLeaseTableSize) return false;
   Geometry g{static_cast<Format>(r.format), r.width, r.height, r.stride, r.uv_offset, r.buffer_size};
   if (r.format > static_cast<uint32_t>(Format::kCustom) || !geometry_problem(g).empty()) return false;
   if (r.count == 0 || r.count > kMaxBuffers) return false;
@@ -126,6 +167,7 @@ bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
   if (server_id_ != r.server_id) retired_id_ = server_id_;
   server_id_ = r.server_id;
   ordinal_ = r.stream_ordinal;
+  topic_fd_ = std::move(fds[2]);  // checked as a segment when the subscriber adopts it
   return true;
 }
 
@@ -216,9 +258,10 @@ std::optional<std::vector<std::string>> Client::list_streams(const std::string& 
   check_name("server name", name);
   ipc::UniqueFd fd = dial(socket_address(options.prefix, name));
   if (!fd) return std::nullopt;
+  check_server(fd.get(), name, options);
   auto reply = std::make_unique<Reply>();
   std::vector<ipc::UniqueFd> fds;
-  if (!ask(fd.get(), RequestKind::kList, "", *reply, fds) || reply->status != 0) return std::nullopt;
+  if (!ask(fd.get(), name, RequestKind::kList, "", *reply, fds) || reply->status != 0) return std::nullopt;
   std::vector<std::string> out;
   std::string cur;
   for (uint32_t i = 0; i < std::min<uint32_t>(reply->list_length, kListCapacity); i++) {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sys/types.h>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,9 @@ namespace vipc {
 struct ClientOptions {
   std::string prefix;
   std::string shm_dir = "/dev/shm";
+  // Server uids this client trusts besides its own and root's (checked with
+  // SO_PEERCRED: anyone can bind a server's abstract socket name first).
+  std::vector<uid_t> trusted_uids;
 };
 
 struct Frame {
@@ -80,6 +84,7 @@ class Client {
   bool conflate_;
   ClientOptions options_;
   ipc::UniqueFd sock_;
+  ipc::UniqueFd topic_fd_;  // the topic segment the server passed (attach reply), until the subscriber takes it
   std::shared_ptr<Mapping> pool_;
   std::unique_ptr<Mapping> leases_;
   LeaseSlot* lease_ = nullptr;

@@ -20,7 +20,11 @@ bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>&
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 2)] = {};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)] = {};
+  if (fds.size() > kMaxFdsPerMessage) {  // refuse rather than overflow `control` (found by cpp/fuzz)
+    errno = EINVAL;
+    return false;
+  }
   if (!fds.empty()) {
     msg.msg_control = control;
     msg.msg_controllen = CMSG_SPACE(sizeof(int) * fds.size());
@@ -43,7 +47,7 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>
   msghdr msg{};
   msg.msg_iov = &iov;
   msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)];
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * kMaxFdsPerMessage)];
   msg.msg_control = control;
   msg.msg_controllen = sizeof(control);
   ssize_t r;

@@ -2,11 +2,18 @@
 //
 // Connection (Unix SOCK_SEQPACKET, abstract namespace, so nothing on disk):
 //   1. client -> server: Request {magic, version, kind, stream name}.
-//   2. server checks the peer's uid (SO_PEERCRED), then answers one Reply;
-//      for kAttach with the pool fd (read-only) and the lease-table fd
-//      attached by SCM_RIGHTS, for kList with the stream names.
+//   2. server checks the peer's uid (SO_PEERCRED): its own or one of its
+//      allowed_uids, else it answers a Reply with status kDenied and hangs up.
+//      Otherwise one Reply; for kAttach with three fds attached by
+//      SCM_RIGHTS: the pool, the lease table, and the stream's msgq topic
+//      segment (a fresh open file description), so an admitted user of
+//      another uid needs no file permission; for kList with the stream names.
+//      The client checks the server's uid too (its own, root, or one it was
+//      told to trust): anyone can bind an abstract socket name first.
 //   3. kAttach: the client keeps the connection open; its lease slot lives as
 //      long as the connection (the server clears it on hang-up).
+// A Reply of another version (or kBadRequest: the server found ours wrong)
+// is a version mismatch, reported as such.
 // Every field is fixed-size, little-endian, explicitly laid out (no C++
 // objects on the wire). The client bounds-checks every field of a Reply.
 //
@@ -23,12 +30,12 @@
 namespace vipc {
 
 inline constexpr uint32_t kProtocolMagic = 0x43504956;  // "VIPC"
-inline constexpr uint32_t kProtocolVersion = 1;
+inline constexpr uint32_t kProtocolVersion = 2;  // 2: the topic segment fd in the attach Reply
 inline constexpr size_t kStreamNameCapacity = 128;      // incl. NUL
 inline constexpr size_t kListCapacity = 8192;           // stream names, '\n'-separated
 
 enum class RequestKind : uint32_t { kAttach = 1, kList = 2 };
-enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3 };
+enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3, kDenied = 4 };
 
 struct Request {
   uint32_t magic;
@@ -77,7 +84,10 @@ std::string socket_address(const std::string& prefix, const std::string& name);
 // The reference's topic name: "visionipc_NAME_STREAM".
 std::string endpoint_name(const std::string& name, const std::string& stream);
 
-// Send a message with up to two fds attached; false if the peer is gone.
+// Fds one message may carry (more received are closed and the message refused).
+inline constexpr size_t kMaxFdsPerMessage = 4;
+// Send a message with up to kMaxFdsPerMessage fds attached; false if the peer
+// is gone (or too many fds were given).
 bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>& fds);
 // Receive one message and any fds (closed unless `fds` takes them); returns
 // bytes received, 0 on hang-up, -1 on error (errno set).

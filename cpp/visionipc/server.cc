@@ -1,5 +1,6 @@
 #include "visionipc/server.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/random.h>
@@ -237,10 +238,23 @@ void Server::accept_client() {
   for (;;) {
     ipc::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd) return;
-    if (!peer_allowed(fd.get())) continue;  // closing the socket is the refusal
+    if (!peer_allowed(fd.get())) {
+      // Say why, so the client can tell its user what to do; then hang up.
+      auto reply = std::make_unique<Reply>();
+      std::memset(reply.get(), 0, sizeof(Reply));
+      reply->magic = kProtocolMagic;
+      reply->version = kProtocolVersion;
+      reply->status = static_cast<uint32_t>(ReplyStatus::kDenied);
+      send_with_fds(fd.get(), reply.get(), sizeof(Reply), {});
+      continue;
+    }
     connections_.push_back(Connection{std::move(fd), nullptr, 0});
   }
 }
+
+namespace {
+bool topic_ok(const std::vector<int>& fds) { return fds.empty() || fds.back() >= 0; }
+}  // namespace
 
 bool Server::serve_request(Connection& c) {
   Request req{};
@@ -255,6 +269,7 @@ bool Server::serve_request(Connection& c) {
   req.stream[kStreamNameCapacity - 1] = '\0';
   const std::string wanted(req.stream);
   std::vector<int> fds;
+  ipc::UniqueFd topic;
   std::unique_lock<std::mutex> lock(mutex_);
   if (req.version != kProtocolVersion) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kBadRequest);
@@ -287,10 +302,14 @@ bool Server::serve_request(Connection& c) {
     reply->data_offset = s.layout.data_offset;
     reply->pool_size = s.layout.total_size;
     reply->lease_table_size = kLeaseTableSize;
-    fds = {s.pool_fd.get(), s.lease_fd.get()};
+    // The topic's segment, as an open file description of the client's own
+    // (OFD locks are per description): an admitted user of another uid needs
+    // no permission on the file itself.
+    topic.reset(open(("/proc/self/fd/" + std::to_string(s.publisher->segment()->fd())).c_str(), O_RDWR | O_CLOEXEC));
+    fds = {s.pool_fd.get(), s.lease_fd.get(), topic.get()};
   }
   lock.unlock();
-  const bool sent = send_with_fds(c.fd.get(), reply.get(), sizeof(Reply), fds);
+  const bool sent = topic_ok(fds) && send_with_fds(c.fd.get(), reply.get(), sizeof(Reply), fds);
   return sent && c.stream != nullptr;  // list and refusals: done, drop the connection
 }
 

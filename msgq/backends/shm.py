@@ -28,6 +28,16 @@ def _mode() -> int:
     return mode
 
 
+def _trusted_uids() -> list:
+    """Owners besides us whose segment files we accept (``MSGQ_TRUSTED_UIDS``,
+    comma-separated uids; default none): for topics shared between users."""
+    text = os.environ.get("MSGQ_TRUSTED_UIDS", "").strip()
+    try:
+        return [int(u) for u in text.split(",") if u.strip()]
+    except ValueError:
+        raise InvalidArgumentError(f"MSGQ_TRUSTED_UIDS={text!r} must be comma-separated numeric uids, e.g. 1000,1001") from None
+
+
 def _track(obj):
     _live.add(obj)
     return obj
@@ -41,11 +51,13 @@ def Publisher(endpoint, segment_size=0):
     if prefix not in _swept:
         _swept.add(prefix)
         remove_stale_segments(prefix)
-    return _track(_msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode()))
+    return _track(_msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(),
+                                  _trusted_uids()))
 
 
 def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):
-    sub = _msgq.Subscriber(segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode())
+    sub = _msgq.Subscriber(segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode(),
+                           _trusted_uids())
     sub.spin_us = int(os.environ.get("MSGQ_SPIN_US", DEFAULT_SPIN_US))
     return _track(sub)
 
