@@ -154,14 +154,24 @@ def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = 
     return df.join(F.broadcast(owners), "_file").drop("_file")
 
 
-def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = True):
-    """``read_index`` without Spark: one pandas frame (pyarrow reads the files)."""
+def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = True, columns=None):
+    """``read_index`` without Spark: one pandas frame (pyarrow reads the files, a few at
+    once). ``columns``: only these index columns (all by default); ``recording_id`` and
+    ``recording_path`` are always added."""
+    from concurrent.futures import ThreadPoolExecutor
+
     import pyarrow.parquet as pq
 
     recs = _recordings(recordings)
-    tables = []
-    for rec, _, _, path in index_files(recs, skip_empty=skip_empty, validate=validate):
-        t = pq.read_table(path, schema=INDEX_ARROW_SCHEMA)
-        tables.append(t.append_column("recording_id", pa.array([rec.recording_id] * len(t), pa.string()))
-                       .append_column("recording_path", pa.array([rec.path] * len(t), pa.string())))
+    files = index_files(recs, skip_empty=skip_empty, validate=validate)
+    names = None if columns is None else [c for c in columns if c not in ("recording_id", "recording_path")]
+
+    def read(item):
+        rec, _, _, path = item
+        t = pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=names)
+        return (t.append_column("recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t)))
+                 .append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t))))
+
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        tables = list(pool.map(read, files))  # in file order
     return pa.concat_tables(tables).to_pandas()
