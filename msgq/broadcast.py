@@ -279,7 +279,7 @@ class BroadcastQueue:
         such as numpy arrays go out of band, copied once into shared memory).
         Waits while the slowest reader is ``max_chunks`` messages behind; raises
         ``TimeoutError`` (:class:`~msgq.errors.IpcTimeoutError`) after ``timeout`` s."""
-        self._send(_KIND_PICKLE, _serialize(obj), _deadline(timeout))
+        self._put(obj, False, _deadline(timeout))
 
     def enqueue_bytes(self, data, timeout: Optional[float] = None) -> None:
         """Send one bytes-like message as it is (no pickling)."""
@@ -287,7 +287,7 @@ class BroadcastQueue:
             view = memoryview(data)
         except TypeError:
             raise TypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
-        self._send(_KIND_RAW, [view], _deadline(timeout))
+        self._put(view, True, _deadline(timeout))
 
     def _check_writer(self):
         if not self._is_writer:
@@ -297,12 +297,29 @@ class BroadcastQueue:
         if self._writer is None and self._remote_sock is None:
             raise ClosedError(f"broadcast queue {self.name!r} is closed")
 
-    def _send(self, kind: int, parts: list, deadline: Optional[float]) -> None:
-        self._check_writer()
+    def _put(self, obj, raw: bool, deadline: Optional[float]) -> None:
+        kind = _KIND_RAW if raw else _KIND_PICKLE
+        if self._writer is None or self._remote_sock is not None or self._generation != _fork_generation:
+            self._check_writer()  # remote readers need the parts too
+            self._send(kind, [obj] if raw else _serialize(obj), deadline)
+            return
+        # The hot path: one native call pickles, waits (up to one warning
+        # interval) and writes; only a wait that ran out or a message larger
+        # than a chunk comes back here, with the parts, for the slow path.
+        cap = _left(deadline, self.warn_interval)
+        got = self._writer.put(obj, raw, cap)
+        if got is None:
+            self._seq += 1
+            return
+        status, parts = got
+        self._send(kind, parts, deadline, status, time.monotonic() - cap)
+
+    def _send(self, kind: int, parts: list, deadline: Optional[float], status: Optional[str] = None,
+              started: Optional[float] = None) -> None:
         seq = self._seq
         if self._writer is not None:
             flags = _queues.FLAG_RAW if kind == _KIND_RAW else 0
-            if not self._write_chunk(flags, parts, deadline):
+            if not self._write_chunk(flags, parts, deadline, status, started):
                 if self._local_sock is None:
                     _zmq()  # explains what to install
                 self._write_chunk(flags | _queues.FLAG_OVERFLOW, [], deadline)
@@ -313,12 +330,15 @@ class BroadcastQueue:
                            deadline)
         self._seq = seq + 1
 
-    def _write_chunk(self, flags: int, parts: list, deadline: Optional[float]) -> bool:
+    def _write_chunk(self, flags: int, parts: list, deadline: Optional[float], status: Optional[str] = None,
+                     started: Optional[float] = None) -> bool:
         """Write into the next chunk, waiting (and warning) for slow readers;
-        False if the message does not fit in a chunk."""
-        started = time.monotonic()
+        False if the message does not fit in a chunk. ``status``: what a
+        first attempt (begun at ``started``) already returned."""
+        started = time.monotonic() if started is None else started
         while True:
-            status = self._writer.write(flags, parts, _left(deadline, self.warn_interval))
+            if status is None:
+                status = self._writer.write(flags, parts, _left(deadline, self.warn_interval))
             if status == "ready":
                 return True
             if status == "too_large":
@@ -331,6 +351,7 @@ class BroadcastQueue:
                                       f"{time.monotonic() - started:.3g} s waiting for {waiting}")
             logger.warning("broadcast queue %r: the writer has waited %.1f s for %s to consume message %d",
                            self.name, time.monotonic() - started, waiting, self._seq - self._writer.n_chunks)
+            status = None
 
     def _describe_readers(self, ranks) -> str:
         out = []
@@ -397,8 +418,26 @@ class BroadcastQueue:
         ``enqueue_bytes``). Raises ``TimeoutError`` after ``timeout`` s and
         :class:`~msgq.errors.QueueShutdownError` once the queue was shut down
         and everything before it was read."""
-        kind, parts = self._next(_deadline(timeout))
-        return _decode(kind, parts)
+        reader = self._reader
+        if (reader is None or self._stash is not None or self._pending_overflow is not None
+                or self._generation != _fork_generation):
+            return _decode(*self._next(_deadline(timeout)))  # remote, or what the hot path leaves; checks the state
+        # The hot path: one native call waits, unpickles in place and consumes.
+        if timeout is not None and not (timeout.__class__ in (int, float) and timeout >= 0):
+            _deadline(timeout)  # raises for a bad timeout (a negative one means "do not wait")
+            timeout = 0.0
+        got = reader.take(timeout)
+        if got.__class__ is object:  # one of the native layer's sentinels (or a plain object() sent)
+            if got is _queues.OVERFLOW:
+                self._pending_overflow = self._seq
+                self._seq += 1
+                return _decode(*self._recv_overflow(_deadline(timeout)))
+            if got is _queues.TIMEOUT:
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
+            if got is _queues.SHUTDOWN or got is _queues.CLOSED:
+                raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+        self._seq += 1
+        return got
 
     def dequeue_bytes(self, timeout: Optional[float] = None) -> bytes:
         """The next message, which must have been sent with ``enqueue_bytes``;

@@ -20,9 +20,10 @@ from queue_helpers import broadcast_reader, send_message
 CHUNK = 4096
 
 
-def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_writer_back(caplog):
+@pytest.mark.parametrize("max_chunks", [4, 16])  # 16: the writer sleeps for 4 free chunks at a time
+def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_writer_back(caplog, max_chunks):
     count = 300
-    queue = msgq.BroadcastQueue(n_readers=3, chunk_bytes=CHUNK, max_chunks=4, warn_interval=0.2)
+    queue = msgq.BroadcastQueue(n_readers=3, chunk_bytes=CHUNK, max_chunks=max_chunks, warn_interval=0.2)
     with Children() as children, queue:
         children.start(broadcast_reader, "slow", queue.handle, 0, count, CHUNK, 1.0, 50, 0.05)
         children.start(broadcast_reader, "fast1", queue.handle, 1, count, CHUNK)
@@ -34,7 +35,7 @@ def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_w
         reports = children.collect(["slow", "fast1", "fast2"], timeout=90)
     for name, report in reports.items():
         assert report == {"count": count, "bad": 0, "first_bad": None, "extra": False}, (name, report)
-    # The slow reader started 1 s late with a ring of 4 chunks: the writer had to wait for it, and said so.
+    # The slow reader started 1 s late with a small ring: the writer had to wait for it, and said so.
     warnings = [r.getMessage() for r in caplog.records if r.name == "msgq.broadcast"]
     assert warnings and all("reader 0" in w for w in warnings), warnings
     assert not any("reader 1" in w or "reader 2" in w for w in warnings)
@@ -151,6 +152,35 @@ def test_closing_the_writer_lets_readers_drain_then_tells_them():
     queue.enqueue("one")
     queue.close()
     assert reader.dequeue(timeout=1) == "one"
+    with pytest.raises(QueueShutdownError):
+        reader.dequeue(timeout=1)
+    reader.close()
+
+
+def test_the_one_call_hot_path_keeps_every_message_and_every_error():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=4)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    marker = object()
+    for obj in (None, marker, b"raw bytes"):
+        queue.enqueue(obj)
+    queue.enqueue_bytes(b"sent raw")
+    assert reader.dequeue(timeout=1) is None
+    got = reader.dequeue(timeout=float("inf"))
+    assert type(got) is object and got is not marker  # a plain object() is a message, not a sentinel
+    assert reader.dequeue(timeout=10**12) == b"raw bytes"
+    assert reader.dequeue(timeout=1) == b"sent raw"
+    with pytest.raises(TimeoutError):
+        reader.dequeue(timeout=-1)  # negative: do not wait
+    for bad in (float("nan"), "1", True):
+        with pytest.raises(InvalidArgumentError):
+            reader.dequeue(timeout=bad)
+    # A chunk that is not a pickle stream (a corrupt peer): a clear error, and the message is spent.
+    assert queue._writer.write(0, [b"not a pickle"], 1.0) == "ready"
+    queue.enqueue("next")
+    with pytest.raises(pickle.UnpicklingError):
+        reader.dequeue(timeout=1)
+    assert reader.dequeue(timeout=1) == "next"
+    queue.close()
     with pytest.raises(QueueShutdownError):
         reader.dequeue(timeout=1)
     reader.close()

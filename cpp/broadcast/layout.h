@@ -15,7 +15,7 @@
 namespace bcast {
 
 inline constexpr uint64_t kMagic = 0x31305154'53414342ull;  // "BCASTQ01" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;  // 2: space_wanted
 inline constexpr uint32_t kMaxReaders = 64;      // one bit each in ChunkMeta::read_mask
 inline constexpr uint32_t kMaxChunks = 4096;
 inline constexpr uint64_t kMinChunkBytes = 64;
@@ -62,9 +62,16 @@ struct alignas(kCacheLine) QueueHeader {
   // --- line 2: readers sleep here waiting for a chunk to be written (BW3 notifies).
   ipc::WaitPoint data_ready;
   char pad2[kCacheLine - sizeof(ipc::WaitPoint)];
-  // --- line 3: the writer sleeps here waiting for a chunk to be consumed (BR3 notifies).
+  // --- line 3: the writer sleeps here waiting for chunks to be consumed (BR3 notifies).
   ipc::WaitPoint space_free;
-  char pad3[kCacheLine - sizeof(ipc::WaitPoint)];
+  // While the writer sleeps on a full ring: it waits until every reader has
+  // consumed the messages before this one (BW1's hysteresis), and the last
+  // reader of message m wakes it only once m + 1 >= space_wanted. Writer:
+  // store(relaxed) before its seq_cst sleeper registration; readers:
+  // load(relaxed) after their seq_cst fence, only when a sleeper is counted
+  // (a stale, lower value costs a spurious wake, never a missed one).
+  std::atomic<uint64_t> space_wanted;
+  char pad3[kCacheLine - sizeof(ipc::WaitPoint) - 8];
 
   ReaderSlot readers[kMaxReaders];
 };

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "common/clock.h"
@@ -139,6 +140,10 @@ bool Writer::writable() const {
   return m.read_mask.load(std::memory_order_acquire) == file_->all_readers();
 }
 
+bool Writer::writable_now() const {
+  return !closed() && writable() && file_->header().shutdown.load(std::memory_order_seq_cst) == 0;
+}
+
 uint64_t Writer::pending_readers() const {
   if (closed()) return 0;
   const ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq_ % file_->n_chunks()));
@@ -146,14 +151,37 @@ uint64_t Writer::pending_readers() const {
   return file_->all_readers() & ~m.read_mask.load(std::memory_order_acquire);
 }
 
+bool Writer::consumed_by_all(uint64_t seq) const {
+  // Message seq's chunk now holds a later message, or every reader's bit.
+  const ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq % file_->n_chunks()));
+  if (m.written.load(std::memory_order_relaxed) != seq + 1) return true;
+  return m.read_mask.load(std::memory_order_acquire) == file_->all_readers();  // SYNC: as in writable()
+}
+
 Status Writer::wait_writable(int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
   if (!use.ok() || !file_) return Status::kClosed;
   QueueHeader& h = file_->header();
-  auto ready = [&] {
-    return writable() || h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing();
-  };
-  const ipc::WaitResult r = ipc::wait_until(h.space_free, ready, deadline_ns, kPollNs);
+  auto stop = [&] { return h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
+  auto ready = [&] { return writable() || stop(); };
+  // Readers a short while behind: poll for the one chunk (no sleep, no wake-up).
+  ipc::WaitResult r = ipc::wait_until(h.space_free, ready, std::min(deadline_ns, ipc::monotonic_ns() + kPollNs),
+                                      kPollNs);
+  if (r == ipc::WaitResult::kTimeout && !ready() && ipc::monotonic_ns() < deadline_ns) {
+    // BW1's hysteresis: the ring is full and the readers are far behind.
+    // Sleep until a quarter of the ring is free, not one chunk: a writer
+    // ahead of slow readers is then woken once per n_chunks / 4 messages
+    // rather than once per message (a system call and two context switches
+    // each). The chunk of message seq_ was written (the ring is full), so
+    // seq_ >= n_chunks and the message awaited, below, exists.
+    const uint64_t n = file_->n_chunks();
+    const uint64_t batch = std::max<uint64_t>(1, n / 4);
+    const uint64_t last_needed = seq_ + batch - 1 - n;  // frees chunks seq_ .. seq_ + batch - 1
+    h.space_wanted.store(last_needed + 1, std::memory_order_relaxed);
+    auto batch_ready = [&] { return consumed_by_all(last_needed) || stop(); };
+    r = ipc::wait_until(h.space_free, batch_ready, deadline_ns);
+    if (r == ipc::WaitResult::kTimeout && writable()) r = ipc::WaitResult::kReady;  // one chunk will do now
+  }
   if (gate_.closing()) return Status::kClosed;
   if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
   if (r == ipc::WaitResult::kReady) return Status::kReady;
@@ -310,10 +338,21 @@ void Reader::consume() {
   ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq_ % file_->n_chunks()));
   // BR3. SYNC: release orders our copy out of the chunk before the writer's
   // acquire load of read_mask (BW1) lets it overwrite the chunk.
-  m.read_mask.fetch_or(uint64_t{1} << rank_, std::memory_order_release);
+  const uint64_t bit = uint64_t{1} << rank_;
+  const uint64_t before = m.read_mask.fetch_or(bit, std::memory_order_release);
   seq_++;
   h.readers[rank_].consumed.store(seq_, std::memory_order_relaxed);
-  ipc::notify_all(h.space_free);
+  // The writer waits for chunks every reader consumed (BW1), a batch of
+  // them when it sleeps: only the last reader of a chunk can complete one,
+  // and it wakes the writer only once the last message the writer needs is
+  // consumed (the others would wake it for nothing, a system call each).
+  // The seq_cst fence in notify_all_if pairs with the writer's sleeper
+  // registration, which follows its store of space_wanted.
+  if ((before | bit) == file_->all_readers()) {
+    const uint64_t done = seq_;  // messages 0 .. seq_ - 1 consumed by this reader
+    ipc::notify_all_if(h.space_free,
+                       [&] { return done >= h.space_wanted.load(std::memory_order_relaxed); });
+  }
 }
 
 }  // namespace bcast

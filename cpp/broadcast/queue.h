@@ -75,6 +75,8 @@ class Writer {
   // (monotonic ns, ipc::kNever) passes, a signal arrives, or the queue is
   // shut down / closed.
   Status wait_writable(int64_t deadline_ns);
+  // wait_writable() would return kReady at once: the bindings skip the GIL release.
+  bool writable_now() const;
   // Readers (bit r) that have not yet consumed the chunk the next message needs.
   uint64_t pending_readers() const;
   // Bytes a message of these parts takes; fits() if it is at most chunk_bytes().
@@ -92,6 +94,7 @@ class Writer {
 
  private:
   bool writable() const;
+  bool consumed_by_all(uint64_t seq) const;
   std::shared_ptr<QueueFile> file_;
   uint64_t seq_ = 0;  // sequence number of the next message
   ipc::UseGate gate_;

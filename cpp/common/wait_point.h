@@ -69,9 +69,18 @@ WaitResult wait_until(WaitPoint& wp, Ready&& ready, int64_t deadline_ns, int64_t
 }
 
 // Call after making a condition true (any store ordering: the fence orders it).
+// wanted(), if given, runs only when someone sleeps (after the fence) and
+// may say the sleepers do not care about this change yet.
 inline void notify_all(WaitPoint& wp) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   if (wp.sleepers.load(std::memory_order_relaxed) == 0) return;
+  wp.seq.fetch_add(1, std::memory_order_release);
+  futex_wake(&wp.seq, INT_MAX);
+}
+template <class Wanted>
+void notify_all_if(WaitPoint& wp, Wanted&& wanted) {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (wp.sleepers.load(std::memory_order_relaxed) == 0 || !wanted()) return;
   wp.seq.fetch_add(1, std::memory_order_release);
   futex_wake(&wp.seq, INT_MAX);
 }

@@ -5,6 +5,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -24,6 +25,7 @@ constexpr size_t kReleaseGilAbove = 64 * 1024;
 int64_t deadline_from(std::optional<double> timeout_s) {
   if (!timeout_s) return ipc::kNever;
   const double s = *timeout_s < 0 ? 0 : *timeout_s;
+  if (!(s < 1e9)) return ipc::kNever;  // 31 years, infinity or NaN: no limit (and no overflow)
   return ipc::monotonic_ns() + static_cast<int64_t>(s * 1e9);
 }
 
@@ -85,6 +87,116 @@ class Parts {
   size_t total_ = 0;
 };
 
+// Pickle protocol 5, looked up once (never destroyed: no decref may run
+// after the interpreter is finalized). Called through vectorcall: this is
+// the per-message path.
+struct Pickler {
+  py::object dumps, loads, protocol, callback_kw, buffers_kw;
+};
+const Pickler& pickler() {
+  static const Pickler* p = [] {
+    py::module_ pickle = py::module_::import("pickle");
+    return new Pickler{pickle.attr("dumps"), pickle.attr("loads"), py::int_(5), py::make_tuple("buffer_callback"),
+                       py::make_tuple("buffers")};
+  }();
+  return *p;
+}
+
+py::object call(const py::object& fn, PyObject* const* args, size_t nargs, const py::object& kwnames = {}) {
+  PyObject* r = PyObject_Vectorcall(fn.ptr(), args, nargs, kwnames ? kwnames.ptr() : nullptr);
+  if (r == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::object>(r);
+}
+
+// obj pickled (protocol 5): [stream, out-of-band buffers...]. Contiguous
+// buffers (numpy arrays, PickleBuffer) go out of band, uncopied; if one is
+// not contiguous, everything is pickled again in band.
+py::list serialize(const py::handle& obj) {
+  const Pickler& p = pickler();
+  py::list buffers;
+  py::object append = buffers.attr("append");  // returns None: "out of band"
+  PyObject* args[] = {obj.ptr(), p.protocol.ptr(), append.ptr()};
+  py::object stream = call(p.dumps, args, 2, p.callback_kw);
+  py::list parts;
+  parts.append(stream);
+  for (const py::handle b : buffers) {
+    const Py_buffer* view = PyPickleBuffer_GetBuffer(b.ptr());
+    if (view == nullptr) throw py::error_already_set();
+    if (!PyBuffer_IsContiguous(view, 'A')) {
+      py::list in_band;
+      in_band.append(call(p.dumps, args, 2));
+      return in_band;
+    }
+    parts.append(b.attr("raw")());
+  }
+  return parts;
+}
+
+// Sentinels that take() / put() return instead of a message (never equal to one).
+struct Sentinels {
+  py::object overflow, timeout, shutdown, closed;
+};
+const Sentinels* g_sentinels = nullptr;  // set once at module init
+const Sentinels& sentinels() { return *g_sentinels; }
+py::object status_sentinel(bcast::Status st) {
+  switch (st) {
+    case bcast::Status::kTimeout: return sentinels().timeout;
+    case bcast::Status::kShutdown: return sentinels().shutdown;
+    default: return sentinels().closed;
+  }
+}
+
+// The message v (peeked from r), decoded, then handed back (BR3): raw bytes
+// as bytes; a pickle stream unpickled in place from the chunk, its
+// out-of-band buffers copied into bytearrays first (the chunk is reused once
+// consumed); an overflow marker as OVERFLOW (the payload is on the side channel).
+py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
+  struct ConsumeOnExit {  // BR3 even if unpickling raises: the message is spent either way
+    bcast::Reader& r;
+    ~ConsumeOnExit() {
+      try {
+        r.consume();
+      } catch (const ipc::Error&) {  // closed meanwhile by another thread: nothing to hand back
+      }
+    }
+  } consume{r};
+  if (v.flags & bcast::kFlagOverflow) return sentinels().overflow;
+  if (v.parts.empty()) ipc::fail(ipc::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
+  auto copy = [](const bcast::Part& part, bool bytes) {
+    const auto n = static_cast<Py_ssize_t>(part.size);
+    PyObject* o = bytes ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
+    if (o == nullptr) throw py::error_already_set();
+    char* dst = bytes ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
+    if (n >= static_cast<Py_ssize_t>(kReleaseGilAbove)) {
+      py::gil_scoped_release nogil;
+      std::memcpy(dst, part.data, part.size);
+    } else if (n != 0) {
+      std::memcpy(dst, part.data, part.size);
+    }
+    return py::reinterpret_steal<py::object>(o);
+  };
+  if (v.flags & bcast::kFlagRaw) return copy(v.parts[0], true);
+  py::list buffers;
+  for (size_t i = 1; i < v.parts.size(); i++) buffers.append(copy(v.parts[i], false));
+  auto stream = py::reinterpret_steal<py::object>(PyMemoryView_FromMemory(
+      static_cast<char*>(const_cast<void*>(v.parts[0].data)), static_cast<Py_ssize_t>(v.parts[0].size), PyBUF_READ));
+  if (!stream) throw py::error_already_set();
+  struct ReleaseOnExit {  // nothing may keep a view of the chunk past BR3
+    py::object& view;
+    ~ReleaseOnExit() {
+      static PyObject* const name = PyUnicode_InternFromString("release");
+      PyObject *type, *value, *tb;
+      const bool failing = PyErr_Occurred() != nullptr;
+      if (failing) PyErr_Fetch(&type, &value, &tb);
+      if (PyObject* res = PyObject_CallMethodNoArgs(view.ptr(), name)) Py_DECREF(res);
+      PyErr_Clear();  // a view still exported: nothing we can do here, and unpickling never keeps one
+      if (failing) PyErr_Restore(type, value, tb);
+    }
+  } release{stream};
+  PyObject* args[] = {stream.ptr(), buffers.ptr()};
+  return buffers.empty() ? call(pickler().loads, args, 1) : call(pickler().loads, args, 1, pickler().buffers_kw);
+}
+
 // A view into a mapped slot; keeps the mapping alive while any memoryview
 // or numpy array of it exists.
 struct SlotBuffer {
@@ -119,6 +231,14 @@ PYBIND11_MODULE(_queues, m) {
   m.attr("FLAG_OVERFLOW") = bcast::kFlagOverflow;
   m.attr("MAX_READERS") = bcast::kMaxReaders;
   m.attr("WINDOW") = ordered::kWindow;
+  {
+    py::object object = py::module_::import("builtins").attr("object");
+    g_sentinels = new Sentinels{object(), object(), object(), object()};
+    m.attr("OVERFLOW") = g_sentinels->overflow;
+    m.attr("TIMEOUT") = g_sentinels->timeout;
+    m.attr("SHUTDOWN") = g_sentinels->shutdown;
+    m.attr("CLOSED") = g_sentinels->closed;
+  }
 
   // ---------------------------------------------------------------- broadcast
   py::class_<bcast::Writer, std::shared_ptr<bcast::Writer>>(m, "BroadcastWriter")
@@ -158,6 +278,35 @@ PYBIND11_MODULE(_queues, m) {
           },
           py::arg("flags"), py::arg("parts"), py::arg("timeout_s"),
           "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or too_large.")
+      .def(
+          "put",
+          [](bcast::Writer& w, const py::handle& obj, bool raw, std::optional<double> timeout_s) -> py::object {
+            py::list parts;
+            if (raw) {
+              parts.append(obj);
+            } else {
+              parts = serialize(obj);
+            }
+            Parts p(parts);
+            if (!w.fits(p.parts().data(), p.parts().size())) return py::make_tuple("too_large", parts);
+            if (!w.writable_now()) {
+              const int64_t deadline = deadline_from(timeout_s);
+              const bcast::Status st = blocking([&] { return w.wait_writable(deadline); });
+              if (st != bcast::Status::kReady) return py::make_tuple(status_name(st), parts);
+            }
+            const uint32_t flags = raw ? bcast::kFlagRaw : 0;
+            if (p.total() >= kReleaseGilAbove) {
+              py::gil_scoped_release nogil;
+              w.write(flags, p.parts().data(), p.parts().size());
+            } else {
+              w.write(flags, p.parts().data(), p.parts().size());
+            }
+            return py::none();
+          },
+          py::arg("obj"), py::arg("raw"), py::arg("timeout_s"),
+          "The hot path in one call: pickle obj (protocol 5, contiguous buffers out of band; raw: obj is the\n"
+          "bytes-like message), wait up to timeout_s (None: no limit) for a free chunk, write it. None once\n"
+          "written; else (status, parts) for the caller's slow path: too_large, timeout, shutdown, closed.")
       .def("pending_readers",
            [](const bcast::Writer& w) {
              std::vector<uint32_t> ranks;
@@ -211,6 +360,22 @@ PYBIND11_MODULE(_queues, m) {
              if (!r.peek(v)) return std::nullopt;
              return v.flags;
            })
+      .def(
+          "take",
+          [](bcast::Reader& r, std::optional<double> timeout_s) -> py::object {
+            thread_local bcast::ChunkView v;  // keeps its capacity: no allocation per message
+            if (r.peek(v)) return take_message(r, v);
+            const int64_t deadline = deadline_from(timeout_s);
+            for (;;) {
+              const bcast::Status st = blocking([&] { return r.wait_readable(deadline); });
+              if (st != bcast::Status::kReady) return status_sentinel(st);
+              if (r.peek(v)) return take_message(r, v);
+            }
+          },
+          py::arg("timeout_s"),
+          "The hot path in one call: wait up to timeout_s (None: no limit) for the next message, decode it\n"
+          "(unpickled in place, or bytes if raw), consume it. OVERFLOW for a message on the side channel;\n"
+          "TIMEOUT, SHUTDOWN or CLOSED when there is none.")
       .def("read",
            [](bcast::Reader& r) -> py::object {
              // The next message, copied out: (flags, [first part as bytes,

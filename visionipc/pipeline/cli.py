@@ -109,7 +109,7 @@ def run(args, step) -> int:
             res["latency_hist"] = report.latency_histogram(index, max(1.0, 2 * top))
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
         if "metrics" in args.jobs:
-            step("metrics: decoding every frame in the executors (one task per segment)")
+            step("metrics: decoding every frame in the executors")
             path = os.path.join(out, "metrics.parquet")
             metrics.metrics_job(segments_df(spark, recs, skip_empty=args.skip_empty, validate=False)) \
                 .write.mode("overwrite").parquet(path)

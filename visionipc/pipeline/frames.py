@@ -1,7 +1,7 @@
 """Decoding recorded frames inside Spark executors.
 
 The driver only lists segments (``segment_table``: one row per segment, no
-frames); ``segments_df`` spreads them one per partition, and each task opens its
+frames); ``segments_df`` spreads them over a few partitions per task slot, and each task opens its
 segment's video and index itself (``iter_segment``) so pixels never travel
 through the driver. ``read_frames`` exposes the decoded frames as a DataFrame
 (pixels as bytes) for jobs of your own; the built-in jobs decode and reduce in
@@ -29,10 +29,21 @@ def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True
             for rec, stream, seg, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate)]
 
 
-def segments_df(spark, recordings, **kw):
-    """The segments as a DataFrame with exactly one segment per partition (one task each)."""
+# Partitions per task slot in segments_df: a Spark task costs ~60 ms of
+# overhead on a 2-core machine (JVM <-> Python worker hand-over), ~4 % of a
+# 126-frame 720p segment; one task per segment paid it 8 times per slot in
+# tools/bench_pipeline.py, two per slot keeps the slots balanced with ~4x less.
+TASKS_PER_SLOT = 2
+
+
+def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
+    """The segments as a DataFrame, spread over ``partitions`` tasks (default: two per task
+    slot of the session, at most one per segment), consecutive segments together."""
     rows = segment_table(recordings, **kw)
-    rdd = spark.sparkContext.parallelize([tuple(r.values()) for r in rows], numSlices=max(1, len(rows)))
+    if partitions is None:
+        partitions = TASKS_PER_SLOT * spark.sparkContext.defaultParallelism
+    rdd = spark.sparkContext.parallelize([tuple(r.values()) for r in rows],
+                                         numSlices=max(1, min(len(rows), int(partitions))))
     return spark.createDataFrame(rdd, SEGMENT_SCHEMA)
 
 
@@ -151,5 +162,5 @@ def _frame_rows(segment: dict):
 
 def read_frames(spark, recordings, **kw):
     """Every recorded frame as a row with its pixels (``FRAME_SCHEMA``), decoded lazily in the
-    executors, one task per segment: ``np.frombuffer(pixels, dtype).reshape(shape)``."""
+    executors (a run of segments per task): ``np.frombuffer(pixels, dtype).reshape(shape)``."""
     return map_segments(segments_df(spark, recordings, **kw), _frame_rows, FRAME_SCHEMA)

@@ -3,7 +3,7 @@
 ``frame_metrics`` is the kernel (brightness, contrast, sharpness as the variance
 of the Laplacian, motion as the mean absolute difference to the previous frame);
 ``segment_metrics`` runs it over one segment; ``metrics_job`` over all segments
-in Spark executors (one task per segment) and ``metrics_pandas`` without Spark,
+in Spark executors (a run of segments per task) and ``metrics_pandas`` without Spark,
 optionally on a process pool.
 """
 
@@ -62,17 +62,20 @@ def metrics_job(segments, **thresholds):
     return map_segments(segments, partial(segment_metrics, **thresholds), METRICS_SCHEMA)
 
 
-def metrics_pandas(recordings, *, processes: int = 0, **thresholds):
-    """``metrics_job`` without Spark; ``processes`` > 0 spreads segments over a spawn pool."""
+def metrics_pandas(recordings, *, processes: int = 0, pool=None, **thresholds):
+    """``metrics_job`` without Spark; ``processes`` > 0 spreads segments over a spawn pool
+    made for this call, ``pool`` over a ``multiprocessing`` pool of yours (kept open)."""
     import multiprocessing
 
     import pandas as pd
 
     segments = segment_table(recordings)
     fn = partial(segment_metrics, **thresholds)
-    if processes > 0:
-        with multiprocessing.get_context("spawn").Pool(processes) as pool:
-            parts = pool.map(fn, segments, chunksize=1)
+    if pool is not None:
+        parts = pool.map(fn, segments, chunksize=1)
+    elif processes > 0:
+        with multiprocessing.get_context("spawn").Pool(processes) as own:
+            parts = own.map(fn, segments, chunksize=1)
     else:
         parts = [fn(s) for s in segments]
     return pd.concat(parts, ignore_index=True)
