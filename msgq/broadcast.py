@@ -426,7 +426,11 @@ class BroadcastQueue:
         if timeout is not None and not (timeout.__class__ in (int, float) and timeout >= 0):
             _deadline(timeout)  # raises for a bad timeout (a negative one means "do not wait")
             timeout = 0.0
-        got = reader.take(timeout)
+        try:
+            got = reader.take(timeout)
+        except BaseException:  # e.g. a message that does not unpickle: it is consumed all the same
+            self._seq = reader.consumed
+            raise
         if got.__class__ is object:  # one of the native layer's sentinels (or a plain object() sent)
             if got is _queues.OVERFLOW:
                 self._pending_overflow = self._seq

@@ -180,6 +180,7 @@ def test_the_one_call_hot_path_keeps_every_message_and_every_error():
     with pytest.raises(pickle.UnpicklingError):
         reader.dequeue(timeout=1)
     assert reader.dequeue(timeout=1) == "next"
+    assert reader._seq == reader._reader.consumed == 6  # in step: the side channel checks it
     queue.close()
     with pytest.raises(QueueShutdownError):
         reader.dequeue(timeout=1)
