@@ -1,5 +1,6 @@
 """Frames decoded in Spark executors: per-frame OpenCV metrics and dataset export."""
 
+import multiprocessing
 import os
 
 import cv2
@@ -37,6 +38,10 @@ def test_metrics_of_real_camera_recordings_nv12_and_gray(spark, camera_recording
     on_spark = metrics.spark_metrics(spark, paths).toPandas().sort_values(keys, ignore_index=True)
     alone = metrics.metrics_pandas(paths, processes=2).sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(on_spark, alone)  # the same function, in executors or a process pool
+    with multiprocessing.get_context("spawn").Pool(2) as pool:  # a pool of the caller's, kept open
+        again = metrics.metrics_pandas(paths, pool=pool).sort_values(keys, ignore_index=True)
+        assert pool.apply(sum, ([1, 2],)) == 3  # still usable afterwards
+    pd.testing.assert_frame_equal(again, alone)
     for rid in ("lossless", "gray"):
         index = raw_index(camera_recordings[rid])
         got = on_spark[on_spark.recording_id == rid]
