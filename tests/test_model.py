@@ -1,4 +1,5 @@
-"""Model-check the MSGQ ring protocol with spin (cpp/msgq/model/ring.pml).
+"""Model-check the MSGQ ring protocol with spin (cpp/msgq/model/ring.pml),
+and the wait point every queue sleeps on (cpp/common/model/wait_point.pml).
 
 The unmodified model must verify with a complete search of its state space
 (errors: 0, no truncated depth, no memory bound hit). Each mutation, a
@@ -19,6 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "cpp" / "msgq" / "model" / "ring.pml"
+WAIT_POINT_MODEL = ROOT / "cpp" / "common" / "model" / "wait_point.pml"
+# Each of these undoes one step of wait_point.h; each must leave a waiter
+# asleep forever (spin: "invalid end state").
+WAIT_POINT_MUTATIONS = ["NO_RECHECK", "LOAD_FIRST", "WAKE_ONE", "KEEP_OLD_WORD"]
 
 # pan: safety properties only, exact state compression, bounded memory.
 PAN_CFLAGS = ["-DSAFETY", "-DCOLLAPSE", "-DVECTORSZ=1024", "-DMEMLIM=2048"]
@@ -55,15 +60,15 @@ def _require(tool: str) -> str:
     return path
 
 
-def _check(tmp_path: Path, defines: str, exhaustive: bool = True) -> str:
+def _check(tmp_path: Path, defines: str, exhaustive: bool = True, model: Path = MODEL) -> str:
     """Generate, compile and run the verifier; return pan's output.
 
     A counterexample is found within a few thousand states, so a mutation's
     verifier is compiled without optimisation (faster to build than to run)."""
     spin, gcc = _require("spin"), _require("gcc")
     flags = [f"-D{name}" for name in defines.split(",") if name]
-    shutil.copy(MODEL, tmp_path / "ring.pml")
-    gen = subprocess.run([spin, *flags, "-a", "ring.pml"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    shutil.copy(model, tmp_path / model.name)
+    gen = subprocess.run([spin, *flags, "-a", model.name], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert gen.returncode == 0 and (tmp_path / "pan.c").exists(), f"spin -a failed:\n{gen.stdout}{gen.stderr}"
     opt = "-O1" if exhaustive else "-O0"
     cc = subprocess.run([gcc, opt, *PAN_CFLAGS, "-o", "pan", "pan.c"], cwd=tmp_path, capture_output=True, text=True,
@@ -108,3 +113,16 @@ def test_each_mutation_has_a_counterexample(tmp_path, defines):
 @pytest.mark.parametrize("defines", REDUNDANT)
 def test_redundant_checks_have_no_counterexample(tmp_path, defines):
     _assert_complete_and_clean(_check(tmp_path, defines))
+
+
+@pytest.mark.parametrize("defines", ["", "RETRY"], ids=["notifier_gives_up_on_a_lost_race", "notifier_retries"])
+def test_wait_point_model_loses_no_wake_up(tmp_path, defines):
+    _assert_complete_and_clean(_check(tmp_path, defines, model=WAIT_POINT_MODEL))
+
+
+@pytest.mark.parametrize("defines", WAIT_POINT_MUTATIONS)
+def test_each_wait_point_mutation_loses_a_wake_up(tmp_path, defines):
+    out = _check(tmp_path, defines, exhaustive=False, model=WAIT_POINT_MODEL)
+    assert _errors(out) > 0, f"-D{defines} should lose a wake-up but spin found no counterexample:\n{out}"
+    assert "invalid end state" in out, f"-D{defines}: the error is not a waiter left asleep:\n{out}"
+    assert (tmp_path / "wait_point.pml.trail").exists(), "pan left no counterexample trail"

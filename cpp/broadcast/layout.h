@@ -15,7 +15,7 @@
 namespace bcast {
 
 inline constexpr uint64_t kMagic = 0x31305154'53414342ull;  // "BCASTQ01" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 2;  // 2: space_wanted
+inline constexpr uint32_t kLayoutVersion = 3;  // 2: space_wanted; 3: wait points' may-sleep bit
 inline constexpr uint32_t kMaxReaders = 64;      // one bit each in ChunkMeta::read_mask
 inline constexpr uint32_t kMaxChunks = 4096;
 inline constexpr uint64_t kMinChunkBytes = 64;
@@ -67,9 +67,10 @@ struct alignas(kCacheLine) QueueHeader {
   // While the writer sleeps on a full ring: it waits until every reader has
   // consumed the messages before this one (BW1's hysteresis), and the last
   // reader of message m wakes it only once m + 1 >= space_wanted. Writer:
-  // store(relaxed) before its seq_cst sleeper registration; readers:
-  // load(relaxed) after their seq_cst fence, only when a sleeper is counted
-  // (a stale, lower value costs a spurious wake, never a missed one).
+  // store(relaxed) before its seq_cst sleeper registration (the fetch_or of
+  // the may-sleep bit, a release); readers: load(relaxed) only after their
+  // acquire load saw that bit (a stale, lower value costs a spurious wake,
+  // never a missed one).
   std::atomic<uint64_t> space_wanted;
   char pad3[kCacheLine - sizeof(ipc::WaitPoint) - 8];
 

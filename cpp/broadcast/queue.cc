@@ -119,8 +119,7 @@ void Writer::close() {
   gate_.begin_close();
   QueueHeader& h = file_->header();
   while (!gate_.idle()) {  // a wait on another thread: wake it and let it leave
-    h.space_free.seq.fetch_add(1, std::memory_order_release);
-    ipc::futex_wake(&h.space_free.seq, INT32_MAX);
+    ipc::wake_all_now(h.space_free);
     usleep(50);
   }
   file_.reset();
@@ -179,13 +178,15 @@ Status Writer::wait_writable(int64_t deadline_ns) {
     const uint64_t last_needed = seq_ + batch - 1 - n;  // frees chunks seq_ .. seq_ + batch - 1
     h.space_wanted.store(last_needed + 1, std::memory_order_relaxed);
     auto batch_ready = [&] { return consumed_by_all(last_needed) || stop(); };
-    r = ipc::wait_until(h.space_free, batch_ready, deadline_ns);
-    if (r == ipc::WaitResult::kTimeout && writable()) r = ipc::WaitResult::kReady;  // one chunk will do now
+    r = ipc::wait_until(h.space_free, batch_ready, deadline_ns);  // at the deadline, one free chunk will do
   }
   if (gate_.closing()) return Status::kClosed;
   if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
-  if (r == ipc::WaitResult::kReady) return Status::kReady;
-  return r == ipc::WaitResult::kTimeout ? Status::kTimeout : Status::kInterrupted;
+  // The chunk may have been freed after the short poll timed out (before the
+  // batch wait's check): that is success, not a timeout. Otherwise r == kReady
+  // meant stop(), answered above.
+  if (writable()) return Status::kReady;
+  return r == ipc::WaitResult::kInterrupted ? Status::kInterrupted : Status::kTimeout;
 }
 
 bool Writer::fits(const Part* parts, size_t n) const {
@@ -274,8 +275,7 @@ void Reader::close() {
   gate_.begin_close();
   QueueHeader& h = file_->header();
   while (!gate_.idle()) {
-    h.data_ready.seq.fetch_add(1, std::memory_order_release);
-    ipc::futex_wake(&h.data_ready.seq, INT32_MAX);
+    ipc::wake_all_now(h.data_ready);
     usleep(50);
   }
   ipc::ofd_unlock(file_->fd(), kLockReaderBase + rank_);

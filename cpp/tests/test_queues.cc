@@ -17,6 +17,7 @@
 #include "broadcast/queue.h"
 #include "check.h"
 #include "common/clock.h"
+#include "common/wait_point.h"
 #include "ordered/availability.h"
 #include "ordered/topic.h"
 #include "test_support.h"
@@ -286,6 +287,67 @@ TEST(ordered_topic_bad_input) {
   waker.join();
 }
 
+// ---------------------------------------------------------------- wait points
+
+TEST(wait_point_notifier_clears_the_sleep_bit_and_skips_syscalls_until_a_waiter_returns) {
+  ipc::WaitPoint wp{};
+  std::atomic<bool> flag{false};
+  std::atomic<int> woke{0};
+  std::thread waiter([&] {
+    auto ready = [&] { return flag.load(std::memory_order_acquire); };
+    CHECK(ipc::wait_until(wp, ready, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+    woke.store(1);
+  });
+  // The waiter registers (bit 0 set) before it sleeps.
+  const int64_t give_up = ipc::monotonic_ns() + 5'000'000'000;
+  while ((wp.word.load() & ipc::kMaySleep) == 0 && ipc::monotonic_ns() < give_up) std::this_thread::yield();
+  CHECK((wp.word.load() & ipc::kMaySleep) != 0);
+  const uint32_t before = wp.word.load();
+  ipc::notify_all(wp);  // condition still false: the waiter wakes, re-registers and sleeps again
+  CHECK(wp.word.load() != before);
+  while ((wp.word.load() & ipc::kMaySleep) == 0 && ipc::monotonic_ns() < give_up) std::this_thread::yield();
+  flag.store(true, std::memory_order_release);
+  const uint32_t registered = wp.word.load();
+  CHECK((registered & ipc::kMaySleep) != 0);
+  ipc::notify_all(wp);
+  const uint32_t cleared = wp.word.load();
+  CHECK(cleared == (registered & ~ipc::kMaySleep) + 2);
+  ipc::notify_all(wp);  // nobody registered since: no change to the word, no wake
+  ipc::notify_all_if(wp, [] { return true; });
+  CHECK(wp.word.load() == cleared);
+  waiter.join();
+  CHECK(woke.load() == 1);
+  // notify_all_if leaves the bit for sleepers that do not care yet.
+  wp.word.fetch_or(ipc::kMaySleep);
+  const uint32_t set = wp.word.load();
+  ipc::notify_all_if(wp, [] { return false; });
+  CHECK(wp.word.load() == set);
+}
+
+TEST(wait_point_ping_pong_never_loses_a_wake) {
+  // Two threads hand a token back and forth through two wait points without
+  // polling; a lost wake-up would leave both asleep until the 10 s deadline.
+  ipc::WaitPoint to_b{}, to_a{};
+  std::atomic<uint64_t> token{0};
+  constexpr uint64_t kRounds = 20000;
+  std::thread b([&] {
+    for (uint64_t i = 0; i < kRounds; i++) {
+      auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i + 1; };
+      CHECK(ipc::wait_until(to_b, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+      token.store(2 * i + 2, std::memory_order_release);
+      ipc::notify_all(to_a);
+    }
+  });
+  for (uint64_t i = 0; i < kRounds; i++) {
+    auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i; };
+    CHECK(ipc::wait_until(to_a, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+    token.store(2 * i + 1, std::memory_order_release);
+    ipc::notify_all(to_b);
+  }
+  b.join();
+  CHECK(token.load() == 2 * kRounds);
+}
+
 // ---------------------------------------------------------------- broadcast queue
 
 TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
@@ -301,6 +363,7 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
   spec.chunk_bytes = kChunk;
   bcast::Writer writer(spec);
   std::atomic<uint64_t> bad{0};
+  std::atomic<int> reader_status{static_cast<int>(bcast::Status::kReady)};  // a reader's failed wait
   std::vector<std::thread> readers;
   for (uint32_t r = 0; r < kReaders; r++) {
     readers.emplace_back([&, r] {
@@ -309,7 +372,9 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
       for (uint64_t seq = 0; seq < kMessages;) {
         bcast::ChunkView view;
         if (!reader.peek(view)) {
-          if (reader.wait_readable(deadline) != bcast::Status::kReady) {
+          const bcast::Status st = reader.wait_readable(deadline);
+          if (st != bcast::Status::kReady) {
+            reader_status.store(static_cast<int>(st));
             bad++;
             return;
           }
@@ -328,7 +393,9 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
   for (uint64_t seq = 0; seq < kMessages; seq++) {
     const std::vector<uint8_t> data = payload_for(seq, kChunk - 32);
     const bcast::Part part{data.data(), data.size()};
-    CHECK(writer.wait_writable(ipc::monotonic_ns() + 30'000'000'000) == bcast::Status::kReady);
+    const bcast::Status st = writer.wait_writable(ipc::monotonic_ns() + 30'000'000'000);
+    CHECK_EQ(reader_status.load(), static_cast<int>(bcast::Status::kReady));
+    CHECK_EQ(static_cast<int>(st), static_cast<int>(bcast::Status::kReady));
     writer.write(0, &part, 1);
   }
   for (auto& t : readers) t.join();
