@@ -279,7 +279,7 @@ class BroadcastQueue:
         such as numpy arrays go out of band, copied once into shared memory).
         Waits while the slowest reader is ``max_chunks`` messages behind; raises
         ``TimeoutError`` (:class:`~msgq.errors.IpcTimeoutError`) after ``timeout`` s."""
-        self._put(obj, False, _deadline(timeout))
+        self._put(obj, False, timeout)
 
     def enqueue_bytes(self, data, timeout: Optional[float] = None) -> None:
         """Send one bytes-like message as it is (no pickling)."""
@@ -287,7 +287,7 @@ class BroadcastQueue:
             view = memoryview(data)
         except TypeError:
             raise TypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
-        self._put(view, True, _deadline(timeout))
+        self._put(view, True, timeout)
 
     def _check_writer(self):
         if not self._is_writer:
@@ -297,22 +297,23 @@ class BroadcastQueue:
         if self._writer is None and self._remote_sock is None:
             raise ClosedError(f"broadcast queue {self.name!r} is closed")
 
-    def _put(self, obj, raw: bool, deadline: Optional[float]) -> None:
-        kind = _KIND_RAW if raw else _KIND_PICKLE
-        if self._writer is None or self._remote_sock is not None or self._generation != _fork_generation:
+    def _put(self, obj, raw: bool, timeout: Optional[float]) -> None:
+        writer = self._writer
+        if writer is None or self._remote_sock is not None or self._generation != _fork_generation:
+            deadline = _deadline(timeout)
             self._check_writer()  # remote readers need the parts too
-            self._send(kind, [obj] if raw else _serialize(obj), deadline)
+            self._send(_KIND_RAW if raw else _KIND_PICKLE, [obj] if raw else _serialize(obj), deadline)
             return
-        # The hot path: one native call pickles, waits (up to one warning
-        # interval) and writes; only a wait that ran out or a message larger
-        # than a chunk comes back here, with the parts, for the slow path.
-        cap = _left(deadline, self.warn_interval)
-        got = self._writer.put(obj, raw, cap)
+        # The hot path: one native call checks the timeout, pickles, waits
+        # (up to one warning interval) and writes; only a wait that ran out or
+        # a message larger than a chunk comes back here, with the parts, the
+        # deadline and when the wait began, for the slow path.
+        got = writer.put(obj, raw, timeout, self.warn_interval)
         if got is None:
             self._seq += 1
             return
-        status, parts = got
-        self._send(kind, parts, deadline, status, time.monotonic() - cap)
+        status, parts, deadline, started = got
+        self._send(_KIND_RAW if raw else _KIND_PICKLE, parts, deadline, status, started)
 
     def _send(self, kind: int, parts: list, deadline: Optional[float], status: Optional[str] = None,
               started: Optional[float] = None) -> None:
@@ -422,10 +423,8 @@ class BroadcastQueue:
         if (reader is None or self._stash is not None or self._pending_overflow is not None
                 or self._generation != _fork_generation):
             return _decode(*self._next(_deadline(timeout)))  # remote, or what the hot path leaves; checks the state
-        # The hot path: one native call waits, unpickles in place and consumes.
-        if timeout is not None and not (timeout.__class__ in (int, float) and timeout >= 0):
-            _deadline(timeout)  # raises for a bad timeout (a negative one means "do not wait")
-            timeout = 0.0
+        # The hot path: one native call checks the timeout (as _deadline
+        # does), waits, unpickles in place and consumes.
         try:
             got = reader.take(timeout)
         except BaseException:  # e.g. a message that does not unpickle: it is consumed all the same

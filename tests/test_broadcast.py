@@ -171,16 +171,23 @@ def test_the_one_call_hot_path_keeps_every_message_and_every_error():
     assert reader.dequeue(timeout=1) == b"sent raw"
     with pytest.raises(TimeoutError):
         reader.dequeue(timeout=-1)  # negative: do not wait
-    for bad in (float("nan"), "1", True):
-        with pytest.raises(InvalidArgumentError):
+    # A bad timeout is refused before anything is pickled, sent or consumed.
+    queue.enqueue("kept")
+    for bad in (float("nan"), "1", True, None.__class__):
+        with pytest.raises(InvalidArgumentError, match="timeout must be a number of seconds or None"):
             reader.dequeue(timeout=bad)
+        with pytest.raises(InvalidArgumentError, match="timeout must be a number of seconds or None"):
+            queue.enqueue("never sent", timeout=bad)
+    queue.enqueue("huge", timeout=10**400)  # too large for a double: no limit
+    assert reader.dequeue(timeout=-(10**400)) == "kept"  # hugely negative: do not wait
+    assert reader.dequeue(timeout=0) == "huge"
     # A chunk that is not a pickle stream (a corrupt peer): a clear error, and the message is spent.
     assert queue._writer.write(0, [b"not a pickle"], 1.0) == "ready"
     queue.enqueue("next")
     with pytest.raises(pickle.UnpicklingError):
         reader.dequeue(timeout=1)
     assert reader.dequeue(timeout=1) == "next"
-    assert reader._seq == reader._reader.consumed == 6  # in step: the side channel checks it
+    assert reader._seq == reader._reader.consumed == 8  # in step: the side channel checks it
     queue.close()
     with pytest.raises(QueueShutdownError):
         reader.dequeue(timeout=1)

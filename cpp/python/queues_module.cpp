@@ -5,6 +5,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <optional>
@@ -27,6 +29,36 @@ int64_t deadline_from(std::optional<double> timeout_s) {
   const double s = *timeout_s < 0 ? 0 : *timeout_s;
   if (!(s < 1e9)) return ipc::kNever;  // 31 years, infinity or NaN: no limit (and no overflow)
   return ipc::monotonic_ns() + static_cast<int64_t>(s * 1e9);
+}
+
+// A Python timeout in seconds (None: no limit), checked as
+// msgq.broadcast._deadline checks it: an int or float (not a bool, not NaN);
+// a negative one means "do not wait" (deadline_from).
+std::optional<double> timeout_from_py(const py::handle& t) {
+  if (t.is_none()) return std::nullopt;
+  PyObject* o = t.ptr();
+  double s;
+  if (PyFloat_Check(o)) {
+    s = PyFloat_AS_DOUBLE(o);
+  } else if (PyLong_Check(o) && !PyBool_Check(o)) {
+    s = PyLong_AsDouble(o);
+    if (s == -1.0 && PyErr_Occurred()) {  // too large for a double: sign decides
+      PyErr_Clear();
+      s = PyObject_RichCompareBool(o, py::int_(0).ptr(), Py_LT) == 1 ? 0.0 : HUGE_VAL;
+    }
+  } else {
+    s = NAN;
+  }
+  if (s != s) {
+    ipc::fail(ipc::ErrorKind::kInvalidArgument,
+              "timeout must be a number of seconds or None, not " + py::repr(t).cast<std::string>());
+  }
+  return s;
+}
+
+py::object seconds_or_none(int64_t deadline_ns) {
+  if (deadline_ns == ipc::kNever) return py::none();
+  return py::float_(static_cast<double>(deadline_ns) / 1e9);
 }
 
 template <class S>
@@ -176,8 +208,12 @@ py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
     return py::reinterpret_steal<py::object>(o);
   };
   if (v.flags & bcast::kFlagRaw) return copy(v.parts[0], true);
-  py::list buffers;
-  for (size_t i = 1; i < v.parts.size(); i++) buffers.append(copy(v.parts[i], false));
+  py::object buffers;  // out-of-band buffers, if any (most messages have none)
+  if (v.parts.size() > 1) {
+    py::list list;
+    for (size_t i = 1; i < v.parts.size(); i++) list.append(copy(v.parts[i], false));
+    buffers = std::move(list);
+  }
   auto stream = py::reinterpret_steal<py::object>(PyMemoryView_FromMemory(
       static_cast<char*>(const_cast<void*>(v.parts[0].data)), static_cast<Py_ssize_t>(v.parts[0].size), PyBUF_READ));
   if (!stream) throw py::error_already_set();
@@ -194,7 +230,7 @@ py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
     }
   } release{stream};
   PyObject* args[] = {stream.ptr(), buffers.ptr()};
-  return buffers.empty() ? call(pickler().loads, args, 1) : call(pickler().loads, args, 1, pickler().buffers_kw);
+  return buffers ? call(pickler().loads, args, 1, pickler().buffers_kw) : call(pickler().loads, args, 1);
 }
 
 // A view into a mapped slot; keeps the mapping alive while any memoryview
@@ -280,33 +316,57 @@ PYBIND11_MODULE(_queues, m) {
           "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or too_large.")
       .def(
           "put",
-          [](bcast::Writer& w, const py::handle& obj, bool raw, std::optional<double> timeout_s) -> py::object {
+          [](bcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout, double cap_s) -> py::object {
+            const int64_t deadline = deadline_from(timeout_from_py(timeout));  // checked before pickling
             py::list parts;
             if (raw) {
               parts.append(obj);
             } else {
               parts = serialize(obj);
             }
-            Parts p(parts);
-            if (!w.fits(p.parts().data(), p.parts().size())) return py::make_tuple("too_large", parts);
-            if (!w.writable_now()) {
-              const int64_t deadline = deadline_from(timeout_s);
-              const bcast::Status st = blocking([&] { return w.wait_writable(deadline); });
-              if (st != bcast::Status::kReady) return py::make_tuple(status_name(st), parts);
-            }
-            const uint32_t flags = raw ? bcast::kFlagRaw : 0;
-            if (p.total() >= kReleaseGilAbove) {
-              py::gil_scoped_release nogil;
-              w.write(flags, p.parts().data(), p.parts().size());
+            auto slow_path = [&](const char* status, int64_t started_ns) {
+              return py::make_tuple(status, parts, seconds_or_none(deadline), static_cast<double>(started_ns) / 1e9);
+            };
+            // A lone pickle stream (no out-of-band buffer) is a bytes object:
+            // written straight from it, with no buffer requests.
+            std::optional<Parts> views;
+            bcast::Part one{};
+            const bcast::Part* data = &one;
+            size_t n = 1;
+            if (!raw && PyList_GET_SIZE(parts.ptr()) == 1 && PyBytes_CheckExact(PyList_GET_ITEM(parts.ptr(), 0))) {
+              PyObject* stream = PyList_GET_ITEM(parts.ptr(), 0);
+              one = bcast::Part{PyBytes_AS_STRING(stream), static_cast<uint64_t>(PyBytes_GET_SIZE(stream))};
             } else {
-              w.write(flags, p.parts().data(), p.parts().size());
+              views.emplace(parts);
+              data = views->parts().data();
+              n = views->parts().size();
+            }
+            if (!w.fits(data, n)) return slow_path("too_large", ipc::monotonic_ns());
+            if (!w.writable_now()) {
+              // Up to cap_s (the caller's warning interval), then the caller's
+              // slow path warns and waits on until the deadline.
+              const int64_t started = ipc::monotonic_ns();
+              const int64_t until = std::min(deadline, deadline_from(cap_s));
+              const bcast::Status st = blocking([&] { return w.wait_writable(until); });
+              if (st != bcast::Status::kReady) return slow_path(status_name(st), started);
+            }
+            size_t total = 0;
+            for (size_t i = 0; i < n; i++) total += data[i].size;
+            const uint32_t flags = raw ? bcast::kFlagRaw : 0;
+            if (total >= kReleaseGilAbove) {
+              py::gil_scoped_release nogil;
+              w.write(flags, data, n);
+            } else {
+              w.write(flags, data, n);
             }
             return py::none();
           },
-          py::arg("obj"), py::arg("raw"), py::arg("timeout_s"),
+          py::arg("obj"), py::arg("raw"), py::arg("timeout"), py::arg("cap_s"),
           "The hot path in one call: pickle obj (protocol 5, contiguous buffers out of band; raw: obj is the\n"
-          "bytes-like message), wait up to timeout_s (None: no limit) for a free chunk, write it. None once\n"
-          "written; else (status, parts) for the caller's slow path: too_large, timeout, shutdown, closed.")
+          "bytes-like message), wait for a free chunk (up to timeout s, None: no limit, and at most cap_s),\n"
+          "write it. None once written; else (status, parts, deadline, started) for the caller's slow path:\n"
+          "status too_large, timeout, shutdown or closed; deadline and started in time.monotonic() seconds\n"
+          "(deadline None: no limit). A bad timeout raises InvalidArgumentError before anything is pickled.")
       .def("pending_readers",
            [](const bcast::Writer& w) {
              std::vector<uint32_t> ranks;
@@ -362,8 +422,9 @@ PYBIND11_MODULE(_queues, m) {
            })
       .def(
           "take",
-          [](bcast::Reader& r, std::optional<double> timeout_s) -> py::object {
+          [](bcast::Reader& r, const py::handle& timeout) -> py::object {
             thread_local bcast::ChunkView v;  // keeps its capacity: no allocation per message
+            const std::optional<double> timeout_s = timeout_from_py(timeout);  // checked even when a message waits
             if (r.peek(v)) return take_message(r, v);
             const int64_t deadline = deadline_from(timeout_s);
             for (;;) {
@@ -372,10 +433,10 @@ PYBIND11_MODULE(_queues, m) {
               if (r.peek(v)) return take_message(r, v);
             }
           },
-          py::arg("timeout_s"),
-          "The hot path in one call: wait up to timeout_s (None: no limit) for the next message, decode it\n"
-          "(unpickled in place, or bytes if raw), consume it. OVERFLOW for a message on the side channel;\n"
-          "TIMEOUT, SHUTDOWN or CLOSED when there is none.")
+          py::arg("timeout"),
+          "The hot path in one call: wait up to timeout s (None: no limit; a bad one raises\n"
+          "InvalidArgumentError) for the next message, decode it (unpickled in place, or bytes if raw),\n"
+          "consume it. OVERFLOW for a message on the side channel; TIMEOUT, SHUTDOWN or CLOSED when there is none.")
       .def("read",
            [](bcast::Reader& r) -> py::object {
              // The next message, copied out: (flags, [first part as bytes,
