@@ -36,6 +36,13 @@ import sys
 import time
 from multiprocessing import shared_memory
 
+# benchlib imports numpy (through visionipc) in every process, readers
+# included. OpenBLAS then starts a worker thread per core that spins for
+# ~0.1 s of CPU after the import: in a run of well under a second on 2 cores
+# that steals a random share of the measured window from whichever transport
+# is running. Nothing here calls BLAS; one thread (no spinning helper) keeps
+# the harness out of the numbers. Children inherit the setting.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import benchlib  # noqa: E402  (also keeps the source tree's msgq off sys.path)
 
