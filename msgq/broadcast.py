@@ -28,7 +28,7 @@ import secrets
 import socket
 import struct
 import time
-from typing import Any, List, Optional, Sequence
+from typing import Optional, Sequence
 
 from msgq import _queues
 from msgq.backends.shm import _mode
@@ -136,18 +136,9 @@ def _expired(deadline: Optional[float]) -> bool:
     return deadline is not None and time.monotonic() >= deadline
 
 
-def _serialize(obj) -> List[Any]:
-    """Pickle protocol 5: the stream, then every contiguous buffer out of band (not copied)."""
-    buffers = []
-
-    def out_of_band(buf):
-        try:
-            buffers.append(buf.raw())
-            return False
-        except BufferError:  # not contiguous: serialize in band
-            return True
-
-    return [pickle.dumps(obj, protocol=5, buffer_callback=out_of_band), *buffers]
+# Pickle protocol 5: [stream, every contiguous buffer out of band (not
+# copied)]; the same function the native hot path (put) pickles with.
+_serialize = _queues.serialize
 
 
 def _decode(kind: int, parts: Sequence):

@@ -29,6 +29,7 @@ def _installed():
 def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, capsys):
     names = _installed()
     out_json, out_png = tmp_path / "bench.json", tmp_path / "plots" / "bench.png"
+    shm_before = set(os.listdir("/dev/shm"))
     rc = main(["--sizes", ",".join(f"{w}x{h}" for w, h in SIZES), "--clients", ",".join(map(str, CLIENTS)),
                "--transports", ",".join(names), "--frames", str(FRAMES), "--fps", "60", "--seconds", "0.1",
                "--json", str(out_json), "--plot", str(out_png), "--quiet"])
@@ -36,6 +37,9 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     assert rc == 0, printed
     report = json.loads(out_json.read_text())
     assert report["errors"] == [] and report["meta"]["leftovers"] == []
+    # Nothing new in /dev/shm under any name, peers' own files included (iceoryx2
+    # keeps a management segment per prefix by design: the run's prefix lets it go).
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
 
     paced = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["paced"]}
     flat = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["flat"]}

@@ -102,12 +102,10 @@ class Parts {
                              Py_TYPE(o.ptr())->tp_name);
       }
       parts_.push_back(bcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});
-      total_ += static_cast<size_t>(views_[i].len);
     }
   }
   ~Parts() { release(views_.size()); }
   const std::vector<bcast::Part>& parts() const { return parts_; }
-  size_t total() const { return total_; }
 
  private:
   void release(size_t n) {
@@ -116,7 +114,6 @@ class Parts {
   }
   std::vector<Py_buffer> views_;
   std::vector<bcast::Part> parts_;
-  size_t total_ = 0;
 };
 
 // Pickle protocol 5, looked up once (never destroyed: no decref may run
@@ -182,6 +179,34 @@ py::object status_sentinel(bcast::Status st) {
 // as bytes; a pickle stream unpickled in place from the chunk, its
 // out-of-band buffers copied into bytearrays first (the chunk is reused once
 // consumed); an overflow marker as OVERFLOW (the payload is on the side channel).
+// One part copied out of a chunk: bytes (as_bytes) or a writable bytearray
+// (out-of-band buffers); large copies run without the GIL.
+py::object copy_out(const bcast::Part& part, bool as_bytes) {
+  const auto n = static_cast<Py_ssize_t>(part.size);
+  PyObject* o = as_bytes ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
+  if (o == nullptr) throw py::error_already_set();
+  char* dst = as_bytes ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
+  if (part.size >= kReleaseGilAbove) {
+    py::gil_scoped_release nogil;
+    std::memcpy(dst, part.data, part.size);
+  } else if (n != 0) {
+    std::memcpy(dst, part.data, part.size);
+  }
+  return py::reinterpret_steal<py::object>(o);
+}
+
+// Write a message whose chunk wait_writable() freed; large copies run without the GIL.
+void write_parts(bcast::Writer& w, uint32_t flags, const bcast::Part* parts, size_t n) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += parts[i].size;
+  if (total >= kReleaseGilAbove) {
+    py::gil_scoped_release nogil;
+    w.write(flags, parts, n);
+  } else {
+    w.write(flags, parts, n);
+  }
+}
+
 py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
   struct ConsumeOnExit {  // BR3 even if unpickling raises: the message is spent either way
     bcast::Reader& r;
@@ -194,24 +219,11 @@ py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
   } consume{r};
   if (v.flags & bcast::kFlagOverflow) return sentinels().overflow;
   if (v.parts.empty()) ipc::fail(ipc::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
-  auto copy = [](const bcast::Part& part, bool bytes) {
-    const auto n = static_cast<Py_ssize_t>(part.size);
-    PyObject* o = bytes ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
-    if (o == nullptr) throw py::error_already_set();
-    char* dst = bytes ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
-    if (n >= static_cast<Py_ssize_t>(kReleaseGilAbove)) {
-      py::gil_scoped_release nogil;
-      std::memcpy(dst, part.data, part.size);
-    } else if (n != 0) {
-      std::memcpy(dst, part.data, part.size);
-    }
-    return py::reinterpret_steal<py::object>(o);
-  };
-  if (v.flags & bcast::kFlagRaw) return copy(v.parts[0], true);
+  if (v.flags & bcast::kFlagRaw) return copy_out(v.parts[0], true);
   py::object buffers;  // out-of-band buffers, if any (most messages have none)
   if (v.parts.size() > 1) {
     py::list list;
-    for (size_t i = 1; i < v.parts.size(); i++) list.append(copy(v.parts[i], false));
+    for (size_t i = 1; i < v.parts.size(); i++) list.append(copy_out(v.parts[i], false));
     buffers = std::move(list);
   }
   auto stream = py::reinterpret_steal<py::object>(PyMemoryView_FromMemory(
@@ -275,6 +287,9 @@ PYBIND11_MODULE(_queues, m) {
     m.attr("SHUTDOWN") = g_sentinels->shutdown;
     m.attr("CLOSED") = g_sentinels->closed;
   }
+  m.def("serialize", &serialize, py::arg("obj"),
+        "obj pickled (protocol 5) as [stream, out-of-band buffers...], as put() pickles it: contiguous buffers\n"
+        "(numpy arrays) out of band, uncopied; everything in band if one is not contiguous.");
 
   // ---------------------------------------------------------------- broadcast
   py::class_<bcast::Writer, std::shared_ptr<bcast::Writer>>(m, "BroadcastWriter")
@@ -304,12 +319,7 @@ PYBIND11_MODULE(_queues, m) {
             const int64_t deadline = deadline_from(timeout_s);
             const bcast::Status st = blocking([&] { return w.wait_writable(deadline); });
             if (st != bcast::Status::kReady) return status_name(st);
-            if (p.total() >= kReleaseGilAbove) {
-              py::gil_scoped_release nogil;
-              w.write(flags, p.parts().data(), p.parts().size());
-            } else {
-              w.write(flags, p.parts().data(), p.parts().size());
-            }
+            write_parts(w, flags, p.parts().data(), p.parts().size());
             return "ready";
           },
           py::arg("flags"), py::arg("parts"), py::arg("timeout_s"),
@@ -350,15 +360,7 @@ PYBIND11_MODULE(_queues, m) {
               const bcast::Status st = blocking([&] { return w.wait_writable(until); });
               if (st != bcast::Status::kReady) return slow_path(status_name(st), started);
             }
-            size_t total = 0;
-            for (size_t i = 0; i < n; i++) total += data[i].size;
-            const uint32_t flags = raw ? bcast::kFlagRaw : 0;
-            if (total >= kReleaseGilAbove) {
-              py::gil_scoped_release nogil;
-              w.write(flags, data, n);
-            } else {
-              w.write(flags, data, n);
-            }
+            write_parts(w, raw ? bcast::kFlagRaw : 0, data, n);
             return py::none();
           },
           py::arg("obj"), py::arg("raw"), py::arg("timeout"), py::arg("cap_s"),
@@ -444,20 +446,7 @@ PYBIND11_MODULE(_queues, m) {
              bcast::ChunkView v;
              if (!r.peek(v)) return py::none();
              py::list parts;
-             for (size_t i = 0; i < v.parts.size(); i++) {
-               const auto* src = static_cast<const char*>(v.parts[i].data);
-               const auto n = static_cast<Py_ssize_t>(v.parts[i].size);
-               PyObject* o = i == 0 ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
-               if (o == nullptr) throw py::error_already_set();
-               char* dst = i == 0 ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
-               if (n >= static_cast<Py_ssize_t>(kReleaseGilAbove)) {
-                 py::gil_scoped_release nogil;
-                 std::memcpy(dst, src, static_cast<size_t>(n));
-               } else if (n != 0) {
-                 std::memcpy(dst, src, static_cast<size_t>(n));
-               }
-               parts.append(py::reinterpret_steal<py::object>(o));
-             }
+             for (size_t i = 0; i < v.parts.size(); i++) parts.append(copy_out(v.parts[i], i == 0));
              r.consume();
              return py::make_tuple(v.flags, parts);
            })

@@ -163,6 +163,7 @@ def main(argv=None) -> int:
         finally:
             if pool is not None:
                 pool.close()
+            transports.after_run(cfg.transports, run)
             leftovers = [os.path.join("/dev/shm", n) for n in segments(prefix)] + _own_files(run)
             for path in leftovers:
                 with contextlib.suppress(OSError):

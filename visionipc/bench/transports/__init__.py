@@ -13,6 +13,9 @@ Consumer(state, tag, w, h, conflate):
     ``view_ns`` is when the client holds a numpy view of the frame; ``intact``
     says the frame's stamp matches the announced frame id; ``close()``.
 
+A module may also define ``after_run(run)``: called once every worker is gone,
+it removes what its library keeps by design beyond its last user.
+
 Every frame is NV12; the first 8 bytes of its pixels carry the frame id.
 """
 
@@ -41,6 +44,16 @@ TRANSPORTS = {
 def load(name):
     """The transport's module (raises ImportError when its package is missing)."""
     return importlib.import_module(f"visionipc.bench.transports.{TRANSPORTS[name][0]}")
+
+
+def after_run(names, run):
+    """Let each transport that ran remove what its library keeps by design
+    after its last user has gone (an optional ``after_run(run)`` of its module),
+    before the runner counts what the run left in /dev/shm as leaks."""
+    for name in names:
+        hook = getattr(load(name), "after_run", None)
+        if hook is not None:
+            hook(run)
 
 
 def unavailable(name):

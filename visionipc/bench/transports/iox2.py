@@ -5,16 +5,40 @@ it, then notifies an Event service; each subscriber waits on its Event listener,
 takes the sample and makes a numpy view of its payload (held until the next one)."""
 
 import ctypes
+import glob
+import os
 import time
 
 from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12, shm_name
 
+# Every file iceoryx2 makes in /dev/shm starts with this run's prefix, and its
+# node and service directories live in the run's temporary IPC directory:
+# nothing lands in the machine-wide defaults (iox2_*, /tmp/iceoryx2).
+PREFIX_TAG = "iox2_"
 
-def _services(tag, nclients):
+
+def _config(state):
+    import iceoryx2 as iox2
+
+    cfg = iox2.config.default()
+    cfg.global_cfg.prefix = iox2.FileName.new(shm_name(PREFIX_TAG))
+    cfg.global_cfg.root_path = iox2.Path.new(os.path.join(state["ipc_dir"], "iceoryx2") + "/")
+    return cfg
+
+
+def after_run(run):
+    """iceoryx2 keeps one management segment per prefix (``*.global_mgmt``)
+    after its last node is gone, by design; with the run's own prefix it is
+    this run's to remove, once every worker has exited."""
+    for path in glob.glob(f"/dev/shm/vipcb{run}_{PREFIX_TAG}*.global_mgmt"):
+        os.unlink(path)
+
+
+def _services(state, tag, nclients):
     import iceoryx2 as iox2
 
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
-    node = iox2.NodeBuilder.new().create(iox2.ServiceType.Ipc)
+    node = iox2.NodeBuilder.new().config(_config(state)).create(iox2.ServiceType.Ipc)
     name = iox2.ServiceName.new(f"vipcbench/{shm_name(tag)}")
     pubsub = (node.service_builder(name).publish_subscribe(iox2.Slice[ctypes.c_uint8])
               .max_publishers(1).max_subscribers(max(2, nclients)).subscriber_max_buffer_size(2).history_size(0)
@@ -26,7 +50,7 @@ def _services(tag, nclients):
 class Producer:
     def __init__(self, state, tag, w, h, nbuf, nclients):
         self.size = nv12(w, h)[0]
-        self.iox2, self.node, self.pubsub, self.event = _services(tag, nclients)
+        self.iox2, self.node, self.pubsub, self.event = _services(state, tag, nclients)
         self.pub = self.pubsub.publisher_builder().initial_max_slice_len(self.size).create()
         self.notifier = self.event.notifier_builder().create()
         self.nclients = nclients
@@ -64,7 +88,7 @@ class Consumer:
 
         self.np = np
         self.size, self.shape = nv12(w, h)
-        self.iox2, self.node, self.pubsub, self.event = _services(tag, 2)
+        self.iox2, self.node, self.pubsub, self.event = _services(state, tag, 2)
         self.sub = self.pubsub.subscriber_builder().create()
         self.listener = self.event.listener_builder().create()
         self.timeout = self.iox2.Duration.from_millis(RECV_TIMEOUT_MS)
