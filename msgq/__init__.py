@@ -34,6 +34,11 @@ from msgq.events import (
 )
 from msgq.ordered import OrderedProducer, OrderedReader
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
+from msgq import _aliases
+
+# DEPRECATED paths: msgq-top, msgq-bridge and their diagnostics moved to msgq.apps
+_aliases.install({"msgq.top": "msgq.apps.top", "msgq.bridge": "msgq.apps.bridge",
+                  "msgq.diagnostics": "msgq.apps.diagnostics"})
 
 __all__ = [
     "Context",

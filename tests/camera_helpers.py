@@ -6,11 +6,11 @@ import sys
 import time
 
 from visionipc import VisionIpcClient
-from visionipc.camera.pattern import read_stamp
+from visionipc.apps.camera.pattern import read_stamp
 
-CAMERA = "visionipc.camera.daemon"
-RECORD = "visionipc.record.recorder"
-REPLAY = "visionipc.record.replay"
+CAMERA = "visionipc.apps.camera.daemon"
+RECORD = "visionipc.apps.record.recorder"
+REPLAY = "visionipc.apps.record.replay"
 
 
 STARTED = []  # every process a test started; reap() kills those still running

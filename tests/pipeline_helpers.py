@@ -13,8 +13,8 @@ import pytest
 
 from camera_helpers import CAMERA, RECORD, finish, reap, start
 from msgq.testing import isolated_prefix, unique_name
-from visionipc.pipeline import synthetic
-from visionipc.pipeline.session import spark_session
+from visionipc.apps.pipeline import synthetic
+from visionipc.apps.pipeline.session import spark_session
 
 FPS = 30
 DROPS = [10, 20, 35]

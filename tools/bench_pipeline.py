@@ -31,7 +31,7 @@ from benchlib import format_table, read_loadavg
 
 
 def make_index(data, rows):
-    from visionipc.pipeline import synthetic
+    from visionipc.apps.pipeline import synthetic
 
     root = os.path.join(data, f"index_{rows}")
     if not os.path.isdir(root):
@@ -45,7 +45,7 @@ def make_index(data, rows):
 
 
 def make_video(data, frames, segment_frames=126):
-    from visionipc.pipeline import synthetic
+    from visionipc.apps.pipeline import synthetic
 
     root = os.path.join(data, f"video_{frames}")
     if not os.path.isdir(root):
@@ -61,9 +61,9 @@ def make_video(data, frames, segment_frames=126):
 
 def child_health_spark(root, master, from_files=False):
     t0 = time.monotonic()
-    from visionipc.pipeline import health
-    from visionipc.pipeline.read import read_index
-    from visionipc.pipeline.session import spark_session
+    from visionipc.apps.pipeline import health
+    from visionipc.apps.pipeline.read import read_index
+    from visionipc.apps.pipeline.session import spark_session
 
     spark = spark_session(master)
     started = time.monotonic()
@@ -80,8 +80,8 @@ def child_health_spark(root, master, from_files=False):
 
 def child_health_pandas(root):
     t0 = time.monotonic()
-    from visionipc.pipeline import health
-    from visionipc.pipeline.read import read_index_pandas
+    from visionipc.apps.pipeline import health
+    from visionipc.apps.pipeline.read import read_index_pandas
 
     index = read_index_pandas([root])
     read = time.monotonic()
@@ -95,9 +95,9 @@ def child_metrics_spark(root, master):
     import during the job) and warm (the same job again, workers running)."""
     from pyspark.sql import functions as F
 
-    from visionipc.pipeline import metrics
-    from visionipc.pipeline.frames import segments_df
-    from visionipc.pipeline.session import spark_session
+    from visionipc.apps.pipeline import metrics
+    from visionipc.apps.pipeline.frames import segments_df
+    from visionipc.apps.pipeline.session import spark_session
 
     spark = spark_session(master)
     segments = segments_df(spark, [root]).cache()
@@ -117,7 +117,7 @@ def child_metrics_pool(root, processes):
     """The same twice on one spawn pool: cold (pool start and imports included) and warm."""
     import multiprocessing
 
-    from visionipc.pipeline import metrics
+    from visionipc.apps.pipeline import metrics
 
     out = {}
     t = time.monotonic()

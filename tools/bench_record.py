@@ -20,7 +20,7 @@ from benchlib import format_table, read_loadavg
 
 import numpy as np
 
-from visionipc.record.index import read_index
+from visionipc.apps.record.index import read_index
 
 
 def _spawn(module, *args):
@@ -37,9 +37,9 @@ def _cpu_s(proc):
 def run_one(width, height, fps, seconds, lossless, folder):
     name, frames = f"bench{os.getpid()}", int(fps * seconds)
     out = os.path.join(folder, f"{width}x{height}-{'lossless' if lossless else 'lossy'}")
-    camera = _spawn("visionipc.camera.daemon", "-q", "--name", name, "--stream", "road", "--width", width,
+    camera = _spawn("visionipc.apps.camera.daemon", "-q", "--name", name, "--stream", "road", "--width", width,
                     "--height", height, "--fps", fps, "--frames", frames, "--wait-clients", 1)
-    recorder = _spawn("visionipc.record.recorder", "-q", "--name", name, "--out", out, "--idle-timeout", 1,
+    recorder = _spawn("visionipc.apps.record.recorder", "-q", "--name", name, "--out", out, "--idle-timeout", 1,
                       *(["--lossless"] if lossless else []))
     camera_cpu = _cpu_s(camera)
     recorder_cpu = _cpu_s(recorder)

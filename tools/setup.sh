@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One-time (and idempotent) set-up on a fresh Debian machine with Python 3.11:
-# system packages, a virtual environment in .venv, and a build of the C++ core
-# installed into it with every optional part. Safe to run again: it only adds
-# what is missing and rebuilds the package.
+# system packages, a virtual environment in .venv, and an editable install of
+# the package (C++ core built beside the sources) with every optional part.
+# Safe to run again: a second run with nothing changed takes seconds, and a
+# changed C++ file is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,7 +41,26 @@ if [ ! -x .venv/bin/python ]; then
   echo "setup: creating .venv"
   "$PY" -m venv .venv
 fi
-.venv/bin/python -m pip install -q --upgrade pip
-echo "setup: building and installing visionipc (C++ core + Python packages)"
-.venv/bin/python -m pip install -q ".[test,zmq,bench,cv,record,view,spark]"
+
+# The package is installed editable: the compiled modules are built into msgq/
+# and visionipc/ beside the sources (build folder build/dev), so the repository
+# root imports the same code as everywhere else. pip runs only when the
+# packaging inputs changed; otherwise an incremental build (ninja: seconds, and
+# nothing at all when no C++ file changed) brings the modules up to date.
+EXTRAS="test,zmq,bench,cv,record,view,spark,lint"
+STAMP=.venv/.visionipc-setup
+want="$(cat pyproject.toml CMakeLists.txt | sha256sum | cut -c1-16) $EXTRAS $(.venv/bin/python -VV | sha256sum | cut -c1-8)"
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -f build/dev/build.ninja ]; then
+  echo "setup: up to date; building what changed in the C++ core"
+  cmake --build build/dev
+else
+  .venv/bin/python -m pip install -q --upgrade pip
+  # build requirements in the venv: the editable build is reused (no isolation)
+  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+  echo "setup: building and installing visionipc editable (C++ core + Python packages)"
+  .venv/bin/python -m pip install -q --no-build-isolation \
+    --config-settings=build-dir=build/dev --config-settings=cmake.build-type=Release \
+    -e ".[$EXTRAS]"
+  echo "$want" > "$STAMP"
+fi
 echo "setup: done (.venv/bin/python)"

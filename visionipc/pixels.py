@@ -16,7 +16,7 @@ into a strided view directly it returns a new array, which is then copied in.
 
 import numpy as np
 
-from visionipc._cli import need
+from visionipc._optional import need
 
 
 def _cv2():

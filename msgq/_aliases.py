@@ -1,0 +1,58 @@
+"""Old module paths kept working after a move (DEPRECATED paths, not new API).
+
+The applications moved under ``msgq.apps`` and ``visionipc.apps`` (README,
+"Layout"). Code written against the old paths (``msgq.top``,
+``visionipc.pipeline.health``, ...) still imports: :func:`install` registers a
+finder that answers an old name with the module object of its new name, so both
+names are one module (one set of classes, one module state), never a copy.
+Each first use of an old path emits a ``DeprecationWarning`` naming the new one.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+import warnings
+from typing import Dict
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.target)
+        self.real_spec = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        # already executed under its new name; the import system has just set
+        # __spec__ to the alias's spec: give the module its own back
+        module.__spec__ = self.real_spec
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    def __init__(self, moved: Dict[str, str]):
+        self.moved = dict(moved)
+
+    def find_spec(self, fullname, path=None, target=None):
+        for old, new in self.moved.items():
+            if fullname == old or fullname.startswith(old + "."):
+                real = new + fullname[len(old):]
+                if fullname == old:
+                    warnings.warn(f"{old} moved to {new}; the old path is a deprecated alias",
+                                  DeprecationWarning, stacklevel=3)
+                real_spec = importlib.util.find_spec(real)
+                if real_spec is None:
+                    return None
+                return importlib.util.spec_from_loader(
+                    fullname, _AliasLoader(real),
+                    is_package=real_spec.submodule_search_locations is not None)
+        return None
+
+
+def install(moved: Dict[str, str]) -> None:
+    """Answer every old package path in ``moved`` (old -> new) with the new module."""
+    # first: for a submodule of an old path, the path finder would otherwise load a
+    # second copy of the file through the aliased parent's __path__
+    sys.meta_path.insert(0, _AliasFinder(moved))

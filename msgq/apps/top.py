@@ -1,0 +1,347 @@
+"""msgq-top: the live msgq topics of this machine, refreshing like ``top``.
+
+For each topic: its publisher, its readers, messages and bytes per second,
+and for each reader its rate, how far it lags behind the publisher, and how
+many times it was lapped and reset (drops). ``--json`` prints one document
+for scripts and exits. Reading a segment never changes it.
+
+Rates are counted between two snapshots ``--interval`` seconds apart.
+"""
+
+import argparse
+import json
+import os
+import select
+import sys
+import time
+from typing import Dict, List, Optional
+
+from msgq import _msgq
+from msgq.errors import IpcError
+from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
+
+CLEAR = "\x1b[H\x1b[2J"
+
+EPILOG = """\
+what the columns mean:
+  PUB      pid of the publisher ('-' when none is alive)
+  MSGS     messages published since the segment was created
+  RATE/BW  messages and payload bytes per second over the last interval
+  RDRS     attached readers; below each topic, one line per reader:
+           slot, pid, rate, LAG (bytes the reader still has to read;
+           'lapped' when the publisher overwrote its unread data), RESETS
+           (times it was lapped and skipped ahead: dropped data)
+  STALE    nobody is attached: a leftover of killed processes
+           (new publishers and subscribers remove or reuse it)
+
+examples:
+  msgq-top                          this run's topics (MSGQ_PREFIX), refreshed every second
+  msgq-top --all-prefixes --once    one table of every run's topics
+  msgq-top --json --interval 0.5    one JSON document: {"topics": [...]}
+  msgq-top --check                  what is wrong and what to do (exit status 1 if anything)
+"""
+
+
+def _parse_name(basename: str):
+    """``(prefix, topic)`` of a segment file name, or None if it is not one."""
+    if not basename.startswith(SEGMENT_PREFIX):
+        return None
+    rest = basename[len(SEGMENT_PREFIX) :]
+    prefix, sep, topic = rest.partition("@")
+    if not sep:
+        return "", rest
+    return prefix, topic
+
+
+def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
+    """Segment file names in ``directory`` of run ``prefix`` ("" : unprefixed
+    topics only; None: every run's)."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    out = []
+    for name in names:
+        parsed = _parse_name(name)
+        if parsed is None or not parsed[1] or "#" in parsed[1]:
+            continue  # not a topic: "NAME#broadcast" / "NAME#ordered" files of msgq.broadcast / msgq.ordered
+        if prefix is None or parsed[0] == prefix:
+            out.append(name)
+    return sorted(out)
+
+
+def snapshot(directory: str, prefix: Optional[str]) -> Dict[str, dict]:
+    """Stats of every matching segment, by file name; a file that cannot be
+    read as a segment maps to ``{"error": why}``."""
+    taken = {}
+    for name in list_segments(directory, prefix):
+        try:
+            stats = _msgq.segment_stats(directory, name)
+        except (IpcError, OSError) as exc:
+            if not os.path.lexists(os.path.join(directory, name)):
+                continue  # removed between listing and reading: its last participant left
+            stats = {"error": str(exc)}
+        stats["_t"] = time.monotonic()
+        taken[name] = stats
+    return taken
+
+
+def _rate(new: int, old: Optional[int], seconds: float) -> Optional[float]:
+    if old is None or seconds <= 0 or new < old:
+        return None
+    return round((new - old) / seconds, 3)
+
+
+def lag_bytes(write_pointer: int, read_pointer: int, data_size: int) -> Optional[int]:
+    """Ring bytes between a reader and the writer (None: lapped, or garbage)."""
+    wc, wo = write_pointer >> 32, write_pointer & 0xFFFFFFFF
+    rc, ro = read_pointer >> 32, read_pointer & 0xFFFFFFFF
+    if wo > data_size or ro > data_size:
+        return None
+    if rc == wc:
+        return wo - ro if wo >= ro else None
+    if (wc - rc) & 0xFFFFFFFF == 1 and ro >= wo:
+        return data_size - ro + wo
+    return None
+
+
+def build_report(before: Dict[str, dict], after: Dict[str, dict]) -> dict:
+    """The ``{"topics": [...]}`` document from two snapshots."""
+    topics = []
+    for name, cur in after.items():
+        prefix, topic = _parse_name(name)
+        entry = {"topic": topic, "prefix": prefix, "file": name}
+        if "error" in cur:
+            entry["error"] = cur["error"]
+            topics.append(entry)
+            continue
+        old = before.get(name)
+        if old is not None and ("error" in old or old["created_ns"] != cur["created_ns"]):
+            old = None  # the file was re-created: its counters restarted
+        seconds = cur["_t"] - old["_t"] if old is not None else 0.0
+        old_readers = {(r["slot"], r["pid"]): r for r in old["readers"]} if old is not None else {}
+        readers = []
+        for r in cur["readers"]:
+            o = old_readers.get((r["slot"], r["pid"]))
+            readers.append(
+                {
+                    "slot": r["slot"],
+                    "pid": r["pid"],
+                    "alive": r["alive"],
+                    "conflate": r["conflate"],
+                    "messages": r["messages"],
+                    "bytes": r["bytes"],
+                    "msgs_per_s": _rate(r["messages"], o and o["messages"], seconds),
+                    "bytes_per_s": _rate(r["bytes"], o and o["bytes"], seconds),
+                    "resets": r["resets"],
+                    "lag_bytes": lag_bytes(cur["write_pointer"], r["read_pointer"], cur["data_size"])
+                    if r["valid"]
+                    else None,
+                    "lapped": not r["valid"],
+                }
+            )
+        entry.update(
+            {
+                "segment_size": cur["data_size"],
+                "publisher_pid": cur["publisher_pid"] if cur["publisher_alive"] else None,
+                "messages": cur["messages_written"],
+                "bytes": cur["bytes_written"],
+                "msgs_per_s": _rate(cur["messages_written"], old and old["messages_written"], seconds),
+                "bytes_per_s": _rate(cur["bytes_written"], old and old["bytes_written"], seconds),
+                "readers": readers,
+                "stale": not cur["attached"],
+                "superseded": cur["superseded"],
+                "created_ns": cur["created_ns"],
+            }
+        )
+        topics.append(entry)
+    topics.sort(key=lambda t: (t["prefix"], t["topic"]))
+    return {"topics": topics}
+
+
+def _human(n: Optional[float], unit: str = "") -> str:
+    if n is None:
+        return "-"
+    for suffix in ("", "K", "M", "G"):
+        if abs(n) < 1000 or suffix == "G":
+            text = f"{n:.0f}" if suffix == "" and float(n).is_integer() else f"{n:.1f}"
+            return f"{text}{suffix}{unit}"
+        n /= 1000.0
+    return str(n)
+
+
+def _size(n: int) -> str:
+    for suffix in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or suffix == "GiB":
+            return f"{n:.0f}{suffix}" if suffix == "B" else f"{n:.1f}{suffix}"
+        n /= 1024
+    return str(n)
+
+
+def render(report: dict, show_prefix: bool, header: str = "") -> str:
+    """A plain-text table of a report."""
+    lines = [header] if header else []
+    name_width = max([len(_label(t, show_prefix)) for t in report["topics"]] + [5])
+    lines.append(
+        f"{'TOPIC':<{name_width}}  {'SIZE':>8} {'PUB':>8} {'MSGS':>9} {'RATE':>8} {'BW':>9} {'RDRS':>4}  STATE"
+    )
+    for t in report["topics"]:
+        label = _label(t, show_prefix)
+        if "error" in t:
+            lines.append(f"{label:<{name_width}}  error: {t['error']}")
+            continue
+        state = "stale" if t["stale"] else "superseded" if t["superseded"] else ""
+        pub = "-" if t["publisher_pid"] is None else str(t["publisher_pid"])
+        lines.append(
+            f"{label:<{name_width}}  {_size(t['segment_size']):>8} {pub:>8} {_human(t['messages']):>9} "
+            f"{_human(t['msgs_per_s'], '/s'):>8} {_human(t['bytes_per_s'], 'B/s'):>9} {len(t['readers']):>4}  {state}"
+        )
+        for r in t["readers"]:
+            lag = "lapped" if r["lapped"] else "-" if r["lag_bytes"] is None else _size(r["lag_bytes"])
+            extra = " conflate" if r["conflate"] else ""
+            extra += "" if r["alive"] else " dead"
+            lines.append(
+                f"  slot {r['slot']:>2} pid {r['pid']:>7} {_human(r['msgs_per_s'], '/s'):>8} "
+                f"lag {lag:>9} resets {r['resets']}{extra}"
+            )
+    if not report["topics"]:
+        lines.append("(no topics)")
+    return "\n".join(lines) + "\n"
+
+
+def _label(topic: dict, show_prefix: bool) -> str:
+    return f"{topic['prefix']}@{topic['topic']}" if show_prefix and topic["prefix"] else topic["topic"]
+
+
+class _Keys:
+    """Reads single key presses from a terminal (cbreak mode, restored on exit),
+    or lines from a pipe; ``wait(s)`` returns True when 'q' was pressed."""
+
+    def __init__(self, stream):
+        self.stream = stream
+        self.saved = None
+        try:
+            self.fd = stream.fileno()
+        except (AttributeError, OSError, ValueError):
+            self.fd = None
+        if self.fd is not None and os.isatty(self.fd):
+            import termios
+            import tty
+
+            self.saved = termios.tcgetattr(self.fd)
+            tty.setcbreak(self.fd)
+
+    def close(self):
+        if self.saved is not None:
+            import termios
+
+            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
+
+    def wait(self, seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self.fd is None:
+                time.sleep(left)
+                return False
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                return False
+            data = os.read(self.fd, 64)
+            if not data:  # end of input: only the timer is left
+                self.fd = None
+                continue
+            if b"q" in data.lower():
+                return True
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="msgq-top",
+        usage="msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--dir DIR]",
+        description="Show the live msgq topics of this machine: publisher, readers, message rate, "
+        "bandwidth, reader lag and resets (drops). Refreshes like top; press q or Ctrl-C to quit.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    which = parser.add_mutually_exclusive_group()
+    which.add_argument(
+        "--prefix",
+        metavar="P",
+        help="show run prefix P (default: MSGQ_PREFIX or OPENPILOT_PREFIX; unprefixed topics when neither is set)",
+    )
+    which.add_argument("--all-prefixes", action="store_true", help="show the topics of every run prefix")
+    parser.add_argument(
+        "--interval", type=float, default=1.0, metavar="S", help="seconds between snapshots (default: 1)"
+    )
+    parser.add_argument("--once", action="store_true", help="print one table after one interval and exit")
+    parser.add_argument("--json", action="store_true", help="print one JSON document after one interval and exit")
+    parser.add_argument("--check", action="store_true",
+                        help="print what is wrong (slow, stopped or dead readers, dead publishers, leftovers, corrupt "
+                        "files) and what to do, then exit: status 1 if anything is")
+    parser.add_argument(
+        "--dir", metavar="DIR", help="directory of the segment files (default: MSGQ_SHM_DIR or /dev/shm)"
+    )
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.interval < 0:
+        parser.error("--interval must be >= 0")
+    directory = args.dir or segment_dir()
+    if args.all_prefixes:
+        prefix = None
+    elif args.prefix is not None:
+        prefix = args.prefix
+    else:
+        try:
+            prefix = current_prefix()
+        except IpcError as exc:
+            parser.error(str(exc))
+    show_prefix = prefix is None
+    out = sys.stdout
+
+    try:
+        if args.check:
+            from msgq.apps.diagnostics import problems
+
+            found = problems(build_report({}, snapshot(directory, prefix)))
+            out.write("\n".join(found) + "\n" if found else "no problems\n")
+            out.flush()
+            return 1 if found else 0
+        if args.json or args.once:
+            before = snapshot(directory, prefix)
+            time.sleep(args.interval)
+            report = build_report(before, snapshot(directory, prefix))
+            out.write(json.dumps(report, indent=2) + "\n" if args.json else render(report, show_prefix))
+            out.flush()
+            return 0
+
+        keys = _Keys(sys.stdin)
+        try:
+            before = snapshot(directory, prefix)
+            while not keys.wait(args.interval or 1.0):
+                after = snapshot(directory, prefix)
+                title = (
+                    f"msgq-top  {time.strftime('%H:%M:%S')}  dir {directory}  "
+                    f"prefix {'(all)' if prefix is None else prefix or '(none)'}  "
+                    f"every {args.interval or 1.0:g}s  q: quit"
+                )
+                out.write(CLEAR + render(build_report(before, after), show_prefix, title))
+                out.flush()
+                before = after
+        finally:
+            keys.close()
+        return 0
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:  # `msgq-top --once | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,325 @@
+"""msgq-bridge: shared-memory topics to ZeroMQ TCP and back, tested against
+plain pyzmq sockets on 127.0.0.1 (ports from msgq.names.zmq_port, which the
+per-test MSGQ_PREFIX makes unique)."""
+
+import contextlib
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import msgq
+from msgq.names import segment_basename, zmq_port
+from msgq.testing import segments, unique_topic, wait_until_gone
+
+zmq = pytest.importorskip("zmq")
+
+DEADLINE = 30.0  # seconds any single wait may take before the test fails
+WARM = b"warm"
+
+
+def endpoint(topic):
+    return f"tcp://127.0.0.1:{zmq_port(topic)}"
+
+
+def payloads(count, seed, max_size=2000):
+    """Distinct payloads of random sizes (one empty), recognisable by their first bytes."""
+    rng = random.Random(seed)
+    out = [b"data%06d" % i + rng.randbytes(rng.randrange(max_size)) for i in range(count)]
+    out[count // 2] = b""
+    return out
+
+
+@contextlib.contextmanager
+def bridge(tmp_path, *args):
+    """Runs ``msgq-bridge ARGS`` in a child process; on leaving, stops it with
+    SIGTERM and checks that it exited with status 0."""
+    log_path = tmp_path / f"bridge-{time.monotonic_ns()}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "msgq.apps.bridge", *args], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        try:
+            rc = proc.wait(timeout=DEADLINE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            rc = proc.wait()
+    assert rc == 0, log_path.read_text()
+
+
+def wait_for_segment(topic, proc):
+    """The bridge has installed its signal handlers and attached its local side."""
+    deadline = time.monotonic() + DEADLINE
+    prefix = os.environ["MSGQ_PREFIX"]
+    while segment_basename(topic) not in segments(prefix):
+        assert proc.poll() is None, "the bridge exited early"
+        assert time.monotonic() < deadline, "the bridge never attached to the topic"
+        time.sleep(0.01)
+
+
+def bind_when_free(sock, address):
+    """ZeroMQ releases a closed socket's port asynchronously, and the bridge's
+    reconnect attempts may hold it for an instant: retry until it is free."""
+    deadline = time.monotonic() + DEADLINE
+    while True:
+        try:
+            return sock.bind(address)
+        except zmq.ZMQError as exc:
+            if exc.errno != zmq.EADDRINUSE or time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
+def zmq_sub(ctx, topic):
+    sock = ctx.socket(zmq.SUB)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SUBSCRIBE, b"")
+    sock.connect(endpoint(topic))
+    return sock
+
+
+def warm_up(send, receive, proc, tag=WARM):
+    """Tolerate slow joiners: keep sending tagged messages until one arrives."""
+    deadline = time.monotonic() + DEADLINE
+    i = 0
+    while True:
+        send(tag + b"%d" % i)
+        i += 1
+        msg = receive(0.02)
+        if msg is not None:
+            assert msg.startswith(tag), msg[:40]
+            return msg
+        assert proc.poll() is None, "the bridge exited"
+        assert time.monotonic() < deadline, "nothing came through the bridge"
+
+
+def receive_exactly(receive, expected, skip=WARM):
+    """The next len(expected) messages after any leftover warm-up ones."""
+    got = []
+    deadline = time.monotonic() + DEADLINE
+    while len(got) < len(expected):
+        msg = receive(0.1)
+        if msg is None:
+            assert time.monotonic() < deadline, f"only {len(got)} of {len(expected)} messages arrived"
+            continue
+        if not got and msg.startswith(skip):
+            continue
+        got.append(msg)
+    assert got == expected
+    assert receive(0.05) is None  # nothing extra, nothing duplicated
+
+
+def zmq_receiver(sock):
+    def receive(timeout_s):
+        return sock.recv() if sock.poll(int(timeout_s * 1000)) else None
+
+    return receive
+
+
+def msgq_receiver(sub):
+    def receive(timeout_s):
+        sub.setTimeout(int(timeout_s * 1000))
+        return sub.receive()
+
+    return receive
+
+
+def test_local_topic_reaches_a_plain_zmq_subscriber_byte_for_byte(tmp_path):
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        with msgq.pub_sock(topic) as pub, bridge(tmp_path, "out", topic, "--bind", "127.0.0.1") as proc:
+            sock = zmq_sub(ctx, topic)
+            receive = zmq_receiver(sock)
+            warm_up(pub.send, receive, proc)
+            expected = payloads(300, seed=1)
+            for msg in expected:
+                pub.send(msg)
+            receive_exactly(receive, expected)
+            sock.close()
+    finally:
+        ctx.destroy(linger=0)  # closes whatever a failed assertion left open
+
+
+def test_zmq_publisher_reaches_a_local_subscriber_byte_for_byte(tmp_path):
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        remote.bind(endpoint(topic))
+        with msgq.sub_sock(topic) as sub, bridge(tmp_path, "in", topic, "--from", "127.0.0.1") as proc:
+            receive = msgq_receiver(sub)
+            warm_up(remote.send, receive, proc)
+            expected = payloads(300, seed=2)
+            for i, msg in enumerate(expected):
+                remote.send(msg)
+                if i == 10:  # not a msgq message (one frame each): dropped, not mangled
+                    remote.send_multipart([b"two", b"frames"])
+            receive_exactly(receive, expected)
+        remote.close()
+    finally:
+        ctx.destroy(linger=0)  # closes whatever a failed assertion left open
+
+
+def test_restarted_remote_publisher_is_reconnected(tmp_path):
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        with msgq.sub_sock(topic) as sub, bridge(tmp_path, "in", topic, "--from", "127.0.0.1") as proc:
+            receive = msgq_receiver(sub)
+            for generation in (b"first", b"second"):
+                remote = ctx.socket(zmq.PUB)
+                remote.setsockopt(zmq.LINGER, 0)
+                bind_when_free(remote, endpoint(topic))
+                warm_up(remote.send, receive, proc, tag=generation)
+                expected = payloads(50, seed=len(generation))
+                for msg in expected:
+                    remote.send(msg)
+                receive_exactly(receive, expected, skip=generation)
+                remote.close()  # the bridge keeps retrying until a publisher is back on the port
+    finally:
+        ctx.destroy(linger=0)  # closes whatever a failed assertion left open
+
+
+def test_local_publisher_taking_over_an_incoming_topic_wins(tmp_path):
+    topic = unique_topic()
+    ctx = zmq.Context()
+    log_path = tmp_path / "bridge.log"
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        remote.bind(endpoint(topic))
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-P", "-m", "msgq.apps.bridge", "in", topic, "--from", "127.0.0.1"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        try:
+            with msgq.sub_sock(topic) as sub:
+                warm_up(remote.send, msgq_receiver(sub), proc)
+                with msgq.pub_sock(topic) as local:  # last publisher wins: the bridge steps aside
+                    deadline = time.monotonic() + DEADLINE
+                    while proc.poll() is None:
+                        remote.send(b"remote")
+                        assert time.monotonic() < deadline, "the bridge kept its publisher"
+                        time.sleep(0.01)
+                    local.send(b"local")
+                    sub.setTimeout(int(DEADLINE * 1000))
+                    while (msg := sub.receive()) == b"remote":
+                        pass
+                    assert msg == b"local"
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            rc = proc.wait()
+        assert rc == 1
+        assert "took over" in log_path.read_text()
+    finally:
+        ctx.destroy(linger=0)
+
+
+PUBLISH_FOREVER = """
+import sys, time, msgq
+pub = msgq.pub_sock(sys.argv[1])
+i = 0
+while True:
+    pub.send(b"gen1 %d" % i)
+    i += 1
+    time.sleep(0.002)
+"""
+
+
+@pytest.mark.parametrize("new_size", [0, 2 << 20], ids=["same-size", "new-segment-size"])
+def test_killed_and_restarted_local_publisher_keeps_flowing(tmp_path, new_size):
+    topic = unique_topic()
+    ctx = zmq.Context()
+    first = subprocess.Popen([sys.executable, "-P", "-c", PUBLISH_FOREVER, topic])
+    try:
+        with bridge(tmp_path, "out", topic, "--bind", "127.0.0.1") as proc:
+            sock = zmq_sub(ctx, topic)
+            receive = zmq_receiver(sock)
+            deadline = time.monotonic() + DEADLINE
+            while (msg := receive(0.1)) is None or not msg.startswith(b"gen1"):
+                assert first.poll() is None and proc.poll() is None
+                assert time.monotonic() < deadline, "the first publisher's messages never came through"
+            first.kill()
+            first.wait()
+
+            with msgq.pub_sock(topic, segment_size=new_size) as second:
+                # Skip what the first publisher left in flight, then expect exactly the second's.
+                deadline = time.monotonic() + DEADLINE
+                i = 0
+                while True:
+                    second.send(b"gen2 %d" % i)
+                    i += 1
+                    msg = receive(0.02)
+                    if msg is not None and msg.startswith(b"gen2"):
+                        break
+                    assert time.monotonic() < deadline, "the restarted publisher's messages never came through"
+                expected = payloads(200, seed=3)
+                for msg in expected:
+                    second.send(msg)
+                receive_exactly(receive, expected, skip=b"gen2")
+            sock.close()
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        ctx.destroy(linger=0)  # closes whatever a failed assertion left open
+
+
+@pytest.mark.parametrize(
+    "direction, sig",
+    [("out", signal.SIGTERM), ("in", signal.SIGTERM), ("out", signal.SIGINT)],
+    ids=["out-sigterm", "in-sigterm", "out-sigint"],
+)
+def test_stopped_bridge_exits_zero_and_leaves_no_segment(tmp_path, msgq_prefix, direction, sig):
+    topic = unique_topic()
+    args = ["--bind", "127.0.0.1"] if direction == "out" else ["--from", "127.0.0.1"]
+    with bridge(tmp_path, direction, topic, *args) as proc:
+        wait_for_segment(topic, proc)  # created by the bridge itself: nobody else uses the topic
+        proc.send_signal(sig)
+        assert proc.wait(timeout=DEADLINE) == 0
+    assert wait_until_gone(msgq_prefix) == []
+
+
+def test_bad_arguments_are_refused(capsys):
+    from msgq.apps import bridge as tool
+
+    for argv in (["out", "../etc"], ["in", "topic"], ["sideways", "topic"], ["out", "t", "--hwm", "0"]):
+        with pytest.raises(SystemExit) as exit_info:
+            tool.main(argv)
+        assert exit_info.value.code == 2
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        tool.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "msgq-bridge out" in capsys.readouterr().out
+
+
+def test_setup_failures_exit_one_and_leave_nothing(capsys):
+    from msgq.apps import bridge as tool
+
+    topic = unique_topic()
+    assert tool.main(["in", topic, "--from", "127.0.0.1", "--segment-size", "5"]) == 1
+    assert "segment_size" in capsys.readouterr().err
+
+    ctx = zmq.Context()
+    try:
+        squatter = ctx.socket(zmq.PUB)
+        squatter.bind(endpoint(topic))
+        assert tool.main(["out", unique_topic(), topic, "--bind", "127.0.0.1"]) == 1
+        assert "cannot bind" in capsys.readouterr().err
+    finally:
+        ctx.destroy(linger=0)

@@ -1,0 +1,98 @@
+"""Frames decoded in Spark executors: per-frame OpenCV metrics and dataset export."""
+
+import multiprocessing
+import os
+
+import cv2
+import numpy as np
+import pandas as pd
+import pytest
+from pipeline_helpers import DROPS, H, W, camera_recordings, missing_ids, raw_index, recordings, spark  # noqa: F401
+
+from visionipc.apps.pipeline import export, health, metrics, synthetic
+from visionipc.apps.pipeline.frames import read_frames, segments_df
+from visionipc.apps.pipeline.read import RecordingError, read_index
+from visionipc.apps.record.reader import iter_frames
+
+
+def test_metrics_flag_black_and_frozen_frames_and_rank_sharpness(spark, recordings):
+    segments = segments_df(spark, [recordings["quality"]])
+    slots = spark.sparkContext.defaultParallelism
+    assert segments.count() == 5 and segments.rdd.getNumPartitions() == min(5, 2 * slots)
+    assert segments_df(spark, [recordings["quality"]], partitions=100).rdd.getNumPartitions() == 5  # one per segment
+    m = metrics.metrics_job(segments).toPandas()
+    sharp, blurry, lossy = m[m.stream == "sharp"], m[m.stream == "blurry"], m[m.stream == "compressed"]
+    assert len(lossy) == 12 and not lossy.black.any() and lossy["sharpness"].min() > 10 * blurry["sharpness"].max()
+    assert sorted(sharp.loc[sharp.black, "frame_id"]) == [5]
+    assert sorted(sharp.loc[sharp.frozen, "frame_id"]) == [12, 13]
+    assert not blurry.black.any() and not blurry.frozen.any()
+    assert sharp.loc[~sharp.black, "sharpness"].min() > 10 * blurry["sharpness"].max()
+    assert sharp.loc[sharp.frame_id == 5, "brightness"].item() == 0.0
+    first = sharp[(sharp.segment == 0) & (sharp.position == 0)]
+    assert np.isnan(first["motion"].item())  # no previous frame inside the segment
+
+
+def test_metrics_of_real_camera_recordings_nv12_and_gray(spark, camera_recordings):
+    paths = [camera_recordings["lossless"], camera_recordings["gray"]]
+    keys = ["recording_id", "stream", "segment", "position"]
+    on_spark = metrics.spark_metrics(spark, paths).toPandas().sort_values(keys, ignore_index=True)
+    alone = metrics.metrics_pandas(paths, processes=2).sort_values(keys, ignore_index=True)
+    pd.testing.assert_frame_equal(on_spark, alone)  # the same function, in executors or a process pool
+    with multiprocessing.get_context("spawn").Pool(2) as pool:  # a pool of the caller's, kept open
+        again = metrics.metrics_pandas(paths, pool=pool).sort_values(keys, ignore_index=True)
+        assert pool.apply(sum, ([1, 2],)) == 3  # still usable afterwards
+    pd.testing.assert_frame_equal(again, alone)
+    for rid in ("lossless", "gray"):
+        index = raw_index(camera_recordings[rid])
+        got = on_spark[on_spark.recording_id == rid]
+        assert sorted(got["frame_id"]) == sorted(index["frame_id"])  # every recorded frame, once
+    assert not on_spark.black.any() and not on_spark.frozen.any()  # the pattern scrolls every frame
+    assert (on_spark["contrast"] > 20).all() and (on_spark["sharpness"] > 100).all()
+
+
+def test_spark_metrics_equal_the_same_function_without_spark(spark, recordings):
+    keys = ["stream", "segment", "position"]
+    on_spark = metrics.spark_metrics(spark, [recordings["quality"]]).toPandas().sort_values(keys, ignore_index=True)
+    alone = metrics.metrics_pandas([recordings["quality"]]).sort_values(keys, ignore_index=True)
+    pd.testing.assert_frame_equal(on_spark, alone)
+
+
+def test_read_frames_gives_the_recorded_pixels(spark, recordings):
+    frames = read_frames(spark, [recordings["quality"]]).where("stream = 'sharp' AND frame_id = 3").collect()
+    assert len(frames) == 1
+    f = frames[0]
+    image = np.frombuffer(f.pixels, f.dtype).reshape(f.shape)
+    assert image.shape == (H * 3 // 2, W)  # NV12 planes, stored losslessly
+    assert np.array_equal(image[:H], synthetic.pattern(3, W, H))
+
+
+def test_export_writes_images_and_a_manifest(spark, camera_recordings, tmp_path):
+    rec = camera_recordings["lossless"]
+    index = read_index(spark, [rec])
+    out = tmp_path / "every"
+    manifest = export.export_job(export.select_every_nth(index, 25), out, "png")
+    recorded = {row["frame_id"]: image for row, image in iter_frames(rec, "road")}  # vipc-record's reader
+    assert sorted(manifest["frame_id"]) == sorted(i for i in recorded if i % 25 == 0)
+    for row in manifest.itertuples():
+        picture = cv2.imread(str(out / row.path))
+        assert picture.shape == (row.height, row.width, 3)
+        assert np.array_equal(picture, cv2.cvtColor(recorded[row.frame_id], cv2.COLOR_YUV2BGR_NV12))  # PNG: exact
+    around = export.export_job(export.select_around_drops(index, health.drops_job(index), 1), tmp_path / "drops")
+    gaps = missing_ids(raw_index(rec), "road")
+    expected = sorted({i for d in gaps for i in (d - 1, d + 1)} - set(gaps))
+    assert set(DROPS) <= set(gaps) and sorted(around["frame_id"]) == expected
+    assert set(around["reason"]) == {"around_drop"}
+    assert all(cv2.imread(str(tmp_path / "drops" / p)) is not None for p in around["path"])
+    with pytest.raises(ValueError, match="image format"):
+        export.export_frames(index, tmp_path, "gif")
+
+
+def test_a_video_shorter_than_its_index_is_a_clear_error(spark, recordings, tmp_path):
+    rec = synthetic.write_recording(tmp_path / "cut", {"s": dict(frames=6, width=W, height=H)})
+    video = os.path.join(rec, "frames", "s", "000000.mkv")
+    with open(video, "r+b") as f:
+        f.truncate(os.path.getsize(video) // 3)
+    with pytest.raises(RecordingError, match="ends before|cannot open"):
+        metrics.metrics_pandas([rec])
+    with pytest.raises(Exception, match="RecordingError"):
+        metrics.spark_metrics(spark, [rec]).collect()

@@ -1,0 +1,51 @@
+"""Pieces every visionipc command shares: a SIGINT/SIGTERM stop flag and one way
+to report a usage error (optional imports with an install hint live in the
+library, ``visionipc._optional``)."""
+
+import signal
+import sys
+import threading
+
+from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
+
+
+class Stopper:
+    """SIGINT / SIGTERM set ``event`` (instead of raising KeyboardInterrupt), so loops
+    stop at a point of their choosing and close files and segments properly.
+    Handlers are only installed from the main thread; ``restore()`` puts the old ones back."""
+
+    def __init__(self):
+        self.event = threading.Event()
+        self.signal = None
+        self._saved = {}
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._saved[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+        self.event.set()
+
+    @property
+    def stopped(self) -> bool:
+        return self.event.is_set()
+
+    def restore(self):
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)
+        self._saved.clear()
+
+
+def error(prog: str, message: str) -> int:
+    print(f"{prog}: error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_command(prog: str, parser, run, argv=None) -> int:
+    """``main``'s body for every command: parse ``argv``, ``run(args)``, and turn
+    UsageError into a one-line message and exit status 2."""
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except UsageError as e:
+        return error(prog, str(e))

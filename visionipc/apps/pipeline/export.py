@@ -1,0 +1,104 @@
+"""Cutting datasets out of recordings: select frames, write them as JPEG/PNG.
+
+Selections are DataFrame -> DataFrame filters that keep ``recording_id``,
+``recording_path``, ``stream``, ``segment``, ``position``, ``frame_id`` and add a
+``reason``. ``export_frames`` writes the selected frames from the executors (one
+task per segment; the folder must be reachable from every executor) and returns
+the manifest; ``export_job`` also writes it as ``manifest.parquet`` beside the
+images.
+"""
+
+from __future__ import annotations
+
+import os
+from visionipc.apps.pipeline.frames import iter_segment, to_bgr
+
+KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
+MANIFEST_COLUMNS = [
+    ("path", "string"), ("recording_id", "string"), ("stream", "string"), ("segment", "int"),
+    ("position", "int"), ("frame_id", "bigint"), ("timestamp_eof", "bigint"), ("width", "int"),
+    ("height", "int"), ("format", "string"), ("reason", "string"),
+]
+MANIFEST_SCHEMA = ", ".join(f"{n} {t}" for n, t in MANIFEST_COLUMNS)
+IMAGE_FORMATS = ("jpg", "png")
+
+
+def select_sharp(metrics_df, min_sharpness: float):
+    """Frames whose sharpness (variance of the Laplacian) is at least ``min_sharpness``."""
+    from pyspark.sql import functions as F
+
+    return (metrics_df.where(F.col("sharpness") >= min_sharpness).where(~F.col("black"))
+            .select(*KEEP).withColumn("reason", F.lit("sharp")))
+
+
+def select_every_nth(index_df, n: int):
+    """Every ``n``-th frame of each stream, by frame id (frame ids divisible by n)."""
+    from pyspark.sql import functions as F
+
+    if n < 1:
+        raise ValueError(f"every-nth needs n >= 1, got {n}")
+    return index_df.where(F.col("frame_id") % n == 0).select(*KEEP).withColumn("reason", F.lit(f"every_{n}"))
+
+
+def select_around_drops(index_df, drops_df, window: int = 2):
+    """The ``window`` frames recorded before and after each gap in frame_id."""
+    from pyspark.sql import functions as F
+
+    d = drops_df.select("recording_id", "stream", "after_frame_id", "next_frame_id")
+    near = ((F.col("frame_id") > F.col("after_frame_id") - window) & (F.col("frame_id") <= F.col("after_frame_id"))) | \
+           ((F.col("frame_id") >= F.col("next_frame_id")) & (F.col("frame_id") < F.col("next_frame_id") + window))
+    return (index_df.join(F.broadcast(d), ["recording_id", "stream"]).where(near)
+            .select(*KEEP).dropDuplicates(["recording_id", "stream", "frame_id"]).withColumn("reason", F.lit("around_drop")))
+
+
+def image_name(recording_id: str, stream: str, frame_id: int, image_format: str) -> str:
+    """Where a frame goes, relative to the export folder."""
+    return os.path.join(recording_id, stream, f"{frame_id:09d}.{image_format}")
+
+
+def export_segment(selected, out_dir: str, image_format: str):
+    """Write the selected frames of one segment (a pandas group) and return their manifest rows."""
+    import cv2
+    import pandas as pd
+
+    first = selected.iloc[0]
+    segment = {"recording_path": first["recording_path"], "segment": int(first["segment"]),
+               "index_file": os.path.join(first["recording_path"], "index", first["stream"], f"{int(first['segment']):06d}.parquet")}
+    reasons = dict(zip(selected["position"].astype(int), selected["reason"]))
+    rows = []
+    for row, image, storage in iter_segment(segment, positions=reasons):
+        rel = image_name(first["recording_id"], first["stream"], int(row["frame_id"]), image_format)
+        dest = os.path.join(out_dir, rel)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
+        if not cv2.imwrite(dest, picture):
+            raise OSError(f"could not write {dest}")
+        rows.append((rel, first["recording_id"], first["stream"], segment["segment"], int(row["position"]),
+                     int(row["frame_id"]), int(row["timestamp_eof"]), int(row["width"]), int(row["height"]),
+                     row["format"], reasons[int(row["position"])]))
+    return pd.DataFrame(rows, columns=[n for n, _ in MANIFEST_COLUMNS]).astype(
+        {"segment": "int32", "position": "int32", "width": "int32", "height": "int32"})
+
+
+def export_frames(selection_df, out_dir, image_format: str = "jpg"):
+    """Spark: write the selected frames under ``out_dir`` and return the manifest DataFrame
+    (lazy: the images are written when the manifest is computed)."""
+    if image_format not in IMAGE_FORMATS:
+        raise ValueError(f"image format must be one of {IMAGE_FORMATS}, not {image_format!r}")
+    out_dir = os.path.abspath(os.fspath(out_dir))
+
+    def fn(selected):  # a plain function: Spark inspects its signature
+        return export_segment(selected, out_dir, image_format)
+
+    return (selection_df.select(*KEEP, "reason").dropDuplicates(["recording_id", "stream", "frame_id"])
+            .groupBy("recording_path", "stream", "segment").applyInPandas(fn, MANIFEST_SCHEMA))
+
+
+def export_job(selection_df, out_dir, image_format: str = "jpg"):
+    """``export_frames`` then ``out_dir/manifest.parquet``; returns the manifest as pandas."""
+    import pandas as pd
+
+    manifest = export_frames(selection_df, out_dir, image_format)
+    path = os.path.join(os.path.abspath(os.fspath(out_dir)), "manifest.parquet")
+    manifest.coalesce(1).write.mode("overwrite").parquet(path)
+    return pd.read_parquet(path)

@@ -1,0 +1,166 @@
+"""Decoding recorded frames inside Spark executors.
+
+The driver only lists segments (``segment_table``: one row per segment, no
+frames); ``segments_df`` spreads them over a few partitions per task slot, and each task opens its
+segment's video and index itself (``iter_segment``) so pixels never travel
+through the driver. ``read_frames`` exposes the decoded frames as a DataFrame
+(pixels as bytes) for jobs of your own; the built-in jobs decode and reduce in
+the same task instead (``map_segments``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, Recording, RecordingError, _recordings, index_files, recording_info
+
+SEGMENT_SCHEMA = "recording_id string, recording_path string, stream string, segment int, index_file string"
+FRAME_SCHEMA = ("recording_id string, stream string, segment int, position int, frame_id bigint, "
+                "timestamp_eof bigint, format string, width int, height int, "
+                "shape array<int>, dtype string, pixels binary")
+
+
+def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
+    """One dict per complete segment (``SEGMENT_SCHEMA``), listed on the driver from file names."""
+    return [{"recording_id": rec.recording_id, "recording_path": rec.path, "stream": stream,
+             "segment": seg, "index_file": path}
+            for rec, stream, seg, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate)]
+
+
+# Partitions per task slot in segments_df: a Spark task costs ~60 ms of
+# overhead on a 2-core machine (JVM <-> Python worker hand-over), ~4 % of a
+# 126-frame 720p segment; one task per segment paid it 8 times per slot in
+# tools/bench_pipeline.py, two per slot keeps the slots balanced with ~4x less.
+TASKS_PER_SLOT = 2
+
+
+def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
+    """The segments as a DataFrame, spread over ``partitions`` tasks (default: two per task
+    slot of the session, at most one per segment), consecutive segments together."""
+    rows = segment_table(recordings, **kw)
+    if partitions is None:
+        partitions = TASKS_PER_SLOT * spark.sparkContext.defaultParallelism
+    rdd = spark.sparkContext.parallelize([tuple(r.values()) for r in rows],
+                                         numSlices=max(1, min(len(rows), int(partitions))))
+    return spark.createDataFrame(rdd, SEGMENT_SCHEMA)
+
+
+class _OneThreadStorage:
+    """vipc-record's Storage, decoding on one thread (Spark already runs one task per core)."""
+
+    def __init__(self, storage):
+        self._storage = storage
+
+    def __getattr__(self, name):
+        return getattr(self._storage, name)
+
+    def reader_params(self) -> list:
+        return self._storage.reader_params() + [self._storage.cv2.CAP_PROP_N_THREADS, 1]
+
+
+def storage_of(recording_path: str, row) -> object:
+    """How the segment's pixels are stored, from recording.json (or the index row and the
+    file's extension while the recorder has not described the stream yet)."""
+    import cv2
+
+    from visionipc.apps.record.storage import Storage
+
+    info = recording_info(Recording("", recording_path)).get("streams", {}).get(row["stream"])
+    if info is None:
+        info = {"format": row["format"], "width": int(row["width"]), "height": int(row["height"]),
+                "lossless": str(row["segment_file"]).endswith(".mkv")}
+    try:
+        return Storage.from_manifest(cv2, info)
+    except (KeyError, ValueError) as e:
+        raise RecordingError(f"{recording_path}/recording.json: stream {row['stream']!r}: {e}") from e
+
+
+def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
+    """The (h, w) 8-bit brightness plane of a stored image (``kind``: Storage.kind)."""
+    import cv2
+
+    if kind == "planes":
+        return image[:height]
+    if kind == "gray":
+        return image
+    if kind == "gray16":
+        return (image >> 8).astype(np.uint8)
+    return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY)
+
+
+def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
+    """A (h, w, 3) BGR picture of a stored image, for writing JPEG/PNG."""
+    import cv2
+
+    if kind == "planes":
+        return cv2.cvtColor(image, cv2.COLOR_YUV2BGR_NV12 if fmt == "nv12" else cv2.COLOR_YUV2BGR_I420)
+    if kind in ("gray", "gray16"):
+        return cv2.cvtColor(luma(image, kind, fmt, height), cv2.COLOR_GRAY2BGR)
+    return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
+
+
+def read_segment_index(index_file: str):
+    """The index rows of one segment, in position order (pandas)."""
+    import pyarrow.parquet as pq
+
+    return pq.read_table(index_file, schema=INDEX_ARROW_SCHEMA).to_pandas().sort_values("position", ignore_index=True)
+
+
+def iter_segment(segment: dict, positions=None):
+    """Yield ``(index_row, stored_image, storage)`` for the frames of one segment in order
+    (all of them, or those at ``positions``), decoded by vipc-record's reader."""
+    import cv2
+
+    from visionipc.apps.record.reader import iter_segment_frames
+
+    index = read_segment_index(segment["index_file"])
+    if positions is not None:
+        index = index[index["position"].isin([int(p) for p in positions])]
+    if len(index) == 0:
+        return
+    storage = storage_of(segment["recording_path"], index.iloc[0])
+    cv2.setNumThreads(1)
+    wanted = list(zip(index["segment_file"], index["position"].astype(int)))
+    try:
+        for (_, row), image in zip(index.iterrows(), iter_segment_frames(cv2, segment["recording_path"], wanted,
+                                                                        _OneThreadStorage(storage))):
+            yield row, image, storage
+    except RuntimeError as e:  # the reader's "cannot open" / "ends before"
+        raise RecordingError(f"{segment['recording_path']}: {e}") from e
+
+
+def map_segments(segments, fn, schema: str):
+    """``segments`` (``segments_df``) -> ``fn(segment_dict)`` (a pandas frame) for each segment,
+    run in the executors with ``mapInPandas``."""
+    import pandas as pd
+
+    def run(batches):
+        for batch in batches:
+            for segment in batch.to_dict("records"):
+                out = fn(segment)
+                if len(out):
+                    yield pd.DataFrame(out)
+
+    return segments.mapInPandas(run, schema)
+
+
+def _frame_rows(segment: dict):
+    import pandas as pd
+
+    rows = []
+    for row, image, _ in iter_segment(segment):
+        rows.append({"recording_id": segment["recording_id"], "stream": segment["stream"],
+                     "segment": int(segment["segment"]), "position": int(row["position"]),
+                     "frame_id": int(row["frame_id"]), "timestamp_eof": int(row["timestamp_eof"]),
+                     "format": row["format"], "width": int(row["width"]), "height": int(row["height"]),
+                     "shape": list(image.shape), "dtype": str(image.dtype),
+                     "pixels": np.ascontiguousarray(image).tobytes()})
+    return pd.DataFrame(rows)
+
+
+def read_frames(spark, recordings, **kw):
+    """Every recorded frame as a row with its pixels (``FRAME_SCHEMA``), decoded lazily in the
+    executors (a run of segments per task): ``np.frombuffer(pixels, dtype).reshape(shape)``."""
+    return map_segments(segments_df(spark, recordings, **kw), _frame_rows, FRAME_SCHEMA)

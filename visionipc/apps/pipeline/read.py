@@ -1,0 +1,177 @@
+"""Finding recordings and reading their frame indexes (docs/recording-format.md).
+
+``find_recordings`` turns paths, globs and folders of recordings into a list of
+``Recording`` (a short unique id + the folder); ``read_index`` gives the index of
+all of them as one Spark DataFrame (Spark's own Parquet reader, in parallel),
+``read_index_pandas`` the same rows as a pandas frame without Spark. Both add
+``recording_id`` and ``recording_path`` to the index columns.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from visionipc.apps.record.index import index_schema
+
+INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
+INDEX_SPARK_SCHEMA = ", ".join(f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
+                               for f in INDEX_ARROW_SCHEMA)
+
+
+class RecordingError(ValueError):
+    """A recording that cannot be analysed: empty, or with a broken index file."""
+
+
+@dataclass(frozen=True)
+class Recording:
+    recording_id: str
+    path: str  # absolute folder
+
+    def index_files(self) -> list:
+        """``[(stream, segment, path)]`` of the complete segments (hidden/.partial files ignored)."""
+        out = []
+        root = os.path.join(self.path, "index")
+        for stream in sorted(os.listdir(root)) if os.path.isdir(root) else ():
+            folder = os.path.join(root, stream)
+            if stream.startswith(".") or not os.path.isdir(folder):
+                continue
+            for name in sorted(os.listdir(folder)):
+                stem, ext = os.path.splitext(name)
+                if ext == ".parquet" and not name.startswith(".") and stem.isdigit():
+                    out.append((stream, int(stem), os.path.join(folder, name)))
+        return out
+
+
+def _is_recording(path: str) -> bool:
+    return os.path.isfile(os.path.join(path, "recording.json")) or os.path.isdir(os.path.join(path, "index"))
+
+
+def _expand(item) -> list:
+    item = os.fspath(item)
+    if glob.has_magic(item):
+        found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isdir(p))
+        if not found:
+            raise FileNotFoundError(f"no recording matches {item!r}")
+        return [p for f in found for p in _expand(f)]
+    if not os.path.exists(item):
+        raise FileNotFoundError(f"no such recording: {item!r}")
+    if not os.path.isdir(item):
+        raise RecordingError(f"{item!r} is not a recording folder (a recording is a folder with recording.json and index/)")
+    if _is_recording(item):
+        return [item]
+    found = sorted(root for root, dirs, _ in os.walk(item) if _is_recording(root))
+    if not found:
+        raise RecordingError(f"no recordings under {item!r} (looked for folders with recording.json or index/)")
+    return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
+
+
+def find_recordings(inputs) -> list:
+    """Recordings from a path, a glob or a folder of recordings (or a list of those).
+
+    Ids are the folder names, or the paths below the common parent where names repeat.
+    """
+    if isinstance(inputs, (str, os.PathLike)):
+        inputs = [inputs]
+    paths = sorted({os.path.abspath(p) for item in inputs for p in _expand(item)})
+    if not paths:
+        raise FileNotFoundError("no recordings given")
+    names = [os.path.basename(p) for p in paths]
+    if len(set(names)) < len(names):
+        common = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
+        names = [os.path.relpath(p, common) for p in paths]
+    return [Recording(n, p) for n, p in zip(names, paths)]
+
+
+def recording_info(recording: Recording) -> dict:
+    """recording.json as a dict ({} when the recorder has not written one yet)."""
+    try:
+        with open(os.path.join(recording.path, "recording.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise RecordingError(f"{recording.path}/recording.json is unreadable: {e}") from e
+
+
+def check_index_file(path: str) -> None:
+    """Raise RecordingError unless ``path`` is a Parquet file with the index columns and types."""
+    import pyarrow.parquet as pq
+
+    try:
+        schema = pq.read_schema(path)
+    except (OSError, pa.ArrowException) as e:
+        raise RecordingError(f"corrupt index file {path}: {e}") from e
+    for field in INDEX_ARROW_SCHEMA:
+        if field.name not in schema.names:
+            raise RecordingError(f"index file {path} has no column {field.name!r} (docs/recording-format.md)")
+        got = schema.field(field.name).type
+        if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
+            raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
+
+
+def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
+    """``[(recording, stream, segment, path)]`` of every complete segment; an empty recording
+    raises RecordingError unless ``skip_empty``."""
+    out, empty = [], []
+    for rec in recordings:
+        files = rec.index_files()
+        if not files:
+            empty.append(rec.path)
+        out.extend((rec, stream, seg, path) for stream, seg, path in files)
+    if empty and (not skip_empty or not out):
+        raise RecordingError(f"recording(s) without any complete segment (no index/<stream>/NNNNNN.parquet): "
+                             f"{', '.join(empty)}" + ("" if skip_empty else " (skip them with skip_empty / --skip-empty)"))
+    if validate:
+        for _, _, _, path in out:
+            check_index_file(path)
+    return out
+
+
+def _recordings(recordings) -> list:
+    if isinstance(recordings, (str, os.PathLike)) or (recordings and not isinstance(recordings[0], Recording)):
+        return find_recordings(recordings)
+    return list(recordings)
+
+
+def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = True):
+    """The frame index of many recordings as one Spark DataFrame (index columns +
+    ``recording_id``, ``recording_path``). ``recordings``: paths/globs or ``Recording``s."""
+    from pyspark.sql import functions as F
+
+    recs = _recordings(recordings)
+    files = index_files(recs, skip_empty=skip_empty, validate=validate)
+    owners = spark.createDataFrame([(rec.recording_id, rec.path, path) for rec, _, _, path in files],
+                                   "recording_id string, recording_path string, _file string")
+    df = spark.read.schema(INDEX_SPARK_SCHEMA).parquet(*[path for _, _, _, path in files])
+    # _metadata.file_path is a percent-encoded URI ('+' stays literal, url_decode would make it a space)
+    df = df.withColumn("_file", F.expr(
+        "url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B'))"))
+    return df.join(F.broadcast(owners), "_file").drop("_file")
+
+
+def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = True, columns=None):
+    """``read_index`` without Spark: one pandas frame (pyarrow reads the files, a few at
+    once). ``columns``: only these index columns (all by default); ``recording_id`` and
+    ``recording_path`` are always added."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    recs = _recordings(recordings)
+    files = index_files(recs, skip_empty=skip_empty, validate=validate)
+    names = None if columns is None else [c for c in columns if c not in ("recording_id", "recording_path")]
+
+    def read(item):
+        rec, _, _, path = item
+        t = pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=names)
+        return (t.append_column("recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t)))
+                 .append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t))))
+
+    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
+        tables = list(pool.map(read, files))  # in file order
+    return pa.concat_tables(tables).to_pandas()

@@ -1,0 +1,84 @@
+"""A SparkSession with sensible defaults for analysing recordings.
+
+``local[*]`` unless told otherwise; shuffle partitions sized to the cores the
+master has (a handful of tiny shuffles is the common case here, not 200); the
+web UI off unless asked for; the workers run the same Python as the driver.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+
+# glibc malloc settings for the Python workers. Decoding allocates several
+# MB per frame (the image, its gray plane, a 16-bit Laplacian); in a worker
+# forked from PySpark's daemon, glibc kept returning those blocks to the OS
+# and faulting them in again (~25k page faults and ~20 % more CPU per 126-frame
+# 720p segment than the same code in a plain process). Serving them from the
+# heap instead brings the workers to within a few % of a plain process.
+WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(128 << 20)}
+
+# C1-only JIT and the serial GC: the driver JVM starts ~20 % faster, and the
+# pipeline's heavy lifting happens in Python workers and the Parquet reader.
+FAST_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+
+def master_cores(master: str) -> int:
+    """How many tasks a ``local[...]`` master runs at once (the machine's cores otherwise)."""
+    machine = os.cpu_count() or 2
+    m = re.fullmatch(r"local(?:\[(\*|\d+)(?:,\d+)?\])?", master.strip())
+    if m is None or m.group(1) == "*":
+        return machine
+    return 1 if m.group(1) is None else max(1, int(m.group(1)))
+
+
+def spark_session(master: str | None = None, app_name: str = "vipc-analyze", *, ui: bool = False,
+                  progress: bool = False, shuffle_partitions: int | None = None,
+                  java_options: str = FAST_START_JAVA_OPTIONS, conf: dict | None = None):
+    """Start (or get) a SparkSession.
+
+    ``master``: a Spark master URL (``local[*]`` by default, ``spark://host:7077``, ``yarn``...).
+    ``progress``: Spark's console progress bar on stderr. ``conf``: more ``spark.*`` settings,
+    applied last. On a local master the workers always run ``sys.executable``; on a
+    cluster ``PYSPARK_PYTHON`` is kept if set (the executors' Python may live elsewhere).
+    """
+    try:
+        from pyspark.sql import SparkSession
+    except ImportError as e:  # optional dependency
+        raise ImportError("the Spark pipeline needs PySpark: pip install 'visionipc[spark]' "
+                          "(and a Java 17+ runtime)") from e
+    master = master or "local[*]"
+    local = master.startswith("local")
+    if local or "PYSPARK_PYTHON" not in os.environ:
+        os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    cores = master_cores(master)
+    builder = (SparkSession.builder.master(master).appName(app_name)
+               .config("spark.ui.enabled", str(bool(ui)).lower())
+               .config("spark.ui.showConsoleProgress", str(bool(progress)).lower())
+               .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
+               .config("spark.default.parallelism", str(cores))
+               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+               .config("spark.sql.session.timeZone", "UTC")
+               .config("spark.sql.adaptive.enabled", "true")
+               .config("spark.python.worker.reuse", "true")
+               .config("spark.sql.debug.maxToStringFields", "200")
+               # workers import installed packages, never a source tree that happens to be their cwd
+               .config("spark.executorEnv.PYTHONSAFEPATH", "1"))
+    for key, value in WORKER_MALLOC_ENV.items():
+        builder = builder.config(f"spark.executorEnv.{key}", os.environ.get(key, value))
+    if java_options:
+        builder = builder.config("spark.driver.extraJavaOptions", java_options)
+    if local:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # no DNS needed: the driver and its executors talk over loopback
+        builder = builder.config("spark.driver.host", "127.0.0.1").config("spark.driver.bindAddress", "127.0.0.1")
+    for key, value in (conf or {}).items():
+        builder = builder.config(key, str(value))
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    from visionipc.apps.pipeline import datasource
+
+    datasource.register(spark)  # spark.read.format("vipc")
+    return spark

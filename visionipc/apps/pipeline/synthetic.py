@@ -1,0 +1,137 @@
+"""Synthetic recordings for tests and benchmarks of the pipeline, written with
+vipc-record's own segment writer (so the layout is the recorder's by
+construction). Recordings of the real camera are the real thing; these let a
+test choose exact pictures (black, frozen, blurred) and exact timings, and
+``write_index`` makes index-only recordings of millions of rows quickly.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+
+
+FPS_NS = 1_000_000_000
+
+
+def pattern(frame_id: int, width: int, height: int, *, blur: int = 0) -> np.ndarray:
+    """A gray (h, w) test picture: a moving checkerboard with a bright bar, ``blur`` > 0 blurs it."""
+    import cv2
+
+    y, x = np.mgrid[0:height, 0:width]
+    shift = 3 * frame_id
+    board = ((((x + shift) // 8) + (y // 8)) % 2 * 160 + 40).astype(np.uint8)
+    bar = (frame_id * 7) % max(1, width - 16)
+    board[:, bar:bar + 16] = 250
+    if blur:
+        board = cv2.GaussianBlur(board, (0, 0), blur)
+    return board
+
+
+def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
+    if fmt in ("nv12", "i420"):
+        h, w = gray.shape
+        return np.vstack([gray, np.full((h // 2, w), 128, np.uint8)])
+    return gray
+
+
+def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
+    """Write a recording with vipc-record's own writer and return its path.
+
+    ``streams``: ``{name: spec}`` where spec has ``frames``, ``width``, ``height`` and optionally
+    ``format`` (nv12, i420 or gray8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
+    ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency; later frames
+    queue behind it}), ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids
+    shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
+    ``lossless`` (True: FFV1; False: the recorder's lossy mp4v, NV12 stored as BGR).
+    """
+    import cv2
+
+    from visionipc.apps.pipeline.frames import to_bgr
+    from visionipc.apps.record import index
+    from visionipc.apps.record.storage import Storage
+    from visionipc.apps.record.writer import StreamWriter
+
+    os.makedirs(path, exist_ok=True)
+    start_clock = index.clock_now()
+    meta = {"format_version": index.FORMAT_VERSION, "name": name, "streams": {}, "topics": [],
+            "clock": "CLOCK_MONOTONIC", "start": start_clock, "stop": start_clock, "status": status}
+    for stream, spec in streams.items():
+        w, h, fmt = spec["width"], spec["height"], spec.get("format", "nv12")
+        period = FPS_NS // spec.get("fps", 30)
+        drop, delay = set(spec.get("drop", ())), spec.get("delay_ms", {})
+        black, frozen = set(spec.get("black", ())), set(spec.get("frozen", ()))
+        start = spec.get("start_ns", 1_000_000_000_000)
+        storage = Storage(cv2, fmt, w, h, lossless=spec.get("lossless", True))
+        writer = StreamWriter(cv2, str(path), stream, storage, 0)
+        previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
+        for fid in range(spec["frames"]):
+            backlog = max(0, backlog - period)
+            if fid in drop:
+                continue
+            if fid in black:
+                gray = np.zeros((h, w), np.uint8)
+            elif fid in frozen and previous is not None:
+                gray = previous
+            else:
+                gray = pattern(fid, w, h, blur=spec.get("blur", 0))
+            previous = gray
+            eof = start + fid * period
+            backlog += int(delay.get(fid, 0) * 1e6)
+            publish = eof + backlog + 100_000
+            if kept and kept % spec.get("segment_frames", 50) == 0:
+                writer.close_segment()
+            stored = _planes(gray, fmt)
+            if storage.kind == "bgr":  # what the lossy recorder stores for YUV formats
+                stored = to_bgr(stored, "planes", fmt, h)
+            writer.add(stored, {"frame_id": fid, "timestamp_sof": eof - period // 2, "timestamp_eof": eof,
+                                            "publish_time": publish,
+                                            "receive_time": publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000})
+            kept += 1
+        writer.close_segment()
+        meta["streams"][stream] = {"width": w, "height": h, "format": fmt, **storage.describe(),
+                                   "segments": writer.segments, "frames": writer.frames, "missed": 0,
+                                   "gaps": len(drop & set(range(spec["frames"])))}
+    index.write_json(os.path.join(path, "recording.json"), meta)
+    return str(path)
+
+
+def write_index(path, *, recordings: int, streams: int, frames: int, fps: int = 30,
+                drop_every: int = 997, segment_frames: int = 1200, seed: int = 0) -> list:
+    """Index-only recordings (no video) for benchmarks of the index jobs: ``recordings`` folders
+    with ``streams`` streams of ``frames`` frames each; every ``drop_every``-th frame id is missing.
+    Returns the recording paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from visionipc.apps.record.index import index_schema
+
+    rng = np.random.default_rng(seed)
+    period = FPS_NS // fps
+    ids_all = np.arange(frames, dtype=np.int64)
+    ids_all = ids_all[ids_all % drop_every != drop_every - 1]
+    out = []
+    for r in range(recordings):
+        rec = os.path.join(path, f"rec{r:05d}")
+        for s in range(streams):
+            stream = f"cam{s}"
+            os.makedirs(os.path.join(rec, "index", stream), exist_ok=True)
+            for seg, lo in enumerate(range(0, len(ids_all), segment_frames)):
+                ids = ids_all[lo:lo + segment_frames]
+                n = len(ids)
+                eof = 10**12 + ids * period + rng.integers(0, 200_000, n)
+                recv = eof + rng.gamma(2.0, 1_500_000, n).astype(np.int64)
+                table = pa.table({"stream": [stream] * n, "frame_id": ids, "timestamp_sof": eof - period // 2,
+                                  "timestamp_eof": eof, "publish_time": recv - 50_000, "receive_time": recv,
+                                  "width": np.full(n, 1280, np.int32), "height": np.full(n, 720, np.int32),
+                                  "format": ["nv12"] * n, "segment": np.full(n, seg, np.int32),
+                                  "position": np.arange(n, dtype=np.int32),
+                                  "segment_file": [f"frames/{stream}/{seg:06d}.mkv"] * n},
+                                 schema=index_schema())
+                pq.write_table(table, os.path.join(rec, "index", stream, f"{seg:06d}.parquet"))
+        with open(os.path.join(rec, "recording.json"), "w") as f:
+            json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)
+        out.append(rec)
+    return out

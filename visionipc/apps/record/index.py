@@ -1,0 +1,120 @@
+"""The on-disk layout of a recording (docs/recording-format.md): paths, the
+Parquet schemas, recording.json, and reading an index back.
+
+Writes are atomic: a file is written under a hidden ``.partial`` name in the
+same folder and renamed once complete, so readers (which skip hidden files)
+never see a half-written one.
+"""
+
+import datetime
+import json
+import os
+import time
+
+from visionipc.apps._cli import UsageError, need
+
+FORMAT_VERSION = 1
+INDEX_COLUMNS = ("stream", "frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time",
+                 "width", "height", "format", "segment", "position", "segment_file")
+TOPIC_COLUMNS = ("topic", "seq", "receive_time", "data", "segment")
+
+
+def pa():
+    return need("pyarrow", "record")
+
+
+def index_schema():
+    p = pa()
+    return p.schema([("stream", p.string()), ("frame_id", p.int64()), ("timestamp_sof", p.int64()),
+                     ("timestamp_eof", p.int64()), ("publish_time", p.int64()), ("receive_time", p.int64()),
+                     ("width", p.int32()), ("height", p.int32()), ("format", p.string()),
+                     ("segment", p.int32()), ("position", p.int32()), ("segment_file", p.string())])
+
+
+def topic_schema():
+    p = pa()
+    return p.schema([("topic", p.string()), ("seq", p.int64()), ("receive_time", p.int64()),
+                     ("data", p.binary()), ("segment", p.int32())])
+
+
+def segment_name(segment: int, ext: str) -> str:
+    return f"{segment:06d}.{ext}"
+
+
+def partial_path(path: str) -> str:
+    """``dir/000003.mkv`` -> ``dir/.000003.partial.mkv``: hidden, and still ending in
+    the container's extension (FFmpeg picks the muxer by it)."""
+    folder, name = os.path.split(path)
+    stem, ext = name.split(".", 1)
+    return os.path.join(folder, f".{stem}.partial.{ext}")
+
+
+def write_table(rows: dict, schema, path: str):
+    """Columns ``rows`` -> Parquet at ``path``, atomically."""
+    p = pa()
+    import pyarrow.parquet as pq
+
+    table = p.table({name: p.array(rows[name], type=schema.field(name).type) for name in schema.names}, schema=schema)
+    tmp = partial_path(path)
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_json(path: str, doc: dict):
+    tmp = partial_path(path)
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def clock_now() -> dict:
+    wall = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return {"monotonic_ns": time.monotonic_ns(), "wall_time": wall}
+
+
+def read_manifest(folder: str) -> dict:
+    if not os.path.isdir(folder):
+        raise UsageError(f"{folder!r} is not a folder")
+    path = os.path.join(folder, "recording.json")
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+    except FileNotFoundError:
+        raise UsageError(f"{folder!r} is not a recording (no recording.json)") from None
+    except (OSError, ValueError) as e:
+        raise UsageError(f"cannot read {path}: {e}") from None
+    if doc.get("format_version") != FORMAT_VERSION:
+        raise UsageError(f"{path}: format_version {doc.get('format_version')!r} is not {FORMAT_VERSION}")
+    return doc
+
+
+def complete_segments(folder: str, kind: str, name: str) -> list:
+    """Paths of the complete index (kind "index") or topic (kind "topics") files, in order."""
+    where = os.path.join(folder, kind, name)
+    try:
+        names = sorted(n for n in os.listdir(where) if n.endswith(".parquet") and not n.startswith("."))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(where, n) for n in names]
+
+
+def read_index(folder: str, stream: str):
+    """The whole frame index of one stream (a pyarrow Table, rows in recorded order)."""
+    import pyarrow.parquet as pq
+
+    paths = complete_segments(folder, "index", stream)
+    if not paths:
+        return index_schema().empty_table()
+    return pa().concat_tables([pq.read_table(p, schema=index_schema()) for p in paths])
+
+
+def read_topic(folder: str, topic: str):
+    import pyarrow.parquet as pq
+
+    paths = complete_segments(folder, "topics", topic)
+    if not paths:
+        return topic_schema().empty_table()
+    return pa().concat_tables([pq.read_table(p, schema=topic_schema()) for p in paths])

@@ -1,0 +1,304 @@
+"""vipc-record: record VisionIPC streams (and msgq topics) into a recording folder
+(docs/recording-format.md)."""
+
+import argparse
+import os
+import queue
+import sys
+import threading
+import time
+
+from visionipc.apps._cli import Stopper, UsageError, need, run_command
+from visionipc.apps.record import index
+from visionipc.apps.record.storage import Storage
+from visionipc.apps.record.writer import StreamWriter
+
+PROG = "vipc-record"
+QUEUE_BYTES = 256 << 20  # frames waiting for the encoder, per stream; beyond it frames are missed (counted)
+RECV_MS = 100  # longest wait before a receiver checks for a stop request
+
+EPILOG = """\
+examples:
+  vipc-record --name camd --stream road --out rec1 --duration 30
+  vipc-record --name camd --stream road --stream wide --topic events --out rec2 --segment-seconds 10
+  vipc-record --name camd --out rec3 --lossless          # every stream of camd, bit-exact (FFV1)
+
+Layout (docs/recording-format.md): DIR/recording.json, DIR/frames/<stream>/<NNNNNN>.mkv|mp4,
+DIR/index/<stream>/<NNNNNN>.parquet (one row per frame: ids, timestamps, segment, position),
+DIR/topics/<topic>/<NNNNNN>.parquet. A segment is written under a hidden .partial name and
+renamed when complete, so stopping (SIGINT/SIGTERM, --duration, --frames, --idle-timeout)
+never leaves a corrupt segment, and SIGKILL leaves at most hidden .partial files.
+Default storage is lossy (mp4v); --lossless stores the exact pixels (FFV1; raw16 is always
+lossless). Frames the recorder could not keep (its encoder fell behind, or a frame was
+overwritten before it was copied) are counted and printed, as are gaps in frame ids.
+"""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog=PROG, description="Record VisionIPC streams and msgq topics into a folder "
+                                "of video segments with a Parquet frame index.", epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--name", required=True, help="VisionIPC server name")
+    p.add_argument("--stream", action="append", help="stream to record; repeat for more (default: every stream)")
+    p.add_argument("--topic", action="append", default=[], help="msgq topic to record beside the frames; repeatable")
+    p.add_argument("--out", required=True, help="recording folder to create (must not hold files yet)")
+    p.add_argument("--duration", type=float, help="stop after SEC seconds")
+    p.add_argument("--segment-seconds", type=float, default=60.0, help="start a new segment every N s (default 60)")
+    p.add_argument("--lossless", action="store_true", help="bit-exact pixels (FFV1) instead of lossy mp4v")
+    p.add_argument("--frames", type=int, default=0, help="stop each stream after N frames")
+    p.add_argument("--idle-timeout", type=float, default=0, help="stop once no frame arrived for SEC s")
+    p.add_argument("--connect-timeout", type=float, default=10.0, help="how long to wait for the server (default 10 s)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    return p
+
+
+class StreamRecorder:
+    """A receiver thread copies each frame out of the pool (``Storage.capture``) and
+    queues it; an encoder thread writes segments. Invariant: the queue is the only
+    data shared by the two threads; counters are written by the receiver only.
+    Frames of another geometry than the stream had at the start (its server was
+    restarted with another size or format) are not recorded but counted as missed."""
+
+    def __init__(self, client, storage, writer, max_frames, stop):
+        self.client, self.storage, self.writer, self.max_frames, self.stop = client, storage, writer, max_frames, stop
+        frame_bytes = storage.image_size[0] * storage.image_size[1] * (3 if storage.is_color else 1)
+        self.queue = queue.Queue(max(8, QUEUE_BYTES // frame_bytes))
+        self.geometry = (storage.fmt, storage.width, storage.height)
+        self.received = self.missed_invalid = self.missed_queue = self.missed_geometry = self.gaps = 0
+        self.last_id = None
+        self.last_frame_s = time.monotonic()
+        self.error = None
+        self.receiver = threading.Thread(target=self._guard, args=(self._receive,), daemon=True)
+        self.encoder = threading.Thread(target=self._guard, args=(self._encode,), daemon=True)
+
+    def start(self):
+        self.encoder.start()
+        self.receiver.start()
+
+    def _guard(self, fn):
+        try:
+            fn()
+        except BaseException as e:
+            self.error = e
+            self.stop.set()
+
+    def _receive(self):
+        try:
+            while not self.stop.is_set() and not (self.max_frames and self.received >= self.max_frames):
+                frame = self.client.recv(RECV_MS)
+                if frame is None:
+                    continue
+                if (frame.format, frame.width, frame.height) != self.geometry:  # a restarted server, resized
+                    self.missed_geometry += 1
+                    continue
+                with frame:
+                    image = self.storage.capture(frame)
+                    intact = frame.valid
+                if not intact:  # overwritten while we copied it
+                    self.missed_invalid += 1
+                    continue
+                self.last_frame_s = time.monotonic()
+                if self.last_id is not None and frame.frame_id > self.last_id + 1:
+                    self.gaps += frame.frame_id - self.last_id - 1
+                self.last_id = frame.frame_id
+                meta = dict(frame_id=frame.frame_id, timestamp_sof=frame.timestamp_sof,
+                            timestamp_eof=frame.timestamp_eof, publish_time=frame.timestamp_publish,
+                            receive_time=frame.timestamp_recv)
+                try:
+                    self.queue.put_nowait((image, meta))
+                    self.received += 1
+                except queue.Full:
+                    self.missed_queue += 1
+        finally:
+            while self.encoder.is_alive():
+                try:
+                    self.queue.put(None, timeout=0.1)
+                    break
+                except queue.Full:
+                    pass
+
+    def _encode(self):
+        try:
+            while True:
+                item = self.queue.get()
+                if item is None:
+                    return
+                self.writer.add(*item)
+        finally:
+            self.writer.close_segment()
+
+    def join(self):
+        self.receiver.join()
+        self.encoder.join()
+        self.client.close()
+
+    def summary(self) -> dict:
+        return {"frames": self.writer.frames, "segments": self.writer.segments,
+                "missed": self.missed_invalid + self.missed_queue + self.missed_geometry, "gaps": self.gaps}
+
+
+class TopicRecorder(threading.Thread):
+    """Messages of one msgq topic, with their receive time, into Parquet segments."""
+
+    def __init__(self, folder, topic, segment_seconds, stop):
+        super().__init__(daemon=True)
+        import msgq
+
+        self.topic, self.stop = topic, stop
+        self.segment_ns = int(segment_seconds * 1e9) if segment_seconds else 0
+        self.dir = os.path.join(folder, "topics", topic)
+        self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
+        self.messages = self.segments = 0
+        self.error = None
+
+    def run(self):
+        rows, start = None, 0
+        try:
+            os.makedirs(self.dir, exist_ok=True)
+            while not self.stop.is_set():
+                data = self.sock.receive()
+                now = time.monotonic_ns()
+                if rows is not None and self.segment_ns and now - start >= self.segment_ns:
+                    self._flush(rows)
+                    rows = None
+                if data is None:
+                    continue
+                if rows is None:
+                    rows, start = {k: [] for k in index.TOPIC_COLUMNS}, now
+                for key, value in zip(index.TOPIC_COLUMNS, (self.topic, self.messages, now, bytes(data), self.segments)):
+                    rows[key].append(value)
+                self.messages += 1
+            if rows is not None:
+                self._flush(rows)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self.sock.close()
+
+    def _flush(self, rows):
+        index.write_table(rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet")))
+        self.segments += 1
+
+
+def _connect(name, streams, timeout, stop):
+    from visionipc import VisionIpcClient, available_streams
+
+    deadline = time.monotonic() + timeout
+    while True:
+        offered = {str(s) for s in available_streams(name)}
+        if offered:
+            break
+        if time.monotonic() > deadline:
+            raise UsageError(f"no VisionIPC server {name!r} answered within {timeout:g} s (is vipc-camera running, "
+                             f"under the same MSGQ_PREFIX?)")
+        if stop.wait(0.02):
+            return []
+    streams = streams or sorted(offered)
+    unknown = [s for s in streams if s not in offered]
+    if unknown:
+        raise UsageError(f"server {name!r} has no stream {', '.join(map(repr, unknown))} "
+                         f"(it has: {', '.join(sorted(offered))})")
+    clients = []
+    for s in streams:
+        client = VisionIpcClient(name, s)
+        while not client.connect(False):
+            if time.monotonic() > deadline:
+                raise UsageError(f"could not connect to stream {s!r} of {name!r}")
+            time.sleep(0.01)
+        clients.append(client)
+    return clients
+
+
+def _prepare_out(out):
+    if os.path.exists(out):
+        if not os.path.isdir(out):
+            raise UsageError(f"--out {out!r} exists and is not a folder")
+        if os.listdir(out):
+            raise UsageError(f"--out {out!r} is not empty (a recording needs a new folder)")
+    try:
+        os.makedirs(out, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"cannot create --out {out!r}: {e}") from None
+
+
+def _check_args(args):
+    for flag, value in (("--duration", args.duration), ("--segment-seconds", args.segment_seconds),
+                        ("--idle-timeout", args.idle_timeout), ("--connect-timeout", args.connect_timeout)):
+        if value is not None and not value >= 0:
+            raise UsageError(f"{flag} must be >= 0, got {value}")
+    if args.frames < 0:
+        raise UsageError(f"--frames must be >= 0, got {args.frames}")
+    if args.stream and len(set(args.stream)) != len(args.stream):
+        raise UsageError("a --stream is given twice")
+
+
+def run(args) -> int:
+    _check_args(args)
+    cv2 = need("cv2", "record")
+    index.pa()
+    stopper = Stopper()
+    stop = stopper.event
+    recorders, topics, clients = [], [], []
+    try:
+        clients = _connect(args.name, args.stream, args.connect_timeout, stop)
+        if stop.is_set():
+            return 0
+        _prepare_out(args.out)
+        try:
+            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop) for t in args.topic]
+        except ValueError as e:
+            raise UsageError(f"--topic: {e}") from None
+        manifest = {"format_version": index.FORMAT_VERSION, "name": args.name, "streams": {}, "topics": args.topic,
+                    "clock": "CLOCK_MONOTONIC", "start": index.clock_now(), "stop": None, "status": "recording"}
+        for client in clients:
+            fmt, w, h = client.format, client.width, client.height
+            storage = Storage(cv2, fmt, w, h, args.lossless)
+            writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds)
+            recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
+            manifest["streams"][str(client.stream)] = {"width": w, "height": h, "format": fmt, **storage.describe(),
+                                                       "segments": 0, "frames": 0}
+        index.write_json(os.path.join(args.out, "recording.json"), manifest)
+        for r in recorders + topics:
+            r.start()
+        start = time.monotonic()
+        while not stop.wait(0.05):
+            now = time.monotonic()
+            if args.duration and now - start >= args.duration:
+                break
+            if recorders and not any(r.receiver.is_alive() for r in recorders):
+                break  # every stream has its --frames
+            if args.idle_timeout and recorders and all(now - r.last_frame_s >= args.idle_timeout for r in recorders):
+                break
+        stop.set()
+        for r in recorders:
+            r.join()
+        for t in topics:
+            t.join()
+        for r in recorders:
+            manifest["streams"][r.writer.stream].update(r.summary())
+        failed = [r for r in recorders + topics if r.error]
+        manifest["stop"], manifest["status"] = index.clock_now(), "failed" if failed else "complete"
+        index.write_json(os.path.join(args.out, "recording.json"), manifest)
+        for r in failed:
+            print(f"{PROG}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
+        if not args.quiet:
+            for s, info in manifest["streams"].items():
+                print(f"{PROG}: {s}: {info['frames']} frames in {info['segments']} segment(s), "
+                      f"{info['missed']} missed by the recorder, {info['gaps']} missing frame ids",
+                      file=sys.stderr)
+            for t in topics:
+                print(f"{PROG}: topic {t.topic}: {t.messages} messages", file=sys.stderr)
+        return 1 if failed else 0
+    finally:
+        stop.set()
+        for c in clients:
+            c.close()
+        stopper.restore()
+
+
+def main(argv=None) -> int:
+    return run_command(PROG, build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

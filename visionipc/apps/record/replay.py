@@ -1,0 +1,223 @@
+"""vipc-replay: publish a recording back into a VisionIPC server it creates, with the
+original frame ids and timing (intervals scaled by --rate), in a deterministic order."""
+
+import argparse
+import queue
+import sys
+import threading
+import time
+
+from visionipc.apps._cli import Stopper, UsageError, need, run_command
+from visionipc.apps.record import index
+from visionipc.apps.record.reader import iter_segment_frames
+from visionipc.apps.record.storage import Storage
+
+PROG = "vipc-replay"
+DECODE_AHEAD = 16  # decoded frames kept ready per stream
+
+EPILOG = """\
+examples:
+  vipc-replay rec1 --name camd                     # as recorded
+  vipc-replay rec1 --name camd --rate 2.0 --loop   # twice as fast, forever
+  vipc-replay rec1 --name camd --rate max --stream road --wait-clients 1
+
+Every frame is published with its recorded frame id, in the order it was first
+published (publish_time, then stream name, then frame id; the same order on every run),
+spaced like the recording (divided by --rate; max: as fast as frames decode).
+timestamp_sof/eof keep their recorded spacing, moved so the first frame is published
+now (--original-timestamps: exactly as recorded). Recorded msgq topics are published
+at their recorded times too (--no-topics: not). --loop starts over at the end, with the
+same frame ids. SIGINT/SIGTERM stop cleanly (exit 0).
+"""
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog=PROG, description="Replay a vipc-record recording into a VisionIPC server.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("dir", help="recording folder")
+    p.add_argument("--name", required=True, help="name of the VisionIPC server to create")
+    p.add_argument("--rate", default="1.0", help="speed factor (1.0 as recorded, 2.0 twice as fast) or max")
+    p.add_argument("--loop", action="store_true", help="start over at the end, until stopped")
+    p.add_argument("--stream", action="append", help="replay only these streams (repeatable; default: all)")
+    p.add_argument("--no-topics", action="store_true", help="do not publish the recorded msgq topics")
+    p.add_argument("--wait-clients", type=int, default=0, metavar="N",
+                   help="before the first frame, wait until every stream has N clients")
+    p.add_argument("--original-timestamps", action="store_true", help="publish timestamps exactly as recorded")
+    p.add_argument("--buffers", type=int, default=8, help="buffers per stream (default 8)")
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary")
+    return p
+
+
+def _rate(text):
+    if text == "max":
+        return None
+    try:
+        rate = float(text)
+    except ValueError:
+        rate = 0.0
+    if not 0 < rate <= 1000:
+        raise UsageError(f"--rate must be a number in (0, 1000] or 'max', got {text!r}")
+    return rate
+
+
+class Decoder(threading.Thread):
+    """Decodes one stream's segments in index order, one frame per index row, ahead
+    of the publisher (a bounded queue: the only data shared with it)."""
+
+    def __init__(self, cv2, folder, stream, rows, storage, stop):
+        super().__init__(daemon=True)
+        self.cv2, self.folder, self.stream, self.rows, self.storage, self.stop = cv2, folder, stream, rows, storage, stop
+        self.frames = queue.Queue(DECODE_AHEAD)
+        self.error = None
+
+    def run(self):
+        try:
+            for image in iter_segment_frames(self.cv2, self.folder, self.rows, self.storage):
+                if not self._put(image):
+                    return
+        except BaseException as e:
+            self.error = e
+            self._put(None)
+
+    def _put(self, item):
+        while not self.stop.is_set():
+            try:
+                self.frames.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
+    def next(self):
+        while True:
+            try:
+                image = self.frames.get(timeout=0.1)
+            except queue.Empty:
+                if self.stop.is_set():
+                    return None
+                continue
+            if image is None:
+                raise RuntimeError(f"stream {self.stream}: {self.error}")
+            return image
+
+
+def _timeline(folder, manifest, streams, topics):
+    """Every event of the recording in replay order: (time_ns, kind, name, seq, row)."""
+    events = []
+    tables = {}
+    for s in streams:
+        table = index.read_index(folder, s)
+        if table.num_rows == 0:
+            raise UsageError(f"stream {s!r} has no complete segment in {folder!r}")
+        tables[s] = table
+        cols = table.to_pydict()
+        for i in range(table.num_rows):
+            events.append((cols["publish_time"][i], 0, s, cols["frame_id"][i],
+                           (cols["timestamp_sof"][i], cols["timestamp_eof"][i])))
+    for t in topics:
+        cols = index.read_topic(folder, t).to_pydict()
+        for i in range(len(cols["seq"])):
+            events.append((cols["receive_time"][i], 1, t, cols["seq"][i], cols["data"][i]))
+    events.sort(key=lambda e: e[:4])
+    return events, tables
+
+
+def run(args) -> int:
+    rate = _rate(args.rate)
+    cv2 = need("cv2", "record")
+    index.pa()
+    manifest = index.read_manifest(args.dir)
+    recorded = manifest.get("streams", {})
+    streams = args.stream or sorted(recorded)
+    unknown = [s for s in streams if s not in recorded]
+    if unknown:
+        raise UsageError(f"the recording has no stream {', '.join(map(repr, unknown))} (it has: {', '.join(sorted(recorded))})")
+    topics = [] if args.no_topics else list(manifest.get("topics", []))
+    events, tables = _timeline(args.dir, manifest, streams, topics)
+    from visionipc import VisionIpcServer
+    from visionipc.formats import MAX_BUFFERS
+
+    if not 1 <= args.buffers <= MAX_BUFFERS:
+        raise UsageError(f"--buffers must be in 1..{MAX_BUFFERS}")
+    stopper = Stopper()
+    stop = stopper.event
+    server, pubs, decoders = None, {}, {}
+    try:
+        try:
+            server = VisionIpcServer(args.name)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        storages = {}
+        for s in streams:
+            info = recorded[s]
+            server.create_buffers(s, args.buffers, info["width"], info["height"], info["format"])
+            storages[s] = Storage.from_manifest(cv2, info)
+        server.start_listener()
+        import msgq
+
+        pubs = {t: msgq.pub_sock(t) for t in topics}
+        if args.wait_clients:
+            while not stop.is_set() and not all(server.num_clients(s) >= args.wait_clients for s in streams):
+                stop.wait(0.01)
+            stop.wait(0.1)  # the last client finishes subscribing
+        passes = sent = 0
+        while not stop.is_set():
+            decoders = {s: Decoder(cv2, args.dir, s, list(zip(tables[s].column("segment_file").to_pylist(),
+                                                                tables[s].column("position").to_pylist())),
+                                   storages[s], stop) for s in streams}
+            for d in decoders.values():
+                d.start()
+            sent += _play(events, server, storages, decoders, pubs, rate, args.original_timestamps, stop)
+            passes += 1
+            for d in decoders.values():
+                d.join()
+            if not args.loop:
+                break
+        if not args.quiet:
+            print(f"{PROG}: {sent} frames of {', '.join(streams)} published in {passes} pass(es)", file=sys.stderr)
+        return 0
+    finally:
+        stop.set()
+        for d in decoders.values():
+            d.join()
+        for p in pubs.values():
+            p.close()
+        if server is not None:
+            server.close()
+        stopper.restore()
+
+
+def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int:
+    first = events[0][0]
+    start = time.monotonic_ns()
+    shift = 0 if original else start - first
+    scale = 1.0 if (rate is None or original) else 1.0 / rate
+    sent = 0
+    for when, kind, name, seq, payload in events:
+        if rate is not None:
+            due = start + int((when - first) / rate)
+            wait = due - time.monotonic_ns()
+            if wait > 0 and stop.wait(wait / 1e9):
+                break
+        if stop.is_set():
+            break
+        if kind == 1:
+            pubs[name].send(payload)
+            continue
+        image = decoders[name].next()
+        if image is None:
+            break
+        buf = server.get_buffer(name)
+        storages[name].restore(image, buf)
+        sof, eof = (int(first + shift + (t - first) * scale) for t in payload)
+        server.send(buf, frame_id=seq, timestamp_sof=max(0, sof), timestamp_eof=max(0, eof))
+        sent += 1
+    return sent
+
+
+def main(argv=None) -> int:
+    return run_command(PROG, build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Writes one stream of a recording as numbered segments: a video file plus its
+Parquet frame index per segment, each written under a hidden ``.partial`` name
+and renamed when complete (video first, then index), so a segment is complete
+exactly when its index file exists.
+
+Used by one thread (the stream's encoder thread in vipc-record).
+"""
+
+import os
+
+from visionipc.apps.record import index
+
+NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
+# A segment's container rate is nominal (whole frames per second, from its first two
+# frames' timestamp_sof); the index holds the real times.
+
+
+class StreamWriter:
+    def __init__(self, cv2, folder: str, stream: str, storage, segment_seconds: float):
+        self.cv2, self.folder, self.stream, self.storage = cv2, folder, stream, storage
+        self.segment_ns = int(segment_seconds * 1e9) if segment_seconds else 0
+        self.video_dir = os.path.join(folder, "frames", stream)
+        self.index_dir = os.path.join(folder, "index", stream)
+        os.makedirs(self.video_dir, exist_ok=True)
+        os.makedirs(self.index_dir, exist_ok=True)
+        self.segments = 0  # complete segments
+        self.frames = 0  # frames in complete segments
+        self._video = None  # the open cv2.VideoWriter
+        self._held = None  # the segment's first frame, until the second one gives the frame rate
+        self._start_ns = 0  # receive time of the segment's first frame
+        self._rows = None
+
+    def _relative(self):
+        return f"frames/{self.stream}/{index.segment_name(self.segments, self.storage.ext)}"
+
+    def add(self, image, meta: dict):
+        """``meta``: frame_id, timestamp_sof, timestamp_eof, publish_time, receive_time."""
+        if self._rows is not None and self.segment_ns and meta["receive_time"] - self._start_ns >= self.segment_ns:
+            self.close_segment()
+        if self._rows is None:
+            self._rows = {name: [] for name in index.INDEX_COLUMNS}
+            self._start_ns = meta["receive_time"]
+            self._held = (image, meta)
+            return
+        if self._video is None:
+            first = self._held[1]
+            interval = meta["timestamp_sof"] - first["timestamp_sof"]
+            self._open(1e9 / interval if interval > 0 else NOMINAL_FPS)
+        self._write(image, meta)
+
+    def _open(self, fps):
+        cv2, storage = self.cv2, self.storage
+        self._final = os.path.join(self.folder, self._relative())
+        self._tmp = index.partial_path(self._final)
+        # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
+        fps = float(min(max(round(fps), 1), 1000))
+        self._video = cv2.VideoWriter(self._tmp, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*storage.codec), fps,
+                                      storage.image_size, storage.writer_params())
+        if not self._video.isOpened():
+            raise RuntimeError(f"OpenCV cannot write {storage.codec} video to {self._tmp}")
+        held, self._held = self._held, None
+        self._write(*held)
+
+    def _write(self, image, meta):
+        self._video.write(image)
+        rows = self._rows
+        for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
+            rows[key].append(meta[key])
+        rows["position"].append(len(rows["stream"]))
+        rows["stream"].append(self.stream)
+        rows["width"].append(self.storage.width)
+        rows["height"].append(self.storage.height)
+        rows["format"].append(self.storage.fmt)
+        rows["segment"].append(self.segments)
+        rows["segment_file"].append(self._relative())
+
+    def close_segment(self):
+        if self._rows is None:
+            return
+        if self._video is None:
+            self._open(NOMINAL_FPS)
+        self._video.release()
+        self._video = None
+        if not os.path.exists(self._tmp):
+            raise RuntimeError(f"OpenCV did not write {self._tmp} ({self.storage.codec}); see its messages above")
+        os.replace(self._tmp, self._final)
+        index.write_table(self._rows, index.index_schema(),
+                          os.path.join(self.index_dir, index.segment_name(self.segments, "parquet")))
+        self.frames += len(self._rows["stream"])
+        self.segments += 1
+        self._rows = None

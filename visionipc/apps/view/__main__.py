@@ -1,0 +1,5 @@
+import sys
+
+from visionipc.apps.view.cli import main
+
+sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from visionipc.view.cli import main
-
-sys.exit(main())
