@@ -41,6 +41,7 @@ from msgq.errors import (
     QueueShutdownError,
 )
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+from msgq._shared import Closeable
 
 logger = logging.getLogger("msgq.broadcast")
 
@@ -147,7 +148,7 @@ def _decode(kind: int, parts: Sequence):
     return pickle.loads(parts[0], buffers=parts[1:])
 
 
-class BroadcastQueue:
+class BroadcastQueue(Closeable):
     """The writer: ``BroadcastQueue(n_readers, n_remote_readers=0, ...)``; a
     reader: ``BroadcastQueue.create_from_handle(handle, rank)``.
 
@@ -568,18 +569,6 @@ class BroadcastQueue:
     def closed(self) -> bool:
         return self._writer is None and self._reader is None and self._remote_sock is None and \
             getattr(self, "_sub", None) is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
     def __getstate__(self):
         raise TypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")

@@ -31,6 +31,7 @@ from msgq.backends.shm import _mode
 from msgq.broadcast import _deadline, _left
 from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, QueueShutdownError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+from msgq._shared import Closeable
 
 MODES = ("sequential", "newest")
 WINDOW = _queues.WINDOW
@@ -122,7 +123,7 @@ class Reservation:
         return False
 
 
-class _Attached:
+class _Attached(Closeable):
     """close() / context manager / finalizer shared by producers and readers."""
 
     _native = None
@@ -139,18 +140,6 @@ class _Attached:
     @property
     def closed(self) -> bool:
         return self._native is None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class OrderedProducer(_Attached):

@@ -9,9 +9,10 @@ from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
 from visionipc.formats import check_count, normalize_format
 from visionipc.frame import VisionBuf, buffer_arrays
+from msgq._shared import Closeable
 
 
-class VisionIpcServer:
+class VisionIpcServer(Closeable):
     """``VisionIpcServer(name)``; then ``create_buffers`` per stream, ``start_listener()``,
     and per frame ``buf = get_buffer(stream)``, fill ``buf.array``, ``send(buf, frame_id, ...)``.
 
@@ -111,18 +112,6 @@ class VisionIpcServer:
         self._buffers = {}  # frames handed out keep their own views
         if native is not None and self._pid == os.getpid():
             native.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 def _stamps(frame_id, sof, eof):
