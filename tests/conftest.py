@@ -1,4 +1,6 @@
-"""Every test runs under its own MSGQ_PREFIX and must leave no segment behind."""
+"""Every test runs under its own MSGQ_PREFIX and must leave no segment behind;
+the whole session must leave nothing new in /dev/shm or /tmp (checked at the end:
+a leftover fails the run and is named)."""
 
 import os
 import sys
@@ -10,6 +12,41 @@ from msgq.testing import isolated_prefix
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
+
+WATCHED = ("/dev/shm", "/tmp")
+# Not ours to clean: pytest's own temporary folders (tools/test.sh puts them under
+# build/ instead) and the JVM's per-user performance-data folder, which every Java
+# process shares and which the JVM keeps on purpose.
+IGNORED = ("/tmp/pytest-of-", "/tmp/hsperfdata_")
+
+
+def _entries():
+    found = set()
+    for folder in WATCHED:
+        try:
+            found.update(os.path.join(folder, name) for name in os.listdir(folder))
+        except FileNotFoundError:
+            pass
+    return found
+
+
+def pytest_sessionstart(session):
+    session.config._vipc_entries_before = _entries()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    before = getattr(session.config, "_vipc_entries_before", None)
+    if before is None or getattr(session.config.option, "collectonly", False):
+        return
+    new = sorted(p for p in _entries() - before if not p.startswith(IGNORED))
+    if new:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["the test session left files behind:"] + [f"  {p}" for p in new]
+        if reporter is not None:
+            reporter.write_line("\n".join(lines), red=True)
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(autouse=True)

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash tools/setup.sh
-exec .venv/bin/pytest -p no:cacheprovider "$@"
+# pytest's temporary folders live under build/ (removed at the next run), not in
+# /tmp: the suite checks that it leaves nothing behind there (tests/conftest.py)
+exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "$@"

@@ -33,7 +33,7 @@ def name():
 
 
 @pytest.fixture
-def browser():
+def browser(tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -44,6 +44,9 @@ def browser():
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                 "--window-size=1400,900", "--force-device-scale-factor=1"):
         options.add_argument(arg)
+    # a profile of our own, removed with tmp_path (by default Chromium leaves a
+    # /tmp/org.chromium.Chromium.* folder behind per run)
+    options.add_argument(f"--user-data-dir={tmp_path / 'chromium-profile'}")
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
     driver.set_page_load_timeout(30)
     yield driver
