@@ -35,7 +35,7 @@ Checks at the end (any failure: exit status 1 and the reasons):
   directory, no file descriptor left open in a child that closed its sockets.
 
     python tools/soak.py --seconds 300           # the full soak (prints totals)
-    python tools/soak.py --seconds 45 --json out.json   # what tests/test_soak.py runs
+    python tools/soak.py --seconds 45 --json out.json   # what tests/system/test_soak.py runs
 """
 
 import argparse

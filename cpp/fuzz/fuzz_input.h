@@ -63,7 +63,7 @@ struct ExactSink {
   }
 };
 
-// A private directory for segment files: in $VIPC_TEST_TMPDIR (tests/test_fuzz.py
+// A private directory for segment files: in $VIPC_TEST_TMPDIR (tests/system/test_fuzz.py
 // removes it afterwards), else /dev/shm, else /tmp.
 inline std::string make_temp_dir() {
   const char* base = getenv("VIPC_TEST_TMPDIR");

@@ -1,7 +1,7 @@
 // Tests of the ordered topic (availability word, CAS loops, producers and
 // readers on a real segment file) and of the lossless broadcast queue
 // (writer and reader threads on a real segment file). Built plain, with
-// ASan+UBSan and with TSan by tests/test_cpp.py.
+// ASan+UBSan and with TSan by tests/system/test_cpp.py.
 //
 // The threaded stresses never let the ring wrap (more slots than messages),
 // so every payload byte is published by release/acquire alone: TSan checks

@@ -1,7 +1,7 @@
 """Backends: the one place where a process picks how messages travel.
 
 Every backend module exports the same contract (the names are checked on
-load; the conformance suite in tests/test_conformance.py checks behaviour):
+load; the conformance suite in tests/msgq/test_conformance.py checks behaviour):
 
 ``NAME``
     its name, as accepted by ``MSGQ_BACKEND`` and ``Context(backend=...)``.

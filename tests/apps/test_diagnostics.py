@@ -1,7 +1,7 @@
 """Messages that say what happened and what to do: a slow, stopped or dead
 reader, a dead publisher or VisionIPC server (``msgq-top --check``), a full
 shared-memory directory, a VisionIPC protocol version mismatch. (A msgq
-layout version mismatch: tests/test_bad_input.py.)"""
+layout version mismatch: tests/msgq/test_bad_input.py.)"""
 
 import os
 import signal

@@ -1,5 +1,5 @@
 """VisionIPC in one process: formats and plane views, zero-copy views, leases,
-conflate, bad input. tests/test_visionipc_processes.py runs real processes."""
+conflate, bad input. tests/visionipc/test_visionipc_processes.py runs real processes."""
 
 import gc
 
