@@ -1,13 +1,15 @@
 """VisionBuf: one frame in a pool, seen without copying.
 
-``.data`` is a flat uint8 numpy array over the whole buffer, ``.array`` is
-shaped for the format, ``.y`` / ``.uv`` (NV12) and ``.y`` / ``.u`` / ``.v``
-(I420) are plane views, all over the same bytes. Every view keeps the pool's
-mapping alive, even after the client is gone. A client's frames are writable,
-as in the reference, and shared: every client of the stream sees the same
-bytes, so treat them as read-only unless you mean to annotate the frame for
-everyone. Frames of an ordered stream's client are read-only. The per-buffer
-metadata (generation, frame id, timestamps) is mapped read-only in clients.
+``.data`` is a writable ``memoryview`` (format ``"B"``) of the whole buffer,
+as in the reference (commaai/msgq #688); ``.array`` is a numpy view shaped
+for the format, ``.y`` / ``.uv`` (NV12) and ``.y`` / ``.u`` / ``.v`` (I420)
+are plane views, all over the same bytes. Every view keeps the pool's mapping
+alive, even after the client is gone. A client's frames are writable, as in
+the reference, and shared: every client of the stream sees the same bytes, so
+treat them as read-only unless you mean to annotate the frame for everyone.
+Frames of an ordered stream's client are read-only (``.data`` too). The
+per-buffer metadata (generation, frame id, timestamps) is mapped read-only in
+clients.
 
 ``valid`` says whether the buffer still holds this frame (its generation is
 unchanged). ``with client.recv() as frame:`` holds the client's read lease on
@@ -137,11 +139,13 @@ class VisionBuf:
         return self._owner is not None and self._owner.frame_valid(self)
 
     @property
-    def data(self) -> np.ndarray:
-        return self._views.flat.view()
+    def data(self) -> memoryview:
+        """The whole buffer as a memoryview (format "B"; writable unless the frame is read-only)."""
+        return memoryview(self._views.data)
 
     def as_array(self) -> np.ndarray:
-        return self.data
+        """The whole buffer as a flat uint8 numpy array (what ``.data`` was before it became a memoryview)."""
+        return self._views.flat.view()
 
     def _plane(self, offset, shape, strides, dtype=np.uint8):
         return np.ndarray(shape, dtype=dtype, buffer=self._views.flat, offset=offset, strides=strides)

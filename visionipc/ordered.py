@@ -19,7 +19,8 @@ Frame ids are handed out in ``get_buffer()`` order; ``get_buffer(frame_id=N)``
 takes an explicit id, which must be higher than every id reserved before
 (ids skipped over are never delivered). At most 16 frames are in flight; a
 17th ``get_buffer()`` waits for the oldest to be sent. Client frames are
-read-only numpy views into the slot (no copy); ``frame.valid`` turns False
+read-only views into the slot (no copy; ``.data`` a read-only memoryview,
+``.array`` a read-only numpy array); ``frame.valid`` turns False
 once the ring reuses the slot (``count`` frames later), so a client that holds
 a frame longer should copy it.
 """

@@ -109,7 +109,7 @@ def test_numpy_views_keep_the_mapping_alive_after_client_and_server_are_gone():
     del client, server, buf, frame
     gc.collect()
     assert int(array.sum()) == 42 * 64 * 32
-    assert data[0] == 42 and len(data) == 64 * 32  # .data keeps it alive too
+    assert data[0] == 42 and len(data) == 64 * 32  # the memoryview keeps it alive too
 
 
 def _pool_mappings():
