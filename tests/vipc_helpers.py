@@ -16,16 +16,17 @@ SPAWN = multiprocessing.get_context("spawn")
 DEADLINE_S = 60.0
 
 
-def stamp(array: np.ndarray, frame_id: int):
-    flat = array.reshape(-1).view(np.uint8) if array.flags.c_contiguous else None
-    if flat is None:
-        raise ValueError("stamp needs a contiguous array")
+def stamp(data, frame_id: int):
+    """Stamp a whole buffer (``frame.data``: a writable memoryview, or a contiguous array)."""
+    flat = np.frombuffer(data, np.uint8)
     flat[:] = frame_id % 251
     flat[:8] = np.frombuffer(int(frame_id).to_bytes(8, "little"), np.uint8)
 
 
-def stamp_problem(data: np.ndarray, frame_id: int):
-    """None if ``data`` (the whole buffer, uint8) carries frame_id's stamp, else what is wrong."""
+def stamp_problem(data, frame_id: int):
+    """None if ``data`` (the whole buffer: ``frame.data`` or a uint8 array) carries frame_id's
+    stamp, else what is wrong."""
+    data = np.frombuffer(data, np.uint8)
     head = int.from_bytes(bytes(data[:8]), "little")
     if head != frame_id:
         return f"frame {frame_id}: header says {head}"

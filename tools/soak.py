@@ -155,8 +155,10 @@ def role_subscriber(spec):
 
 
 def _stamp(data, frame_id):
+    """``data``: a frame's whole buffer (``frame.data``, a writable memoryview)."""
     import numpy as np
 
+    data = np.frombuffer(data, np.uint8)
     data[:] = frame_id % 251
     data[:8] = np.frombuffer(struct.pack("<Q", frame_id), np.uint8)
 
@@ -164,6 +166,7 @@ def _stamp(data, frame_id):
 def _stamp_problem(data, frame_id):
     import numpy as np
 
+    data = np.frombuffer(data, np.uint8)
     head = struct.unpack("<Q", bytes(data[:8]))[0]
     if head != frame_id:
         return f"frame {frame_id}: header says {head}"

@@ -3,15 +3,17 @@
 import time
 import types
 
+from msgq._shared import Closeable
 from msgq.errors import ClosedError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_id, stream_key
-from visionipc.frame import VisionBuf, buffer_arrays
+from visionipc.formats import Geometry
+from visionipc.frame import ViewCache, VisionBuf
 
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
 
 
-class VisionIpcClient:
+class VisionIpcClient(Closeable):
     """``VisionIpcClient(name, stream, conflate)``; ``connect(blocking)``; ``recv(timeout_ms)``.
 
     Each ``recv`` leases the frame it returns (and drops the previous lease), so the
@@ -35,11 +37,10 @@ class VisionIpcClient:
                                          trusted_uids=[int(u) for u in trusted_uids])
         self._last = None  # the newest frame received
         self._leased = None  # (idx, generation) our lease slot holds, if any
-        # Per mapping (native epoch): the geometry dict and, per buffer index,
-        # (view, buffer_arrays) made once, so recv() allocates only the VisionBuf.
+        # Per mapping (native epoch): the ViewCache of the pool (None before the
+        # first mapping), so recv() allocates only the VisionBuf.
         self._epoch = None
-        self._geometry_cache = None
-        self._buffers = []
+        self._views = None
 
     def _client(self):
         if self._native is None:
@@ -63,44 +64,42 @@ class VisionIpcClient:
         got = native.recv(int(timeout_ms))
         if got is None:
             return None
-        idx, generation, frame_id, sof, eof, valid, published, received, epoch = got
-        self._leased = (idx, generation) if valid else None
-        if epoch != self._epoch:
-            self._remapped(native, epoch)
-        cached = self._buffers[idx]
-        if cached is None:
-            view = native.view(idx)
-            cached = self._buffers[idx] = (view, buffer_arrays(view, self._geometry_cache))
-        self._last = VisionBuf(cached[0], self._geometry_cache, idx, generation, frame_id, sof, eof, owner=self,
-                               stream=self._key, arrays=cached[1], timestamp_publish=published, timestamp_recv=received)
+        idx, generation = got.index, got.generation
+        self._leased = (idx, generation) if got.valid else None
+        if got.epoch != self._epoch:
+            self._remapped(native, got.epoch)
+        views = self._views
+        self._last = VisionBuf(views.get(idx), views.geometry, idx, generation, got.frame_id,
+                               got.timestamp_sof, got.timestamp_eof, owner=self, stream=self._key,
+                               timestamp_publish=got.timestamp_publish, timestamp_recv=got.timestamp_recv)
         return self._last
 
     def _remapped(self, native, epoch):
         """A (re)connect mapped a pool: drop what was cached for the old mapping
         (frames already handed out keep theirs alive)."""
         self._epoch = epoch
-        self._geometry_cache = native.geometry() if native.count else None
-        self._buffers = [None] * native.count
+        self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
 
-    def _frame_valid(self, buf) -> bool:
+    # LeasingOwner: whether a frame is intact, and the read lease of `with frame:`
+    def frame_valid(self, buf) -> bool:
         return self._native is not None and self._native.is_valid(buf.idx, buf.generation)
 
-    def _hold(self, buf):
+    def hold_frame(self, buf) -> None:
         if self._native is not None and self._leased != (buf.idx, buf.generation):
             self._leased = (buf.idx, buf.generation) if self._native.take_lease(buf.idx, buf.generation) else None
 
-    def _release(self, buf):
+    def release_frame(self, buf) -> None:
         if self._native is not None and self._leased == (buf.idx, buf.generation):
             self._native.release_lease()
             self._leased = None
 
-    def _geometry(self, key):
+    def _geometry(self, field):
         native = self._native
         if native is None or native.count == 0:
             return None
         if native.epoch != self._epoch:
             self._remapped(native, native.epoch)
-        return self._geometry_cache[key]
+        return getattr(self._views.geometry, field)
 
     width = property(lambda self: self._geometry("width"))
     height = property(lambda self: self._geometry("height"))
@@ -123,19 +122,13 @@ class VisionIpcClient:
         native, self._native = self._native, None
         # Drop what maps the pool (frames handed out keep their own views); the last
         # frame's numbers stay readable through the reference's properties.
-        self._epoch, self._geometry_cache, self._buffers = None, None, []
+        self._epoch, self._views = None, None
         last = self._last
         if last is not None:
             self._last = types.SimpleNamespace(frame_id=last.frame_id, timestamp_sof=last.timestamp_sof,
                                                timestamp_eof=last.timestamp_eof, valid=False)
         if native is not None:
             native.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 def available_streams(name, block=False) -> set:

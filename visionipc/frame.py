@@ -1,57 +1,113 @@
 """VisionBuf: one frame in a pool, seen without copying.
 
-``.data`` is a flat uint8 numpy array over the whole buffer (what the
-reference returns; it supports the buffer protocol, so ``memoryview(buf.data)``
-works too), ``.array`` is shaped for the format, ``.y`` / ``.uv`` (NV12) and
-``.y`` / ``.u`` / ``.v`` (I420) are plane views. Every view keeps the pool's
-mapping alive through its ``.base`` chain, even after the client is gone.
-A client's frames are writable, as in the reference, and shared: every client
-of the stream sees the same bytes, so treat them as read-only unless you mean
-to annotate the frame for everyone. The per-buffer metadata (generation,
-frame id, timestamps) is mapped read-only in clients.
+``.data`` is a writable ``memoryview`` (format ``"B"``) of the whole buffer,
+as in the reference (commaai/msgq #688); ``.array`` is a numpy view shaped
+for the format, ``.y`` / ``.uv`` (NV12) and ``.y`` / ``.u`` / ``.v`` (I420)
+are plane views, all over the same bytes. Every view keeps the pool's mapping
+alive, even after the client is gone. A client's frames are writable, as in
+the reference, and shared: every client of the stream sees the same bytes, so
+treat them as read-only unless you mean to annotate the frame for everyone.
+Frames of an ordered stream's client are read-only (``.data`` too). The
+per-buffer metadata (generation, frame id, timestamps) is mapped read-only in
+clients.
 
 ``valid`` says whether the buffer still holds this frame (its generation is
 unchanged). ``with client.recv() as frame:`` holds the client's read lease on
 the frame for the block, so the server does not reuse the buffer meanwhile.
+
+The objects that hand out frames (server, client, ordered writer and client)
+are :class:`FrameOwner` s; those with read leases are :class:`LeasingOwner` s.
+Each keeps a :class:`ViewCache`: the views of every buffer, made once.
 """
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
+from visionipc.formats import Geometry
 
 
-def buffer_arrays(view, geometry):
-    """(flat, shaped): the uint8 array over a whole buffer and its format-shaped view
-    (see ``VisionBuf.array``), both keeping ``view`` (and so the mapping) alive.
-    Owners build these once per buffer and hand them to every VisionBuf of it."""
-    flat = np.frombuffer(view, dtype=np.uint8)
-    g = geometry
-    fmt, h, w, s = g["format"], g["height"], g["width"], g["stride"]
+@runtime_checkable
+class FrameOwner(Protocol):
+    """Where a VisionBuf comes from: says whether the buffer still holds the frame."""
 
-    def plane(shape, strides, dtype=np.uint8):
-        return np.ndarray(shape, dtype=dtype, buffer=flat, offset=0, strides=strides)
+    def frame_valid(self, buf: VisionBuf) -> bool: ...
 
-    if fmt in ("nv12", "i420", "custom"):
-        if g["uv_offset"] == s * h and s * (h * 3 // 2) <= g["size"]:
-            return flat, plane((h * 3 // 2, s), (s, 1))
-        return flat, flat
-    if fmt in ("rgb8", "bgr8"):
-        return flat, plane((h, w, 3), (s, 3, 1))
-    if fmt == "gray8":
-        return flat, plane((h, w), (s, 1))
-    return flat, plane((h, w), (s, 2), np.uint16)  # raw16
+
+@runtime_checkable
+class LeasingOwner(FrameOwner, Protocol):
+    """An owner whose readers lease frames (``with frame:`` holds, then releases)."""
+
+    def hold_frame(self, buf: VisionBuf) -> None: ...
+
+    def release_frame(self, buf: VisionBuf) -> None: ...
+
+
+class FrameViews(NamedTuple):
+    """The views of one whole buffer, all over the same bytes."""
+
+    data: memoryview   # format "B", the whole buffer (read-only where the source is)
+    flat: np.ndarray   # uint8, the whole buffer
+    array: np.ndarray  # shaped for the format (VisionBuf.array)
+
+
+def frame_views(source, geometry: Geometry) -> FrameViews:
+    """The views of a buffer-protocol object covering one buffer laid out as ``geometry``."""
+    data = memoryview(source)
+    if data.format != "B" or data.ndim != 1:
+        data = data.cast("B")
+    flat = np.frombuffer(data, dtype=np.uint8)
+    return FrameViews(data, flat, _shaped(flat, geometry))
+
+
+def _shaped(flat: np.ndarray, g: Geometry) -> np.ndarray:
+    info, h, w, s = g.info, g.height, g.width, g.stride
+    if info.yuv420:
+        if g.uv_offset == s * h and s * (h * 3 // 2) <= g.size:
+            return np.ndarray((h * 3 // 2, s), dtype=np.uint8, buffer=flat, strides=(s, 1))
+        return flat  # a custom layout whose chroma does not follow the luma directly
+    dtype = np.dtype(f"u{info.sample_bytes}")
+    if info.channels > 1:
+        return np.ndarray((h, w, info.channels), dtype=dtype, buffer=flat,
+                          strides=(s, info.bytes_per_pixel, info.sample_bytes))
+    return np.ndarray((h, w), dtype=dtype, buffer=flat, strides=(s, info.bytes_per_pixel))
+
+
+class ViewCache:
+    """The views of each buffer of one mapping (a pool, a ring of slots), made on
+    first use and shared by every VisionBuf of that buffer. Drop it when the
+    mapping goes; frames already handed out keep their views alive."""
+
+    __slots__ = ("_source", "_views", "geometry")
+
+    def __init__(self, geometry: Geometry, count: int, source: Callable[[int], Any] | None = None):
+        """``source(idx)``: a buffer-protocol object over buffer ``idx`` (or pass one to ``get``)."""
+        self.geometry = geometry
+        self._views: list = [None] * count
+        self._source = source
+
+    def get(self, idx: int, buffer=None) -> FrameViews:
+        """Buffer ``idx``'s views; made the first time, from ``buffer`` or ``source(idx)``."""
+        views = self._views[idx]
+        if views is None:
+            views = self._views[idx] = frame_views(self._source(idx) if buffer is None else buffer, self.geometry)
+        return views
 
 
 class VisionBuf:
-    """One frame. ``arrays``: the owner's cached ``buffer_arrays(view, geometry)`` for
-    this buffer; ``.data`` / ``.array`` return a fresh view of them each time, so
-    callers may reshape or flag their arrays without touching anyone else's."""
+    """One frame: buffer ``idx`` of ``owner``'s mapping, seen through ``views``
+    (the owner's cached :class:`FrameViews` of it). ``.data`` / ``.array`` return
+    a fresh view of them each time, so callers may reshape, flag or release
+    theirs without touching anyone else's."""
 
-    def __init__(self, view, geometry, idx, generation, frame_id=0, timestamp_sof=0, timestamp_eof=0,
-                 owner=None, stream=None, arrays=None, timestamp_publish=0, timestamp_recv=0):
-        self._view = view
+    def __init__(self, views: FrameViews, geometry: Geometry, idx, generation, frame_id=0, timestamp_sof=0,
+                 timestamp_eof=0, owner: FrameOwner | None = None, stream=None, timestamp_publish=0,
+                 timestamp_recv=0):
+        self._views = views
         self._geometry = geometry
-        self._arrays = arrays
         self.idx = idx
         self.generation = generation
         self.frame_id = frame_id
@@ -61,49 +117,48 @@ class VisionBuf:
         # (0 for frames that were not received); receive - publish is the handoff latency.
         self.timestamp_publish = timestamp_publish
         self.timestamp_recv = timestamp_recv
-        self._owner = owner      # the VisionIpcServer or VisionIpcClient this frame came from
+        self._owner = owner      # the FrameOwner this frame came from
         self.stream = stream
 
     # geometry
-    width = property(lambda self: self._geometry["width"])
-    height = property(lambda self: self._geometry["height"])
-    stride = property(lambda self: self._geometry["stride"])
-    uv_offset = property(lambda self: self._geometry["uv_offset"])
-    format = property(lambda self: self._geometry["format"])
-    len = property(lambda self: self._geometry["size"])
+    width = property(lambda self: self._geometry.width)
+    height = property(lambda self: self._geometry.height)
+    stride = property(lambda self: self._geometry.stride)
+    uv_offset = property(lambda self: self._geometry.uv_offset)
+    format = property(lambda self: self._geometry.format)
+    len = property(lambda self: self._geometry.size)
+    geometry = property(lambda self: self._geometry)
+    owner = property(lambda self: self._owner)
 
     def __len__(self):
-        return self._geometry["size"]
+        return self._geometry.size
 
     @property
     def valid(self) -> bool:
         """True while the buffer still holds this frame (checks its generation now)."""
-        return self._owner is not None and self._owner._frame_valid(self)
-
-    def _cached(self):
-        if self._arrays is None:
-            self._arrays = buffer_arrays(self._view, self._geometry)
-        return self._arrays
+        return self._owner is not None and self._owner.frame_valid(self)
 
     @property
-    def data(self) -> np.ndarray:
-        return self._cached()[0].view()
+    def data(self) -> memoryview:
+        """The whole buffer as a memoryview (format "B"; writable unless the frame is read-only)."""
+        return memoryview(self._views.data)
 
     def as_array(self) -> np.ndarray:
-        return self.data
+        """The whole buffer as a flat uint8 numpy array (what ``.data`` was before it became a memoryview)."""
+        return self._views.flat.view()
 
     def _plane(self, offset, shape, strides, dtype=np.uint8):
-        return np.ndarray(shape, dtype=dtype, buffer=self._cached()[0], offset=offset, strides=strides)
+        return np.ndarray(shape, dtype=dtype, buffer=self._views.flat, offset=offset, strides=strides)
 
     @property
     def array(self) -> np.ndarray:
         """NV12/I420: ``(height*3//2, stride)`` uint8; RGB/BGR: ``(h, w, 3)``; GRAY: ``(h, w)``;
         RAW16: ``(h, w)`` uint16. A custom layout whose chroma does not follow the luma
         directly is the flat buffer."""
-        return self._cached()[1].view()
+        return self._views.array.view()
 
     def _yuv(self, what):
-        if self.format not in ("nv12", "i420", "custom"):
+        if not self._geometry.info.yuv420:
             raise InvalidArgumentError(f"{self.format} frames have no {what} plane")
 
     @property
@@ -153,13 +208,13 @@ class VisionBuf:
 
     # read lease for a block
     def __enter__(self):
-        if self._owner is not None:
-            self._owner._hold(self)
+        if isinstance(self._owner, LeasingOwner):
+            self._owner.hold_frame(self)
         return self
 
     def __exit__(self, *exc):
-        if self._owner is not None:
-            self._owner._release(self)
+        if isinstance(self._owner, LeasingOwner):
+            self._owner.release_frame(self)
         return False
 
     def __repr__(self):

@@ -19,7 +19,8 @@ Frame ids are handed out in ``get_buffer()`` order; ``get_buffer(frame_id=N)``
 takes an explicit id, which must be higher than every id reserved before
 (ids skipped over are never delivered). At most 16 frames are in flight; a
 17th ``get_buffer()`` waits for the oldest to be sent. Client frames are
-read-only numpy views into the slot (no copy); ``frame.valid`` turns False
+read-only views into the slot (no copy; ``.data`` a read-only memoryview,
+``.array`` a read-only numpy array); ``frame.valid`` turns False
 once the ring reuses the slot (``count`` frames later), so a client that holds
 a frame longer should copy it.
 """
@@ -28,13 +29,20 @@ import os
 import struct
 from typing import Optional
 
+from msgq._shared import Closeable
 from msgq.errors import InvalidArgumentError, IpcTimeoutError, SegmentError
 from msgq.ordered import OrderedProducer, OrderedReader
 from visionipc._streams import server_name, stream_key
-from visionipc.formats import FORMATS, check_count, layout, normalize_format
-from visionipc.frame import VisionBuf
+from visionipc.formats import (
+    FORMAT_TABLE,
+    Geometry,
+    check_count,
+    layout,
+    normalize_format,
+)
+from visionipc.frame import ViewCache, VisionBuf
 
-_TRAILER = struct.Struct("<8sIIIIIQ")  # magic, format index, width, height, stride, uv_offset, size
+_TRAILER = struct.Struct("<8sIIIIIQ")  # magic, format code, width, height, stride, uv_offset, size
 _MAGIC = b"VIPCORD1"
 
 
@@ -47,11 +55,7 @@ def _align64(n: int) -> int:
     return (n + 63) & ~63
 
 
-def _geometry(fmt: str, width: int, height: int) -> dict:
-    return layout(fmt, width, height)
-
-
-class OrderedFrameWriter:
+class OrderedFrameWriter(Closeable):
     """A worker's handle on an ordered stream. Every writer passes the same
     geometry (``width``, ``height``, ``format``) and ``count`` (frames in the
     ring, at least 16): the first creates the stream, the others attach to it
@@ -59,12 +63,12 @@ class OrderedFrameWriter:
 
     def __init__(self, name, stream, width: int, height: int, format: str = "nv12", count: int = 32):
         self.name, self.stream = server_name(name), stream_key(stream)
-        geo = _geometry(normalize_format(format), check_count("width", width), check_count("height", height))
+        geo = layout(normalize_format(format), check_count("width", width), check_count("height", height))
         count = check_count("count", count)
         if count < 16:
             raise InvalidArgumentError(f"count must be at least 16 (the in-flight window), got {count}")
-        self._producer = OrderedProducer(topic_name(name, stream), count, _align64(geo["size"]) + _TRAILER.size)
-        self._geometry = geo
+        self._producer = OrderedProducer(topic_name(name, stream), count, _align64(geo.size) + _TRAILER.size)
+        self._views = ViewCache(geo, self._producer.capacity)  # per slot
 
     def _trailer_offset(self, slot_bytes: int) -> int:
         return slot_bytes - _TRAILER.size
@@ -73,14 +77,15 @@ class OrderedFrameWriter:
         """Reserve the next frame id (or ``frame_id``) and return its writable
         frame; fill ``.array`` (or the plane views) in place, then ``send()``."""
         res = self._producer.reserve(frame_id, timeout=timeout)
-        geo = self._geometry
+        geo = self._views.geometry
         try:
-            _TRAILER.pack_into(res.data, self._trailer_offset(len(res.data)), _MAGIC, FORMATS.index(geo["format"]),
-                               geo["width"], geo["height"], geo["stride"], geo["uv_offset"], geo["size"])
+            _TRAILER.pack_into(res.data, self._trailer_offset(len(res.data)), _MAGIC, geo.info.code,
+                               geo.width, geo.height, geo.stride, geo.uv_offset, geo.size)
         except BaseException:
             res.cancel()
             raise
-        buf = VisionBuf(res.data[: geo["size"]], geo, res.id % self._producer.capacity, 0, res.id,
+        slot = res.id % self._producer.capacity
+        buf = VisionBuf(self._views.get(slot, res.data[: geo.size]), geo, slot, 0, res.id,
                         owner=self, stream=self.stream)
         buf._reservation = res
         return buf
@@ -88,7 +93,7 @@ class OrderedFrameWriter:
     def send(self, buf: VisionBuf, timestamp_sof: int = 0, timestamp_eof: int = 0) -> None:
         """Publish a frame from ``get_buffer()``: clients waiting for its id wake up."""
         res = getattr(buf, "_reservation", None)
-        if res is None or buf._owner is not self:
+        if res is None or buf.owner is not self:
             raise InvalidArgumentError("this frame does not come from this writer's get_buffer()")
         buf.timestamp_sof, buf.timestamp_eof = timestamp_sof, timestamp_eof
         res.publish(self._producer.slot_bytes, timestamp_sof, timestamp_eof)
@@ -101,28 +106,16 @@ class OrderedFrameWriter:
             res.cancel()
             buf._reservation = None
 
-    # VisionBuf owner hooks: a producer's frame is valid until it is sent
-    def _frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf) -> bool:
+        """FrameOwner: a producer's frame is valid until it is sent."""
         return getattr(buf, "_reservation", None) is not None
-
-    def _hold(self, buf):
-        pass
-
-    def _release(self, buf):
-        pass
 
     def close(self) -> None:
         """Leave the stream; frames reserved and not sent are cancelled."""
         self._producer.close()
 
-    def __enter__(self):
-        return self
 
-    def __exit__(self, *exc):
-        self.close()
-
-
-class OrderedFrameClient:
+class OrderedFrameClient(Closeable):
     """Receives an ordered stream: ``mode="sequential"`` (every frame in
     frame-id order) or ``"newest"`` (the newest frame, skipping older ones)."""
 
@@ -130,7 +123,8 @@ class OrderedFrameClient:
         self.name, self.stream = server_name(name), stream_key(stream)
         self._reader = OrderedReader(topic_name(name, stream), mode)
         self.mode = mode
-        self._geometry = None
+        self._trailer = None  # the last geometry trailer seen, and the ViewCache (per slot) made for it
+        self._views = None
 
     def recv(self, timeout_ms: int = 100) -> Optional[VisionBuf]:
         """The next frame as a read-only VisionBuf, or None after ``timeout_ms``
@@ -141,39 +135,34 @@ class OrderedFrameClient:
         except IpcTimeoutError:
             return None
         view = memoryview(view)
-        magic, fmt, width, height, stride, uv_offset, size = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
-        if magic != _MAGIC or fmt >= len(FORMATS) or size > len(view) - _TRAILER.size:
-            raise SegmentError(f"ordered stream {self.name}/{self.stream}: frame {id_} has no valid geometry trailer")
-        geo = {"format": FORMATS[fmt], "width": width, "height": height, "stride": stride, "uv_offset": uv_offset,
-               "size": size}
-        self._geometry = geo
-        buf = VisionBuf(view[:size], geo, id_ % self._reader.capacity, stamp, id_, sof, eof, owner=self,
-                        stream=self.stream)
+        trailer = _TRAILER.unpack_from(view, len(view) - _TRAILER.size)
+        if trailer != self._trailer:
+            self._views = ViewCache(self._trailer_geometry(id_, trailer, len(view)), self._reader.capacity)
+            self._trailer = trailer
+        views, slot = self._views, id_ % self._reader.capacity
+        buf = VisionBuf(views.get(slot, view[: views.geometry.size]), views.geometry, slot, stamp,
+                        id_, sof, eof, owner=self, stream=self.stream)
         if not buf.valid:  # overwritten while we looked: the next one
             return self.recv(timeout_ms)
         return buf
 
-    def _frame_valid(self, buf) -> bool:
+    def _trailer_geometry(self, id_, trailer, slot_bytes) -> Geometry:
+        magic, code, width, height, stride, uv_offset, size = trailer
+        if magic != _MAGIC or code >= len(FORMAT_TABLE) or not FORMAT_TABLE[code].selectable or \
+                size > slot_bytes - _TRAILER.size:
+            raise SegmentError(f"ordered stream {self.name}/{self.stream}: frame {id_} has no valid geometry trailer")
+        return Geometry(FORMAT_TABLE[code].name, width, height, stride, uv_offset, size)
+
+    def frame_valid(self, buf) -> bool:
+        """FrameOwner: the ring has not reused the frame's slot."""
         return self._reader._is_valid(buf.frame_id, buf.generation)
 
-    def _hold(self, buf):
-        pass
-
-    def _release(self, buf):
-        pass
-
     dropped = property(lambda self: self._reader.dropped)  # frames the ring overwrote before we got them
-    width = property(lambda self: self._geometry and self._geometry["width"])
-    height = property(lambda self: self._geometry and self._geometry["height"])
+    width = property(lambda self: self._views and self._views.geometry.width)
+    height = property(lambda self: self._views and self._views.geometry.height)
 
     def close(self) -> None:
         self._reader.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
 
 __all__ = ["OrderedFrameWriter", "OrderedFrameClient", "topic_name"]

@@ -17,6 +17,7 @@ into a strided view directly it returns a new array, which is then copied in.
 import numpy as np
 
 from visionipc._optional import need
+from visionipc.formats import format_info
 
 
 def _cv2():
@@ -24,15 +25,16 @@ def _cv2():
 
 
 def compact_shape(fmt: str, width: int, height: int) -> tuple:
-    if fmt in ("nv12", "i420"):
+    info = format_info(fmt)
+    if info.yuv420:
         return (height * 3 // 2, width)
-    if fmt in ("rgb8", "bgr8"):
-        return (height, width, 3)
+    if info.channels > 1:
+        return (height, width, info.channels)
     return (height, width)
 
 
-def compact_dtype(fmt: str):
-    return np.uint16 if fmt == "raw16" else np.uint8
+def compact_dtype(fmt: str) -> np.dtype:
+    return np.dtype(f"u{format_info(fmt).sample_bytes}")
 
 
 def _into(result, dst):

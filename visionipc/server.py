@@ -1,5 +1,6 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
+import functools
 import os
 
 import numpy as np
@@ -7,8 +8,8 @@ import numpy as np
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
-from visionipc.formats import check_count, normalize_format
-from visionipc.frame import VisionBuf, buffer_arrays
+from visionipc.formats import Geometry, check_count, normalize_format
+from visionipc.frame import ViewCache, VisionBuf
 from msgq._shared import Closeable
 
 
@@ -26,9 +27,9 @@ class VisionIpcServer(Closeable):
         self.name = server_name(name)
         self._native = _visionipc.Server(self.name, allowed_uids=[int(u) for u in allowed_uids], **run_options())
         self._pid = os.getpid()
-        # Per stream key: (geometry dict, per buffer index (view, buffer_arrays) or None).
-        # A stream's pool never changes once created, so these stay valid.
-        self._buffers = {}
+        # Per stream key: the ViewCache of its pool. A stream's pool never changes
+        # once created, so these stay valid.
+        self._views = {}
         self._keys = {}  # stream names (str) already validated -> key
 
     def _server(self):
@@ -60,15 +61,11 @@ class VisionIpcServer(Closeable):
                 self._keys[stream] = key
         native = self._server()
         idx, generation = native.acquire(key)
-        cache = self._buffers.get(key)
+        cache = self._views.get(key)
         if cache is None:
-            cache = self._buffers[key] = (native.geometry(key), [None] * native.count(key))
-        geometry, per_index = cache
-        cached = per_index[idx]
-        if cached is None:
-            view = native.view(key, idx)
-            cached = per_index[idx] = (view, buffer_arrays(view, geometry))
-        return VisionBuf(cached[0], geometry, idx, generation, owner=self, stream=key, arrays=cached[1])
+            cache = self._views[key] = ViewCache(Geometry(*native.geometry(key)), native.count(key),
+                                                 functools.partial(native.view, key))
+        return VisionBuf(cache.get(idx), cache.geometry, idx, generation, owner=self, stream=key)
 
     def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
         """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
@@ -78,7 +75,7 @@ class VisionIpcServer(Closeable):
         if isinstance(buf, VisionBuf):
             if data is not None:  # send(buf, frame_id) positionally
                 frame_id, timestamp_sof, timestamp_eof = data, frame_id, timestamp_sof
-            if buf._owner is not self:
+            if buf.owner is not self:
                 raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
             native.send(buf.stream, buf.idx, buf.generation, *_stamps(frame_id, timestamp_sof, timestamp_eof))
             buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
@@ -87,18 +84,15 @@ class VisionIpcServer(Closeable):
         key = stream_key(buf)
         if data is None:
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
-        native.send_copy(key, _frame_bytes(data, native.geometry(key)), *_stamps(frame_id, timestamp_sof, timestamp_eof))
+        native.send_copy(key, _frame_bytes(data, Geometry(*native.geometry(key))),
+                         *_stamps(frame_id, timestamp_sof, timestamp_eof))
 
-    def _frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf) -> bool:
+        """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out
+        (a producer's frame needs no lease)."""
         if self._native is None:
             return False
         return self._native.generation(buf.stream, buf.idx) == buf.generation
-
-    def _hold(self, buf):  # a producer's buffer needs no lease
-        pass
-
-    def _release(self, buf):
-        pass
 
     def streams(self) -> list:
         return self._server().streams()
@@ -109,7 +103,7 @@ class VisionIpcServer(Closeable):
     def close(self):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         native, self._native = self._native, None
-        self._buffers = {}  # frames handed out keep their own views
+        self._views = {}  # frames handed out keep their own views
         if native is not None and self._pid == os.getpid():
             native.close()
 
@@ -124,13 +118,12 @@ def _stamps(frame_id, sof, eof):
     return frame_id.__index__(), sof.__index__(), eof.__index__()
 
 
-def _frame_bytes(data, geometry):
+def _frame_bytes(data, geometry: Geometry):
     """The copying send's input: bytes-like of exactly the buffer size, or a
-    C-contiguous array of uint8 (any shape) / the format's own dtype."""
-    size = geometry["size"]
+    C-contiguous array of uint8 (any shape) / the format's own sample type."""
+    size = geometry.size
     if isinstance(data, np.ndarray):
-        allowed = (np.uint16,) if geometry["format"] == "raw16" else ()
-        if data.dtype != np.uint8 and data.dtype.type not in allowed:
+        if data.dtype.kind != "u" or data.dtype.itemsize not in (1, geometry.info.sample_bytes):
             raise InvalidArgumentError(f"frame data must be uint8, not {data.dtype}")
         if data.nbytes != size:
             raise InvalidArgumentError(f"frame data has shape {data.shape} ({data.nbytes} bytes); "

@@ -32,21 +32,47 @@ struct View {
   bool readonly;
 };
 
-py::dict geometry_dict(const vipc::Geometry& g) {
-  py::dict d;
-  d["format"] = vipc::format_name(g.format);
-  d["width"] = g.width;
-  d["height"] = g.height;
-  d["stride"] = g.stride;
-  d["uv_offset"] = g.uv_offset;
-  d["size"] = g.size;
-  return d;
+// (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
+py::tuple geometry_tuple(const vipc::Geometry& g) {
+  return py::make_tuple(vipc::format_name(g.format), g.width, g.height, g.stride, g.uv_offset, g.size);
+}
+
+// Client.recv's record: a struct sequence (a C named tuple, like os.stat_result),
+// cheap to make and to read field by field on the per-frame path.
+PyStructSequence_Field received_fields[] = {
+    {"index", "buffer index in the pool"},
+    {"generation", "the buffer's generation for this frame"},
+    {"frame_id", nullptr},
+    {"timestamp_sof", nullptr},
+    {"timestamp_eof", nullptr},
+    {"valid", "the buffer still holds this frame and the client leases it"},
+    {"timestamp_publish", "CLOCK_MONOTONIC ns of the server's send"},
+    {"timestamp_recv", "CLOCK_MONOTONIC ns of this receive"},
+    {"epoch", "the mapping (Client.epoch) the index refers to"},
+    {nullptr, nullptr}};
+PyStructSequence_Desc received_desc = {"visionipc._visionipc.Received", "One frame Client.recv() got.", received_fields, 9};
+PyTypeObject* received_type = nullptr;
+
+py::object received(const vipc::Frame& f, uint64_t epoch) {
+  py::object r = py::reinterpret_steal<py::object>(PyStructSequence_New(received_type));
+  if (!r) throw py::error_already_set();
+  const uint64_t numbers[] = {f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof};
+  for (Py_ssize_t i = 0; i < 5; i++) PyStructSequence_SetItem(r.ptr(), i, py::int_(numbers[i]).release().ptr());
+  PyStructSequence_SetItem(r.ptr(), 5, py::bool_(f.valid).release().ptr());
+  PyStructSequence_SetItem(r.ptr(), 6, py::int_(f.publish_ns).release().ptr());
+  PyStructSequence_SetItem(r.ptr(), 7, py::int_(f.receive_ns).release().ptr());
+  PyStructSequence_SetItem(r.ptr(), 8, py::int_(epoch).release().ptr());
+  return r;
 }
 
 vipc::Format parse(const std::string& name) {
   vipc::Format f;
   if (!vipc::parse_format(name, f) || f == vipc::Format::kCustom) {
-    ipc::fail(ipc::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (nv12, i420, gray8, rgb8, bgr8, raw16)");
+    std::string names;
+    for (const vipc::FormatInfo& info : vipc::kFormats) {
+      if (info.format != vipc::Format::kCustom) names += std::string(names.empty() ? "" : ", ") + info.name;
+    }
+    ipc::fail(ipc::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (" + names + ")");
   }
   return f;
 }
@@ -60,7 +86,15 @@ PYBIND11_MODULE(_visionipc, m) {
   m.attr("BUFFER_ALIGN") = vipc::kBufferAlign;
   m.attr("MAX_BUFFERS") = vipc::kMaxBuffers;
   m.attr("MAX_CLIENTS") = vipc::kMaxClients;
-  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_dict(vipc::make_geometry(parse(format), w, h)); });
+  // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable);
+  // `selectable`: create_buffers takes it by name (custom comes from create_buffers_with_sizes).
+  py::list formats;
+  for (const vipc::FormatInfo& info : vipc::kFormats) {
+    formats.append(py::make_tuple(info.name, static_cast<uint32_t>(info.format), info.aliases, info.bytes_per_pixel,
+                                  info.channels, info.yuv420, info.format != vipc::Format::kCustom));
+  }
+  m.attr("FORMAT_TABLE") = py::tuple(formats);
+  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::make_geometry(parse(format), w, h)); });
   m.def("endpoint_name", &vipc::endpoint_name);
 
   py::class_<View>(m, "View", py::buffer_protocol())
@@ -121,11 +155,15 @@ PYBIND11_MODULE(_visionipc, m) {
         s.close();
       })
       .def("streams", &Server::streams)
-      .def("geometry", [](const Server& s, const std::string& stream) { return geometry_dict(s.geometry(stream)); })
+      .def("geometry", [](const Server& s, const std::string& stream) { return geometry_tuple(s.geometry(stream)); })
       .def("count", &Server::count)
       .def("clients", &Server::clients)
       .def("generation", &Server::generation)
       .def_property_readonly("id", &Server::id);
+
+  received_type = PyStructSequence_NewType(&received_desc);
+  if (received_type == nullptr) throw py::error_already_set();
+  m.attr("Received") = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(received_type));  // the module keeps it
 
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
@@ -149,10 +187,7 @@ PYBIND11_MODULE(_visionipc, m) {
                  py::gil_scoped_release nogil;
                  st = c.recv(deadline, f);
                }
-               if (st == vipc::RecvStatus::kFrame) {
-                 return py::make_tuple(f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof, f.valid,
-                                       f.publish_ns, f.receive_ns, c.epoch());
-               }
+               if (st == vipc::RecvStatus::kFrame) return received(f, c.epoch());
                if (st == vipc::RecvStatus::kTimeout) return py::none();
                if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
                pyipc::check_signals();
@@ -166,7 +201,7 @@ PYBIND11_MODULE(_visionipc, m) {
            [](const Client& c, uint32_t index) {
              return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, false};
            })
-      .def("geometry", [](const Client& c) { return geometry_dict(c.geometry()); })
+      .def("geometry", [](const Client& c) { return geometry_tuple(c.geometry()); })
       .def_property_readonly("count", &Client::count)
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)

@@ -15,14 +15,7 @@ void check_dimensions(uint32_t width, uint32_t height) {
   }
 }
 
-uint32_t bytes_per_pixel(Format f) {
-  switch (f) {
-    case Format::kRGB8:
-    case Format::kBGR8: return 3;
-    case Format::kRaw16: return 2;
-    default: return 1;
-  }
-}
+uint32_t bytes_per_pixel(Format f) { return kFormats[static_cast<uint32_t>(f)].bytes_per_pixel; }
 
 }  // namespace
 
@@ -85,22 +78,14 @@ std::string geometry_problem(const Geometry& g) {
 }
 
 const char* format_name(Format f) {
-  switch (f) {
-    case Format::kNV12: return "nv12";
-    case Format::kI420: return "i420";
-    case Format::kGray8: return "gray8";
-    case Format::kRGB8: return "rgb8";
-    case Format::kBGR8: return "bgr8";
-    case Format::kRaw16: return "raw16";
-    case Format::kCustom: return "custom";
-  }
-  return "unknown";
+  const auto i = static_cast<uint32_t>(f);
+  return i <= static_cast<uint32_t>(Format::kCustom) ? kFormats[i].name : "unknown";
 }
 
 bool parse_format(const std::string& name, Format& out) {
-  for (uint32_t i = 0; i <= static_cast<uint32_t>(Format::kCustom); i++) {
-    if (name == format_name(static_cast<Format>(i))) {
-      out = static_cast<Format>(i);
+  for (const FormatInfo& info : kFormats) {
+    if (name == info.name) {
+      out = info.format;
       return true;
     }
   }

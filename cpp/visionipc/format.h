@@ -31,6 +31,37 @@ inline constexpr uint64_t kBufferAlign = 4096;
 inline constexpr uint32_t kMaxDimension = 1 << 15;        // 32768 pixels a side
 inline constexpr uint64_t kMaxBufferSize = 1ull << 30;     // 1 GiB a frame
 
+// The format table: one row per Format, in enum order (kCustom last). Everything
+// the Python package knows about a format (names, plane shapes, sample sizes)
+// comes from here through the binding.
+struct FormatInfo {
+  Format format;
+  const char* name;
+  const char* aliases;       // other names the Python API accepts, space-separated
+  uint32_t bytes_per_pixel;  // in the first (Y or only) plane
+  uint32_t channels;         // samples a pixel in that plane; a sample is bytes_per_pixel / channels
+  bool yuv420;               // a Y plane followed by 2x2-subsampled chroma (uv_offset)
+};
+
+inline constexpr FormatInfo kFormats[] = {
+    {Format::kNV12, "nv12", "", 1, 1, true},
+    {Format::kI420, "i420", "", 1, 1, true},
+    {Format::kGray8, "gray8", "gray grey", 1, 1, false},
+    {Format::kRGB8, "rgb8", "rgb", 3, 3, false},
+    {Format::kBGR8, "bgr8", "bgr", 3, 3, false},
+    {Format::kRaw16, "raw16", "raw bayer16", 2, 1, false},
+    {Format::kCustom, "custom", "", 1, 1, true},
+};
+
+constexpr bool format_table_in_enum_order() {
+  if (sizeof(kFormats) / sizeof(kFormats[0]) != static_cast<uint32_t>(Format::kCustom) + 1) return false;
+  for (uint32_t i = 0; i < sizeof(kFormats) / sizeof(kFormats[0]); i++) {
+    if (static_cast<uint32_t>(kFormats[i].format) != i) return false;
+  }
+  return true;
+}
+static_assert(format_table_in_enum_order(), "kFormats is indexed by Format");
+
 struct Geometry {
   Format format = Format::kNV12;
   uint32_t width = 0;

@@ -249,6 +249,10 @@ def test_client_frames_are_zero_copy_and_turn_invalid_when_the_ring_reuses_their
     got = client.recv(timeout_ms=1000)
     assert got.array.shape == (16, 32, 3) and int(got.array.max()) == 9 and got.valid
     assert np.shares_memory(got.array, got.data)
+    assert isinstance(got.data, memoryview) and got.data.readonly and not got.array.flags.writeable
+    assert isinstance(frame.data, memoryview) and not frame.data.readonly  # the writer's frames are writable
+    with pytest.raises(TypeError):
+        got.data[0] = 1
     for _ in range(16):
         f = writer.get_buffer()
         writer.send(f)

@@ -9,6 +9,7 @@ import pytest
 from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError
 from visionipc import (BUFFER_ALIGN, STRIDE_ALIGN, VisionBuf, VisionIpcClient, VisionIpcServer, VisionStreamType,
                        available_streams, get_endpoint_name, layout)
+from visionipc.formats import Geometry
 from vipc_helpers import stamp, stamp_problem
 
 
@@ -49,9 +50,11 @@ def test_every_format_has_its_documented_geometry_and_array_shape(pair, fmt, wid
     shape_of, dtype, bpp = EXPECTED[fmt]
     geo = layout(fmt, width, height)
     stride = -(-width * bpp // STRIDE_ALIGN) * STRIDE_ALIGN
-    assert geo["stride"] == stride == client.stride
+    assert geo.stride == stride == client.stride
     planes = 3 / 2 if fmt in ("nv12", "i420") else 1
-    assert geo["size"] == int(stride * height * planes) == client.buffer_len
+    assert geo.size == int(stride * height * planes) == client.buffer_len
+    assert (geo.format, geo.width, geo.height, geo.uv_offset) == (fmt, width, height, client.uv_offset)
+    assert geo["stride"] == stride and dict(geo)["size"] == geo.size  # the dict spelling layout() had
     assert client.uv_offset == (stride * height if fmt in ("nv12", "i420") else 0)
     assert (client.width, client.height, client.format) == (width, height, fmt)
 
@@ -98,13 +101,15 @@ def test_numpy_views_keep_the_mapping_alive_after_client_and_server_are_gone():
     buf = server.get_buffer("road")
     buf.array[...] = 42
     server.send(buf, frame_id=1)
-    array = client.recv(1000).array
+    frame = client.recv(1000)
+    array, data = frame.array, frame.data
     assert array.base is not None
     client.close()
     server.close()
-    del client, server, buf
+    del client, server, buf, frame
     gc.collect()
     assert int(array.sum()) == 42 * 64 * 32
+    assert data[0] == 42 and len(data) == 64 * 32  # the memoryview keeps it alive too
 
 
 def _pool_mappings():
@@ -280,6 +285,55 @@ def test_streams_may_be_ints_enum_members_or_names(pair):
     assert get_endpoint_name("cam", "wide_left") == "visionipc_cam_wide_left"
     server.send(server.get_buffer("wide_left"), frame_id=9)
     assert client.recv(1000).frame_id == 9
+
+
+def test_format_knowledge_comes_from_the_native_format_table():
+    from visionipc import FORMATS, _visionipc, formats
+
+    table = _visionipc.FORMAT_TABLE
+    assert [row[1] for row in table] == list(range(len(table)))  # indexed by the C++ enum value
+    assert FORMATS == tuple(row[0] for row in table if row[6]) == ("nv12", "i420", "gray8", "rgb8", "bgr8", "raw16")
+    assert formats.format_info("raw16").sample_bytes == 2 and formats.format_info("rgb8").channels == 3
+    assert formats.format_info("grey").name == "gray8" and formats.normalize_format("Bayer16") == "raw16"
+    assert formats.format_info("custom").yuv420 and "custom" not in FORMATS
+
+
+def test_layout_returns_a_frozen_geometry_that_still_reads_like_the_dict_it_was():
+    geo = layout("rgb", 100, 3)
+    assert isinstance(geo, Geometry) and geo.format == "rgb8" and geo.stride == 320 and geo.size == 960
+    assert dict(geo) == {"format": "rgb8", "width": 100, "height": 3, "stride": 320, "uv_offset": 0, "size": 960}
+    assert geo["size"] == 960 and "stride" in geo and list(geo) == list(dict(geo))
+    with pytest.raises(KeyError):
+        geo["bytes"]
+    with pytest.raises(AttributeError):
+        geo.stride = 1  # frozen
+    assert geo == layout("rgb8", 100, 3) and hash(geo) == hash(layout("rgb8", 100, 3))
+
+
+def test_frame_owners_implement_the_typed_owner_protocols(pair):
+    from visionipc.frame import FrameOwner, LeasingOwner
+
+    server, client = pair()
+    assert isinstance(server, FrameOwner) and not isinstance(server, LeasingOwner)  # producers need no lease
+    assert isinstance(client, LeasingOwner)
+    buf = server.get_buffer(0)
+    assert buf.owner is server and buf.valid
+    with buf:  # no lease to take: nothing happens
+        pass
+    server.send(buf, frame_id=1)
+    assert buf.valid  # the buffer holds the frame just sent, until the producer reuses it
+    frame = client.recv(1000)
+    assert frame.owner is client and frame.valid and frame.geometry == layout("nv12", 64, 32)
+
+
+def test_the_native_receive_is_a_typed_record(pair):
+    server, client = pair()
+    server.send(0, bytes(client.buffer_len), frame_id=9, timestamp_sof=3, timestamp_eof=4)
+    got = client._native.recv(1000)
+    assert type(got).__name__ == "Received"
+    assert (got.frame_id, got.timestamp_sof, got.timestamp_eof, got.valid) == (9, 3, 4, True)
+    assert got.epoch == client._native.epoch and 0 <= got.index < client.num_buffers
+    assert 0 < got.timestamp_publish <= got.timestamp_recv
 
 
 def test_create_buffers_with_sizes_keeps_the_callers_layout(pair):

@@ -63,7 +63,7 @@ class TestVisionIpc:
         self.server.send(VisionStreamType.VISION_STREAM_ROAD, buf, frame_id=1337)
         recv_buf = self.client.recv()
         assert isinstance(recv_buf, VisionBuf)
-        assert recv_buf.data.view("<i4")[0] == 1234
+        assert np.frombuffer(recv_buf.data, "<i4")[0] == 1234
         assert self.client.frame_id == 1337
 
     def test_no_conflate(self):
@@ -103,8 +103,45 @@ class TestVisionIpc:
         self.server.send(VisionStreamType.VISION_STREAM_ROAD, data_pattern.copy(), frame_id=123)
         recv_buf = self.client.recv()
         assert np.array_equal(recv_buf.data, data_pattern)
+        assert recv_buf.data == memoryview(data_pattern)
         recv_buf.data[0] = 255  # frames are shared and writable, as in the reference
         assert recv_buf.data[0] == 255
+
+    def test_data_is_a_writable_memoryview_of_the_whole_buffer(self):
+        # the reference's VisionBuf.data is a memoryview since commaai/msgq #688 ("replace numpy with memoryview")
+        self.setup_vipc("camerad", VisionStreamType.VISION_STREAM_ROAD)
+        data_pattern = np.arange(self.client.buffer_len, dtype=np.uint8)
+        self.server.send(VisionStreamType.VISION_STREAM_ROAD, data_pattern.tobytes(), frame_id=5)
+        recv_buf = self.client.recv()
+        data = recv_buf.data
+        assert isinstance(data, memoryview)
+        assert (data.format, data.itemsize, data.ndim, data.nbytes) == ("B", 1, 1, self.client.buffer_len)
+        assert not data.readonly and data.c_contiguous
+        assert data == memoryview(data_pattern) and data == data_pattern.tobytes()
+        assert data != memoryview(np.zeros_like(data_pattern))
+        assert data.tobytes() == bytes(data) == data_pattern.tobytes()
+
+    def test_writes_through_data_are_seen_through_array_and_the_other_way(self):
+        self.setup_vipc("camerad", VisionStreamType.VISION_STREAM_ROAD, width=64, height=32)
+        self.server.send(VisionStreamType.VISION_STREAM_ROAD, bytes(self.client.buffer_len), frame_id=1)
+        recv_buf = self.client.recv()
+        stride = self.client.stride
+        recv_buf.data[stride + 3] = 77            # row 1, column 3 of the Y plane
+        recv_buf.data[-2:] = b"\x05\x06"          # the last chroma bytes
+        assert recv_buf.array[1, 3] == 77 and recv_buf.y[1, 3] == 77
+        assert recv_buf.array[-1, -2:].tolist() == [5, 6]
+        recv_buf.array[0, 0] = 9
+        assert recv_buf.data[0] == 9
+        assert np.shares_memory(recv_buf.array, np.frombuffer(recv_buf.data, np.uint8))  # zero-copy both ways
+
+    def test_data_of_a_server_buffer_is_writable_and_is_what_clients_get(self):
+        self.setup_vipc("camerad", VisionStreamType.VISION_STREAM_ROAD)
+        buf = self.server.get_buffer(VisionStreamType.VISION_STREAM_ROAD)
+        assert isinstance(buf.data, memoryview) and not buf.data.readonly
+        buf.data[:4] = b"abcd"
+        self.server.send(buf, frame_id=3)
+        recv_buf = self.client.recv()
+        assert recv_buf.data[:4] == b"abcd" and recv_buf.data[:4].tobytes() == b"abcd"
 
     def test_concurrency(self):
         self.setup_vipc("camerad", VisionStreamType.VISION_STREAM_ROAD)

@@ -73,7 +73,7 @@ def nv12(w, h):
     from visionipc import layout
 
     g = layout("nv12", w, h)
-    return g["size"], (h * 3 // 2, g["stride"])
+    return g.size, (h * 3 // 2, g.stride)
 
 
 def shm_name(tag):
