@@ -1,16 +1,9 @@
 #!/usr/bin/env python3
-"""VisionIPC frame-rate benchmark: a thin wrapper around the installed ``vipc-bench``
-(visionipc.bench.cli). ``python tools/bench_visionipc.py --help`` for the options."""
+"""VisionIPC frame-rate benchmark, the same as ``vipc-bench``: ``visionipc.bench`` (``--help`` for the options)."""
 
-import os
 import sys
 
-# Run from the repository root, the source tree's visionipc (no compiled
-# extension) would shadow the installed package: keep the root off sys.path.
-_REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO]
-
-from visionipc.bench import main  # noqa: E402
+from visionipc.bench import main
 
 if __name__ == "__main__":  # the benchmark's workers are spawned: they must not re-run this
     sys.exit(main())

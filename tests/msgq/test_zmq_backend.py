@@ -25,7 +25,6 @@ import time
 
 import numpy as np
 import pytest
-from repo import TOOLS
 import zmq
 
 import msgq
@@ -816,25 +815,3 @@ def test_a_subscriber_on_another_host_receives_the_exact_messages():
 @pytest.mark.timeout(120)
 def test_a_subscriber_reaches_a_publisher_bound_on_another_loopback_address():
     run_across([], [], "127.0.0.2", free_topic())
-
-
-# ------------------------------------------------------------------ the benchmark tool
-
-
-@pytest.mark.timeout(300)
-def test_benchmark_tool_runs_and_reports_every_row(tmp_path, capsys):
-    import importlib.util
-
-    path = str(TOOLS / "bench_zmq_backend.py")
-    spec = importlib.util.spec_from_file_location("bench_zmq_backend", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules["bench_zmq_backend"] = bench  # the spawned workers import the task functions by this name
-    spec.loader.exec_module(bench)
-    out = tmp_path / "bench.json"
-    assert bench.main(["--quick", "--sizes", "64", "--rounds", "1", "-q", "--json", str(out)]) == 0
-    report = json.loads(out.read_text())
-    assert not report["errors"]
-    rows = {row["metric"]: row for row in report["summary"]}
-    for metric in ("latency p50 (µs)", "delivered/s, credit window", "received/s, flat out lossy", "send() call (µs)"):
-        assert rows[metric]["ours"] > 0 and rows[metric]["raw"] > 0, metric
-    assert "overhead" in capsys.readouterr().out

@@ -2,7 +2,6 @@
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 import sys
@@ -10,10 +9,11 @@ import tempfile
 import time
 
 from visionipc.bench import transports
+from visionipc.bench.harness import add_common_flags, logger, placement, scoped_env, write_json
 from visionipc.bench.report import render, summarize
 from visionipc.bench.runner import Config, Runner
 from visionipc.bench.tasks import worker_setup, worker_teardown
-from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
+from visionipc.bench.workers import WorkerPool, read_loadavg
 
 FULL = dict(sizes="64x64,640x480,1920x1080,3840x2160,7680x4320", clients="1,2,4,8", paced_count=60, flat_seconds=1.0)
 QUICK = dict(sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=8, flat_seconds=0.15)
@@ -81,24 +81,21 @@ def _names(choices):
 def build_parser():
     ap = argparse.ArgumentParser(prog="vipc-bench", description=DESCRIPTION, epilog=EPILOG,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="short run (< 1 minute): sizes 64x64,3840x2160,7680x4320, "
-                    "clients 1,8, few frames per cell")
+    add_common_flags(ap, quick="short run (< 1 minute): sizes 64x64,3840x2160,7680x4320, clients 1,8, few frames per cell")
     ap.add_argument("--sizes", type=_sizes, help=f"NV12 frame sizes, WxH,... (default {FULL['sizes']})")
     ap.add_argument("--clients", type=_ints, help=f"client counts (default {FULL['clients']})")
     ap.add_argument("--transports", type=_names(list(transports.TRANSPORTS)),
                     help="comma-separated, from " + ", ".join(transports.TRANSPORTS) + " (default: all installed)")
     ap.add_argument("--modes", type=_names(["paced", "flat"]), default=["paced", "flat"], help="paced,flat (default both)")
-    ap.add_argument("--rounds", type=int, default=1, help="repeat the whole matrix, transports rotating (default 1)")
+    add_common_flags(ap, rounds=(1, "repeat the whole matrix, transports rotating (default 1)"))
     ap.add_argument("--fps", type=float, default=30.0, help="paced frame rate (default 30)")
     ap.add_argument("--frames", type=int, help="measured frames per paced cell (default 60, --quick 8)")
     ap.add_argument("--seconds", type=float, help="duration of each flat-out cell (default 1.0, --quick 0.15)")
     ap.add_argument("--fill", action="store_true", help="flat out: write every byte of every frame, not only a stamp")
     ap.add_argument("--plot", metavar="PNG", default="vipc-bench.png", help="PNG plot path (default vipc-bench.png; "
                     "'' for none)")
-    ap.add_argument("--json", metavar="PATH", help="write the summary and every raw sample as JSON")
-    ap.add_argument("--no-pin", action="store_true", help="do not pin the processes to CPUs")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a target is NOT MET")
-    ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines on stderr")
+    add_common_flags(ap, json="write the summary and every raw sample as JSON", no_pin="do not pin the processes to CPUs",
+                     check="exit 1 when a target is NOT MET", quiet="no progress lines on stderr")
     return ap
 
 
@@ -118,13 +115,6 @@ def make_config(args, ap):
     return cfg, skipped
 
 
-def _placement(nworkers, no_pin):
-    cpus = usable_cpus()
-    if no_pin or len(cpus) < 2:
-        return cpus, [None] * nworkers
-    return cpus, [cpus[0]] + [cpus[1 + i % (len(cpus) - 1)] for i in range(nworkers - 1)]
-
-
 def _own_files(run):
     try:
         return sorted(os.path.join("/dev/shm", n) for n in os.listdir("/dev/shm") if n.startswith(f"vipcb{run}_"))
@@ -136,21 +126,20 @@ def main(argv=None) -> int:
     ap = build_parser()
     args = ap.parse_args(argv)
     cfg, skipped = make_config(args, ap)
-    log = (lambda msg: None) if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    log = logger(args.quiet)
     from msgq.testing import isolated_prefix, segments, unique_name
 
     run = unique_name("")
-    cpus, pinned = _placement(1 + max(cfg.clients), args.no_pin)
+    cpus, pinned = placement(1 + max(cfg.clients), args.no_pin)
     meta = {"argv": sys.argv if argv is None else ["vipc-bench", *argv], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "python": sys.version.split()[0], "platform": platform.platform(), "cpus": cpus, "pinned": pinned,
             "loadavg_start": read_loadavg(), "config": vars(cfg) | {"sizes": [list(s) for s in cfg.sizes]}}
     started = time.monotonic()
     pool = runner = None
     leftovers = []
-    saved = {k: os.environ.get(k) for k in ("VIPC_BENCH_RUN", "VIPC_BENCH_IPC_DIR", "MSGQ_BACKEND")}
     with tempfile.TemporaryDirectory(prefix="vipc-bench-") as ipc_dir, \
-            isolated_prefix(f"vipcbench{run}", check_leaks=False) as prefix:
-        os.environ.update(VIPC_BENCH_RUN=run, VIPC_BENCH_IPC_DIR=ipc_dir, MSGQ_BACKEND="msgq")
+            isolated_prefix(f"vipcbench{run}", check_leaks=False) as prefix, \
+            scoped_env(VIPC_BENCH_RUN=run, VIPC_BENCH_IPC_DIR=ipc_dir, MSGQ_BACKEND="msgq"):
         try:
             log(f"vipc-bench: {', '.join(cfg.transports)}; MSGQ_PREFIX={prefix}; producer on CPU {pinned[0]}, clients on "
                 f"{sorted(set(pinned[1:]), key=str)}; load {meta['loadavg_start']}")
@@ -168,11 +157,6 @@ def main(argv=None) -> int:
             for path in leftovers:
                 with contextlib.suppress(OSError):
                     os.unlink(path)
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
     summary = summarize(runner.results)
     meta.update(elapsed_s=time.monotonic() - started, loadavg_end=read_loadavg(), leftovers=leftovers)
     print(f"vipc-bench: {meta['elapsed_s']:.0f} s, {cfg.rounds} round(s); load {meta['loadavg_start']} -> "
@@ -182,10 +166,8 @@ def main(argv=None) -> int:
     for e in runner.errors:
         print(f"FAILED: {e['mode']} {e['transport']} {e['frame']} x{e['clients']}: {e['error'].strip().splitlines()[-1]}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "summary": summary, "skipped": dict(skipped), "results": runner.results,
-                       "errors": runner.errors}, f)
+        write_json(args.json, {"meta": meta, "summary": summary, "skipped": dict(skipped), "results": runner.results,
+                               "errors": runner.errors})
         log(f"results: {args.json}")
     if args.plot:
         try:

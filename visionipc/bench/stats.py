@@ -76,3 +76,19 @@ def fmt_rate(per_s):
 
 def fmt(v, spec="{:.1f}"):
     return spec.format(v) if is_number(v) else "-"
+
+
+def fmt_size(n):
+    if n >= 1 << 20 and n % (1 << 20) == 0:
+        return f"{n >> 20} MiB"
+    if n >= 1 << 10 and n % (1 << 10) == 0:
+        return f"{n >> 10} KiB"
+    return f"{n} B"
+
+
+def parse_size(text):
+    t = text.strip().lower().replace(" ", "")
+    for suffix, mult in (("mib", 1 << 20), ("m", 1 << 20), ("kib", 1 << 10), ("k", 1 << 10), ("b", 1)):
+        if t.endswith(suffix):
+            return int(float(t[: -len(suffix)]) * mult)
+    return int(t)

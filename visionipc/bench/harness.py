@@ -1,0 +1,166 @@
+"""What every benchmark entry shares around its measurements: the common flags, the
+run's environment, the pinned worker pool run, machine info, failures and the JSON
+report. The measurements themselves live in their suites (``visionipc.bench.suites``)
+and in the vipc-bench modules beside this one."""
+
+import contextlib
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+
+from visionipc.bench.stats import parse_size
+from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
+
+# --------------------------------------------------------------------------- flags
+
+
+def add_common_flags(ap, **helps):
+    """Add the flags every benchmark spells the same way, in the order given, each
+    with its own help: ``quick``, ``rounds`` (a ``(default, help)`` pair), ``json``,
+    ``no_pin``, ``check`` and ``quiet`` (help text, or True for the usual one)."""
+    for name, spec in helps.items():
+        if name == "quick":
+            ap.add_argument("--quick", action="store_true", help=spec)
+        elif name == "rounds":
+            default, text = spec
+            ap.add_argument("--rounds", type=int, default=default, help=text)
+        elif name == "json":
+            ap.add_argument("--json", metavar="PATH", help=spec)
+        elif name == "no_pin":
+            ap.add_argument("--no-pin", action="store_true", help=spec)
+        elif name == "check":
+            ap.add_argument("--check", action="store_true", help=spec)
+        elif name == "quiet":
+            ap.add_argument("-q", "--quiet", action="store_true", help="no progress lines" if spec is True else spec)
+        else:
+            raise ValueError(f"no common flag {name!r}")
+
+
+def parse_sizes(text):
+    """Message sizes, comma separated (``64,4096,1MiB``), in bytes."""
+    return [parse_size(s) for s in text.split(",") if s.strip()]
+
+
+def parse_only(ap, text, parts):
+    """The parts named by ``--only`` (a comma list); exits through ``ap.error`` on an unknown one."""
+    only = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = only - set(parts)
+    if unknown:
+        ap.error(f"--only: unknown {', '.join(sorted(unknown))}")
+    return only
+
+
+def logger(quiet):
+    """``log(msg)``: a progress line on stderr, nothing when ``quiet``."""
+
+    def log(msg):
+        if not quiet:
+            print(msg, file=sys.stderr, flush=True)
+
+    return log
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@contextlib.contextmanager
+def scoped_env(**values):
+    """Set environment variables for the block (None: unset) and restore them after."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def placement(nworkers, no_pin):
+    """(usable CPUs, CPU per worker): the first worker on the first CPU, the others
+    spread over the rest; all None (unpinned) with ``no_pin`` or a single CPU."""
+    cpus = usable_cpus()
+    if no_pin or len(cpus) < 2:
+        return cpus, [None] * nworkers
+    return cpus, [cpus[0]] + [cpus[1 + i % (len(cpus) - 1)] for i in range(nworkers - 1)]
+
+
+def run_in_pool(pinned, make_runner, log, setup=None, teardown=None):
+    """Start a :class:`WorkerPool` pinned to ``pinned``, run ``make_runner(pool).run_all()``
+    and close the pool; returns the runner, or None when interrupted (Ctrl-C)."""
+    pool = None
+    try:
+        pool = WorkerPool(pinned, setup=setup, teardown=teardown)
+        runner = make_runner(pool)
+        runner.run_all()
+        return runner
+    except KeyboardInterrupt:
+        log("interrupted")
+        return None
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def cpu_s() -> float:
+    """User + system CPU seconds of this process (all its threads)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+# --------------------------------------------------------------------------- what a report says
+
+
+def run_meta(cpus, pinned):
+    """What a results file should say about the run: versions, machine, load."""
+    import zmq
+
+    import msgq
+
+    return {
+        "argv": sys.argv,
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": cpus,
+        "pinned_cpus": pinned,
+        "loadavg_start": read_loadavg(),
+        "msgq_file": msgq.__file__,
+        "pyzmq": zmq.__version__,
+        "libzmq": zmq.zmq_version(),
+    }
+
+
+def git_rev():
+    """The short commit of the checkout the harness runs from, or None."""
+    try:
+        return subprocess.run(["git", "-C", os.path.dirname(os.path.abspath(__file__)), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, timeout=5).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def print_failures(errors, describe):
+    """The failed measurements, one line each: ``describe(error)`` and the error's last line."""
+    if errors:
+        print()
+        print(f"{len(errors)} measurement(s) failed:")
+        for e in errors:
+            print(f"  {describe(e)}: {e['error'].splitlines()[-1]}")
+
+
+def write_json(path, report, indent=None):
+    """Write ``report`` to ``path``, creating its folder."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=indent)

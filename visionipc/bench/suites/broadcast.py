@@ -1,0 +1,244 @@
+"""Lossless broadcast of Python objects, 1 writer / N readers, three ways in one run:
+
+- ``msgq``: :class:`msgq.BroadcastQueue` (C++ chunk ring, futex wake-ups);
+- ``seed-py``: the seed 003 design in pure Python over
+  ``multiprocessing.shared_memory``: per chunk a written byte and one read
+  byte per reader, writer and readers polling with ``os.sched_yield()`` as the
+  seed's implementation does;
+- ``mp.Queue``: one ``multiprocessing.Queue`` per reader, the writer puts
+  every object into each (the standard library's way to broadcast).
+
+Each object is ``(seq, send_time_ns, payload)`` with a ``--size`` byte
+payload (default 1 KiB), pickled by each transport. Throughput: the writer
+sends ``--messages`` flat out; the rate is messages / (first send .. last
+reader done); CPU per message: user + system time of the writer (with
+mp.Queue's feeder threads) and every reader over the run, divided by the
+messages: on a busy shared machine the one number that does not depend on
+what else runs. Latency: ``--latency-messages`` sent one every ``--interval-us``,
+readers record receive - send time (CLOCK_MONOTONIC, shared by processes).
+Every reader checks it got every sequence number in order. Runs alternate
+transports round by round (``--rounds``), and report medians and ratios.
+
+    python tools/bench_broadcast.py                 # ~2 minutes
+    python tools/bench_broadcast.py --quick         # smoke run
+"""
+
+import argparse
+import multiprocessing
+import os
+import pickle
+import struct
+import sys
+import time
+from multiprocessing import shared_memory
+
+import msgq
+from msgq.testing import isolated_prefix
+from visionipc.bench.harness import add_common_flags, cpu_s, write_json
+from visionipc.bench.stats import fmt_rate, format_table, latency_stats, median
+from visionipc.bench.workers import read_loadavg
+
+SPAWN = multiprocessing.get_context("spawn")
+DONE_TIMEOUT = 120.0
+
+
+# ------------------------------------------------------------------ the seed's design in pure Python
+
+class SeedRing:
+    """Seed 003's ShmRingBuffer as its Python implementation does it: chunk i
+    has metadata [written, read_0 .. read_{n-1}] (one byte each) and a data
+    area [overflow byte][4-byte length][pickle]. Polls with sched_yield()."""
+
+    def __init__(self, n_readers, chunk_bytes, n_chunks, name=None):
+        self.n_readers, self.chunk_bytes, self.n_chunks = n_readers, chunk_bytes, n_chunks
+        self.meta_bytes = 1 + n_readers
+        size = n_chunks * (chunk_bytes + self.meta_bytes)
+        self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size)
+        if name is None:
+            self.shm.buf[:size] = bytes(size)
+        self.data_offset = n_chunks * self.meta_bytes
+        self.index = 0
+
+    def handle(self):
+        return (self.n_readers, self.chunk_bytes, self.n_chunks, self.shm.name)
+
+    def meta(self, i):
+        return self.shm.buf[i * self.meta_bytes:(i + 1) * self.meta_bytes]
+
+    def chunk(self, i):
+        start = self.data_offset + i * self.chunk_bytes
+        return self.shm.buf[start:start + self.chunk_bytes]
+
+    def enqueue(self, obj, deadline):
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        meta = self.meta(self.index)
+        while meta[0] == 1 and sum(meta[1:]) != self.n_readers:
+            if time.monotonic() > deadline:
+                raise TimeoutError("seed ring writer")
+            os.sched_yield()
+        meta[0] = 0
+        chunk = self.chunk(self.index)
+        chunk[0] = 0
+        chunk[1:5] = struct.pack("<I", len(data))
+        chunk[5:5 + len(data)] = data
+        meta[1:] = bytes(self.n_readers)
+        meta[0] = 1
+        self.index = (self.index + 1) % self.n_chunks
+
+    def dequeue(self, rank, deadline):
+        meta = self.meta(self.index)
+        while meta[0] != 1 or meta[1 + rank] == 1:
+            if time.monotonic() > deadline:
+                raise TimeoutError("seed ring reader")
+            os.sched_yield()
+        chunk = self.chunk(self.index)
+        (n,) = struct.unpack("<I", chunk[1:5])
+        obj = pickle.loads(chunk[5:5 + n])
+        meta[1 + rank] = 1
+        self.index = (self.index + 1) % self.n_chunks
+        return obj
+
+    def close(self, unlink=False):
+        self.shm.close()
+        if unlink:
+            self.shm.unlink()
+
+
+# ------------------------------------------------------------------ readers (child processes)
+
+def _reader(kind, endpoint, rank, count, ready, results, record_latency):
+    if kind == "msgq":
+        q = msgq.BroadcastQueue.create_from_handle(endpoint, rank)
+        get = lambda: q.dequeue(timeout=DONE_TIMEOUT)  # noqa: E731
+    elif kind == "seed-py":
+        ring = SeedRing(*endpoint)
+        get = lambda: ring.dequeue(rank, deadline)  # noqa: E731
+    else:
+        q = endpoint[rank]
+        get = lambda: q.get(timeout=DONE_TIMEOUT)  # noqa: E731
+    ready.put(rank)
+    deadline = time.monotonic() + DONE_TIMEOUT
+    cpu0 = cpu_s()
+    lat, ok = [], True
+    for seq in range(count):
+        got_seq, sent, _payload = get()
+        if record_latency:
+            lat.append(time.monotonic_ns() - sent)
+        ok &= got_seq == seq
+    results.put((rank, time.monotonic_ns(), ok, lat, cpu_s() - cpu0))
+    if kind == "msgq":
+        q.close()
+    elif kind == "seed-py":
+        ring.close()  # the writer unlinks it
+
+
+# ------------------------------------------------------------------ one run
+
+def run(kind, n_readers, count, size, record_latency, interval_us):
+    payload = os.urandom(size)
+    ready, results = SPAWN.Queue(), SPAWN.Queue()
+    ring = writer = None
+    if kind == "msgq":
+        writer = msgq.BroadcastQueue(n_readers, chunk_bytes=max(4096, 2 * size), max_chunks=256)
+        endpoint, send = writer.handle, lambda obj: writer.enqueue(obj, timeout=DONE_TIMEOUT)
+    elif kind == "seed-py":
+        ring = SeedRing(n_readers, max(4096, 2 * size), 256)
+        endpoint = ring.handle()
+        send = lambda obj: ring.enqueue(obj, time.monotonic() + DONE_TIMEOUT)  # noqa: E731
+    else:
+        endpoint = [SPAWN.Queue() for _ in range(n_readers)]
+
+        def send(obj):
+            for q in endpoint:
+                q.put(obj)
+    procs = [SPAWN.Process(target=_reader, args=(kind, endpoint, r, count, ready, results, record_latency))
+             for r in range(n_readers)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in range(n_readers):
+            ready.get(timeout=60)
+        if kind == "msgq":
+            writer.wait_until_ready(timeout=60)
+        start, cpu0 = time.monotonic_ns(), cpu_s()
+        for seq in range(count):
+            if record_latency:
+                target = start + seq * interval_us * 1000
+                while time.monotonic_ns() < target:
+                    pass
+            send((seq, time.monotonic_ns(), payload))
+        reports = [results.get(timeout=DONE_TIMEOUT) for _ in range(n_readers)]
+        writer_cpu = cpu_s() - cpu0  # mp.Queue: includes its feeder threads
+    finally:
+        for p in procs:
+            p.join(30)
+            if p.is_alive():
+                p.kill()
+        if writer is not None:
+            writer.close()
+        if ring is not None:
+            ring.close(unlink=True)
+    end = max(r[1] for r in reports)
+    ok = all(r[2] for r in reports)
+    lat = [x for r in reports for x in r[3]]
+    cpu = writer_cpu + sum(r[4] for r in reports)
+    return {"rate": count / ((end - start) / 1e9), "ok": ok, "cpu_us": cpu / count * 1e6,
+            "latency": latency_stats(lat) if lat else None}
+
+
+KINDS = ("msgq", "seed-py", "mp.Queue")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--readers", type=int, default=4)
+    ap.add_argument("--size", type=int, default=1024, help="payload bytes per object (default 1024)")
+    ap.add_argument("--messages", type=int, default=100000,
+                    help="objects per throughput run (100 k: at ~150 k/s a shorter run is over in a scheduler tick or two)")
+    ap.add_argument("--latency-messages", type=int, default=1000)
+    ap.add_argument("--interval-us", type=int, default=500, help="pacing of the latency run")
+    add_common_flags(ap, rounds=(3, None), quick="small counts, one round", json="write every number to this file")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.messages, args.latency_messages, args.rounds = 2000, 200, 1
+    print(f"# {args.readers} readers, {args.size} B payload objects, {os.cpu_count()} CPUs, "
+          f"load average {read_loadavg()}")
+    rates = {k: [] for k in KINDS}
+    cpus = {k: [] for k in KINDS}
+    lats = {k: [] for k in KINDS}
+    with isolated_prefix():
+        for _ in range(args.rounds):
+            for kind in KINDS:
+                r = run(kind, args.readers, args.messages, args.size, False, 0)
+                if not r["ok"]:
+                    print(f"{kind}: a reader lost or reordered messages", file=sys.stderr)
+                    return 1
+                rates[kind].append(r["rate"])
+                cpus[kind].append(r["cpu_us"])
+                lat = run(kind, args.readers, args.latency_messages, args.size, True, args.interval_us)
+                lats[kind].append(lat["latency"])
+    rows = []
+    summary = {}
+    for kind in KINDS:
+        rate = median(rates[kind])
+        p50 = median([x["p50"] for x in lats[kind]])
+        p99 = median([x["p99"] for x in lats[kind]])
+        cpu = median(cpus[kind])
+        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu,
+                         "rates": rates[kind]}
+        rows.append([kind, fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}"])
+    print(format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"],
+                                rows))
+    base = summary["msgq"]
+    for other in ("seed-py", "mp.Queue"):
+        o = summary[other]
+        print(f"msgq / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
+              f"CPU per message x{o['cpu_us_per_msg'] / base['cpu_us_per_msg']:.1f} lower, "
+              f"latency p50 x{o['p50_us'] / base['p50_us']:.1f} lower")
+    if args.json:
+        write_json(args.json, {"args": vars(args), "summary": summary, "load": read_loadavg()}, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
