@@ -150,6 +150,11 @@ def git_rev():
         return None
 
 
+def run_line(what, rounds, elapsed, loadavg_start):
+    """The line that heads a report: what ran, how long, the load before and now."""
+    return f"{what} {rounds} round(s), {elapsed:.0f} s; load {loadavg_start} -> {read_loadavg()}"
+
+
 def print_failures(errors, describe):
     """The failed measurements, one line each: ``describe(error)`` and the error's last line."""
     if errors:

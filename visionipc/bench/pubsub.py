@@ -6,6 +6,7 @@ methods. Every message of a latency run carries its CLOCK_MONOTONIC send time
 (``time.monotonic_ns``, one clock for every process) in its first 8 bytes; ``END``
 there marks the end of the run."""
 
+import contextlib
 import struct
 import time
 from itertools import repeat
@@ -81,6 +82,43 @@ class ZmqSockets:
         for s in socks:
             if s is not None:
                 s.close(linger=0)
+
+
+# --------------------------------------------------------------------------- the two sides of a task
+# A task's workers keep in step by barriers: "bound" once the publishers exist, then
+# the subscribers connect and the publishers wait until they see them, "ready", the
+# timed part, "done".
+
+
+@contextlib.contextmanager
+def publishing(ctl, sockets, pub, open_sub=None):
+    """The sending side around the timed part: ``open_sub()`` (a subscriber of its own,
+    for pongs or acks) once the publishers are bound; yields ``(pub, sub)`` once a
+    subscriber is there."""
+    sub = None
+    try:
+        ctl.barrier("bound")
+        if open_sub is not None:
+            sub = open_sub()
+        sockets.wait_subscribed(pub)
+        ctl.barrier("ready")
+        yield pub, sub
+        ctl.barrier("done")
+    finally:
+        sockets.close(pub, sub)
+
+
+@contextlib.contextmanager
+def subscribing(ctl, sockets, open_sub):
+    """The receiving side: ``open_sub()`` once the publisher is bound; yields the subscriber."""
+    ctl.barrier("bound")
+    sub = open_sub()
+    try:
+        ctl.barrier("ready")
+        yield sub
+        ctl.barrier("done")
+    finally:
+        sockets.close(sub)
 
 
 # --------------------------------------------------------------------------- timed loops

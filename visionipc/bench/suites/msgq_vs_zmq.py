@@ -46,6 +46,7 @@ from visionipc.bench.harness import (
     placement,
     print_failures,
     run_in_pool,
+    run_line,
     run_meta,
     scoped_env,
     write_json,
@@ -58,7 +59,9 @@ from visionipc.bench.pubsub import (
     flat_send,
     latency_loop,
     paced_send,
+    publishing,
     send_end_markers,
+    subscribing,
 )
 from visionipc.bench.pubsub import STAMP as _Q
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
@@ -141,15 +144,8 @@ def _slot_bytes(size):
 
 def task_latency_pub(ctl, state, transport, topic, size, segment_size, count, warmup, interval_us):
     t = make_transport(state, transport)
-    pub = t.pub(topic, segment_size)
-    try:
-        ctl.barrier("bound")
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with publishing(ctl, t, t.pub(topic, segment_size)) as (pub, _):
         paced_send(pub.send, size, warmup + count, interval_us)
-        ctl.barrier("done")
-    finally:
-        t.close(pub)
     return {}
 
 
@@ -169,10 +165,7 @@ def _ctx_switches():
 
 def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, warmup):
     t = make_transport(state, transport)
-    ctl.barrier("bound")
-    sub = t.sub(topic, segment_size)
-    try:
-        ctl.barrier("ready")
+    with subscribing(ctl, t, lambda: t.sub(topic, segment_size)) as sub:
         cs0 = _ctx_switches()
         lat = []
         if t.kind == "msgq":
@@ -185,9 +178,6 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
             how = latency_loop(recv, lat, Again)
         resets = sub.resets if t.kind == "msgq" else 0
         cs1 = _ctx_switches()
-        ctl.barrier("done")
-    finally:
-        t.close(sub)
     # Context switches of the whole subscriber process (pyzmq's I/O thread too):
     # involuntary ones are preemptions by other work on its CPU.
     return {"samples": lat[warmup:], "ended": how, "resets": resets, "voluntary_cs": cs1[0] - cs0[0],
@@ -196,76 +186,40 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
 
 def task_rtt_ping(ctl, state, transport, size, segment_size, count, warmup, tag):
     t = make_transport(state, transport)
-    pub = t.pub(f"{tag}ping", segment_size)
-    sub = None
-    try:
-        ctl.barrier("bound")
-        sub = t.sub(f"{tag}pong", segment_size)
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with publishing(ctl, t, t.pub(f"{tag}ping", segment_size), lambda: t.sub(f"{tag}pong", segment_size)) as (pub, sub):
         buf = bytearray(size)
         pack, unpack, send, now = _Q.pack_into, _Q.unpack_from, pub.send, time.monotonic_ns
         rtt = []
         app = rtt.append
-        if t.kind == "msgq":
-            recv = sub.receive
-            for _ in repeat(None, warmup + count):
-                pack(buf, 0, now())
-                send(buf)
-                m = recv()
-                tr = now()
-                if m is None:
-                    raise BenchError("pong timed out")
-                app(tr - unpack(m)[0])
-        else:
-            recv = sub.recv
-            for _ in repeat(None, warmup + count):
-                pack(buf, 0, now())
-                send(buf)
-                m = recv()
-                tr = now()
-                app(tr - unpack(m)[0])
+        recv = sub.receive if t.kind == "msgq" else sub.recv  # a pyzmq timeout raises zmq.Again
+        for _ in repeat(None, warmup + count):
+            pack(buf, 0, now())
+            send(buf)
+            m = recv()
+            tr = now()
+            if m is None:
+                raise BenchError("pong timed out")
+            app(tr - unpack(m)[0])
         pack(buf, 0, END)
         send(buf)
-        ctl.barrier("done")
-    finally:
-        t.close(pub, sub)
     return {"samples": rtt[warmup:]}
 
 
 def task_rtt_echo(ctl, state, transport, size, segment_size, tag):
     t = make_transport(state, transport)
-    pub = t.pub(f"{tag}pong", segment_size)
-    sub = None
-    try:
-        ctl.barrier("bound")
-        sub = t.sub(f"{tag}ping", segment_size)
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with publishing(ctl, t, t.pub(f"{tag}pong", segment_size), lambda: t.sub(f"{tag}ping", segment_size)) as (pub, sub):
         unpack, send = _Q.unpack_from, pub.send
         echoed = 0
-        if t.kind == "msgq":
-            recv = sub.receive
+        recv, Again = (sub.receive, ()) if t.kind == "msgq" else (sub.recv, t.zmq.Again)
+        try:
             while True:
                 m = recv()
                 if m is None or unpack(m)[0] < 0:
                     break
                 send(m)
                 echoed += 1
-        else:
-            recv = sub.recv
-            try:
-                while True:
-                    m = recv()
-                    if unpack(m)[0] < 0:
-                        break
-                    send(m)
-                    echoed += 1
-            except t.zmq.Again:
-                pass
-        ctl.barrier("done")
-    finally:
-        t.close(pub, sub)
+        except Again:
+            pass
     return {"echoed": echoed}
 
 
@@ -273,14 +227,8 @@ def task_thr_send(ctl, state, transport, topic, size, segment_size, count, credi
     """Flat out. With ``credit_window`` (msgq lossless), never more than that
     many messages ahead of the receiver's last ack."""
     t = make_transport(state, transport)
-    pub = t.pub(topic, segment_size)
-    ack = None
-    try:
-        ctl.barrier("bound")
-        if credit_window:
-            ack = t.sub(f"{topic}ack", 0)
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    open_ack = (lambda: t.sub(f"{topic}ack", 0)) if credit_window else None
+    with publishing(ctl, t, t.pub(topic, segment_size), open_ack) as (pub, ack):
         send = pub.send
         stalls = 0
         cs0 = _ctx_switches()
@@ -314,9 +262,6 @@ def task_thr_send(ctl, state, transport, topic, size, segment_size, count, credi
             # The receiver stops at the first end marker it sees; a lossy
             # transport may drop some, so send a few.
             send_end_markers(send, b"\xff", 20, 0.005)
-        ctl.barrier("done")
-    finally:
-        t.close(pub, ack)
     return {"sent": count, "send_s": send_s, "stalls": stalls, "voluntary_cs": cs1[0] - cs0[0],
             "involuntary_cs": cs1[1] - cs0[1]}
 
@@ -416,27 +361,17 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
 
 def task_idle_pub(ctl, state, transport, topic, warm_messages):
     t = make_transport(state, transport)
-    pub = t.pub(topic, 0)
-    try:
-        ctl.barrier("bound")
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with publishing(ctl, t, t.pub(topic, 0)) as (pub, _):
         for _ in range(warm_messages):  # recent traffic, so an adaptive spin is primed
             pub.send(b"x" * 64)
             time.sleep(0.0001)
         ctl.barrier("idle")  # keep the publisher alive while the subscriber idles
-        ctl.barrier("done")
-    finally:
-        t.close(pub)
     return {}
 
 
 def task_idle_sub(ctl, state, transport, topic, warm_messages, idle_ms):
     t = make_transport(state, transport)
-    ctl.barrier("bound")
-    sub = t.sub(topic, 0)
-    try:
-        ctl.barrier("ready")
+    with subscribing(ctl, t, lambda: t.sub(topic, 0)) as sub:
         recv = sub.receive if t.kind == "msgq" else sub.recv
         for _ in range(warm_messages):
             if recv() is None:
@@ -449,9 +384,6 @@ def task_idle_sub(ctl, state, transport, topic, warm_messages, idle_ms):
         except Exception:  # zmq.Again: the expected timeout
             m = None
         c1, w1 = time.process_time(), time.monotonic()
-        ctl.barrier("done")
-    finally:
-        t.close(sub)
     return {"cpu_s": c1 - c0, "wall_s": w1 - w0, "got_message": m is not None}
 
 
@@ -916,8 +848,8 @@ def main(argv=None) -> int:
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
     print()
-    print(f"msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run; {plan.rounds} round(s), {elapsed:.0f} s; "
-          f"load {info['loadavg_start']} -> {read_loadavg()}")
+    print(run_line("msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run;", plan.rounds, elapsed,
+                   info["loadavg_start"]))
     print("latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
           "received msg/s at the subscriber")
     print(render(rows))

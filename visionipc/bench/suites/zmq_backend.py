@@ -42,22 +42,10 @@ import sys
 import time
 from itertools import repeat
 
-from visionipc.bench.harness import (
-    add_common_flags,
-    logger,
-    parse_only,
-    parse_sizes,
-    placement,
-    print_failures,
-    run_in_pool,
-    run_meta,
-    scoped_env,
-    write_json,
-)
+from visionipc.bench import harness, pubsub
 from visionipc.bench.pubsub import STAMP as _Q
-from visionipc.bench.pubsub import MsgqSockets, ZmqSockets, flat_send, latency_loop, paced_send, send_end_markers
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
-from visionipc.bench.workers import BenchError, read_loadavg
+from visionipc.bench.workers import BenchError
 
 # Receives wait without a timeout on both sides (the reference's default, and pyzmq's plain recv());
 # a lost message ends a run through the worker pool's own time limit.
@@ -70,7 +58,7 @@ OURS, RAW = "msgq zmq", "pyzmq"
 # Only set-up goes through these; the timed loops call the sockets' own methods.
 
 
-class Ours(MsgqSockets):
+class Ours(pubsub.MsgqSockets):
     kind = OURS
 
     def __init__(self, hwm=None):
@@ -93,7 +81,7 @@ class Ours(MsgqSockets):
         return sub.receive
 
 
-class Raw(ZmqSockets):
+class Raw(pubsub.ZmqSockets):
     kind = RAW
 
     def __init__(self, hwm=None):
@@ -124,55 +112,32 @@ def make(kind, hwm=None):
 
 def task_latency_send(ctl, state, kind, topic, size, count, warmup, interval_us):
     t = make(kind)
-    pub = t.pub(topic)
-    try:
-        ctl.barrier("bound")
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with pubsub.publishing(ctl, t, t.pub(topic)) as (pub, _):
         # lossy transports: send the end marker a few times
-        paced_send(pub.send, size, warmup + count, interval_us, end_copies=10, end_pause_s=0.002)
-        ctl.barrier("done")
-    finally:
-        t.close(pub)
+        pubsub.paced_send(pub.send, size, warmup + count, interval_us, end_copies=10, end_pause_s=0.002)
     return {}
 
 
 def task_latency_recv(ctl, state, kind, topic, warmup):
     t = make(kind)
-    ctl.barrier("bound")
-    sub = t.sub(topic)
-    try:
-        ctl.barrier("ready")
+    with pubsub.subscribing(ctl, t, lambda: t.sub(topic)) as sub:
         lat = []
-        how = latency_loop(t.receiver(sub), lat, () if kind == OURS else t.zmq.Again)
-        ctl.barrier("done")
-    finally:
-        t.close(sub)
+        how = pubsub.latency_loop(t.receiver(sub), lat, () if kind == OURS else t.zmq.Again)
     return {"samples": lat[warmup:], "ended": how}
 
 
 def task_thr_send(ctl, state, kind, topic, size, count):
     t = make(kind)
-    pub = t.pub(topic)
-    try:
-        ctl.barrier("bound")
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
-        send_s = flat_send(pub.send, size, count)
+    with pubsub.publishing(ctl, t, t.pub(topic)) as (pub, _):
+        send_s = pubsub.flat_send(pub.send, size, count)
         # the receiver stops at the first end marker it sees; some may be dropped
-        send_end_markers(pub.send, b"\xff", 20, 0.005)
-        ctl.barrier("done")
-    finally:
-        t.close(pub)
+        pubsub.send_end_markers(pub.send, b"\xff", 20, 0.005)
     return {"sent": count, "send_s": send_s}
 
 
 def task_thr_recv(ctl, state, kind, topic):
     t = make(kind)
-    ctl.barrier("bound")
-    sub = t.sub(topic)
-    try:
-        ctl.barrier("ready")
+    with pubsub.subscribing(ctl, t, lambda: t.sub(topic)) as sub:
         now = time.monotonic_ns
         got, t_first, t_last, ended = 0, None, None, "end"
         if kind == OURS:
@@ -195,9 +160,6 @@ def task_thr_recv(ctl, state, kind, topic):
             except Again:
                 ended = "timeout"
         t_last = now()
-        ctl.barrier("done")
-    finally:
-        t.close(sub)
     span = (t_last - t_first) * 1e-9 if t_first is not None else float("nan")
     rate = (got - 1) / span if got > 1 and span > 0 else float("nan")
     return {"received": got, "rate": rate, "span_s": span, "ended": ended}
@@ -235,13 +197,7 @@ def task_credit_send(ctl, state, kind, topic, size, count):
     beyond the receiver's last ack (one ack per ACK_EVERY messages), so
     nothing is dropped and every message is delivered."""
     t = make(kind, CREDIT_HWM)
-    pub = t.pub(topic)
-    ack = None
-    try:
-        ctl.barrier("bound")
-        ack = t.sub(f"{topic}ack")
-        t.wait_subscribed(pub)
-        ctl.barrier("ready")
+    with pubsub.publishing(ctl, t, t.pub(topic), lambda: t.sub(f"{topic}ack")) as (pub, ack):
         payload = bytes(size)
         send, unpack, now = pub.send, _Q.unpack_from, time.monotonic_ns
         wait_ack, poll_ack = _ack_functions(t, ack)
@@ -264,9 +220,6 @@ def task_credit_send(ctl, state, kind, topic, size, count):
                 acked = unpack(m)[0]
                 m = poll_ack()
         t1 = now()
-        ctl.barrier("done")
-    finally:
-        t.close(pub, ack)
     return {"delivered": count, "seconds": (t1 - t0) * 1e-9, "stalls": stalls}
 
 
@@ -519,7 +472,7 @@ def render(rows):
 
 def meta(plan, cpus, pinned):
     return {
-        **run_meta(cpus, pinned),
+        **harness.run_meta(cpus, pinned),
         "quick": plan.quick,
         "rounds": plan.rounds,
         "sizes": plan.sizes,
@@ -529,47 +482,47 @@ def meta(plan, cpus, pinned):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: latency and throughput.")
-    add_common_flags(ap, quick="short smoke run (well under a minute)",
+    harness.add_common_flags(ap, quick="short smoke run (well under a minute)",
                      rounds=(0, "alternating rounds per measurement (default 5, --quick 1)"))
     ap.add_argument("--sizes", default="64,4096", help="message sizes, comma separated (default 64,4096)")
     ap.add_argument("--interval-us", type=int, default=500, help="latency: time between two sends (default 500 µs)")
     ap.add_argument("--only", default="", help=f"comma list of: {','.join(PARTS)} (default all)")
-    add_common_flags(ap, json="write the raw results (every latency sample) as JSON",
+    harness.add_common_flags(ap, json="write the raw results (every latency sample) as JSON",
                      no_pin="do not pin sender and receiver to different CPUs", quiet=True)
     args = ap.parse_args(argv)
 
-    sizes = parse_sizes(args.sizes)
+    sizes = harness.parse_sizes(args.sizes)
     if not sizes or min(sizes) < 16:
         ap.error("--sizes: at least 16 bytes each (the send time takes 8)")
-    only = parse_only(ap, args.only, PARTS)
+    only = harness.parse_only(ap, args.only, PARTS)
     plan = Plan(args.quick, args.rounds, sizes, args.interval_us, only)
-    log = logger(args.quiet)
+    log = harness.logger(args.quiet)
 
-    cpus, pinned = placement(2, args.no_pin)
+    cpus, pinned = harness.placement(2, args.no_pin)
     started = time.monotonic()
     # ports of this run only
-    with scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
+    with harness.scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
         info = meta(plan, cpus, pinned)
         log(f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
             f"sender on cpu {pinned[0]}, receiver on cpu {pinned[1]}, load {info['loadavg_start']}")
-        runner = run_in_pool(pinned, lambda pool: Runner(pool, plan, log), log)
+        runner = harness.run_in_pool(pinned, lambda pool: Runner(pool, plan, log), log)
     if runner is None:
         return 130
 
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
     print()
-    print(f"msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run: {plan.rounds} round(s), {elapsed:.0f} s; "
-          f"load {info['loadavg_start']} -> {read_loadavg()}")
+    print(harness.run_line("msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:", plan.rounds, elapsed,
+                           info["loadavg_start"]))
     print(f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over rounds; "
           f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds.")
     print("(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
           "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
           "methods in one process (send with no subscriber, receive of a waiting message).")
     print(render(rows))
-    print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
+    harness.print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
     if args.json:
-        write_json(args.json, {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows})
+        harness.write_json(args.json, {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows})
     return 1 if runner.errors else 0
 
 
