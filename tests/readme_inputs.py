@@ -7,22 +7,16 @@ block runs (tests/system/test_readme.py; the block's ``setup=`` says which):
 
 import sys
 
-CAMS_TOML = """\
-name = "camd"
-[[stream]]
-name = "road"
-source = "synthetic"
-width = 640
-height = 480
-fps = 20
-[[stream]]
-name = "driver"
-source = "synthetic"
-width = 320
-height = 240
-fps = 10
-format = "gray"
-"""
+STREAMS = [dict(name="road", source="synthetic", width=640, height=480, fps=20),
+           dict(name="driver", source="synthetic", width=320, height=240, fps=10, format="gray")]
+
+
+def _toml(streams):
+    lines = ['name = "camd"']
+    for stream in streams:
+        lines.append("[[stream]]")
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in stream.items()]
+    return "\n".join(lines) + "\n"
 
 
 def camera():
@@ -36,7 +30,7 @@ def camera():
         out.write(frame)
     out.release()
     with open("cams.toml", "w") as f:
-        f.write(CAMS_TOML)
+        f.write(_toml(STREAMS))
 
 
 def recordings():
