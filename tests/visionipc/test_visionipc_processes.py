@@ -15,7 +15,7 @@ pytestmark = pytest.mark.timeout(120)
 
 def test_eight_client_processes_receive_every_frame_intact_and_in_order():
     frames, clients = 60, 8
-    results, ready = h.SPAWN.Queue(), h.SPAWN.Queue()
+    results, ready = h.Results(), h.Results()
     server = VisionIpcServer("cam")
     server.create_buffers("road", 12, 128, 64)
     server.start_listener()
@@ -44,7 +44,7 @@ def test_a_slow_consumer_never_sees_a_torn_frame_as_valid(lease):
     Leased (inside ``with``): every frame stays valid and intact. Unleased (the
     lease dropped before reading): frames may be overwritten, and then ``valid``
     says so; a frame still valid after the read was intact."""
-    results, stop = h.SPAWN.Queue(), h.SPAWN.Event()
+    results, stop = h.Results(), h.SPAWN.Event()
     producer = h.start(h.serve, "producer", results, "fast", "s", 2, 0, 0, 256, 128, stop=stop)
     try:
         h.collect(results, 1)
@@ -84,7 +84,7 @@ def test_a_slow_consumer_never_sees_a_torn_frame_as_valid(lease):
 
 
 def test_a_client_killed_while_holding_a_lease_releases_its_buffer():
-    results = h.SPAWN.Queue()
+    results = h.Results()
     server = VisionIpcServer("cam")
     server.create_buffers(0, 2, 64, 32)
     server.start_listener()
@@ -120,7 +120,7 @@ def test_a_client_killed_while_holding_a_lease_releases_its_buffer():
 
 
 def test_a_client_follows_a_server_killed_and_restarted():
-    results = h.SPAWN.Queue()
+    results = h.Results()
     first = h.start(h.serve, "first", results, "cam", "road", 3, 0, 0.005)
     client = VisionIpcClient("cam", "road", False)
     try:
