@@ -29,6 +29,7 @@ import traceback
 import msgq
 from msgq.backends.shm import remove_stale_segments
 from msgq.names import current_prefix
+from reports import Results
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -174,11 +175,13 @@ class Children:
     def __init__(self, join_timeout: float = 30.0):
         self.join_timeout = join_timeout
         self.procs = []
-        self.results = SPAWN.Queue()
+        self.results = Results()  # a pipe per child: killing one cannot block the others' reports
 
     def start(self, target, name, *args):
-        proc = SPAWN.Process(target=target, args=(name, self.results) + args, name=name, daemon=True)
+        reporter = self.results.reporter()
+        proc = SPAWN.Process(target=target, args=(name, reporter) + args, name=name, daemon=True)
         proc.start()
+        reporter.close()  # the child has its copy; ours would hide its end of file
         self.procs.append(proc)
         return proc
 
@@ -221,7 +224,6 @@ class Children:
                 proc.kill()
                 proc.join(timeout=10)
         self.results.close()
-        self.results.join_thread()
         if exc_type is not None and current_prefix():
             # Killed children cannot unlink their segments; do what a user would.
             remove_stale_segments(current_prefix())

@@ -12,7 +12,6 @@ hold N (little-endian), so a reader can tell an intact frame from a torn one.
 """
 
 import multiprocessing
-import multiprocessing.connection
 import os
 import queue
 import signal
@@ -20,6 +19,7 @@ import time
 import traceback
 
 import numpy as np
+from reports import Results
 
 SPAWN = multiprocessing.get_context("spawn")
 DEADLINE_S = 60.0
@@ -119,54 +119,6 @@ def serve(name, results, server, stream, count, frames, interval_s, width=64, he
     _report(results, name, run)
 
 
-class Reporter:
-    """A child's end of its own pipe to the parent's ``Results``."""
-
-    def __init__(self, conn):
-        self._conn = conn
-
-    def put(self, item):
-        self._conn.send(item)  # no lock shared with any other process
-
-
-class Results:
-    """Reports of spawned children, one pipe per child (a ``Queue``'s ``put``,
-    ``get``, ``empty`` for these tests). Pass it to ``start``, which gives the
-    child a ``Reporter`` of its own. Killing one child can break only its own
-    pipe (the parent then sees its end of file), never another child's reports."""
-
-    def __init__(self):
-        self._readers = []
-        self._items = []
-
-    def reporter(self):
-        reader, writer = SPAWN.Pipe(duplex=False)
-        self._readers.append(reader)
-        return Reporter(writer)
-
-    def _drain(self, timeout):
-        for reader in multiprocessing.connection.wait(self._readers, timeout):
-            try:
-                self._items.append(reader.recv())
-            except EOFError:  # that child is gone (exited, or was killed even mid-report)
-                self._readers.remove(reader)
-                reader.close()
-
-    def get(self, timeout):
-        deadline = time.monotonic() + timeout
-        while not self._items:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self._readers:
-                raise queue.Empty
-            self._drain(left)
-        return self._items.pop(0)
-
-    def empty(self):
-        if not self._items and self._readers:
-            self._drain(0)
-        return not self._items
-
-
 def start(target, *args, **kwargs):
     """Spawn ``target``; a ``Results`` among ``args`` reaches it as a ``Reporter`` of its own."""
     reporters = []
@@ -182,7 +134,7 @@ def start(target, *args, **kwargs):
     proc = SPAWN.Process(target=target, args=args, kwargs=kwargs, daemon=True)
     proc.start()
     for reporter in reporters:
-        reporter._conn.close()  # the child has its copy; ours would hide its end of file
+        reporter.close()  # the child has its copy; ours would hide its end of file
     return proc
 
 
