@@ -26,6 +26,8 @@ except OSError:
 if not _built_in_place:
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != _REPO]
 
+from msgq.names import run_segment_prefix  # noqa: E402
+
 # Statistics, CPU placement, the worker pool and table formatting live in the
 # installed package (vipc-bench uses them too); re-exported here for the scripts.
 from visionipc.bench.stats import fmt_rate, format_table, latency_stats, median, percentile  # noqa: E402,F401
@@ -59,7 +61,7 @@ def parse_size(text):
 
 
 def leftover_segments(prefix, shm_dir="/dev/shm"):
-    start = f"msgq@{prefix}@"
+    start = run_segment_prefix(prefix)
     try:
         return sorted(n for n in os.listdir(shm_dir) if n.startswith(start))
     except FileNotFoundError:

@@ -54,7 +54,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   if (!g_client->connect()) abort();
   msgq::SegmentSpec spec;
   spec.dir = dir;
-  spec.basename = "msgq@" + endpoint_name(name, "s");
+  spec.basename = msgq::segment_basename("", endpoint_name(name, "s"));
   g_raw = new msgq::Publisher(spec);
   return 0;
 }

@@ -35,6 +35,10 @@ size_t round_data_size(size_t requested) {
 
 }  // namespace
 
+std::string segment_basename(const std::string& prefix, const std::string& topic) {
+  return prefix.empty() ? "msgq@" + topic : "msgq@" + prefix + "@" + topic;
+}
+
 std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
   check_basename(spec.basename);
   const size_t wanted = spec.data_size == 0 ? 0 : round_data_size(spec.data_size);

@@ -17,6 +17,11 @@
 
 namespace msgq {
 
+// File name of a topic's segment: "msgq@TOPIC", or "msgq@PREFIX@TOPIC" under
+// a run prefix (cpp/msgq/README.md, first paragraph). The one place the rule is
+// written in C++; msgq/names.py is the Python side.
+std::string segment_basename(const std::string& prefix, const std::string& topic);
+
 struct SegmentSpec {
   std::string dir = "/dev/shm";
   std::string basename;          // e.g. "msgq@topic"; validated again here

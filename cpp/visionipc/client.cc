@@ -117,7 +117,7 @@ void Client::ensure_subscriber() {
   msgq::SegmentSpec spec;
   spec.dir = options_.shm_dir;
   const std::string topic = endpoint_name(name_, stream_);
-  spec.basename = options_.prefix.empty() ? "msgq@" + topic : "msgq@" + options_.prefix + "@" + topic;
+  spec.basename = msgq::segment_basename(options_.prefix, topic);
   if (topic_fd_) {  // what the server passed: works for an admitted user of another uid too
     sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, msgq::Segment::adopt(topic_fd_.get(), spec));
     topic_fd_.reset();

@@ -31,7 +31,7 @@ uint64_t random_id() {
 msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
   msgq::SegmentSpec spec;
   spec.dir = o.shm_dir;
-  spec.basename = o.prefix.empty() ? "msgq@" + topic : "msgq@" + o.prefix + "@" + topic;
+  spec.basename = msgq::segment_basename(o.prefix, topic);
   return spec;
 }
 
