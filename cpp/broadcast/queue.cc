@@ -157,16 +157,16 @@ bool Writer::consumed_by_all(uint64_t seq) const {
   return m.read_mask.load(std::memory_order_acquire) == file_->all_readers();  // SYNC: as in writable()
 }
 
-Status Writer::wait_writable(int64_t deadline_ns) {
+ipc::WaitStatus Writer::wait_writable(int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !file_) return Status::kClosed;
+  if (!use.ok() || !file_) return ipc::WaitStatus::kClosed;
   QueueHeader& h = file_->header();
   auto stop = [&] { return h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
   auto ready = [&] { return writable() || stop(); };
   // Readers a short while behind: poll for the one chunk (no sleep, no wake-up).
-  ipc::WaitResult r = ipc::wait_until(h.space_free, ready, std::min(deadline_ns, ipc::monotonic_ns() + kPollNs),
+  ipc::WaitStatus r = ipc::wait_until(h.space_free, ready, std::min(deadline_ns, ipc::monotonic_ns() + kPollNs),
                                       kPollNs);
-  if (r == ipc::WaitResult::kTimeout && !ready() && ipc::monotonic_ns() < deadline_ns) {
+  if (r == ipc::WaitStatus::kTimeout && !ready() && ipc::monotonic_ns() < deadline_ns) {
     // BW1's hysteresis: the ring is full and the readers are far behind.
     // Sleep until a quarter of the ring is free, not one chunk: a writer
     // ahead of slow readers is then woken once per n_chunks / 4 messages
@@ -180,13 +180,13 @@ Status Writer::wait_writable(int64_t deadline_ns) {
     auto batch_ready = [&] { return consumed_by_all(last_needed) || stop(); };
     r = ipc::wait_until(h.space_free, batch_ready, deadline_ns);  // at the deadline, one free chunk will do
   }
-  if (gate_.closing()) return Status::kClosed;
-  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
+  if (gate_.closing()) return ipc::WaitStatus::kClosed;
+  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return ipc::WaitStatus::kShutdown;
   // The chunk may have been freed after the short poll timed out (before the
   // batch wait's check): that is success, not a timeout. Otherwise r == kReady
   // meant stop(), answered above.
-  if (writable()) return Status::kReady;
-  return r == ipc::WaitResult::kInterrupted ? Status::kInterrupted : Status::kTimeout;
+  if (writable()) return ipc::WaitStatus::kReady;
+  return r == ipc::WaitStatus::kInterrupted ? ipc::WaitStatus::kInterrupted : ipc::WaitStatus::kTimeout;
 }
 
 bool Writer::fits(const Part* parts, size_t n) const {
@@ -293,17 +293,16 @@ bool Reader::readable() const {
   return m.written.load(std::memory_order_acquire) == seq_ + 1;
 }
 
-Status Reader::wait_readable(int64_t deadline_ns) {
+ipc::WaitStatus Reader::wait_readable(int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !file_) return Status::kClosed;
+  if (!use.ok() || !file_) return ipc::WaitStatus::kClosed;
   QueueHeader& h = file_->header();
   auto ready = [&] { return readable() || h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
-  const ipc::WaitResult r = ipc::wait_until(h.data_ready, ready, deadline_ns, kPollNs);
-  if (gate_.closing()) return Status::kClosed;
-  if (readable()) return Status::kReady;  // messages written before a shutdown are still delivered
-  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
-  if (r == ipc::WaitResult::kReady) return Status::kReady;
-  return r == ipc::WaitResult::kTimeout ? Status::kTimeout : Status::kInterrupted;
+  const ipc::WaitStatus r = ipc::wait_until(h.data_ready, ready, deadline_ns, kPollNs);
+  if (gate_.closing()) return ipc::WaitStatus::kClosed;
+  if (readable()) return ipc::WaitStatus::kReady;  // messages written before a shutdown are still delivered
+  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return ipc::WaitStatus::kShutdown;
+  return r;  // kReady, kTimeout or kInterrupted
 }
 
 bool Reader::peek(ChunkView& view) {

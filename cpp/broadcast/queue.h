@@ -16,6 +16,7 @@
 #include "broadcast/layout.h"
 #include "common/shm_file.h"
 #include "common/use_gate.h"
+#include "common/wait_status.h"
 
 namespace bcast {
 
@@ -28,8 +29,6 @@ struct QueueSpec {
   uint32_t n_chunks = 0;
   uint64_t chunk_bytes = 0;
 };
-
-enum class Status { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
 
 // One attached queue file: mapped, validated, its immutable sizes copied.
 class QueueFile {
@@ -74,7 +73,7 @@ class Writer {
   // Wait until the chunk of the next message is free (BW1), the deadline
   // (monotonic ns, ipc::kNever) passes, a signal arrives, or the queue is
   // shut down / closed.
-  Status wait_writable(int64_t deadline_ns);
+  ipc::WaitStatus wait_writable(int64_t deadline_ns);
   // wait_writable() would return kReady at once: the bindings skip the GIL release.
   bool writable_now() const;
   // Readers (bit r) that have not yet consumed the chunk the next message needs.
@@ -115,7 +114,7 @@ class Reader {
 
   // Wait until the next message is written (BR1), or the deadline / a signal /
   // shutdown (only once every message written before it was consumed) / close.
-  Status wait_readable(int64_t deadline_ns);
+  ipc::WaitStatus wait_readable(int64_t deadline_ns);
   // BR1 + BR2: the next message, in place (valid until consume()), or false.
   // A frame that does not fit its chunk (a corrupt peer) throws kSegment.
   bool peek(ChunkView& view);

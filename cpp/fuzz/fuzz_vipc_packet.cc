@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case 3: {
           Frame f;
           // A deadline in the past: take what is there, never wait.
-          if (g_client->recv(ipc::monotonic_ns(), f) == RecvStatus::kFrame) {
+          if (g_client->recv(ipc::monotonic_ns(), f) == ipc::WaitStatus::kReady) {
             const uint8_t* b = g_client->buffer(f.index);
             volatile uint8_t sum = b[0] + b[g_client->geometry().size - 1];
             (void)sum;

@@ -128,19 +128,19 @@ int64_t Subscriber::spin_budget_ns() const {
 
 void Subscriber::record_wait(int64_t ns) { typical_wait_ns_ = (3 * typical_wait_ns_ + ns) / 4; }
 
-WaitStatus Subscriber::wait(int64_t deadline_ns) {
+ipc::WaitStatus Subscriber::wait(int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !seg_) return WaitStatus::kClosed;
-  if (has_data(std::memory_order_acquire)) return WaitStatus::kReady;
+  if (!use.ok() || !seg_) return ipc::WaitStatus::kClosed;
+  if (has_data(std::memory_order_acquire)) return ipc::WaitStatus::kReady;
   const int64_t start = ipc::monotonic_ns();
   const int64_t spin_end = std::min(deadline_ns, start + spin_budget_ns());
   for (int64_t now = start; now < spin_end; now = ipc::monotonic_ns()) {
     for (int i = 0; i < 64; i++) {
       if (has_data(std::memory_order_acquire)) {
         record_wait(ipc::monotonic_ns() - start);
-        return WaitStatus::kReady;
+        return ipc::WaitStatus::kReady;
       }
-      if (gate_.closing()) return WaitStatus::kClosed;
+      if (gate_.closing()) return ipc::WaitStatus::kClosed;
       ipc::cpu_relax();
     }
   }
@@ -158,20 +158,20 @@ WaitStatus Subscriber::wait(int64_t deadline_ns) {
     }
     if (gate_.closing()) {  // SYNC: after our seq load; close() bumps futex_seq after setting it
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
-      return WaitStatus::kClosed;
+      return ipc::WaitStatus::kClosed;
     }
     const int64_t now = ipc::monotonic_ns();
     if (now >= deadline_ns) {
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
-      return WaitStatus::kTimeout;
+      return ipc::WaitStatus::kTimeout;
     }
     const ipc::FutexResult r = ipc::futex_wait(&h.futex_seq, seq, deadline_ns == ipc::kNever ? -1 : deadline_ns - now);
     h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
     if (has_data(std::memory_order_acquire)) break;
-    if (r == ipc::FutexResult::kInterrupted) return WaitStatus::kInterrupted;
+    if (r == ipc::FutexResult::kInterrupted) return ipc::WaitStatus::kInterrupted;
   }
   record_wait(ipc::monotonic_ns() - start);
-  return WaitStatus::kReady;
+  return ipc::WaitStatus::kReady;
 }
 
 int Subscriber::fileno() {
@@ -223,7 +223,7 @@ void Poller::collect(std::vector<size_t>& ready) const {
   }
 }
 
-WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
+ipc::WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
   // Keep each subscriber from being unmapped by a close() on another thread
   // while we use it; a closing one reports ready, and we return at once.
   std::vector<std::unique_ptr<ipc::UseGuard>> uses;
@@ -233,14 +233,14 @@ WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
     uses.push_back(std::make_unique<ipc::UseGuard>(subs_[i]->gate()));
     if (!uses.back()->ok() || subs_[i]->closed()) ready.push_back(i);
   }
-  if (!ready.empty()) return WaitStatus::kReady;
+  if (!ready.empty()) return ipc::WaitStatus::kReady;
   collect(ready);
-  if (!ready.empty() || timeout_ns == 0) return WaitStatus::kReady;
+  if (!ready.empty() || timeout_ns == 0) return ipc::WaitStatus::kReady;
   const int64_t deadline = ipc::deadline_after(timeout_ns);
   for (;;) {
     bool any = false;
     for (auto& s : subs_) any = s->arm() || any;
-    WaitStatus status = WaitStatus::kReady;
+    ipc::WaitStatus status = ipc::WaitStatus::kReady;
     if (!any) {
       const int64_t now = ipc::monotonic_ns();
       timespec ts{};
@@ -259,13 +259,13 @@ WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
       }
       if (n < 0) {
         if (errno != EINTR) ipc::fail_errno("epoll_wait");
-        status = WaitStatus::kInterrupted;
+        status = ipc::WaitStatus::kInterrupted;
       }
     }
     for (auto& s : subs_) s->disarm();
     collect(ready);
-    if (!ready.empty() || status == WaitStatus::kInterrupted) return status;
-    if (ipc::monotonic_ns() >= deadline) return WaitStatus::kTimeout;
+    if (!ready.empty() || status == ipc::WaitStatus::kInterrupted) return status;
+    if (ipc::monotonic_ns() >= deadline) return ipc::WaitStatus::kTimeout;
   }
 }
 

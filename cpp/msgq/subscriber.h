@@ -9,13 +9,12 @@
 #include <optional>
 
 #include "common/use_gate.h"
+#include "common/wait_status.h"
 #include "msgq/ring.h"
 #include "msgq/segment.h"
 #include "msgq/wake.h"
 
 namespace msgq {
-
-enum class WaitStatus { kReady, kTimeout, kInterrupted, kClosed };
 
 class Subscriber {
  public:
@@ -42,7 +41,7 @@ class Subscriber {
   // passes, a signal interrupts the sleep, or close() is called from another
   // thread. Spins first only while recent waits were shorter than the spin
   // limit, then sleeps on the futex.
-  WaitStatus wait(int64_t deadline_ns);
+  ipc::WaitStatus wait(int64_t deadline_ns);
   // A receive would not wait: data, a pending reset, or a close in progress
   // (so that pollers return and the receive reports the close).
   bool ready() const;
@@ -96,7 +95,7 @@ class Poller {
   void add(std::shared_ptr<Subscriber> sub);
   size_t size() const { return subs_.size(); }
   // Fills `ready` with the indices (in add() order) of subscribers with data.
-  WaitStatus poll(int64_t timeout_ns, std::vector<size_t>& ready);
+  ipc::WaitStatus poll(int64_t timeout_ns, std::vector<size_t>& ready);
   int fileno() const { return epoll_.get(); }
 
  private:

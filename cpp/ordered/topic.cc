@@ -102,10 +102,10 @@ std::string Topic::adopt(size_t file_size) {
 }
 
 template <class Done>
-Status Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate) {
+ipc::WaitStatus Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate) {
   TopicHeader& h = header();
   for (;;) {
-    if (gate.closing()) return Status::kClosed;
+    if (gate.closing()) return ipc::WaitStatus::kClosed;
     // SYNC: announce the sleep (seq_cst) before the final check (seq_cst
     // load); a producer's seq_cst O3 CAS comes before its seq_cst load of
     // sleepers. Either it sees us and wakes us, or we see its id.
@@ -113,21 +113,21 @@ Status Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc:
     const uint64_t w = h.availability.load(std::memory_order_seq_cst);
     if (done(Availability::unpack(w))) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return Status::kReady;
+      return ipc::WaitStatus::kReady;
     }
     if (is_shutdown() || gate.closing()) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return gate.closing() ? Status::kClosed : Status::kShutdown;
+      return gate.closing() ? ipc::WaitStatus::kClosed : ipc::WaitStatus::kShutdown;
     }
     const int64_t now = ipc::monotonic_ns();
     if (now >= deadline_ns) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return Status::kTimeout;
+      return ipc::WaitStatus::kTimeout;
     }
     const int64_t slice = std::min(deadline_ns - now, kSleepSliceNs);
     const ipc::FutexResult r = ipc::futex_wait_bitset(low_word(h.availability), low_bits(w), slice, bitset);
     h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-    if (r == ipc::FutexResult::kInterrupted) return Status::kInterrupted;
+    if (r == ipc::FutexResult::kInterrupted) return ipc::WaitStatus::kInterrupted;
   }
 }
 
@@ -187,31 +187,31 @@ void Producer::begin_fill(uint64_t id) {
   pending_.insert(id);
 }
 
-Status Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
+ipc::WaitStatus Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+  if (!use.ok() || !topic_) return ipc::WaitStatus::kClosed;
   TopicHeader& h = topic_->header();
   for (;;) {
-    if (topic_->is_shutdown()) return Status::kShutdown;
+    if (topic_->is_shutdown()) return ipc::WaitStatus::kShutdown;
     const Reserve r = try_reserve_next(h.availability, id);  // O1
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids are exhausted (2**48)");
     // 16 ids in flight: wait for the oldest of them (last - 16) to become available.
     const uint64_t oldest = topic_->snapshot().last - kWindow;
-    const Status st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
+    const ipc::WaitStatus st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
                                    deadline_ns, gate_);
-    if (st != Status::kReady) return st;
+    if (st != ipc::WaitStatus::kReady) return st;
   }
   begin_fill(*id);
-  return Status::kReady;
+  return ipc::WaitStatus::kReady;
 }
 
-Status Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
+ipc::WaitStatus Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+  if (!use.ok() || !topic_) return ipc::WaitStatus::kClosed;
   TopicHeader& h = topic_->header();
   for (;;) {
-    if (topic_->is_shutdown()) return Status::kShutdown;
+    if (topic_->is_shutdown()) return ipc::WaitStatus::kShutdown;
     const Reserve r = try_reserve_id(h.availability, id);  // O2
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooOld) {
@@ -220,18 +220,18 @@ Status Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
     }
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids end at 2**48 - 1");
     const uint64_t oldest = topic_->snapshot().available_end();
-    const Status st = topic_->wait(
+    const ipc::WaitStatus st = topic_->wait(
         [id](const Availability& a) {
           if (id < a.last) return true;  // someone else took it: try_reserve_id reports it
           const uint64_t shift = id + 1 - a.last;
           return a.available_end() + kWindow >= a.last + shift;  // everything leaving the window is available
         },
         id_bit(oldest), deadline_ns, gate_);
-    if (st != Status::kReady) return st;
+    if (st != ipc::WaitStatus::kReady) return st;
   }
   topic_->wake(~0u);  // ids skipped over became available (as gaps)
   begin_fill(id);
-  return Status::kReady;
+  return ipc::WaitStatus::kReady;
 }
 
 uint8_t* Producer::slot(uint64_t id) {
@@ -280,16 +280,16 @@ void Producer::cancel(uint64_t id) {
   if (try_make_available(topic_->header().availability, id) == MakeAvailable::kOk) topic_->wake(id_bit(id));
 }
 
-Status Producer::send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id) {
+ipc::WaitStatus Producer::send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id) {
   if (topic_ && size > topic_->slot_bytes()) {
     fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) + " bytes does not fit in a " +
                                           std::to_string(topic_->slot_bytes()) + "-byte slot");
   }
-  const Status st = reserve_next(deadline_ns, id);
-  if (st != Status::kReady) return st;
+  const ipc::WaitStatus st = reserve_next(deadline_ns, id);
+  if (st != ipc::WaitStatus::kReady) return st;
   if (size != 0) std::memcpy(slot(*id), data, size);
   publish(*id, size);
-  return Status::kReady;
+  return ipc::WaitStatus::kReady;
 }
 
 // ------------------------------------------------------------------ reader
@@ -381,9 +381,9 @@ bool Reader::still_valid(const Message& m) {
   return false;
 }
 
-Status Reader::wait(int64_t deadline_ns) {
+ipc::WaitStatus Reader::wait(int64_t deadline_ns) {
   ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+  if (!use.ok() || !topic_) return ipc::WaitStatus::kClosed;
   const uint32_t bits = mode_ == Mode::kSequential ? id_bit(cursor_) : ~0u;
   return topic_->wait([this](const Availability& a) { return deliverable(a); }, bits, deadline_ns, gate_);
 }

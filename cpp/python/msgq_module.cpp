@@ -13,17 +13,16 @@
 #include "msgq/segment.h"
 #include "msgq/stats.h"
 #include "msgq/subscriber.h"
-#include "python/errors.h"
+#include "python/bindings.h"
 
 namespace py = pybind11;
 using msgq::Publisher;
 using msgq::SegmentSpec;
 using msgq::Subscriber;
-using msgq::WaitStatus;
+using ipc::WaitStatus;
 
 namespace {
 
-constexpr size_t kReleaseGilAbove = 256 * 1024;  // bytes copied with the GIL released
 constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
 
 SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -86,13 +85,8 @@ class Payload {
   size_t size_ = 0;
 };
 
-// Writable view of a loaned ring area; keeps the mapping alive while any
-// memoryview of it exists.
-struct LoanBuffer {
-  std::shared_ptr<msgq::Segment> segment;
-  uint8_t* ptr;
-  size_t size;
-};
+// Writable view of a loaned ring area.
+using LoanBuffer = pyipc::MappedBytes<msgq::Segment>;
 
 struct PySubscriber {
   std::shared_ptr<Subscriber> sub;
@@ -100,16 +94,9 @@ struct PySubscriber {
 
   // Wait with the GIL released, in slices broken only by signals.
   bool wait_until(int64_t deadline) {
-    for (;;) {
-      WaitStatus st;
-      {
-        py::gil_scoped_release nogil;
-        st = sub->wait(deadline);
-      }
-      if (st == WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "subscriber was closed while waiting");
-      if (st != WaitStatus::kInterrupted) return st == WaitStatus::kReady;
-      pyipc::check_signals();
-    }
+    const ipc::WaitStatus st = pyipc::blocking([&] { return sub->wait(deadline); });
+    if (st == ipc::WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "subscriber was closed while waiting");
+    return st == ipc::WaitStatus::kReady;
   }
 
   py::object receive_until(int64_t deadline) {
@@ -125,7 +112,7 @@ struct PySubscriber {
     BytesSink sink;
     if (sub->try_read(sink)) return sink.take();
     if (non_blocking || timeout_ms == 0) return py::none();
-    return receive_until(ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000));
+    return receive_until(pyipc::deadline_from_ms(timeout_ms));
   }
 
   // Up to max_messages, but stops once kBatchBytes have been received: holding
@@ -144,7 +131,7 @@ struct PySubscriber {
     };
     more();
     if (out.size() == 0 && timeout != 0) {
-      py::object first = receive_until(ipc::deadline_after(timeout < 0 ? -1 : int64_t{timeout} * 1'000'000));
+      py::object first = receive_until(pyipc::deadline_from_ms(timeout));
       if (first.is_none()) return out;
       bytes += static_cast<size_t>(PyBytes_GET_SIZE(first.ptr()));
       out.append(first);
@@ -168,11 +155,7 @@ PYBIND11_MODULE(_msgq, m) {
   m.attr("LAYOUT_VERSION") = msgq::kLayoutVersion;
   m.def("max_message_size", [](size_t segment_size) { return msgq::max_message_size(segment_size); });
 
-  py::class_<LoanBuffer>(m, "LoanBuffer", py::buffer_protocol())
-      .def_buffer([](LoanBuffer& b) {
-        return py::buffer_info(b.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {b.size}, {1}, false);
-      })
-      .def("__len__", [](const LoanBuffer& b) { return b.size; });
+  pyipc::bind_mapped_bytes<msgq::Segment>(m, "LoanBuffer");
 
   py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
       .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -184,17 +167,12 @@ PYBIND11_MODULE(_msgq, m) {
       .def("send",
            [](Publisher& p, py::handle data) {
              Payload payload(data);
-             if (payload.size() >= kReleaseGilAbove) {
-               py::gil_scoped_release nogil;
-               p.send(payload.data(), payload.size());
-             } else {
-               p.send(payload.data(), payload.size());
-             }
+             pyipc::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
            })
       .def("loan",
            [](Publisher& p, size_t n) {
              uint8_t* ptr = p.loan(n);
-             return LoanBuffer{p.segment(), ptr, n};
+             return LoanBuffer{p.segment(), ptr, n, false};
            })
       .def("commit", &Publisher::commit, py::arg("size"))
       .def("cancel_loan", &Publisher::cancel_loan)
@@ -243,17 +221,12 @@ PYBIND11_MODULE(_msgq, m) {
       .def("poll",
            [](msgq::Poller& p, int timeout_ms) {
              std::vector<size_t> ready;
-             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
-             for (;;) {
-               WaitStatus st;
-               {
-                 py::gil_scoped_release nogil;
-                 const int64_t left = deadline == ipc::kNever ? -1 : std::max<int64_t>(0, deadline - ipc::monotonic_ns());
-                 st = p.poll(left, ready);
-               }
-               if (st != WaitStatus::kInterrupted) return ready;
-               pyipc::check_signals();
-             }
+             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
+             pyipc::blocking([&] {
+               const int64_t left = deadline == ipc::kNever ? -1 : std::max<int64_t>(0, deadline - ipc::monotonic_ns());
+               return p.poll(left, ready);
+             });
+             return ready;
            },
            py::arg("timeout_ms"))
       .def("fileno", &msgq::Poller::fileno)

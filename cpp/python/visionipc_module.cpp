@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "python/errors.h"
+#include "python/bindings.h"
 #include "visionipc/client.h"
 #include "visionipc/format.h"
 #include "visionipc/server.h"
@@ -21,16 +21,8 @@ using vipc::Server;
 
 namespace {
 
-constexpr size_t kReleaseGilAbove = 256 * 1024;
-
-// Bytes of one buffer in a pool; keeps the mapping alive while any
-// memoryview / numpy array made from it exists (the .base chain).
-struct View {
-  std::shared_ptr<vipc::Mapping> mapping;
-  uint8_t* ptr;
-  size_t size;
-  bool readonly;
-};
+// Bytes of one buffer in a pool.
+using View = pyipc::MappedBytes<vipc::Mapping>;
 
 // (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
 py::tuple geometry_tuple(const vipc::Geometry& g) {
@@ -97,11 +89,7 @@ PYBIND11_MODULE(_visionipc, m) {
   m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::make_geometry(parse(format), w, h)); });
   m.def("endpoint_name", &vipc::endpoint_name);
 
-  py::class_<View>(m, "View", py::buffer_protocol())
-      .def_buffer([](View& v) {
-        return py::buffer_info(v.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {v.size}, {1}, v.readonly);
-      })
-      .def("__len__", [](const View& v) { return v.size; });
+  pyipc::bind_mapped_bytes<vipc::Mapping>(m, "View");
 
   py::class_<Server>(m, "Server")
       .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids) {
@@ -140,12 +128,7 @@ PYBIND11_MODULE(_visionipc, m) {
                                                                "' buffers are " + std::to_string(want));
              }
              const vipc::Acquired a = s.get_buffer(stream);
-             if (n >= kReleaseGilAbove) {
-               py::gil_scoped_release nogil;
-               std::memcpy(a.data, info.ptr, n);
-             } else {
-               std::memcpy(a.data, info.ptr, n);
-             }
+             pyipc::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, info.ptr, n); });
              s.send(stream, a.index, a.generation, frame_id, sof, eof);
              return a.index;
            })
@@ -179,19 +162,12 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("connected", &Client::connected)
       .def("recv",
            [](Client& c, int timeout_ms) -> py::object {
-             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
+             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
              vipc::Frame f;
-             for (;;) {
-               vipc::RecvStatus st;
-               {
-                 py::gil_scoped_release nogil;
-                 st = c.recv(deadline, f);
-               }
-               if (st == vipc::RecvStatus::kFrame) return received(f, c.epoch());
-               if (st == vipc::RecvStatus::kTimeout) return py::none();
-               if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
-               pyipc::check_signals();
-             }
+             const ipc::WaitStatus st = pyipc::blocking([&] { return c.recv(deadline, f); });
+             if (st == ipc::WaitStatus::kReady) return received(f, c.epoch());
+             if (st == ipc::WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
+             return py::none();
            },
            py::arg("timeout_ms") = 100)
       .def("take_lease", &Client::take_lease)

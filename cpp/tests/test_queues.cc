@@ -233,7 +233,7 @@ TEST(ordered_topic_threads_sequential_reader_gets_every_id_in_order) {
       std::mt19937 rng(p + 100);
       for (int i = 0; i < kEach; i++) {
         uint64_t id = 0;
-        CHECK(prod.reserve_next(ipc::monotonic_ns() + 30'000'000'000, &id) == ordered::Status::kReady);
+        CHECK(prod.reserve_next(ipc::monotonic_ns() + 30'000'000'000, &id) == ipc::WaitStatus::kReady);
         if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
         const std::vector<uint8_t> data = payload_for(id, 96);
         std::memcpy(prod.slot(id), data.data(), data.size());
@@ -263,7 +263,7 @@ TEST(ordered_topic_bad_input) {
   spec.capacity = 32;  // another size while it is in use
   CHECK_THROWS_KIND(ordered::Producer p(spec), ipc::ErrorKind::kInvalidArgument);
   uint64_t id = 0;
-  CHECK(prod.reserve_next(ipc::kNever, &id) == ordered::Status::kReady);
+  CHECK(prod.reserve_next(ipc::kNever, &id) == ipc::WaitStatus::kReady);
   CHECK_THROWS_KIND(prod.publish(id, 17), ipc::ErrorKind::kMessageTooLarge);
   CHECK_THROWS_KIND(prod.publish(id + 1, 1), ipc::ErrorKind::kInvalidArgument);
   CHECK_THROWS_KIND(prod.reserve_id(id, ipc::kNever), ipc::ErrorKind::kInvalidArgument);
@@ -272,10 +272,10 @@ TEST(ordered_topic_bad_input) {
   // 16 in flight: the 17th reservation times out instead of overwriting.
   std::vector<uint64_t> held;
   for (int i = 0; i < ordered::kWindow; i++) {
-    CHECK(prod.reserve_next(ipc::kNever, &id) == ordered::Status::kReady);
+    CHECK(prod.reserve_next(ipc::kNever, &id) == ipc::WaitStatus::kReady);
     held.push_back(id);
   }
-  CHECK(prod.reserve_next(ipc::monotonic_ns() + 20'000'000, &id) == ordered::Status::kTimeout);
+  CHECK(prod.reserve_next(ipc::monotonic_ns() + 20'000'000, &id) == ipc::WaitStatus::kTimeout);
   // shutdown wakes a reader that waits.
   spec.capacity = 0;
   ordered::Reader reader(spec, ordered::Mode::kSequential);
@@ -283,7 +283,7 @@ TEST(ordered_topic_bad_input) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     prod.shutdown();
   });
-  CHECK(reader.wait(ipc::monotonic_ns() + 10'000'000'000) == ordered::Status::kShutdown);
+  CHECK(reader.wait(ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitStatus::kShutdown);
   waker.join();
 }
 
@@ -295,7 +295,7 @@ TEST(wait_point_notifier_clears_the_sleep_bit_and_skips_syscalls_until_a_waiter_
   std::atomic<int> woke{0};
   std::thread waiter([&] {
     auto ready = [&] { return flag.load(std::memory_order_acquire); };
-    CHECK(ipc::wait_until(wp, ready, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+    CHECK(ipc::wait_until(wp, ready, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitStatus::kReady);
     woke.store(1);
   });
   // The waiter registers (bit 0 set) before it sleeps.
@@ -333,14 +333,14 @@ TEST(wait_point_ping_pong_never_loses_a_wake) {
   std::thread b([&] {
     for (uint64_t i = 0; i < kRounds; i++) {
       auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i + 1; };
-      CHECK(ipc::wait_until(to_b, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+      CHECK(ipc::wait_until(to_b, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitStatus::kReady);
       token.store(2 * i + 2, std::memory_order_release);
       ipc::notify_all(to_a);
     }
   });
   for (uint64_t i = 0; i < kRounds; i++) {
     auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i; };
-    CHECK(ipc::wait_until(to_a, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitResult::kReady);
+    CHECK(ipc::wait_until(to_a, mine, ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitStatus::kReady);
     token.store(2 * i + 1, std::memory_order_release);
     ipc::notify_all(to_b);
   }
@@ -363,7 +363,7 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
   spec.chunk_bytes = kChunk;
   bcast::Writer writer(spec);
   std::atomic<uint64_t> bad{0};
-  std::atomic<int> reader_status{static_cast<int>(bcast::Status::kReady)};  // a reader's failed wait
+  std::atomic<int> reader_status{static_cast<int>(ipc::WaitStatus::kReady)};  // a reader's failed wait
   std::vector<std::thread> readers;
   for (uint32_t r = 0; r < kReaders; r++) {
     readers.emplace_back([&, r] {
@@ -372,8 +372,8 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
       for (uint64_t seq = 0; seq < kMessages;) {
         bcast::ChunkView view;
         if (!reader.peek(view)) {
-          const bcast::Status st = reader.wait_readable(deadline);
-          if (st != bcast::Status::kReady) {
+          const ipc::WaitStatus st = reader.wait_readable(deadline);
+          if (st != ipc::WaitStatus::kReady) {
             reader_status.store(static_cast<int>(st));
             bad++;
             return;
@@ -393,9 +393,9 @@ TEST(broadcast_threads_every_reader_gets_every_message_exactly) {
   for (uint64_t seq = 0; seq < kMessages; seq++) {
     const std::vector<uint8_t> data = payload_for(seq, kChunk - 32);
     const bcast::Part part{data.data(), data.size()};
-    const bcast::Status st = writer.wait_writable(ipc::monotonic_ns() + 30'000'000'000);
-    CHECK_EQ(reader_status.load(), static_cast<int>(bcast::Status::kReady));
-    CHECK_EQ(static_cast<int>(st), static_cast<int>(bcast::Status::kReady));
+    const ipc::WaitStatus st = writer.wait_writable(ipc::monotonic_ns() + 30'000'000'000);
+    CHECK_EQ(reader_status.load(), static_cast<int>(ipc::WaitStatus::kReady));
+    CHECK_EQ(static_cast<int>(st), static_cast<int>(ipc::WaitStatus::kReady));
     writer.write(0, &part, 1);
   }
   for (auto& t : readers) t.join();
@@ -418,7 +418,7 @@ TEST(broadcast_writer_waits_for_the_slowest_reader_and_shutdown_wakes_it) {
   const char msg[] = "hello";
   const bcast::Part part{msg, sizeof(msg)};
   for (int i = 0; i < 2; i++) {
-    CHECK(writer.wait_writable(ipc::kNever) == bcast::Status::kReady);
+    CHECK(writer.wait_writable(ipc::kNever) == ipc::WaitStatus::kReady);
     writer.write(0, &part, 1);
   }
   for (int i = 0; i < 2; i++) {
@@ -427,7 +427,7 @@ TEST(broadcast_writer_waits_for_the_slowest_reader_and_shutdown_wakes_it) {
     fast.consume();
   }
   // Reader 1 never attached: the third message must wait for it.
-  CHECK(writer.wait_writable(ipc::monotonic_ns() + 20'000'000) == bcast::Status::kTimeout);
+  CHECK(writer.wait_writable(ipc::monotonic_ns() + 20'000'000) == ipc::WaitStatus::kTimeout);
   CHECK_EQ(writer.pending_readers(), uint64_t{2});
   std::vector<uint8_t> big(200);
   const bcast::Part too_big{big.data(), big.size()};
@@ -436,18 +436,18 @@ TEST(broadcast_writer_waits_for_the_slowest_reader_and_shutdown_wakes_it) {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
     fast.shutdown();
   });
-  CHECK(writer.wait_writable(ipc::monotonic_ns() + 10'000'000'000) == bcast::Status::kShutdown);
+  CHECK(writer.wait_writable(ipc::monotonic_ns() + 10'000'000'000) == ipc::WaitStatus::kShutdown);
   waker.join();
   // The late reader still drains what was written before the shutdown.
   bcast::Reader late(spec, 1);
   for (int i = 0; i < 2; i++) {
-    CHECK(late.wait_readable(ipc::kNever) == bcast::Status::kReady);
+    CHECK(late.wait_readable(ipc::kNever) == ipc::WaitStatus::kReady);
     bcast::ChunkView v;
     CHECK(late.peek(v));
     CHECK(v.parts.size() == 1 && std::memcmp(v.parts[0].data, msg, sizeof(msg)) == 0);
     late.consume();
   }
-  CHECK(late.wait_readable(ipc::kNever) == bcast::Status::kShutdown);
+  CHECK(late.wait_readable(ipc::kNever) == ipc::WaitStatus::kShutdown);
 }
 
 int main(int argc, char** argv) { return check::run_all(argc, argv); }

@@ -33,7 +33,7 @@ struct Rig {
 };
 
 bool recv_frame(Client& c, Frame& f, int64_t timeout_ms = 1000) {
-  return c.recv(ipc::deadline_after(timeout_ms * 1'000'000), f) == RecvStatus::kFrame;
+  return c.recv(ipc::deadline_after(timeout_ms * 1'000'000), f) == ipc::WaitStatus::kReady;
 }
 
 void fill(Server& s, const std::string& stream, uint8_t value, uint64_t frame_id) {

@@ -237,20 +237,17 @@ bool Client::handle(const Packet& p, Frame& out) {
   return true;
 }
 
-RecvStatus Client::recv(int64_t deadline_ns, Frame& out) {
+ipc::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
   ensure_subscriber();
   for (;;) {
     PacketSink sink;
     while (sub_->try_read(sink)) {
-      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return RecvStatus::kFrame;
+      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return ipc::WaitStatus::kReady;
       dropped_++;
     }
-    if (deadline_ns != ipc::kNever && ipc::monotonic_ns() >= deadline_ns) return RecvStatus::kTimeout;
-    switch (sub_->wait(deadline_ns)) {
-      case msgq::WaitStatus::kInterrupted: return RecvStatus::kInterrupted;
-      case msgq::WaitStatus::kClosed: return RecvStatus::kClosed;
-      default: break;
-    }
+    if (deadline_ns != ipc::kNever && ipc::monotonic_ns() >= deadline_ns) return ipc::WaitStatus::kTimeout;
+    const ipc::WaitStatus st = sub_->wait(deadline_ns);
+    if (st == ipc::WaitStatus::kInterrupted || st == ipc::WaitStatus::kClosed) return st;
   }
 }
 

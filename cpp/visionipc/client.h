@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/wait_status.h"
 #include "msgq/subscriber.h"
 #include "visionipc/format.h"
 #include "visionipc/pool.h"
@@ -38,8 +39,6 @@ struct Frame {
   bool valid = false;  // the buffer still holds this frame and we lease it
 };
 
-enum class RecvStatus { kFrame, kTimeout, kInterrupted, kClosed };
-
 class Client {
  public:
   Client(std::string name, std::string stream, bool conflate, ClientOptions options);
@@ -53,7 +52,7 @@ class Client {
   bool connected();
   // Wait for the next frame until deadline (monotonic ns, ipc::kNever). A
   // returned frame is leased (the previous lease is dropped) when still valid.
-  RecvStatus recv(int64_t deadline_ns, Frame& out);
+  ipc::WaitStatus recv(int64_t deadline_ns, Frame& out);
 
   bool take_lease(uint32_t index, uint64_t generation);
   void release_lease();
