@@ -1,4 +1,4 @@
-"""A lossless broadcast queue: one writer, N readers known at creation (seed 003).
+"""A lossless broadcast queue: one writer, N readers known at creation (cpp/broadcast/README.md).
 
 Every reader gets every message, in order, exactly once. Messages travel
 through a shared-memory ring of chunks (``cpp/broadcast``): the writer reuses

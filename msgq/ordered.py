@@ -1,4 +1,4 @@
-"""Ordered topics: many producers, out-of-order submission (seed 004).
+"""Ordered topics: many producers, out-of-order submission (cpp/ordered/README.md).
 
 Producers (threads or processes) reserve consecutive message ids, fill their
 messages in any order and make each id available; readers see exactly which

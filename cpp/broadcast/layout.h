@@ -1,4 +1,4 @@
-// Shared-memory layout of one lossless broadcast queue (seed 003):
+// Shared-memory layout of one lossless broadcast queue (cpp/broadcast/README.md):
 // [QueueHeader][ChunkMeta x n_chunks][chunk data x n_chunks].
 // The protocol steps cited in comments (BW1..BW3, BR1..BR3) are numbered in
 // cpp/broadcast/README.md. Publisher-written and reader-written fields sit

@@ -1,4 +1,4 @@
-// The lossless broadcast queue (seed 003): one Writer, n Readers known at
+// The lossless broadcast queue (cpp/broadcast/README.md): one Writer, n Readers known at
 // creation, a ring of chunks. The writer reuses a chunk only after every
 // reader consumed it, so no reader ever loses a message; a slow reader slows
 // the writer down instead (the caller warns, naming it: pending_readers()).

@@ -1,4 +1,4 @@
-// File-descriptor wake-ups (seed 002: readiness as a file descriptor). A
+// File-descriptor wake-ups (readiness as a file descriptor; cpp/msgq/README.md, "Waiting"). A
 // reader that wants to wait in select/epoll/asyncio owns a WakeSocket, an
 // abstract-namespace AF_UNIX datagram socket; it writes the socket's name into
 // its reader slot and sets its armed bit. After a commit, a writer that sees

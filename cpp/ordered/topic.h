@@ -1,4 +1,4 @@
-// An ordered topic (seed 004): many producers (threads or processes) reserve
+// An ordered topic (cpp/ordered/README.md): many producers (threads or processes) reserve
 // consecutive message ids, fill their slots in any order, and make each id
 // available; readers follow in `sequential` mode (every id in order: id N is
 // never delivered before N is available, even if N+1 is) or `newest` mode

@@ -112,7 +112,7 @@ py::object status_sentinel(ipc::WaitStatus st) {
   }
 }
 
-// The message v (peeked from r), decoded, then handed back (BR3): raw bytes
+// The message v (peeked from r), decoded, then handed back (BR3; the steps are in cpp/broadcast/README.md): raw bytes
 // as bytes; a pickle stream unpickled in place from the chunk, its
 // out-of-band buffers copied into bytearrays first (the chunk is reused once
 // consumed); an overflow marker as OVERFLOW (the payload is on the side channel).

@@ -160,7 +160,7 @@ TEST(a_closed_client_no_longer_pins_its_buffer) {
   fill(server, "s", 1, 1);
   Frame held;
   CHECK(recv_frame(*client, held) && held.valid);
-  client.reset();  // the listener sees the hang-up (L3)
+  client.reset();  // the listener sees the hang-up (L3, cpp/visionipc/pool.h)
   const int64_t deadline = ipc::monotonic_ns() + 5'000'000'000;
   while (server.clients("s") != 0 && ipc::monotonic_ns() < deadline) usleep(1000);
   CHECK_EQ(server.clients("s"), 0u);
