@@ -33,7 +33,7 @@
 #include "common/futex.h"
 #include "common/wait_status.h"
 
-namespace ipc {
+namespace vipc::common {
 
 struct WaitPoint {
   // Futex word. Waiter: fetch_or(1, seq_cst). Notifier: load after a seq_cst
@@ -106,4 +106,4 @@ inline void notify_all(WaitPoint& wp) {
   notify_all_if(wp, [] { return true; });
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

@@ -5,7 +5,7 @@
 // kClosed from handles that can be closed by another thread meanwhile.
 #pragma once
 
-namespace ipc {
+namespace vipc::common {
 
 enum class WaitStatus { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
 
@@ -22,4 +22,4 @@ inline const char* wait_status_name(WaitStatus st) {
   return "?";
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

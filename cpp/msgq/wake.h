@@ -13,7 +13,7 @@
 
 #include "common/files.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 class WakeSocket {
  public:
@@ -25,7 +25,7 @@ class WakeSocket {
   void drain();
 
  private:
-  ipc::UniqueFd fd_;
+  common::UniqueFd fd_;
   std::string name_;
 };
 
@@ -35,7 +35,7 @@ class WakeSender {
   bool poke(const char* name, size_t length);
 
  private:
-  ipc::UniqueFd fd_;
+  common::UniqueFd fd_;
 };
 
-}  // namespace msgq
+}  // namespace vipc::msgq

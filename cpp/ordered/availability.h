@@ -14,7 +14,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace ordered {
+namespace vipc::ordered {
 
 inline constexpr int kWindow = 16;
 inline constexpr uint64_t kBitmapMask = (uint64_t{1} << kWindow) - 1;
@@ -126,4 +126,4 @@ inline MakeAvailable try_make_available(std::atomic<uint64_t>& word, uint64_t id
   }
 }
 
-}  // namespace ordered
+}  // namespace vipc::ordered

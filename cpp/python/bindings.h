@@ -1,4 +1,4 @@
-// Shared by the native modules (_msgq, _queues, _visionipc): ipc::Error turned
+// Shared by the native modules (_msgq, _queues, _visionipc): vipc::common::Error turned
 // into the Python exception classes of msgq/errors.py, waits without the GIL
 // that stay interruptible, large copies without the GIL, timeouts, and the
 // buffer objects that expose mapped memory to Python.
@@ -24,18 +24,18 @@ namespace py = pybind11;
 // releasing and taking the GIL back costs more than the copy).
 inline constexpr size_t kReleaseGilAbove = 256 * 1024;
 
-inline const char* python_error_name(ipc::ErrorKind kind) {
+inline const char* python_error_name(vipc::common::ErrorKind kind) {
   switch (kind) {
-    case ipc::ErrorKind::kMultiplePublishers: return "MultiplePublishersError";
-    case ipc::ErrorKind::kMessageTooLarge: return "MessageTooLargeError";
-    case ipc::ErrorKind::kSegment: return "SegmentError";
-    case ipc::ErrorKind::kTooManyReaders: return "TooManyReadersError";
-    case ipc::ErrorKind::kClosed: return "ClosedError";
-    case ipc::ErrorKind::kPermission: return "IpcPermissionError";
-    case ipc::ErrorKind::kInvalidArgument: return "InvalidArgumentError";
-    case ipc::ErrorKind::kNoSpace: return "NoSpaceError";
-    case ipc::ErrorKind::kTimeout: return "IpcTimeoutError";
-    case ipc::ErrorKind::kIpc: break;
+    case vipc::common::ErrorKind::kMultiplePublishers: return "MultiplePublishersError";
+    case vipc::common::ErrorKind::kMessageTooLarge: return "MessageTooLargeError";
+    case vipc::common::ErrorKind::kSegment: return "SegmentError";
+    case vipc::common::ErrorKind::kTooManyReaders: return "TooManyReadersError";
+    case vipc::common::ErrorKind::kClosed: return "ClosedError";
+    case vipc::common::ErrorKind::kPermission: return "IpcPermissionError";
+    case vipc::common::ErrorKind::kInvalidArgument: return "InvalidArgumentError";
+    case vipc::common::ErrorKind::kNoSpace: return "NoSpaceError";
+    case vipc::common::ErrorKind::kTimeout: return "IpcTimeoutError";
+    case vipc::common::ErrorKind::kIpc: break;
   }
   return "IpcError";
 }
@@ -44,7 +44,7 @@ inline void register_error_translator() {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
-    } catch (const ipc::Error& e) {
+    } catch (const vipc::common::Error& e) {
       py::object cls = py::module_::import("msgq.errors").attr(python_error_name(e.kind()));
       PyErr_SetString(cls.ptr(), e.what());
     }
@@ -57,17 +57,17 @@ inline void check_signals() {
   if (PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
-// Runs a blocking wait (returning ipc::WaitStatus) without the GIL; signals
+// Runs a blocking wait (returning vipc::common::WaitStatus) without the GIL; signals
 // run Python's handlers (Ctrl-C raises) and the wait goes on.
 template <class F>
-ipc::WaitStatus blocking(F&& wait) {
+vipc::common::WaitStatus blocking(F&& wait) {
   for (;;) {
-    ipc::WaitStatus st;
+    vipc::common::WaitStatus st;
     {
       py::gil_scoped_release nogil;
       st = wait();
     }
-    if (st != ipc::WaitStatus::kInterrupted) return st;
+    if (st != vipc::common::WaitStatus::kInterrupted) return st;
     check_signals();
   }
 }
@@ -86,15 +86,15 @@ void copy_maybe_without_gil(size_t bytes, F&& copy) {
 // The deadline of a timeout in milliseconds as the reference takes it
 // (negative: no limit).
 inline int64_t deadline_from_ms(int64_t timeout_ms) {
-  return ipc::deadline_after(timeout_ms < 0 ? -1 : timeout_ms * 1'000'000);
+  return vipc::common::deadline_after(timeout_ms < 0 ? -1 : timeout_ms * 1'000'000);
 }
 
 // The deadline of a timeout in seconds (nullopt: no limit; negative: now).
 inline int64_t deadline_from(std::optional<double> timeout_s) {
-  if (!timeout_s) return ipc::kNever;
+  if (!timeout_s) return vipc::common::kNever;
   const double s = *timeout_s < 0 ? 0 : *timeout_s;
-  if (!(s < 1e9)) return ipc::kNever;  // 31 years, infinity or NaN: no limit (and no overflow)
-  return ipc::monotonic_ns() + static_cast<int64_t>(s * 1e9);
+  if (!(s < 1e9)) return vipc::common::kNever;  // 31 years, infinity or NaN: no limit (and no overflow)
+  return vipc::common::monotonic_ns() + static_cast<int64_t>(s * 1e9);
 }
 
 // A Python timeout in seconds (None: no limit), checked as
@@ -116,7 +116,7 @@ inline std::optional<double> timeout_from_py(const py::handle& t) {
     s = NAN;
   }
   if (s != s) {
-    ipc::fail(ipc::ErrorKind::kInvalidArgument,
+    vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
               "timeout must be a number of seconds or None, not " + py::repr(t).cast<std::string>());
   }
   return s;

@@ -21,7 +21,7 @@ namespace py = pybind11;
 namespace {
 
 py::object seconds_or_none(int64_t deadline_ns) {
-  if (deadline_ns == ipc::kNever) return py::none();
+  if (deadline_ns == vipc::common::kNever) return py::none();
   return py::float_(static_cast<double>(deadline_ns) / 1e9);
 }
 
@@ -38,11 +38,11 @@ class Parts {
         throw py::type_error(std::string("message parts must be bytes-like, C-contiguous buffers, not ") +
                              Py_TYPE(o.ptr())->tp_name);
       }
-      parts_.push_back(bcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});
+      parts_.push_back(vipc::broadcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});
     }
   }
   ~Parts() { release(views_.size()); }
-  const std::vector<bcast::Part>& parts() const { return parts_; }
+  const std::vector<vipc::broadcast::Part>& parts() const { return parts_; }
 
  private:
   void release(size_t n) {
@@ -50,7 +50,7 @@ class Parts {
     views_.clear();
   }
   std::vector<Py_buffer> views_;
-  std::vector<bcast::Part> parts_;
+  std::vector<vipc::broadcast::Part> parts_;
 };
 
 // Pickle protocol 5, looked up once (never destroyed: no decref may run
@@ -104,10 +104,10 @@ struct Sentinels {
 };
 const Sentinels* g_sentinels = nullptr;  // set once at module init
 const Sentinels& sentinels() { return *g_sentinels; }
-py::object status_sentinel(ipc::WaitStatus st) {
+py::object status_sentinel(vipc::common::WaitStatus st) {
   switch (st) {
-    case ipc::WaitStatus::kTimeout: return sentinels().timeout;
-    case ipc::WaitStatus::kShutdown: return sentinels().shutdown;
+    case vipc::common::WaitStatus::kTimeout: return sentinels().timeout;
+    case vipc::common::WaitStatus::kShutdown: return sentinels().shutdown;
     default: return sentinels().closed;
   }
 }
@@ -118,7 +118,7 @@ py::object status_sentinel(ipc::WaitStatus st) {
 // consumed); an overflow marker as OVERFLOW (the payload is on the side channel).
 // One part copied out of a chunk: bytes (as_bytes) or a writable bytearray
 // (out-of-band buffers); large copies run without the GIL.
-py::object copy_out(const bcast::Part& part, bool as_bytes) {
+py::object copy_out(const vipc::broadcast::Part& part, bool as_bytes) {
   const auto n = static_cast<Py_ssize_t>(part.size);
   PyObject* o = as_bytes ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
   if (o == nullptr) throw py::error_already_set();
@@ -128,25 +128,25 @@ py::object copy_out(const bcast::Part& part, bool as_bytes) {
 }
 
 // Write a message whose chunk wait_writable() freed; large copies run without the GIL.
-void write_parts(bcast::Writer& w, uint32_t flags, const bcast::Part* parts, size_t n) {
+void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadcast::Part* parts, size_t n) {
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += parts[i].size;
   pyipc::copy_maybe_without_gil(total, [&] { w.write(flags, parts, n); });
 }
 
-py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
+py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
   struct ConsumeOnExit {  // BR3 even if unpickling raises: the message is spent either way
-    bcast::Reader& r;
+    vipc::broadcast::Reader& r;
     ~ConsumeOnExit() {
       try {
         r.consume();
-      } catch (const ipc::Error&) {  // closed meanwhile by another thread: nothing to hand back
+      } catch (const vipc::common::Error&) {  // closed meanwhile by another thread: nothing to hand back
       }
     }
   } consume{r};
-  if (v.flags & bcast::kFlagOverflow) return sentinels().overflow;
-  if (v.parts.empty()) ipc::fail(ipc::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
-  if (v.flags & bcast::kFlagRaw) return copy_out(v.parts[0], true);
+  if (v.flags & vipc::broadcast::kFlagOverflow) return sentinels().overflow;
+  if (v.parts.empty()) vipc::common::fail(vipc::common::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
+  if (v.flags & vipc::broadcast::kFlagRaw) return copy_out(v.parts[0], true);
   py::object buffers;  // out-of-band buffers, if any (most messages have none)
   if (v.parts.size() > 1) {
     py::list list;
@@ -177,9 +177,9 @@ py::object take_message(bcast::Reader& r, const bcast::ChunkView& v) {
 namespace pyipc {
 
 void bind_broadcast(py::module_& m) {
-  m.attr("FLAG_RAW") = bcast::kFlagRaw;
-  m.attr("FLAG_OVERFLOW") = bcast::kFlagOverflow;
-  m.attr("MAX_READERS") = bcast::kMaxReaders;
+  m.attr("FLAG_RAW") = vipc::broadcast::kFlagRaw;
+  m.attr("FLAG_OVERFLOW") = vipc::broadcast::kFlagOverflow;
+  m.attr("MAX_READERS") = vipc::broadcast::kMaxReaders;
   {
     py::object object = py::module_::import("builtins").attr("object");
     g_sentinels = new Sentinels{object(), object(), object(), object()};
@@ -192,33 +192,33 @@ void bind_broadcast(py::module_& m) {
         "obj pickled (protocol 5) as [stream, out-of-band buffers...], as put() pickles it: contiguous buffers\n"
         "(numpy arrays) out of band, uncopied; everything in band if one is not contiguous.");
 
-  py::class_<bcast::Writer, std::shared_ptr<bcast::Writer>>(m, "BroadcastWriter")
+  py::class_<vipc::broadcast::Writer, std::shared_ptr<vipc::broadcast::Writer>>(m, "BroadcastWriter")
       .def(py::init([](const std::string& dir, const std::string& basename, uint32_t n_readers, uint32_t n_chunks,
                        uint64_t chunk_bytes, unsigned mode) {
-             bcast::QueueSpec s;
+             vipc::broadcast::QueueSpec s;
              s.dir = dir;
              s.basename = basename;
              s.mode = static_cast<mode_t>(mode);
              s.n_readers = n_readers;
              s.n_chunks = n_chunks;
              s.chunk_bytes = chunk_bytes;
-             return std::make_shared<bcast::Writer>(s);
+             return std::make_shared<vipc::broadcast::Writer>(s);
            }),
            py::arg("dir"), py::arg("basename"), py::arg("n_readers"), py::arg("n_chunks"), py::arg("chunk_bytes"),
            py::arg("mode") = 0600)
       .def("fits",
-           [](const bcast::Writer& w, const py::sequence& parts) {
+           [](const vipc::broadcast::Writer& w, const py::sequence& parts) {
              Parts p(parts);
              return w.fits(p.parts().data(), p.parts().size());
            })
       .def(
           "write",
-          [](bcast::Writer& w, uint32_t flags, const py::sequence& parts, std::optional<double> timeout_s) {
+          [](vipc::broadcast::Writer& w, uint32_t flags, const py::sequence& parts, std::optional<double> timeout_s) {
             Parts p(parts);
             if (!w.fits(p.parts().data(), p.parts().size())) return "too_large";
             const int64_t deadline = pyipc::deadline_from(timeout_s);
-            const ipc::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(deadline); });
-            if (st != ipc::WaitStatus::kReady) return ipc::wait_status_name(st);
+            const vipc::common::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(deadline); });
+            if (st != vipc::common::WaitStatus::kReady) return vipc::common::wait_status_name(st);
             write_parts(w, flags, p.parts().data(), p.parts().size());
             return "ready";
           },
@@ -226,7 +226,7 @@ void bind_broadcast(py::module_& m) {
           "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or too_large.")
       .def(
           "put",
-          [](bcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout, double cap_s) -> py::object {
+          [](vipc::broadcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout, double cap_s) -> py::object {
             const int64_t deadline = pyipc::deadline_from(pyipc::timeout_from_py(timeout));  // checked before pickling
             py::list parts;
             if (raw) {
@@ -240,27 +240,27 @@ void bind_broadcast(py::module_& m) {
             // A lone pickle stream (no out-of-band buffer) is a bytes object:
             // written straight from it, with no buffer requests.
             std::optional<Parts> views;
-            bcast::Part one{};
-            const bcast::Part* data = &one;
+            vipc::broadcast::Part one{};
+            const vipc::broadcast::Part* data = &one;
             size_t n = 1;
             if (!raw && PyList_GET_SIZE(parts.ptr()) == 1 && PyBytes_CheckExact(PyList_GET_ITEM(parts.ptr(), 0))) {
               PyObject* stream = PyList_GET_ITEM(parts.ptr(), 0);
-              one = bcast::Part{PyBytes_AS_STRING(stream), static_cast<uint64_t>(PyBytes_GET_SIZE(stream))};
+              one = vipc::broadcast::Part{PyBytes_AS_STRING(stream), static_cast<uint64_t>(PyBytes_GET_SIZE(stream))};
             } else {
               views.emplace(parts);
               data = views->parts().data();
               n = views->parts().size();
             }
-            if (!w.fits(data, n)) return slow_path("too_large", ipc::monotonic_ns());
+            if (!w.fits(data, n)) return slow_path("too_large", vipc::common::monotonic_ns());
             if (!w.writable_now()) {
               // Up to cap_s (the caller's warning interval), then the caller's
               // slow path warns and waits on until the deadline.
-              const int64_t started = ipc::monotonic_ns();
+              const int64_t started = vipc::common::monotonic_ns();
               const int64_t until = std::min(deadline, pyipc::deadline_from(cap_s));
-              const ipc::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(until); });
-              if (st != ipc::WaitStatus::kReady) return slow_path(ipc::wait_status_name(st), started);
+              const vipc::common::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(until); });
+              if (st != vipc::common::WaitStatus::kReady) return slow_path(vipc::common::wait_status_name(st), started);
             }
-            write_parts(w, raw ? bcast::kFlagRaw : 0, data, n);
+            write_parts(w, raw ? vipc::broadcast::kFlagRaw : 0, data, n);
             return py::none();
           },
           py::arg("obj"), py::arg("raw"), py::arg("timeout"), py::arg("cap_s"),
@@ -270,7 +270,7 @@ void bind_broadcast(py::module_& m) {
           "status too_large, timeout, shutdown or closed; deadline and started in time.monotonic() seconds\n"
           "(deadline None: no limit). A bad timeout raises InvalidArgumentError before anything is pickled.")
       .def("pending_readers",
-           [](const bcast::Writer& w) {
+           [](const vipc::broadcast::Writer& w) {
              std::vector<uint32_t> ranks;
              const uint64_t mask = w.pending_readers();
              for (uint32_t r = 0; r < 64; r++) {
@@ -278,60 +278,60 @@ void bind_broadcast(py::module_& m) {
              }
              return ranks;
            })
-      .def("reader_attached", [](const bcast::Writer& w, uint32_t r) {
+      .def("reader_attached", [](const vipc::broadcast::Writer& w, uint32_t r) {
         if (w.closed() || r >= w.file()->n_readers()) return false;
         return w.file()->reader_attached(r);
       })
-      .def("reader_pid", [](const bcast::Writer& w, uint32_t r) {
+      .def("reader_pid", [](const vipc::broadcast::Writer& w, uint32_t r) {
         if (w.closed() || r >= w.file()->n_readers()) return uint32_t{0};
         return w.file()->header().readers[r].pid.load(std::memory_order_relaxed);
       })
-      .def("reader_consumed", [](const bcast::Writer& w, uint32_t r) {
+      .def("reader_consumed", [](const vipc::broadcast::Writer& w, uint32_t r) {
         if (w.closed() || r >= w.file()->n_readers()) return uint64_t{0};
         return w.file()->header().readers[r].consumed.load(std::memory_order_relaxed);
       })
-      .def("shutdown", &bcast::Writer::shutdown)
-      .def_property_readonly("written", &bcast::Writer::written)
-      .def_property_readonly("chunk_bytes", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
-      .def_property_readonly("n_chunks", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->n_chunks(); })
-      .def_property_readonly("n_readers", [](const bcast::Writer& w) { return w.closed() ? 0 : w.file()->n_readers(); })
-      .def_property_readonly("path", [](const bcast::Writer& w) { return w.closed() ? std::string() : w.file()->path(); })
-      .def_property_readonly("closed", &bcast::Writer::closed)
-      .def("close", &bcast::Writer::close)
-      .def("_forget_after_fork", &bcast::Writer::forget_after_fork);
+      .def("shutdown", &vipc::broadcast::Writer::shutdown)
+      .def_property_readonly("written", &vipc::broadcast::Writer::written)
+      .def_property_readonly("chunk_bytes", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
+      .def_property_readonly("n_chunks", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_chunks(); })
+      .def_property_readonly("n_readers", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_readers(); })
+      .def_property_readonly("path", [](const vipc::broadcast::Writer& w) { return w.closed() ? std::string() : w.file()->path(); })
+      .def_property_readonly("closed", &vipc::broadcast::Writer::closed)
+      .def("close", &vipc::broadcast::Writer::close)
+      .def("_forget_after_fork", &vipc::broadcast::Writer::forget_after_fork);
 
-  py::class_<bcast::Reader, std::shared_ptr<bcast::Reader>>(m, "BroadcastReader")
+  py::class_<vipc::broadcast::Reader, std::shared_ptr<vipc::broadcast::Reader>>(m, "BroadcastReader")
       .def(py::init([](const std::string& dir, const std::string& basename, uint32_t rank, unsigned mode) {
-             bcast::QueueSpec s;
+             vipc::broadcast::QueueSpec s;
              s.dir = dir;
              s.basename = basename;
              s.mode = static_cast<mode_t>(mode);
-             return std::make_shared<bcast::Reader>(s, rank);
+             return std::make_shared<vipc::broadcast::Reader>(s, rank);
            }),
            py::arg("dir"), py::arg("basename"), py::arg("rank"), py::arg("mode") = 0600)
       .def(
           "wait",
-          [](bcast::Reader& r, std::optional<double> timeout_s) {
+          [](vipc::broadcast::Reader& r, std::optional<double> timeout_s) {
             const int64_t deadline = pyipc::deadline_from(timeout_s);
-            return ipc::wait_status_name(pyipc::blocking([&] { return r.wait_readable(deadline); }));
+            return vipc::common::wait_status_name(pyipc::blocking([&] { return r.wait_readable(deadline); }));
           },
           py::arg("timeout_s"))
       .def("peek_flags",
-           [](bcast::Reader& r) -> std::optional<uint32_t> {
-             bcast::ChunkView v;
+           [](vipc::broadcast::Reader& r) -> std::optional<uint32_t> {
+             vipc::broadcast::ChunkView v;
              if (!r.peek(v)) return std::nullopt;
              return v.flags;
            })
       .def(
           "take",
-          [](bcast::Reader& r, const py::handle& timeout) -> py::object {
-            thread_local bcast::ChunkView v;  // keeps its capacity: no allocation per message
+          [](vipc::broadcast::Reader& r, const py::handle& timeout) -> py::object {
+            thread_local vipc::broadcast::ChunkView v;  // keeps its capacity: no allocation per message
             const std::optional<double> timeout_s = pyipc::timeout_from_py(timeout);  // checked even when a message waits
             if (r.peek(v)) return take_message(r, v);
             const int64_t deadline = pyipc::deadline_from(timeout_s);
             for (;;) {
-              const ipc::WaitStatus st = pyipc::blocking([&] { return r.wait_readable(deadline); });
-              if (st != ipc::WaitStatus::kReady) return status_sentinel(st);
+              const vipc::common::WaitStatus st = pyipc::blocking([&] { return r.wait_readable(deadline); });
+              if (st != vipc::common::WaitStatus::kReady) return status_sentinel(st);
               if (r.peek(v)) return take_message(r, v);
             }
           },
@@ -340,23 +340,23 @@ void bind_broadcast(py::module_& m) {
           "InvalidArgumentError) for the next message, decode it (unpickled in place, or bytes if raw),\n"
           "consume it. OVERFLOW for a message on the side channel; TIMEOUT, SHUTDOWN or CLOSED when there is none.")
       .def("read",
-           [](bcast::Reader& r) -> py::object {
+           [](vipc::broadcast::Reader& r) -> py::object {
              // The next message, copied out: (flags, [first part as bytes,
              // further parts as writable bytearrays]); then BR3. None if there is none.
-             bcast::ChunkView v;
+             vipc::broadcast::ChunkView v;
              if (!r.peek(v)) return py::none();
              py::list parts;
              for (size_t i = 0; i < v.parts.size(); i++) parts.append(copy_out(v.parts[i], i == 0));
              r.consume();
              return py::make_tuple(v.flags, parts);
            })
-      .def("consume", &bcast::Reader::consume)
-      .def("shutdown", &bcast::Reader::shutdown)
-      .def_property_readonly("rank", &bcast::Reader::rank)
-      .def_property_readonly("consumed", &bcast::Reader::consumed)
-      .def_property_readonly("closed", &bcast::Reader::closed)
-      .def("close", &bcast::Reader::close)
-      .def("_forget_after_fork", &bcast::Reader::forget_after_fork);
+      .def("consume", &vipc::broadcast::Reader::consume)
+      .def("shutdown", &vipc::broadcast::Reader::shutdown)
+      .def_property_readonly("rank", &vipc::broadcast::Reader::rank)
+      .def_property_readonly("consumed", &vipc::broadcast::Reader::consumed)
+      .def_property_readonly("closed", &vipc::broadcast::Reader::closed)
+      .def("close", &vipc::broadcast::Reader::close)
+      .def("_forget_after_fork", &vipc::broadcast::Reader::forget_after_fork);
 }
 
 }  // namespace pyipc

@@ -16,10 +16,10 @@
 #include "python/bindings.h"
 
 namespace py = pybind11;
-using msgq::Publisher;
-using msgq::SegmentSpec;
-using msgq::Subscriber;
-using ipc::WaitStatus;
+using vipc::msgq::Publisher;
+using vipc::msgq::SegmentSpec;
+using vipc::msgq::Subscriber;
+using vipc::common::WaitStatus;
 
 namespace {
 
@@ -86,7 +86,7 @@ class Payload {
 };
 
 // Writable view of a loaned ring area.
-using LoanBuffer = pyipc::MappedBytes<msgq::Segment>;
+using LoanBuffer = pyipc::MappedBytes<vipc::msgq::Segment>;
 
 struct PySubscriber {
   std::shared_ptr<Subscriber> sub;
@@ -94,16 +94,16 @@ struct PySubscriber {
 
   // Wait with the GIL released, in slices broken only by signals.
   bool wait_until(int64_t deadline) {
-    const ipc::WaitStatus st = pyipc::blocking([&] { return sub->wait(deadline); });
-    if (st == ipc::WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "subscriber was closed while waiting");
-    return st == ipc::WaitStatus::kReady;
+    const vipc::common::WaitStatus st = pyipc::blocking([&] { return sub->wait(deadline); });
+    if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "subscriber was closed while waiting");
+    return st == vipc::common::WaitStatus::kReady;
   }
 
   py::object receive_until(int64_t deadline) {
     BytesSink sink;
     for (;;) {
       if (sub->try_read(sink)) return sink.take();
-      if (deadline != ipc::kNever && ipc::monotonic_ns() >= deadline) return py::none();
+      if (deadline != vipc::common::kNever && vipc::common::monotonic_ns() >= deadline) return py::none();
       if (!wait_until(deadline) && !sub->ready()) return py::none();
     }
   }
@@ -147,15 +147,15 @@ PYBIND11_MODULE(_msgq, m) {
   m.doc() = "Native MSGQ ring (private: use the msgq package)";
   pyipc::register_error_translator();
 
-  m.attr("MAX_READERS") = msgq::kMaxReaders;
-  m.attr("DEFAULT_SEGMENT_SIZE") = msgq::kDefaultDataSize;
-  m.attr("MIN_SEGMENT_SIZE") = msgq::kMinDataSize;
-  m.attr("MAX_SEGMENT_SIZE") = msgq::kMaxDataSize;
-  m.attr("HEADER_SIZE") = msgq::kHeaderSize;
-  m.attr("LAYOUT_VERSION") = msgq::kLayoutVersion;
-  m.def("max_message_size", [](size_t segment_size) { return msgq::max_message_size(segment_size); });
+  m.attr("MAX_READERS") = vipc::msgq::kMaxReaders;
+  m.attr("DEFAULT_SEGMENT_SIZE") = vipc::msgq::kDefaultDataSize;
+  m.attr("MIN_SEGMENT_SIZE") = vipc::msgq::kMinDataSize;
+  m.attr("MAX_SEGMENT_SIZE") = vipc::msgq::kMaxDataSize;
+  m.attr("HEADER_SIZE") = vipc::msgq::kHeaderSize;
+  m.attr("LAYOUT_VERSION") = vipc::msgq::kLayoutVersion;
+  m.def("max_message_size", [](size_t segment_size) { return vipc::msgq::max_message_size(segment_size); });
 
-  pyipc::bind_mapped_bytes<msgq::Segment>(m, "LoanBuffer");
+  pyipc::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
 
   py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
       .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -215,34 +215,34 @@ PYBIND11_MODULE(_msgq, m) {
       .def("close", [](PySubscriber& s) { s.sub->close(); })
       .def("_forget_after_fork", [](PySubscriber& s) { s.sub->forget_after_fork(); });
 
-  py::class_<msgq::Poller>(m, "Poller")
+  py::class_<vipc::msgq::Poller>(m, "Poller")
       .def(py::init<>())
-      .def("add", [](msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
+      .def("add", [](vipc::msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
       .def("poll",
-           [](msgq::Poller& p, int timeout_ms) {
+           [](vipc::msgq::Poller& p, int timeout_ms) {
              std::vector<size_t> ready;
              const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
              pyipc::blocking([&] {
-               const int64_t left = deadline == ipc::kNever ? -1 : std::max<int64_t>(0, deadline - ipc::monotonic_ns());
+               const int64_t left = deadline == vipc::common::kNever ? -1 : std::max<int64_t>(0, deadline - vipc::common::monotonic_ns());
                return p.poll(left, ready);
              });
              return ready;
            },
            py::arg("timeout_ms"))
-      .def("fileno", &msgq::Poller::fileno)
-      .def("__len__", &msgq::Poller::size);
+      .def("fileno", &vipc::msgq::Poller::fileno)
+      .def("__len__", &vipc::msgq::Poller::size);
 
-  m.def("remove_stale_segments", &msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
+  m.def("remove_stale_segments", &vipc::msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
   m.def(
       "segment_stats",
       [](const std::string& dir, const std::string& basename) {
-        msgq::SegmentStats s;
+        vipc::msgq::SegmentStats s;
         {
           py::gil_scoped_release nogil;  // may wait briefly for an attacher
-          s = msgq::read_segment_stats(dir, basename);
+          s = vipc::msgq::read_segment_stats(dir, basename);
         }
         py::list readers;
-        for (const msgq::ReaderStats& r : s.readers) {
+        for (const vipc::msgq::ReaderStats& r : s.readers) {
           readers.append(py::dict(py::arg("slot") = r.slot, py::arg("pid") = r.pid, py::arg("conflate") = r.conflate,
                                   py::arg("valid") = r.valid, py::arg("alive") = r.alive,
                                   py::arg("messages") = r.messages, py::arg("bytes") = r.bytes,
