@@ -35,6 +35,7 @@ from msgq.events import (
 from msgq.ordered import OrderedProducer, OrderedReader
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
 from msgq import _aliases
+from msgq import errors as _errors
 
 # DEPRECATED paths: msgq-top, msgq-bridge and their diagnostics moved to msgq.apps
 _aliases.install({"msgq.top": "msgq.apps.top", "msgq.bridge": "msgq.apps.bridge",
@@ -48,18 +49,7 @@ __all__ = [
     "SocketEventHandle",
     "Event",
     "Loan",
-    "IpcError",
-    "MultiplePublishersError",
-    "MessageTooLargeError",
-    "SegmentError",
-    "TooManyReadersError",
-    "ClosedError",
-    "IpcPermissionError",
-    "InvalidArgumentError",
-    "InvalidNameError",
-    "NoSpaceError",
-    "IpcTimeoutError",
-    "QueueShutdownError",
+    *_errors.__all__,
     "BroadcastQueue",
     "BroadcastHandle",
     "OrderedProducer",

@@ -2,14 +2,23 @@
 
 ``Closeable``: the resource lifecycle. A subclass defines ``close()`` (idempotent,
 safe after a fork and from ``__del__``) and gets ``with obj:`` and a best-effort
-close at garbage collection.
+close at garbage collection. ``ClosesOnExit`` is the ``with obj:`` half alone,
+for objects whose native part closes itself when it is collected.
+
+Argument checks and timeouts: ``check_int`` (an int in a range),
+``check_choice`` (one of a few names, such as a reader's mode),
+``deadline`` / ``time_left`` / ``expired`` (a timeout in seconds, ``None``
+meaning no limit, as a ``time.monotonic()`` deadline).
 """
 
+import time
+from typing import Optional
 
-class Closeable:
-    """``with obj:`` closes at the end of the block; an object dropped without
-    ``close()`` is closed when it is collected (errors there are swallowed: the
-    interpreter may be shutting down)."""
+from msgq.errors import InvalidArgumentError
+
+
+class ClosesOnExit:
+    """``with obj:`` closes at the end of the block."""
 
     __slots__ = ()
 
@@ -22,8 +31,56 @@ class Closeable:
     def __exit__(self, *exc) -> None:
         self.close()
 
+
+class Closeable(ClosesOnExit):
+    """``with obj:`` closes at the end of the block; an object dropped without
+    ``close()`` is closed when it is collected (errors there are swallowed: the
+    interpreter may be shutting down)."""
+
+    __slots__ = ()
+
     def __del__(self):
         try:
             self.close()
         except Exception:
             pass
+
+
+def check_int(what: str, value, low: int, high: int) -> int:
+    """``value`` as an int in ``[low, high]``, else InvalidArgumentError (bool and floats are refused too)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
+    value = value.__index__()
+    if not low <= value <= high:
+        raise InvalidArgumentError(f"{what} must be {low} to {high}, got {value}")
+    return value
+
+
+def check_choice(what: str, value, choices) -> str:
+    """``value`` if it is one of ``choices``, else InvalidArgumentError naming them."""
+    if value not in choices:
+        raise InvalidArgumentError(f"{what} must be {' or '.join(repr(c) for c in choices)}, not {value!r}")
+    return value
+
+
+def deadline(timeout: Optional[float]) -> Optional[float]:
+    """The ``time.monotonic()`` deadline of a timeout in seconds (None: no
+    limit; a negative one has already passed). Anything but an int or a float
+    (a bool, NaN, a str) is an InvalidArgumentError."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
+        raise InvalidArgumentError(f"timeout must be a number of seconds or None, not {timeout!r}")
+    return time.monotonic() + max(0.0, float(timeout))
+
+
+def time_left(deadline: Optional[float], cap: Optional[float] = None) -> Optional[float]:
+    """Seconds to the deadline (None: unbounded), at most ``cap``."""
+    if deadline is None:
+        return cap
+    left = max(0.0, deadline - time.monotonic())
+    return left if cap is None else min(left, cap)
+
+
+def expired(deadline: Optional[float]) -> bool:
+    return deadline is not None and time.monotonic() >= deadline

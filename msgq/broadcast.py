@@ -1,4 +1,4 @@
-"""A lossless broadcast queue: one writer, N readers known at creation (seed 003).
+"""A lossless broadcast queue: one writer, N readers known at creation (cpp/broadcast/README.md).
 
 Every reader gets every message, in order, exactly once. Messages travel
 through a shared-memory ring of chunks (``cpp/broadcast``): the writer reuses
@@ -40,8 +40,9 @@ from msgq.errors import (
     MessageTooLargeError,
     QueueShutdownError,
 )
-from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
-from msgq._shared import Closeable
+from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
+from msgq._shared import Closeable, check_int
+from msgq._shared import deadline as _deadline, expired as _expired, time_left as _left
 
 logger = logging.getLogger("msgq.broadcast")
 
@@ -69,7 +70,7 @@ _REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits 
 
 def queue_basename(name: str, prefix: str) -> str:
     """File name of a queue's shared memory: ``msgq@PREFIX@NAME#broadcast``."""
-    return f"{SEGMENT_PREFIX}{prefix}@{name}#broadcast" if prefix else f"{SEGMENT_PREFIX}{name}#broadcast"
+    return segment_basename(name, prefix, "#broadcast", "queue name")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,35 +109,6 @@ def _default_ip() -> str:
             return "127.0.0.1"
 
 
-def _count(what: str, value, low: int, high: int) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
-    value = value.__index__()
-    if not low <= value <= high:
-        raise InvalidArgumentError(f"{what} must be {low} to {high}, got {value}")
-    return value
-
-
-def _deadline(timeout: Optional[float]) -> Optional[float]:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout != timeout:
-        raise InvalidArgumentError(f"timeout must be a number of seconds or None, not {timeout!r}")
-    return time.monotonic() + max(0.0, float(timeout))
-
-
-def _left(deadline: Optional[float], cap: Optional[float] = None) -> Optional[float]:
-    """Seconds to the deadline (None: unbounded), at most ``cap``."""
-    if deadline is None:
-        return cap
-    left = max(0.0, deadline - time.monotonic())
-    return left if cap is None else min(left, cap)
-
-
-def _expired(deadline: Optional[float]) -> bool:
-    return deadline is not None and time.monotonic() >= deadline
-
-
 # Pickle protocol 5: [stream, every contiguous buffer out of band (not
 # copied)]; the same function the native hot path (put) pickles with.
 _serialize = _queues.serialize
@@ -163,12 +135,12 @@ class BroadcastQueue(Closeable):
                  max_chunks: int = DEFAULT_MAX_CHUNKS, name: Optional[str] = None,
                  remote_host: Optional[str] = None, remote_bind: str = "*",
                  warn_interval: float = DEFAULT_WARN_INTERVAL):
-        n_readers = _count("n_readers", n_readers, 0, _queues.MAX_READERS)
-        n_remote_readers = _count("n_remote_readers", n_remote_readers, 0, 1 << 16)
+        n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
+        n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
         if n_readers + n_remote_readers == 0:
             raise InvalidArgumentError("a broadcast queue needs at least one reader")
-        chunk_bytes = _count("chunk_bytes", chunk_bytes, 64, 1 << 31)
-        max_chunks = _count("max_chunks", max_chunks, 1, 4096)
+        chunk_bytes = check_int("chunk_bytes", chunk_bytes, 64, 1 << 31)
+        max_chunks = check_int("max_chunks", max_chunks, 1, 4096)
         if not warn_interval > 0:
             raise InvalidArgumentError(f"warn_interval must be positive, got {warn_interval!r}")
         self.name = validate_name(name or f"bq{secrets.token_hex(6)}", "queue name")
@@ -230,7 +202,7 @@ class BroadcastQueue(Closeable):
         """Reader ``rank`` of the queue ``handle`` describes (local ranks first, then remote)."""
         if not isinstance(handle, BroadcastHandle):
             raise InvalidArgumentError(f"expected a BroadcastHandle, not {type(handle).__name__}")
-        rank = _count("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
+        rank = check_int("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
         self = cls.__new__(cls)
         self.name = handle.name
         self._init_common(handle.n_readers + handle.n_remote_readers)

@@ -48,8 +48,9 @@ import stat
 import struct
 import weakref
 
+from msgq._shared import ClosesOnExit
 from msgq.errors import ClosedError, IpcError, IpcPermissionError, IpcTimeoutError, SegmentError
-from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
+from msgq.names import current_prefix, run_segment_prefix, segment_dir, validate_name
 
 __all__ = [
     "Event",
@@ -120,12 +121,8 @@ def _identifier(value) -> str:
     return validate_name(text, "fake-event identifier") if text else ""
 
 
-def _run_base(prefix) -> str:
-    return f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
-
-
 def _state_basename(prefix, identifier, endpoint) -> str:
-    base = _run_base(prefix)
+    base = run_segment_prefix(prefix)
     name = f"{base}fake@{identifier}@{endpoint}"  # '@' is never part of a name: no collisions
     if len(name.encode()) > _MAX_FILE_NAME:
         digest = hashlib.blake2b(f"{identifier}@{endpoint}".encode(), digest_size=16).hexdigest()
@@ -134,7 +131,7 @@ def _state_basename(prefix, identifier, endpoint) -> str:
 
 
 def _fifo_basename(prefix, token, kind) -> str:
-    return f"{_run_base(prefix)}fake~{token}.{kind}"
+    return f"{run_segment_prefix(prefix)}fake~{token}.{kind}"
 
 
 def _check_ours(fd, path, want_fifo):
@@ -168,7 +165,7 @@ def _pid_alive(pid) -> bool:
 def _sweep_stale(directory, prefix):
     """Remove fake-event files of this run that killed processes left behind:
     FIFOs whose creator is gone, and state files nobody has attached."""
-    base = _run_base(prefix)
+    base = run_segment_prefix(prefix)
     try:
         names = os.listdir(directory)
     except OSError:
@@ -465,7 +462,7 @@ class _HandleResources:
             self.fds, self.stale_fds = [-1, -1], []
 
 
-class SocketEventHandle:
+class SocketEventHandle(ClosesOnExit):
     """The fake-event state of one endpoint for one identifier (the fake
     subscriber uses ``CEREAL_FAKE_PREFIX``) in this run prefix.
 
@@ -585,12 +582,6 @@ class SocketEventHandle:
     def close(self):
         """Release the state; an owner removes its FIFOs and disables the events."""
         self._finalizer()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         if self.closed:

@@ -51,11 +51,20 @@ def segment_dir() -> str:
     return os.environ.get("MSGQ_SHM_DIR", SEGMENT_DIR)
 
 
-def segment_basename(topic: str, prefix: str = None) -> str:
-    """File name of a topic's segment: ``msgq@TOPIC`` or ``msgq@PREFIX@TOPIC``."""
-    topic = validate_name(topic)
+def run_segment_prefix(prefix: str) -> str:
+    """How every segment file name of run ``prefix`` starts: ``msgq@PREFIX@``
+    (``msgq@`` without a prefix). The one place the naming rule is written in
+    Python (C++: ``segment_basename`` in ``cpp/msgq/segment.h``)."""
+    return f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
+
+
+def segment_basename(topic: str, prefix: str = None, suffix: str = "", kind: str = "topic name") -> str:
+    """File name of a topic's segment: ``msgq@TOPIC`` or ``msgq@PREFIX@TOPIC``,
+    then ``suffix`` (``#broadcast`` and ``#ordered`` files of msgq.broadcast and
+    msgq.ordered). ``kind`` names the topic in the error of an invalid one."""
+    topic = validate_name(topic, kind)
     prefix = current_prefix() if prefix is None else prefix
-    return f"{SEGMENT_PREFIX}{prefix}@{topic}" if prefix else f"{SEGMENT_PREFIX}{topic}"
+    return f"{run_segment_prefix(prefix)}{topic}{suffix}"
 
 
 ZMQ_BASE_PORT = 8023

@@ -1,4 +1,4 @@
-"""Ordered topics: many producers, out-of-order submission (seed 004).
+"""Ordered topics: many producers, out-of-order submission (cpp/ordered/README.md).
 
 Producers (threads or processes) reserve consecutive message ids, fill their
 messages in any order and make each id available; readers see exactly which
@@ -28,10 +28,10 @@ from typing import NamedTuple, Optional
 
 from msgq import _queues
 from msgq.backends.shm import _mode
-from msgq.broadcast import _deadline, _left
 from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, QueueShutdownError
-from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir, validate_name
-from msgq._shared import Closeable
+from msgq.names import segment_basename, segment_dir, validate_name
+from msgq._shared import Closeable, check_choice, check_int
+from msgq._shared import deadline as _deadline, time_left as _left
 
 MODES = ("sequential", "newest")
 WINDOW = _queues.WINDOW
@@ -39,9 +39,7 @@ WINDOW = _queues.WINDOW
 
 def topic_basename(name: str, prefix: Optional[str] = None) -> str:
     """File name of an ordered topic: ``msgq@PREFIX@NAME#ordered``."""
-    name = validate_name(name, "ordered topic name")
-    prefix = current_prefix() if prefix is None else prefix
-    return f"{SEGMENT_PREFIX}{prefix}@{name}#ordered" if prefix else f"{SEGMENT_PREFIX}{name}#ordered"
+    return segment_basename(name, prefix, "#ordered", "ordered topic name")
 
 
 def _raise_status(status: str, what: str):
@@ -52,10 +50,8 @@ def _raise_status(status: str, what: str):
     raise ClosedError("the ordered topic was closed while waiting")
 
 
-def _uint(what, value, high=(1 << 64) - 1) -> int:
-    if isinstance(value, bool) or not hasattr(value, "__index__") or not 0 <= value.__index__() <= high:
-        raise InvalidArgumentError(f"{what} must be an int in [0, {high}], got {value!r}")
-    return value.__index__()
+def _uint(what, value) -> int:
+    return check_int(what, value, 0, (1 << 64) - 1)
 
 
 class Availability(NamedTuple):
@@ -203,8 +199,7 @@ class OrderedReader(_Attached):
     ones). It starts at the first id still in flight when it attaches."""
 
     def __init__(self, name: str, mode: str = "sequential"):
-        if mode not in MODES:
-            raise InvalidArgumentError(f"mode must be 'sequential' or 'newest', not {mode!r}")
+        check_choice("mode", mode, MODES)
         self.name = validate_name(name, "ordered topic name")
         self.mode = mode
         self._pid = os.getpid()

@@ -17,6 +17,7 @@ import sys
 import time
 
 from msgq import backends
+from msgq._shared import ClosesOnExit, deadline, expired
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 
 
@@ -40,9 +41,12 @@ class Context:
         """Kept for compatibility: sockets own their resources and close on their own."""
 
 
-class _Socket:
+class _Socket(ClosesOnExit):
     """What both socket kinds share: closing, the closed check, context
-    management. ``_FAST`` names the hot method bound straight to the native one."""
+    management. ``_FAST`` names the hot method bound straight to the native one.
+    No close at collection: the backend object closes itself when it is
+    collected, and a bound ``receive``/``send`` or a :class:`Loan` may outlive
+    the socket."""
 
     _FAST = ""
 
@@ -60,12 +64,6 @@ class _Socket:
             kind = type(self).__name__
             raise ClosedError(f"{kind} is not connected" if self._impl is None else f"{kind} is closed")
         return self._impl
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     def __repr__(self):
         state = "closed" if self.closed else "connected"
@@ -281,9 +279,9 @@ class PubSocket(_Socket):
         seconds (``None``: forever). Returns whether they are."""
         if count < 0:
             raise InvalidArgumentError("count must be >= 0")
-        deadline = None if timeout is None else time.monotonic() + timeout
+        until = deadline(timeout)
         while self.num_readers < count:
-            if deadline is not None and time.monotonic() >= deadline:
+            if expired(until):
                 return False
             time.sleep(0.002)
         return True

@@ -20,7 +20,7 @@ import os
 import secrets
 import time
 
-from msgq.names import SEGMENT_PREFIX, segment_dir, zmq_port
+from msgq.names import run_segment_prefix, segment_dir, zmq_port
 
 
 def unique_name(stem: str = "t") -> str:
@@ -65,7 +65,7 @@ def unique_topic(stem: str = "topic", companions=()) -> str:
 
 def segments(prefix: str) -> list:
     """Names of the segment files of run ``prefix`` present right now."""
-    start = f"{SEGMENT_PREFIX}{prefix}@"
+    start = run_segment_prefix(prefix)
     try:
         return sorted(n for n in os.listdir(segment_dir()) if n.startswith(start))
     except FileNotFoundError:

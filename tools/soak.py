@@ -430,7 +430,7 @@ class Soak:
 
     def shutdown(self):
         from msgq import _msgq
-        from msgq.names import segment_dir
+        from msgq.names import run_segment_prefix, segment_dir
 
         for c in self.children:
             if c.stopped and c.proc.poll() is None:
@@ -438,7 +438,7 @@ class Soak:
         self.stop_group(("subscriber", "client"), self.stop_readers)
         # Readers are gone: no reader slot may still belong to a live process.
         for name in os.listdir(segment_dir()):
-            if name.startswith(f"msgq@{self.prefix}@"):
+            if name.startswith(run_segment_prefix(self.prefix)):
                 try:
                     stats = _msgq.segment_stats(segment_dir(), name)
                 except Exception as exc:  # noqa: BLE001 - reported, not fatal here
@@ -458,9 +458,9 @@ class Soak:
                 os.unlink(os.path.join(segment_dir(), name))
 
     def leftover_segments(self):
-        from msgq.names import segment_dir
+        from msgq.names import run_segment_prefix, segment_dir
 
-        return sorted(n for n in os.listdir(segment_dir()) if n.startswith(f"msgq@{self.prefix}@"))
+        return sorted(n for n in os.listdir(segment_dir()) if n.startswith(run_segment_prefix(self.prefix)))
 
     def verdict(self):
         totals = {"messages": 0, "bytes": 0, "resets": 0, "skipped_with_reset": 0, "frames": 0,

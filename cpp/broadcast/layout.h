@@ -1,4 +1,4 @@
-// Shared-memory layout of one lossless broadcast queue (seed 003):
+// Shared-memory layout of one lossless broadcast queue (cpp/broadcast/README.md):
 // [QueueHeader][ChunkMeta x n_chunks][chunk data x n_chunks].
 // The protocol steps cited in comments (BW1..BW3, BR1..BR3) are numbered in
 // cpp/broadcast/README.md. Publisher-written and reader-written fields sit
@@ -12,7 +12,7 @@
 #include "common/shm_file.h"
 #include "common/wait_point.h"
 
-namespace bcast {
+namespace vipc::broadcast {
 
 inline constexpr uint64_t kMagic = 0x31305154'53414342ull;  // "BCASTQ01" read as little-endian
 inline constexpr uint32_t kLayoutVersion = 3;  // 2: space_wanted; 3: wait points' may-sleep bit
@@ -60,10 +60,10 @@ struct alignas(kCacheLine) QueueHeader {
   char pad1[kCacheLine - 16];
 
   // --- line 2: readers sleep here waiting for a chunk to be written (BW3 notifies).
-  ipc::WaitPoint data_ready;
-  char pad2[kCacheLine - sizeof(ipc::WaitPoint)];
+  common::WaitPoint data_ready;
+  char pad2[kCacheLine - sizeof(common::WaitPoint)];
   // --- line 3: the writer sleeps here waiting for chunks to be consumed (BR3 notifies).
-  ipc::WaitPoint space_free;
+  common::WaitPoint space_free;
   // While the writer sleeps on a full ring: it waits until every reader has
   // consumed the messages before this one (BW1's hysteresis), and the last
   // reader of message m wakes it only once m + 1 >= space_wanted. Writer:
@@ -72,7 +72,7 @@ struct alignas(kCacheLine) QueueHeader {
   // acquire load saw that bit (a stale, lower value costs a spurious wake,
   // never a missed one).
   std::atomic<uint64_t> space_wanted;
-  char pad3[kCacheLine - sizeof(ipc::WaitPoint) - 8];
+  char pad3[kCacheLine - sizeof(common::WaitPoint) - 8];
 
   ReaderSlot readers[kMaxReaders];
 };
@@ -119,4 +119,4 @@ inline size_t framed_size(const uint64_t* lens, size_t n_parts) {
   return total;
 }
 
-}  // namespace bcast
+}  // namespace vipc::broadcast

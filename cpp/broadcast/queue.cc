@@ -8,10 +8,10 @@
 #include "common/clock.h"
 #include "common/errors.h"
 
-namespace bcast {
+namespace vipc::broadcast {
 
-using ipc::ErrorKind;
-using ipc::fail;
+using common::ErrorKind;
+using common::fail;
 
 namespace {
 
@@ -38,10 +38,10 @@ void check_sizes(const QueueSpec& s) {
 }  // namespace
 
 std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
-  ipc::check_basename(spec.basename, kNameCapacity);
+  common::check_basename(spec.basename, kNameCapacity);
   check_sizes(spec);
   std::shared_ptr<QueueFile> q(new QueueFile());
-  q->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+  q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   if (!q->file_.alone_at_open()) {
     fail(ErrorKind::kInvalidArgument, q->path() + " is in use by another broadcast queue (or another program): "
                                                   "pick another name, or close that queue first");
@@ -58,7 +58,7 @@ std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
   h.chunk_bytes = q->chunk_bytes_;
   h.header_bytes = q->header_bytes_;
   h.creator_uid = geteuid();
-  h.created_ns = static_cast<uint64_t>(ipc::realtime_ns());
+  h.created_ns = static_cast<uint64_t>(common::realtime_ns());
   // Published to attachers by the init lock; magic last so an interrupted
   // creation is recognised as unfinished.
   std::atomic_ref<uint64_t>(h.magic).store(kMagic, std::memory_order_release);
@@ -67,9 +67,9 @@ std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
 }
 
 std::shared_ptr<QueueFile> QueueFile::open(const QueueSpec& spec) {
-  ipc::check_basename(spec.basename, kNameCapacity);
+  common::check_basename(spec.basename, kNameCapacity);
   std::shared_ptr<QueueFile> q(new QueueFile());
-  q->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+  q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   const size_t size = q->file_.size_at_open();
   if (size < sizeof(QueueHeader)) {
     fail(ErrorKind::kInvalidArgument, q->path() + ": no broadcast queue of that name (its writer is gone, "
@@ -104,13 +104,13 @@ std::string QueueFile::header_problem(size_t file_size) const {
 }
 
 bool QueueFile::reader_attached(uint32_t rank) const {
-  return ipc::ofd_is_locked(fd(), kLockReaderBase + rank, true);
+  return common::ofd_is_locked(fd(), kLockReaderBase + rank, true);
 }
 
 // ------------------------------------------------------------------ writer
 
 Writer::Writer(const QueueSpec& spec) : file_(QueueFile::create(spec)) {
-  ipc::ofd_lock(file_->fd(), kLockWriter, true);
+  common::ofd_lock(file_->fd(), kLockWriter, true);
   file_->header().writer_pid.store(static_cast<uint32_t>(getpid()), std::memory_order_relaxed);
 }
 
@@ -119,7 +119,7 @@ void Writer::close() {
   gate_.begin_close();
   QueueHeader& h = file_->header();
   while (!gate_.idle()) {  // a wait on another thread: wake it and let it leave
-    ipc::wake_all_now(h.space_free);
+    common::wake_all_now(h.space_free);
     usleep(50);
   }
   file_.reset();
@@ -157,16 +157,16 @@ bool Writer::consumed_by_all(uint64_t seq) const {
   return m.read_mask.load(std::memory_order_acquire) == file_->all_readers();  // SYNC: as in writable()
 }
 
-Status Writer::wait_writable(int64_t deadline_ns) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !file_) return Status::kClosed;
+common::WaitStatus Writer::wait_writable(int64_t deadline_ns) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !file_) return common::WaitStatus::kClosed;
   QueueHeader& h = file_->header();
   auto stop = [&] { return h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
   auto ready = [&] { return writable() || stop(); };
   // Readers a short while behind: poll for the one chunk (no sleep, no wake-up).
-  ipc::WaitResult r = ipc::wait_until(h.space_free, ready, std::min(deadline_ns, ipc::monotonic_ns() + kPollNs),
+  common::WaitStatus r = common::wait_until(h.space_free, ready, std::min(deadline_ns, common::monotonic_ns() + kPollNs),
                                       kPollNs);
-  if (r == ipc::WaitResult::kTimeout && !ready() && ipc::monotonic_ns() < deadline_ns) {
+  if (r == common::WaitStatus::kTimeout && !ready() && common::monotonic_ns() < deadline_ns) {
     // BW1's hysteresis: the ring is full and the readers are far behind.
     // Sleep until a quarter of the ring is free, not one chunk: a writer
     // ahead of slow readers is then woken once per n_chunks / 4 messages
@@ -178,15 +178,15 @@ Status Writer::wait_writable(int64_t deadline_ns) {
     const uint64_t last_needed = seq_ + batch - 1 - n;  // frees chunks seq_ .. seq_ + batch - 1
     h.space_wanted.store(last_needed + 1, std::memory_order_relaxed);
     auto batch_ready = [&] { return consumed_by_all(last_needed) || stop(); };
-    r = ipc::wait_until(h.space_free, batch_ready, deadline_ns);  // at the deadline, one free chunk will do
+    r = common::wait_until(h.space_free, batch_ready, deadline_ns);  // at the deadline, one free chunk will do
   }
-  if (gate_.closing()) return Status::kClosed;
-  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
+  if (gate_.closing()) return common::WaitStatus::kClosed;
+  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return common::WaitStatus::kShutdown;
   // The chunk may have been freed after the short poll timed out (before the
   // batch wait's check): that is success, not a timeout. Otherwise r == kReady
   // meant stop(), answered above.
-  if (writable()) return Status::kReady;
-  return r == ipc::WaitResult::kInterrupted ? Status::kInterrupted : Status::kTimeout;
+  if (writable()) return common::WaitStatus::kReady;
+  return r == common::WaitStatus::kInterrupted ? common::WaitStatus::kInterrupted : common::WaitStatus::kTimeout;
 }
 
 bool Writer::fits(const Part* parts, size_t n) const {
@@ -197,7 +197,7 @@ bool Writer::fits(const Part* parts, size_t n) const {
 }
 
 void Writer::write(uint32_t flags, const Part* parts, size_t n) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok() || !file_) fail(ErrorKind::kClosed, "broadcast queue writer is closed");
   QueueHeader& h = file_->header();
   if (h.shutdown.load(std::memory_order_acquire) != 0) fail(ErrorKind::kClosed, "broadcast queue was shut down");
@@ -225,13 +225,13 @@ void Writer::write(uint32_t flags, const Part* parts, size_t n) {
   m.written.store(seq_ + 1, std::memory_order_release);
   seq_++;
   h.written.store(seq_, std::memory_order_release);
-  ipc::notify_all(h.data_ready);
+  common::notify_all(h.data_ready);
 }
 
 void shutdown_queue(QueueHeader& h) {
   h.shutdown.store(1, std::memory_order_seq_cst);
-  ipc::notify_all(h.data_ready);
-  ipc::notify_all(h.space_free);
+  common::notify_all(h.data_ready);
+  common::notify_all(h.space_free);
 }
 
 void Writer::shutdown() {
@@ -251,7 +251,7 @@ Reader::Reader(const QueueSpec& spec, uint32_t rank) : file_(QueueFile::open(spe
     fail(ErrorKind::kInvalidArgument, "reader rank " + std::to_string(rank) + " does not exist: the queue has " +
                                           std::to_string(n) + " local readers (ranks 0.." + std::to_string(n - 1) + ")");
   }
-  if (!ipc::ofd_try_lock(file_->fd(), kLockReaderBase + rank, true)) {
+  if (!common::ofd_try_lock(file_->fd(), kLockReaderBase + rank, true)) {
     const uint32_t pid = file_->header().readers[rank].pid.load(std::memory_order_relaxed);
     file_.reset();
     fail(ErrorKind::kInvalidArgument,
@@ -275,10 +275,10 @@ void Reader::close() {
   gate_.begin_close();
   QueueHeader& h = file_->header();
   while (!gate_.idle()) {
-    ipc::wake_all_now(h.data_ready);
+    common::wake_all_now(h.data_ready);
     usleep(50);
   }
-  ipc::ofd_unlock(file_->fd(), kLockReaderBase + rank_);
+  common::ofd_unlock(file_->fd(), kLockReaderBase + rank_);
   file_.reset();
 }
 
@@ -293,17 +293,16 @@ bool Reader::readable() const {
   return m.written.load(std::memory_order_acquire) == seq_ + 1;
 }
 
-Status Reader::wait_readable(int64_t deadline_ns) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !file_) return Status::kClosed;
+common::WaitStatus Reader::wait_readable(int64_t deadline_ns) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !file_) return common::WaitStatus::kClosed;
   QueueHeader& h = file_->header();
   auto ready = [&] { return readable() || h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
-  const ipc::WaitResult r = ipc::wait_until(h.data_ready, ready, deadline_ns, kPollNs);
-  if (gate_.closing()) return Status::kClosed;
-  if (readable()) return Status::kReady;  // messages written before a shutdown are still delivered
-  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return Status::kShutdown;
-  if (r == ipc::WaitResult::kReady) return Status::kReady;
-  return r == ipc::WaitResult::kTimeout ? Status::kTimeout : Status::kInterrupted;
+  const common::WaitStatus r = common::wait_until(h.data_ready, ready, deadline_ns, kPollNs);
+  if (gate_.closing()) return common::WaitStatus::kClosed;
+  if (readable()) return common::WaitStatus::kReady;  // messages written before a shutdown are still delivered
+  if (h.shutdown.load(std::memory_order_seq_cst) != 0) return common::WaitStatus::kShutdown;
+  return r;  // kReady, kTimeout or kInterrupted
 }
 
 bool Reader::peek(ChunkView& view) {
@@ -350,9 +349,9 @@ void Reader::consume() {
   // registration, which follows its store of space_wanted.
   if ((before | bit) == file_->all_readers()) {
     const uint64_t done = seq_;  // messages 0 .. seq_ - 1 consumed by this reader
-    ipc::notify_all_if(h.space_free,
+    common::notify_all_if(h.space_free,
                        [&] { return done >= h.space_wanted.load(std::memory_order_relaxed); });
   }
 }
 
-}  // namespace bcast
+}  // namespace vipc::broadcast

@@ -1,4 +1,4 @@
-// The lossless broadcast queue (seed 003): one Writer, n Readers known at
+// The lossless broadcast queue (cpp/broadcast/README.md): one Writer, n Readers known at
 // creation, a ring of chunks. The writer reuses a chunk only after every
 // reader consumed it, so no reader ever loses a message; a slow reader slows
 // the writer down instead (the caller warns, naming it: pending_readers()).
@@ -16,8 +16,9 @@
 #include "broadcast/layout.h"
 #include "common/shm_file.h"
 #include "common/use_gate.h"
+#include "common/wait_status.h"
 
-namespace bcast {
+namespace vipc::broadcast {
 
 struct QueueSpec {
   std::string dir = "/dev/shm";
@@ -28,8 +29,6 @@ struct QueueSpec {
   uint32_t n_chunks = 0;
   uint64_t chunk_bytes = 0;
 };
-
-enum class Status { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
 
 // One attached queue file: mapped, validated, its immutable sizes copied.
 class QueueFile {
@@ -51,7 +50,7 @@ class QueueFile {
  private:
   QueueFile() = default;
   std::string header_problem(size_t file_size) const;
-  ipc::ShmFile file_;
+  common::ShmFile file_;
   uint32_t n_readers_ = 0, n_chunks_ = 0;
   uint64_t chunk_bytes_ = 0, header_bytes_ = 0;
 };
@@ -72,9 +71,9 @@ class Writer {
   Writer& operator=(const Writer&) = delete;
 
   // Wait until the chunk of the next message is free (BW1), the deadline
-  // (monotonic ns, ipc::kNever) passes, a signal arrives, or the queue is
+  // (monotonic ns, common::kNever) passes, a signal arrives, or the queue is
   // shut down / closed.
-  Status wait_writable(int64_t deadline_ns);
+  common::WaitStatus wait_writable(int64_t deadline_ns);
   // wait_writable() would return kReady at once: the bindings skip the GIL release.
   bool writable_now() const;
   // Readers (bit r) that have not yet consumed the chunk the next message needs.
@@ -97,7 +96,7 @@ class Writer {
   bool consumed_by_all(uint64_t seq) const;
   std::shared_ptr<QueueFile> file_;
   uint64_t seq_ = 0;  // sequence number of the next message
-  ipc::UseGate gate_;
+  common::UseGate gate_;
 };
 
 // What peek() found: flags and the parts, pointing into the chunk.
@@ -115,7 +114,7 @@ class Reader {
 
   // Wait until the next message is written (BR1), or the deadline / a signal /
   // shutdown (only once every message written before it was consumed) / close.
-  Status wait_readable(int64_t deadline_ns);
+  common::WaitStatus wait_readable(int64_t deadline_ns);
   // BR1 + BR2: the next message, in place (valid until consume()), or false.
   // A frame that does not fit its chunk (a corrupt peer) throws kSegment.
   bool peek(ChunkView& view);
@@ -136,7 +135,7 @@ class Reader {
   std::shared_ptr<QueueFile> file_;
   uint32_t rank_;
   uint64_t seq_ = 0;  // sequence number of the next message to read
-  ipc::UseGate gate_;
+  common::UseGate gate_;
 };
 
-}  // namespace bcast
+}  // namespace vipc::broadcast

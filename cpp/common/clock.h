@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <ctime>
 
-namespace ipc {
+namespace vipc::common {
 
 inline int64_t monotonic_ns() {
   timespec ts;
@@ -31,4 +31,4 @@ inline int64_t deadline_after(int64_t timeout_ns) {
   return timeout_ns < 0 ? kNever : monotonic_ns() + timeout_ns;
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace ipc {
+namespace vipc::common {
 
 enum class ErrorKind {
   kIpc,                  // anything else that went wrong talking to a peer or the OS
@@ -41,4 +41,4 @@ class Error : public std::runtime_error {
   throw Error(kind, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

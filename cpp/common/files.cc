@@ -7,7 +7,7 @@
 
 #include "common/errors.h"
 
-namespace ipc {
+namespace vipc::common {
 
 UniqueFd& UniqueFd::operator=(UniqueFd&& o) noexcept {
   if (this != &o) reset(o.release());
@@ -63,4 +63,4 @@ bool ofd_is_locked(int fd, off_t byte, bool exclusive) {
   return fl.l_type != F_UNLCK;
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

@@ -6,7 +6,7 @@
 
 #include <string>
 
-namespace ipc {
+namespace vipc::common {
 
 class UniqueFd {
  public:
@@ -39,4 +39,4 @@ void ofd_unlock(int fd, off_t byte);
 // True if another open file description holds a conflicting lock.
 bool ofd_is_locked(int fd, off_t byte, bool exclusive);
 
-}  // namespace ipc
+}  // namespace vipc::common

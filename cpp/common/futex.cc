@@ -8,7 +8,7 @@
 #include <climits>
 #include <ctime>
 
-namespace ipc {
+namespace vipc::common {
 
 FutexResult futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t timeout_ns) {
   timespec ts{};
@@ -59,4 +59,4 @@ int futex_wake_bitset(const void* word32, int count, uint32_t bitset) {
   return r < 0 ? 0 : static_cast<int>(r);
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

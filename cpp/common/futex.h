@@ -5,7 +5,7 @@
 #include <atomic>
 #include <cstdint>
 
-namespace ipc {
+namespace vipc::common {
 
 enum class FutexResult { kWoken, kTimeout, kInterrupted, kValueChanged };
 
@@ -21,4 +21,4 @@ int futex_wake(std::atomic<uint32_t>* word, int count);
 FutexResult futex_wait_bitset(const void* word32, uint32_t expected, int64_t timeout_ns, uint32_t bitset);
 int futex_wake_bitset(const void* word32, int count, uint32_t bitset);
 
-}  // namespace ipc
+}  // namespace vipc::common

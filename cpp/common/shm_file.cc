@@ -12,7 +12,7 @@
 
 #include "common/errors.h"
 
-namespace ipc {
+namespace vipc::common {
 
 namespace {
 constexpr int kOpenAttempts = 100;
@@ -209,4 +209,4 @@ std::vector<std::string> remove_stale_files(const std::string& dir, const std::s
   return removed;
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

@@ -21,7 +21,7 @@
 
 #include "common/files.h"
 
-namespace ipc {
+namespace vipc::common {
 
 inline constexpr off_t kLockInit = 0;
 inline constexpr off_t kLockPresence = 1;
@@ -97,4 +97,4 @@ class ShmFile {
 // Returns the basenames removed. Works for every layout built on ShmFile.
 std::vector<std::string> remove_stale_files(const std::string& dir, const std::string& name_prefix);
 
-}  // namespace ipc
+}  // namespace vipc::common

@@ -4,7 +4,7 @@
 
 #include <atomic>
 
-namespace ipc {
+namespace vipc::common {
 
 class UseGate {
  public:
@@ -43,4 +43,4 @@ class UseGuard {
   bool ok_;
 };
 
-}  // namespace ipc
+}  // namespace vipc::common

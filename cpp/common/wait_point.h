@@ -31,8 +31,9 @@
 
 #include "common/clock.h"
 #include "common/futex.h"
+#include "common/wait_status.h"
 
-namespace ipc {
+namespace vipc::common {
 
 struct WaitPoint {
   // Futex word. Waiter: fetch_or(1, seq_cst). Notifier: load after a seq_cst
@@ -44,7 +45,7 @@ static_assert(sizeof(WaitPoint) == 8, "two 32-bit words");
 
 inline constexpr uint32_t kMaySleep = 1;
 
-enum class WaitResult { kReady, kTimeout, kInterrupted };
+// wait_until returns kReady, kTimeout or kInterrupted.
 
 // Wake every sleeper, whether or not the bit says one may sleep (closing a
 // handle whose waits must end now).
@@ -59,8 +60,8 @@ inline void wake_all_now(WaitPoint& wp) {
 // Polls first for up to spin_ns, yielding between polls (0: sleep at once). Signals end the wait with
 // kInterrupted so the caller can run its handlers and wait again.
 template <class Ready>
-WaitResult wait_until(WaitPoint& wp, Ready&& ready, int64_t deadline_ns, int64_t spin_ns = 0) {
-  if (ready()) return WaitResult::kReady;
+WaitStatus wait_until(WaitPoint& wp, Ready&& ready, int64_t deadline_ns, int64_t spin_ns = 0) {
+  if (ready()) return WaitStatus::kReady;
   if (spin_ns > 0) {
     // Poll, yielding the CPU between polls: on a machine with fewer cores than
     // busy processes the peer we wait for gets to run, and a stream of
@@ -68,18 +69,18 @@ WaitResult wait_until(WaitPoint& wp, Ready&& ready, int64_t deadline_ns, int64_t
     const int64_t spin_end = std::min(deadline_ns, monotonic_ns() + spin_ns);
     do {
       sched_yield();
-      if (ready()) return WaitResult::kReady;
+      if (ready()) return WaitStatus::kReady;
     } while (monotonic_ns() < spin_end);
   }
   for (;;) {
     const uint32_t w = wp.word.fetch_or(kMaySleep, std::memory_order_seq_cst) | kMaySleep;
     std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (ready()) return WaitResult::kReady;
+    if (ready()) return WaitStatus::kReady;
     const int64_t now = monotonic_ns();
-    if (now >= deadline_ns) return WaitResult::kTimeout;
+    if (now >= deadline_ns) return WaitStatus::kTimeout;
     const FutexResult r = futex_wait(&wp.word, w, deadline_ns == kNever ? -1 : deadline_ns - now);
-    if (ready()) return WaitResult::kReady;
-    if (r == FutexResult::kInterrupted) return WaitResult::kInterrupted;
+    if (ready()) return WaitStatus::kReady;
+    if (r == FutexResult::kInterrupted) return WaitStatus::kInterrupted;
   }
 }
 
@@ -105,4 +106,4 @@ inline void notify_all(WaitPoint& wp) {
   notify_all_if(wp, [] { return true; });
 }
 
-}  // namespace ipc
+}  // namespace vipc::common

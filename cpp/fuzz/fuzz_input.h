@@ -48,7 +48,7 @@ class Input {
   size_t left_;
 };
 
-// A Sink for msgq::RingReader::read: one exactly-sized heap buffer per message.
+// A Sink for vipc::msgq::RingReader::read: one exactly-sized heap buffer per message.
 struct ExactSink {
   std::unique_ptr<uint8_t[]> buf;
   size_t size = 0;

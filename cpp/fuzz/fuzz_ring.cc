@@ -19,7 +19,7 @@
 
 namespace {
 
-using namespace msgq;
+using namespace vipc::msgq;
 
 struct HeapSegment {
   explicit HeapSegment(uint32_t data_size) : data_size(data_size) {
@@ -97,7 +97,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           break;
         }
       }
-    } catch (const ipc::Error&) {
+    } catch (const vipc::common::Error&) {
       // A corrupt segment is reported as an error: that is the contract.
     }
   }

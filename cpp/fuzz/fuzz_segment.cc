@@ -4,7 +4,7 @@
 // so the file counts as in use and must be adopted or refused (never
 // silently re-initialised). Then msgq-top's read-only snapshot, a
 // subscriber's attach and reads, and a publisher's attach and send run on it.
-// Everything must end in data or an ipc::Error, never a crash or a read
+// Everything must end in data or an vipc::common::Error, never a crash or a read
 // outside the mapping.
 //
 // Input: [flags][file size selector][file bytes...]
@@ -31,7 +31,7 @@
 
 namespace {
 
-using namespace msgq;
+using namespace vipc::msgq;
 
 std::string g_dir;
 constexpr const char* kName = "msgq@fuzz@topic";
@@ -72,30 +72,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const std::string path = g_dir + "/" + kName;
-  ipc::UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
+  vipc::common::UniqueFd fd(open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600));
   if (!fd || write(fd.get(), file.data(), file.size()) != static_cast<ssize_t>(file.size())) abort();
-  ipc::ofd_lock(fd.get(), kLockPresence, false);  // "a live process uses it"
+  vipc::common::ofd_lock(fd.get(), kLockPresence, false);  // "a live process uses it"
 
   SegmentSpec spec;
   spec.dir = g_dir;
   spec.basename = kName;
   try {
     (void)read_segment_stats(g_dir, kName);
-  } catch (const ipc::Error&) {
+  } catch (const vipc::common::Error&) {
   }
   try {
     Subscriber sub(spec, (flags & 4) != 0);
     Sink sink;
     for (int i = 0; i < 64 && sub.try_read(sink); i++) {
     }
-  } catch (const ipc::Error&) {
+  } catch (const vipc::common::Error&) {
   }
   if (flags & 8) {
     try {
       Publisher pub(spec);
       const uint8_t msg[24] = {1, 2, 3};
       pub.send(msg, sizeof(msg));
-    } catch (const ipc::Error&) {
+    } catch (const vipc::common::Error&) {
     }
   }
   unlink(path.c_str());

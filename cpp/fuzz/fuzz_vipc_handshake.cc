@@ -2,7 +2,7 @@
 // (cpp/visionipc/client.cc: the Reply of the handshake, the fds that come
 // with it, and the stream list). A fake server thread answers the client's
 // Request with the fuzzer's bytes and 0..3 memfds of the fuzzer's sizes and
-// seals. The client must refuse anything inconsistent with an ipc::Error or
+// seals. The client must refuse anything inconsistent with an vipc::common::Error or
 // a false return, and never index or map outside what it checked.
 //
 // Input: [flags][fd size words x3][Reply bytes...]
@@ -35,14 +35,14 @@
 
 namespace {
 
-using namespace vipc;
+using namespace vipc::visionipc;
 
 std::string g_dir;
 std::string g_name;
-ipc::UniqueFd g_listener;
+vipc::common::UniqueFd g_listener;
 
-ipc::UniqueFd memfd_of(uint64_t size, bool sealed) {
-  ipc::UniqueFd fd(memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING));
+vipc::common::UniqueFd memfd_of(uint64_t size, bool sealed) {
+  vipc::common::UniqueFd fd(memfd_create("fuzz", MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd || ftruncate(fd.get(), static_cast<off_t>(size)) != 0) abort();
   if (sealed && fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW) != 0) abort();
   return fd;
@@ -60,9 +60,9 @@ int poll_one(int fd, int timeout_ms) {
 
 // Accept one connection, read its Request, answer with `reply` and `fds`.
 // Returns the connection (kept open while the client uses it).
-ipc::UniqueFd serve_once(const std::vector<uint8_t>& reply, const std::vector<int>& fds) {
+vipc::common::UniqueFd serve_once(const std::vector<uint8_t>& reply, const std::vector<int>& fds) {
   if (poll_one(g_listener.get(), 2000) != 1) return {};
-  ipc::UniqueFd conn(accept4(g_listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+  vipc::common::UniqueFd conn(accept4(g_listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
   if (!conn) return {};
   Request req;
   if (poll_one(conn.get(), 2000) != 1 || recv(conn.get(), &req, sizeof(req), 0) <= 0) return conn;
@@ -110,14 +110,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fd_sizes[0] = r->pool_size % (1u << 28);
     fd_sizes[1] = r->lease_table_size % (1u << 28);
   }
-  std::vector<ipc::UniqueFd> owned;
+  std::vector<vipc::common::UniqueFd> owned;
   std::vector<int> fds;
   for (uint32_t i = 0; i < ((flags >> 1) & 3u); i++) {
     owned.push_back(memfd_of(fd_sizes[i], flags & 8));
     fds.push_back(owned.back().get());
   }
 
-  ipc::UniqueFd conn;
+  vipc::common::UniqueFd conn;
   std::thread server([&] { conn = serve_once(bytes, fds); });
   ClientOptions options;
   options.shm_dir = g_dir;
@@ -135,10 +135,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           (void)client.is_valid(i, 2);
         }
         Frame f;
-        (void)client.recv(ipc::monotonic_ns(), f);
+        (void)client.recv(vipc::common::monotonic_ns(), f);
       }
     }
-  } catch (const ipc::Error&) {
+  } catch (const vipc::common::Error&) {
   }
   server.join();
   return 0;

@@ -31,12 +31,12 @@
 
 namespace {
 
-using namespace vipc;
+using namespace vipc::visionipc;
 
 constexpr uint32_t kBuffers = 3;
 Server* g_server = nullptr;
 Client* g_client = nullptr;
-msgq::Publisher* g_raw = nullptr;
+vipc::msgq::Publisher* g_raw = nullptr;
 
 }  // namespace
 
@@ -52,10 +52,10 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   co.shm_dir = dir;
   g_client = new Client(name, "s", false, co);
   if (!g_client->connect()) abort();
-  msgq::SegmentSpec spec;
+  vipc::msgq::SegmentSpec spec;
   spec.dir = dir;
-  spec.basename = "msgq@" + endpoint_name(name, "s");
-  g_raw = new msgq::Publisher(spec);
+  spec.basename = vipc::msgq::segment_basename("", endpoint_name(name, "s"));
+  g_raw = new vipc::msgq::Publisher(spec);
   return 0;
 }
 
@@ -91,7 +91,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         case 3: {
           Frame f;
           // A deadline in the past: take what is there, never wait.
-          if (g_client->recv(ipc::monotonic_ns(), f) == RecvStatus::kFrame) {
+          if (g_client->recv(vipc::common::monotonic_ns(), f) == vipc::common::WaitStatus::kReady) {
             const uint8_t* b = g_client->buffer(f.index);
             volatile uint8_t sum = b[0] + b[g_client->geometry().size - 1];
             (void)sum;
@@ -101,7 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           break;
         }
       }
-    } catch (const ipc::Error&) {
+    } catch (const vipc::common::Error&) {
     }
   }
   return 0;

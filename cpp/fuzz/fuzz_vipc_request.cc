@@ -30,15 +30,15 @@
 
 namespace {
 
-using namespace vipc;
+using namespace vipc::visionipc;
 
 std::string g_dir;
 std::string g_name;
 Server* g_server = nullptr;  // lives for the whole run (its listener thread serves every input)
 uint64_t g_runs = 0;
 
-ipc::UniqueFd dial() {
-  ipc::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+vipc::common::UniqueFd dial() {
+  vipc::common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un sa;
   const socklen_t len = fuzz::abstract_address(socket_address("", g_name), sa);
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) abort();  // the server must still listen
@@ -69,8 +69,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if ((flags & 8) && msg.size() >= sizeof(Request)) msg[sizeof(Request) - 1] = 0;
   if (msg.empty()) msg.push_back(0);
 
-  ipc::UniqueFd fd = dial();
-  ipc::UniqueFd stray(dup(STDERR_FILENO));
+  vipc::common::UniqueFd fd = dial();
+  vipc::common::UniqueFd stray(dup(STDERR_FILENO));
   std::vector<int> fds;
   if (flags & 4) fds.push_back(stray.get());
   send_with_fds(fd.get(), msg.data(), msg.size(), fds);
@@ -82,7 +82,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   } while (ready < 0 && errno == EINTR);  // libFuzzer's -timeout alarm interrupts us
   if (ready != 1) abort();  // a server that neither answers nor hangs up within 5 s is a hang
   auto reply = std::make_unique<Reply>();
-  std::vector<ipc::UniqueFd> got;
+  std::vector<vipc::common::UniqueFd> got;
   (void)recv_with_fds(fd.get(), reply.get(), sizeof(Reply), got);
 
   // Every so often, check the server still serves a real client.

@@ -17,7 +17,7 @@
 
 #include "common/shm_file.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 inline constexpr uint64_t kMagic = 0x474e4952'5147534dull;  // the bytes "MSGQRING" read as little-endian
 inline constexpr uint32_t kLayoutVersion = 1;
@@ -145,8 +145,8 @@ inline constexpr uint32_t kStateSuperseded = 2;
 
 // Byte-range OFD locks on the segment file (never touching data; locks may
 // lie beyond EOF). Released by the kernel when the holder dies.
-inline constexpr off_t kLockInit = ipc::kLockInit;          // exclusive: attach/detach (common/shm_file.h)
-inline constexpr off_t kLockPresence = ipc::kLockPresence;  // shared while attached; detach probes exclusive
+inline constexpr off_t kLockInit = common::kLockInit;          // exclusive: attach/detach (common/shm_file.h)
+inline constexpr off_t kLockPresence = common::kLockPresence;  // shared while attached; detach probes exclusive
 inline constexpr off_t kLockSlotBase = 16;  // exclusive: reader slot i owner
 // exclusive: publisher with token t is alive, byte kLockPublisherBase + t % span
 inline constexpr off_t kLockPublisherBase = 4096;
@@ -182,4 +182,4 @@ inline constexpr size_t max_message_size(size_t data_size) {
 }
 static_assert(max_message_size(4096) == 2032, "half of the usable ring, prefix included");
 
-}  // namespace msgq
+}  // namespace vipc::msgq

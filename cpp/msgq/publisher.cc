@@ -11,10 +11,10 @@
 #include "common/errors.h"
 #include "common/futex.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
-using ipc::ErrorKind;
-using ipc::fail;
+using common::ErrorKind;
+using common::fail;
 
 namespace {
 
@@ -23,7 +23,7 @@ constexpr int kFruitlessWakesBeforeReclaim = 64;
 
 uint64_t random_token() {
   uint64_t t = 0;
-  if (getrandom(&t, sizeof(t), 0) != sizeof(t)) t = static_cast<uint64_t>(ipc::monotonic_ns()) ^ getpid();
+  if (getrandom(&t, sizeof(t), 0) != sizeof(t)) t = static_cast<uint64_t>(common::monotonic_ns()) ^ getpid();
   t &= (uint64_t{1} << 62) - 1;
   return t < 2 ? t + 2 : t;  // tokens 0 (none) and 1 (retired segment) are reserved
 }
@@ -50,7 +50,7 @@ void Publisher::close() {
   gate_.begin_close();
   while (!gate_.idle()) usleep(50);  // a send on another thread finishes its copy
   if (loan_size_) cancel_loan();
-  ipc::ofd_unlock(seg_->fd(), liveness_byte_);
+  common::ofd_unlock(seg_->fd(), liveness_byte_);
   // Leave the token in place: a publisher that restarts later continues at
   // the write pointer, and readers keep what is already in the ring.
   writer_.reset();
@@ -81,14 +81,14 @@ void Publisher::take_ownership() {
   SegmentHeader& h = header();
   token_ = random_token();
   liveness_byte_ = liveness_byte(token_);
-  ipc::ofd_lock(seg_->fd(), liveness_byte_, true);
-  const int64_t give_up = ipc::monotonic_ns() + kTakeoverPatienceNs;
+  common::ofd_lock(seg_->fd(), liveness_byte_, true);
+  const int64_t give_up = common::monotonic_ns() + kTakeoverPatienceNs;
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
   for (;;) {
     if ((cur & 1) != 0) {  // the previous publisher is inside a send or holds a loan
       const uint32_t pid = h.publisher_pid.load(std::memory_order_relaxed);
-      if (ipc::ofd_is_locked(seg_->fd(), liveness_byte(cur >> 1), true)) {
-        if (ipc::monotonic_ns() > give_up) {
+      if (common::ofd_is_locked(seg_->fd(), liveness_byte(cur >> 1), true)) {
+        if (common::monotonic_ns() > give_up) {
           fail(ErrorKind::kIpc, seg_->path() + ": its publisher (pid " + std::to_string(pid) +
                                     ") has been in the middle of a send for over 2 s; cannot take the topic over");
         }
@@ -124,7 +124,7 @@ void Publisher::end_write() {
 }
 
 void Publisher::send(const void* data, size_t n) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (loan_size_) fail(ErrorKind::kIpc, "a loaned message is outstanding: commit() or cancel it before send()");
@@ -136,7 +136,7 @@ void Publisher::send(const void* data, size_t n) {
 }
 
 uint8_t* Publisher::loan(size_t n) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (loan_size_) fail(ErrorKind::kIpc, "a loaned message is already outstanding: commit() or cancel it first");
@@ -148,7 +148,7 @@ uint8_t* Publisher::loan(size_t n) {
 }
 
 void Publisher::commit(size_t n) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
   if (!loan_size_) fail(ErrorKind::kIpc, "commit() without a loaned message");
@@ -174,7 +174,7 @@ void Publisher::wake_readers() {
   // reader's bit, or that reader's own seq_cst check sees our write pointer.
   if (h.sleeping_mask.load(std::memory_order_seq_cst) != 0) {
     h.futex_seq.fetch_add(1, std::memory_order_release);
-    if (ipc::futex_wake(&h.futex_seq, INT_MAX) > 0) {
+    if (common::futex_wake(&h.futex_seq, INT_MAX) > 0) {
       fruitless_wakes_ = 0;
     } else if (++fruitless_wakes_ >= kFruitlessWakesBeforeReclaim) {
       fruitless_wakes_ = 0;  // bits of readers killed in their sleep: clear them
@@ -204,12 +204,12 @@ size_t Publisher::reclaim_dead_readers() {
     const int i = std::countr_zero(mask);
     mask &= mask - 1;
     const off_t byte = kLockSlotBase + i;
-    if (!ipc::ofd_try_lock(seg_->fd(), byte, true)) continue;  // its owner is alive
+    if (!common::ofd_try_lock(seg_->fd(), byte, true)) continue;  // its owner is alive
     const uint64_t bit = uint64_t{1} << i;
     h.reader_mask.fetch_and(~bit, std::memory_order_seq_cst);
     h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
     h.armed_mask.fetch_and(~bit, std::memory_order_relaxed);
-    ipc::ofd_unlock(seg_->fd(), byte);
+    common::ofd_unlock(seg_->fd(), byte);
     freed++;
   }
   return freed;
@@ -237,4 +237,4 @@ bool Publisher::all_readers_updated() {
   return true;
 }
 
-}  // namespace msgq
+}  // namespace vipc::msgq

@@ -13,7 +13,7 @@
 #include "msgq/segment.h"
 #include "msgq/wake.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 class Publisher {
  public:
@@ -62,8 +62,8 @@ class Publisher {
   WakeSender sender_;
   uint64_t messages_sent_ = 0;
   int fruitless_wakes_ = 0;  // futex wakes that woke nobody: a sleeper died, reclaim
-  ipc::UseGate gate_;       // sends in flight on other threads
+  common::UseGate gate_;       // sends in flight on other threads
   off_t liveness_byte_ = 0; // our OFD lock: held while we live, so a successor can tell
 };
 
-}  // namespace msgq
+}  // namespace vipc::msgq

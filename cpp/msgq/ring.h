@@ -12,7 +12,7 @@
 #include "common/errors.h"
 #include "msgq/layout.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 // Payload bytes race with a lapping writer by design (a seqlock): the validity
 // re-check (R5) discards anything torn. Under ThreadSanitizer we copy with
@@ -53,7 +53,7 @@ class RingWriter {
   void sync_position() {
     const uint64_t wp = v_.header->write_pointer.load(std::memory_order_acquire);
     if (offset_of(wp) > v_.data_size - kSpareBytes || offset_of(wp) % 8 != 0) {
-      ipc::fail(ipc::ErrorKind::kSegment, "corrupt segment: write pointer outside the ring");
+      common::fail(common::ErrorKind::kSegment, "corrupt segment: write pointer outside the ring");
     }
     wp_ = wp;
   }
@@ -206,7 +206,7 @@ class RingReader {
       }
       const uint64_t wp = v_.header->write_pointer.load(std::memory_order_acquire);
       if (wp == rp_) return ReadStatus::kEmpty;
-      if (!in_ring(wp)) ipc::fail(ipc::ErrorKind::kSegment, "corrupt segment: write pointer outside the ring");
+      if (!in_ring(wp)) common::fail(common::ErrorKind::kSegment, "corrupt segment: write pointer outside the ring");
       const uint32_t rc = cycle_of(rp_);
       const uint32_t ro = offset_of(rp_);
       if (!in_ring(rp_)) {  // only a corrupt peer can put us here
@@ -315,4 +315,4 @@ class RingReader {
   uint64_t corrupt_ = 0;
 };
 
-}  // namespace msgq
+}  // namespace vipc::msgq

@@ -12,13 +12,13 @@
 #include "common/errors.h"
 #include "common/futex.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
-using ipc::ErrorKind;
-using ipc::fail;
-using ipc::fail_errno;
+using common::ErrorKind;
+using common::fail;
+using common::fail_errno;
 
-void check_basename(const std::string& basename) { ipc::check_basename(basename, kNameCapacity); }
+void check_basename(const std::string& basename) { common::check_basename(basename, kNameCapacity); }
 
 namespace {
 
@@ -35,13 +35,17 @@ size_t round_data_size(size_t requested) {
 
 }  // namespace
 
+std::string segment_basename(const std::string& prefix, const std::string& topic) {
+  return prefix.empty() ? "msgq@" + topic : "msgq@" + prefix + "@" + topic;
+}
+
 std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
   check_basename(spec.basename);
   const size_t wanted = spec.data_size == 0 ? 0 : round_data_size(spec.data_size);
 
   for (int attempt = 0; attempt < kAttachAttempts; attempt++) {
     std::shared_ptr<Segment> seg(new Segment());
-    seg->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode, spec.trusted_uids);
+    seg->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode, spec.trusted_uids);
     const bool nobody_else = seg->file_.alone_at_open();
     const size_t file_size = seg->file_.size_at_open();
     const std::string& path = seg->path();
@@ -78,7 +82,7 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
 std::shared_ptr<Segment> Segment::adopt(int fd, const SegmentSpec& spec) {
   check_basename(spec.basename);
   std::shared_ptr<Segment> seg(new Segment());
-  seg->file_ = ipc::ShmFile::adopt(fd, spec.dir + "/" + spec.basename);
+  seg->file_ = common::ShmFile::adopt(fd, spec.dir + "/" + spec.basename);
   const size_t file_size = seg->file_.size_at_open();
   if (file_size < kHeaderSize + kMinDataSize) {
     fail(ErrorKind::kSegment, seg->path() + ": the descriptor passed is too small to be a msgq segment");
@@ -96,7 +100,7 @@ Segment::~Segment() = default;  // file_ detaches: see common/shm_file.h
 void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
   try {
     file_.allocate(kHeaderSize + data_size, spec.mode);
-  } catch (const ipc::Error& e) {
+  } catch (const common::Error& e) {
     if (e.kind() != ErrorKind::kNoSpace) throw;
     fail(ErrorKind::kNoSpace, "not enough space in " + spec.dir + " for " + spec.basename + " (" +
                                   std::to_string(kHeaderSize + data_size) +
@@ -110,7 +114,7 @@ void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
   h.data_size = data_size;
   h.max_readers = kMaxReaders;
   h.creator_uid = geteuid();
-  h.created_ns = static_cast<uint64_t>(ipc::realtime_ns());
+  h.created_ns = static_cast<uint64_t>(common::realtime_ns());
   std::strncpy(h.name, spec.basename.c_str(), kNameCapacity - 1);
   h.state.store(kStateReady, std::memory_order_relaxed);
   // Published to attachers by the init lock; magic last so a crash before
@@ -144,10 +148,10 @@ void Segment::supersede() {
   SegmentHeader& h = *header();
   constexpr uint64_t kRetiredToken = 1 << 1;  // token 1 is never handed to a publisher
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
-  const int64_t give_up = ipc::monotonic_ns() + 2'000'000'000;
+  const int64_t give_up = common::monotonic_ns() + 2'000'000'000;
   for (;;) {
-    const bool owner_alive = ipc::ofd_is_locked(fd(), publisher_liveness_byte(cur >> 1), true);
-    if ((cur & 1) != 0 && owner_alive && ipc::monotonic_ns() < give_up) {  // a send is in flight: let it finish
+    const bool owner_alive = common::ofd_is_locked(fd(), publisher_liveness_byte(cur >> 1), true);
+    if ((cur & 1) != 0 && owner_alive && common::monotonic_ns() < give_up) {  // a send is in flight: let it finish
       usleep(100);
       cur = h.publisher.load(std::memory_order_acquire);
       continue;
@@ -156,11 +160,11 @@ void Segment::supersede() {
   }
   h.state.store(kStateSuperseded, std::memory_order_release);
   h.futex_seq.fetch_add(1, std::memory_order_release);
-  ipc::futex_wake(&h.futex_seq, INT32_MAX);
+  common::futex_wake(&h.futex_seq, INT32_MAX);
 }
 
 std::vector<std::string> remove_stale_segments(const std::string& dir, const std::string& name_prefix) {
-  return ipc::remove_stale_files(dir, name_prefix);
+  return common::remove_stale_files(dir, name_prefix);
 }
 
-}  // namespace msgq
+}  // namespace vipc::msgq

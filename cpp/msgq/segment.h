@@ -15,7 +15,12 @@
 #include "msgq/layout.h"
 #include "msgq/ring.h"
 
-namespace msgq {
+namespace vipc::msgq {
+
+// File name of a topic's segment: "msgq@TOPIC", or "msgq@PREFIX@TOPIC" under
+// a run prefix (cpp/msgq/README.md, first paragraph). The one place the rule is
+// written in C++; msgq/names.py is the Python side.
+std::string segment_basename(const std::string& prefix, const std::string& topic);
 
 struct SegmentSpec {
   std::string dir = "/dev/shm";
@@ -60,7 +65,7 @@ class Segment {
   std::string adopt_header(size_t file_size);
   void supersede();
 
-  ipc::ShmFile file_;  // open, owner-checked, mapped; detaching may unlink it
+  common::ShmFile file_;  // open, owner-checked, mapped; detaching may unlink it
   uint32_t data_size_ = 0;
 };
 
@@ -75,4 +80,4 @@ void check_basename(const std::string& basename);
 // a valid segment of our layout. Reads only the immutable identity fields.
 std::string header_problem(const SegmentHeader& h, size_t file_size);
 
-}  // namespace msgq
+}  // namespace vipc::msgq

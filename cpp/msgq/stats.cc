@@ -13,11 +13,11 @@
 #include "msgq/layout.h"
 #include "msgq/segment.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
-using ipc::ErrorKind;
-using ipc::fail;
-using ipc::fail_errno;
+using common::ErrorKind;
+using common::fail;
+using common::fail_errno;
 
 namespace {
 
@@ -58,7 +58,7 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
                                      std::to_string(geteuid()) + ")");
   }
 
-  ipc::UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  common::UniqueFd fd(open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd) {
     if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
     fail_errno("cannot open " + path);
@@ -67,9 +67,9 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
   // A shared init lock keeps attachers from re-initialising (truncating) the
   // file while its header is mapped here: reading a truncated mapping would
   // raise SIGBUS. It delays an attacher by the microseconds of the copy below.
-  const int64_t give_up = ipc::monotonic_ns() + kBusyPatienceNs;
-  while (!ipc::ofd_try_lock(fd.get(), kLockInit, false)) {
-    if (ipc::monotonic_ns() > give_up) fail(ErrorKind::kIpc, path + " stayed busy (a process is attaching to it)");
+  const int64_t give_up = common::monotonic_ns() + kBusyPatienceNs;
+  while (!common::ofd_try_lock(fd.get(), kLockInit, false)) {
+    if (common::monotonic_ns() > give_up) fail(ErrorKind::kIpc, path + " stayed busy (a process is attaching to it)");
     usleep(200);
   }
 
@@ -100,8 +100,8 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
   s.publisher_pid = h.publisher_pid.load(std::memory_order_relaxed);
   s.superseded = h.state.load(std::memory_order_relaxed) == kStateSuperseded;
   const uint64_t token = h.publisher.load(std::memory_order_relaxed) >> 1;
-  s.publisher_alive = token >= 2 && ipc::ofd_is_locked(fd.get(), publisher_liveness_byte(token), true);
-  s.attached = ipc::ofd_is_locked(fd.get(), kLockPresence, true);
+  s.publisher_alive = token >= 2 && common::ofd_is_locked(fd.get(), publisher_liveness_byte(token), true);
+  s.attached = common::ofd_is_locked(fd.get(), kLockPresence, true);
 
   const uint64_t mask = h.reader_mask.load(std::memory_order_relaxed);
   for (uint32_t i = 0; i < kMaxReaders; i++) {
@@ -112,7 +112,7 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
     r.pid = slot.pid.load(std::memory_order_relaxed);
     r.conflate = slot.conflate.load(std::memory_order_relaxed) != 0;
     r.valid = slot.valid.load(std::memory_order_relaxed) != 0;
-    r.alive = ipc::ofd_is_locked(fd.get(), kLockSlotBase + i, true);
+    r.alive = common::ofd_is_locked(fd.get(), kLockSlotBase + i, true);
     r.messages = slot.messages.load(std::memory_order_relaxed);
     r.bytes = slot.bytes.load(std::memory_order_relaxed);
     r.resets = slot.resets.load(std::memory_order_relaxed);
@@ -122,4 +122,4 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
   return s;  // closing fd drops the init lock
 }
 
-}  // namespace msgq
+}  // namespace vipc::msgq

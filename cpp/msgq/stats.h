@@ -2,7 +2,7 @@
 // who reads, how far each reader is behind, how many times it was lapped.
 // Reading never writes to the segment and never changes its lifecycle: the
 // file is opened read-only, only the header is mapped (PROT_READ), and a
-// corrupt, foreign or half-created file gives an ipc::Error, never an
+// corrupt, foreign or half-created file gives an common::Error, never an
 // out-of-bounds read.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-namespace msgq {
+namespace vipc::msgq {
 
 struct ReaderStats {
   uint32_t slot = 0;
@@ -38,10 +38,10 @@ struct SegmentStats {
   std::vector<ReaderStats> readers;  // one per bit of reader_mask, by slot
 };
 
-// Snapshot of dir/basename. Throws ipc::Error: kPermission for a symlink, a
+// Snapshot of dir/basename. Throws common::Error: kPermission for a symlink, a
 // non-regular file or another user's file; kSegment for a file that is not a
 // valid segment of this layout (or is being created right now); kIpc when the
 // segment stayed busy (being attached or initialised) for too long.
 SegmentStats read_segment_stats(const std::string& dir, const std::string& basename);
 
-}  // namespace msgq
+}  // namespace vipc::msgq

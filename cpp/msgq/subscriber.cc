@@ -12,10 +12,10 @@
 #include "common/errors.h"
 #include "common/futex.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
-using ipc::ErrorKind;
-using ipc::fail;
+using common::ErrorKind;
+using common::fail;
 
 Subscriber::Subscriber(const SegmentSpec& spec, bool conflate) : spec_(spec), conflate_(conflate) {
   spec_.size_is_binding = false;  // the publisher decides the ring size
@@ -38,7 +38,7 @@ void Subscriber::close() {
   while (!gate_.idle()) {  // a waiter may be between its check and its sleep: keep waking
     SegmentHeader& h = header();
     h.futex_seq.fetch_add(1, std::memory_order_release);
-    ipc::futex_wake(&h.futex_seq, INT_MAX);
+    common::futex_wake(&h.futex_seq, INT_MAX);
     if (wake_) sender.poke(wake_->name(), wake_->name_length());
     usleep(50);
   }
@@ -63,7 +63,7 @@ void Subscriber::check_open() const {
 void Subscriber::claim_slot(bool from_start) {
   SegmentHeader& h = header();
   for (uint32_t i = 0; i < kMaxReaders; i++) {
-    if (!ipc::ofd_try_lock(seg_->fd(), kLockSlotBase + i, true)) continue;
+    if (!common::ofd_try_lock(seg_->fd(), kLockSlotBase + i, true)) continue;
     // The slot is ours. If its bits are still set, its last owner died without
     // leaving: clear what it left behind.
     const uint64_t bit = uint64_t{1} << i;
@@ -99,7 +99,7 @@ void Subscriber::release_slot() {
   h.reader_mask.fetch_and(~bit, std::memory_order_seq_cst);
   h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
   h.armed_mask.fetch_and(~bit, std::memory_order_relaxed);
-  ipc::ofd_unlock(seg_->fd(), kLockSlotBase + slot_);
+  common::ofd_unlock(seg_->fd(), kLockSlotBase + slot_);
   resets_before_ += reader_->resets();
   slot_ = kMaxReaders;
 }
@@ -128,20 +128,20 @@ int64_t Subscriber::spin_budget_ns() const {
 
 void Subscriber::record_wait(int64_t ns) { typical_wait_ns_ = (3 * typical_wait_ns_ + ns) / 4; }
 
-WaitStatus Subscriber::wait(int64_t deadline_ns) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !seg_) return WaitStatus::kClosed;
-  if (has_data(std::memory_order_acquire)) return WaitStatus::kReady;
-  const int64_t start = ipc::monotonic_ns();
+common::WaitStatus Subscriber::wait(int64_t deadline_ns) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !seg_) return common::WaitStatus::kClosed;
+  if (has_data(std::memory_order_acquire)) return common::WaitStatus::kReady;
+  const int64_t start = common::monotonic_ns();
   const int64_t spin_end = std::min(deadline_ns, start + spin_budget_ns());
-  for (int64_t now = start; now < spin_end; now = ipc::monotonic_ns()) {
+  for (int64_t now = start; now < spin_end; now = common::monotonic_ns()) {
     for (int i = 0; i < 64; i++) {
       if (has_data(std::memory_order_acquire)) {
-        record_wait(ipc::monotonic_ns() - start);
-        return WaitStatus::kReady;
+        record_wait(common::monotonic_ns() - start);
+        return common::WaitStatus::kReady;
       }
-      if (gate_.closing()) return WaitStatus::kClosed;
-      ipc::cpu_relax();
+      if (gate_.closing()) return common::WaitStatus::kClosed;
+      common::cpu_relax();
     }
   }
   SegmentHeader& h = header();
@@ -158,20 +158,20 @@ WaitStatus Subscriber::wait(int64_t deadline_ns) {
     }
     if (gate_.closing()) {  // SYNC: after our seq load; close() bumps futex_seq after setting it
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
-      return WaitStatus::kClosed;
+      return common::WaitStatus::kClosed;
     }
-    const int64_t now = ipc::monotonic_ns();
+    const int64_t now = common::monotonic_ns();
     if (now >= deadline_ns) {
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
-      return WaitStatus::kTimeout;
+      return common::WaitStatus::kTimeout;
     }
-    const ipc::FutexResult r = ipc::futex_wait(&h.futex_seq, seq, deadline_ns == ipc::kNever ? -1 : deadline_ns - now);
+    const common::FutexResult r = common::futex_wait(&h.futex_seq, seq, deadline_ns == common::kNever ? -1 : deadline_ns - now);
     h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
     if (has_data(std::memory_order_acquire)) break;
-    if (r == ipc::FutexResult::kInterrupted) return WaitStatus::kInterrupted;
+    if (r == common::FutexResult::kInterrupted) return common::WaitStatus::kInterrupted;
   }
-  record_wait(ipc::monotonic_ns() - start);
-  return WaitStatus::kReady;
+  record_wait(common::monotonic_ns() - start);
+  return common::WaitStatus::kReady;
 }
 
 int Subscriber::fileno() {
@@ -205,14 +205,14 @@ void Subscriber::disarm() {
 }
 
 Poller::Poller() : epoll_(epoll_create1(EPOLL_CLOEXEC)) {
-  if (!epoll_) ipc::fail_errno("epoll_create1");
+  if (!epoll_) common::fail_errno("epoll_create1");
 }
 
 void Poller::add(std::shared_ptr<Subscriber> sub) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = subs_.size();
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sub->fileno(), &ev) != 0) ipc::fail_errno("epoll_ctl(ADD)");
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sub->fileno(), &ev) != 0) common::fail_errno("epoll_ctl(ADD)");
   subs_.push_back(std::move(sub));
 }
 
@@ -223,29 +223,29 @@ void Poller::collect(std::vector<size_t>& ready) const {
   }
 }
 
-WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
+common::WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
   // Keep each subscriber from being unmapped by a close() on another thread
   // while we use it; a closing one reports ready, and we return at once.
-  std::vector<std::unique_ptr<ipc::UseGuard>> uses;
+  std::vector<std::unique_ptr<common::UseGuard>> uses;
   uses.reserve(subs_.size());
   ready.clear();
   for (size_t i = 0; i < subs_.size(); i++) {
-    uses.push_back(std::make_unique<ipc::UseGuard>(subs_[i]->gate()));
+    uses.push_back(std::make_unique<common::UseGuard>(subs_[i]->gate()));
     if (!uses.back()->ok() || subs_[i]->closed()) ready.push_back(i);
   }
-  if (!ready.empty()) return WaitStatus::kReady;
+  if (!ready.empty()) return common::WaitStatus::kReady;
   collect(ready);
-  if (!ready.empty() || timeout_ns == 0) return WaitStatus::kReady;
-  const int64_t deadline = ipc::deadline_after(timeout_ns);
+  if (!ready.empty() || timeout_ns == 0) return common::WaitStatus::kReady;
+  const int64_t deadline = common::deadline_after(timeout_ns);
   for (;;) {
     bool any = false;
     for (auto& s : subs_) any = s->arm() || any;
-    WaitStatus status = WaitStatus::kReady;
+    common::WaitStatus status = common::WaitStatus::kReady;
     if (!any) {
-      const int64_t now = ipc::monotonic_ns();
+      const int64_t now = common::monotonic_ns();
       timespec ts{};
       timespec* tsp = nullptr;
-      if (deadline != ipc::kNever) {
+      if (deadline != common::kNever) {
         const int64_t left = std::max<int64_t>(0, deadline - now);
         ts.tv_sec = left / 1'000'000'000;
         ts.tv_nsec = left % 1'000'000'000;
@@ -258,15 +258,15 @@ WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) {
         n = epoll_wait(epoll_.get(), events, 16, ms);
       }
       if (n < 0) {
-        if (errno != EINTR) ipc::fail_errno("epoll_wait");
-        status = WaitStatus::kInterrupted;
+        if (errno != EINTR) common::fail_errno("epoll_wait");
+        status = common::WaitStatus::kInterrupted;
       }
     }
     for (auto& s : subs_) s->disarm();
     collect(ready);
-    if (!ready.empty() || status == WaitStatus::kInterrupted) return status;
-    if (ipc::monotonic_ns() >= deadline) return WaitStatus::kTimeout;
+    if (!ready.empty() || status == common::WaitStatus::kInterrupted) return status;
+    if (common::monotonic_ns() >= deadline) return common::WaitStatus::kTimeout;
   }
 }
 
-}  // namespace msgq
+}  // namespace vipc::msgq

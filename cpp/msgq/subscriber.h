@@ -9,13 +9,12 @@
 #include <optional>
 
 #include "common/use_gate.h"
+#include "common/wait_status.h"
 #include "msgq/ring.h"
 #include "msgq/segment.h"
 #include "msgq/wake.h"
 
-namespace msgq {
-
-enum class WaitStatus { kReady, kTimeout, kInterrupted, kClosed };
+namespace vipc::msgq {
 
 class Subscriber {
  public:
@@ -38,11 +37,11 @@ class Subscriber {
     return reader_->read(sink, conflate_) == ReadStatus::kMessage;
   }
 
-  // Wait until data may be there, the deadline (monotonic ns, ipc::kNever)
+  // Wait until data may be there, the deadline (monotonic ns, common::kNever)
   // passes, a signal interrupts the sleep, or close() is called from another
   // thread. Spins first only while recent waits were shorter than the spin
   // limit, then sleeps on the futex.
-  WaitStatus wait(int64_t deadline_ns);
+  common::WaitStatus wait(int64_t deadline_ns);
   // A receive would not wait: data, a pending reset, or a close in progress
   // (so that pollers return and the receive reports the close).
   bool ready() const;
@@ -65,7 +64,7 @@ class Subscriber {
   void close();
   bool closed() const { return seg_ == nullptr || gate_.closing(); }
   void forget_after_fork();
-  ipc::UseGate& gate() { return gate_; }
+  common::UseGate& gate() { return gate_; }
 
  private:
   SegmentHeader& header() const { return *seg_->header(); }
@@ -86,7 +85,7 @@ class Subscriber {
   std::unique_ptr<WakeSocket> wake_;
   int64_t spin_limit_ns_ = 50'000;
   int64_t typical_wait_ns_ = 25'000;  // moving average of recent waits
-  ipc::UseGate gate_;  // calls running without the GIL: wait(), Poller::poll()
+  common::UseGate gate_;  // calls running without the GIL: wait(), Poller::poll()
 };
 
 // Waits on many subscribers at once through their wake sockets (epoll).
@@ -96,13 +95,13 @@ class Poller {
   void add(std::shared_ptr<Subscriber> sub);
   size_t size() const { return subs_.size(); }
   // Fills `ready` with the indices (in add() order) of subscribers with data.
-  WaitStatus poll(int64_t timeout_ns, std::vector<size_t>& ready);
+  common::WaitStatus poll(int64_t timeout_ns, std::vector<size_t>& ready);
   int fileno() const { return epoll_.get(); }
 
  private:
   void collect(std::vector<size_t>& ready) const;
   std::vector<std::shared_ptr<Subscriber>> subs_;
-  ipc::UniqueFd epoll_;
+  common::UniqueFd epoll_;
 };
 
-}  // namespace msgq
+}  // namespace vipc::msgq

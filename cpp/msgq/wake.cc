@@ -12,7 +12,7 @@
 #include "common/errors.h"
 #include "msgq/layout.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 namespace {
 
@@ -29,7 +29,7 @@ sockaddr_un abstract_address(const char* name, size_t length, socklen_t* addr_le
 
 WakeSocket::WakeSocket() {
   fd_.reset(socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!fd_) ipc::fail_errno("socket(AF_UNIX) for wake-ups");
+  if (!fd_) common::fail_errno("socket(AF_UNIX) for wake-ups");
   for (int attempt = 0; attempt < 8; attempt++) {
     uint64_t nonce = 0;
     if (getrandom(&nonce, sizeof(nonce), 0) != sizeof(nonce)) nonce = static_cast<uint64_t>(getpid()) << 20 ^ attempt;
@@ -39,9 +39,9 @@ WakeSocket::WakeSocket() {
     socklen_t len = 0;
     const sockaddr_un addr = abstract_address(name_.data(), name_.size(), &len);
     if (bind(fd_.get(), reinterpret_cast<const sockaddr*>(&addr), len) == 0) return;
-    if (errno != EADDRINUSE) ipc::fail_errno("bind wake-up socket");
+    if (errno != EADDRINUSE) common::fail_errno("bind wake-up socket");
   }
-  ipc::fail(ipc::ErrorKind::kIpc, "could not bind a wake-up socket name");
+  common::fail(common::ErrorKind::kIpc, "could not bind a wake-up socket name");
 }
 
 void WakeSocket::drain() {
@@ -63,4 +63,4 @@ bool WakeSender::poke(const char* name, size_t length) {
   return r == 1 || errno == EAGAIN;  // a full queue is already readable
 }
 
-}  // namespace msgq
+}  // namespace vipc::msgq

@@ -1,4 +1,4 @@
-// File-descriptor wake-ups (seed 002: readiness as a file descriptor). A
+// File-descriptor wake-ups (readiness as a file descriptor; cpp/msgq/README.md, "Waiting"). A
 // reader that wants to wait in select/epoll/asyncio owns a WakeSocket, an
 // abstract-namespace AF_UNIX datagram socket; it writes the socket's name into
 // its reader slot and sets its armed bit. After a commit, a writer that sees
@@ -13,7 +13,7 @@
 
 #include "common/files.h"
 
-namespace msgq {
+namespace vipc::msgq {
 
 class WakeSocket {
  public:
@@ -25,7 +25,7 @@ class WakeSocket {
   void drain();
 
  private:
-  ipc::UniqueFd fd_;
+  common::UniqueFd fd_;
   std::string name_;
 };
 
@@ -35,7 +35,7 @@ class WakeSender {
   bool poke(const char* name, size_t length);
 
  private:
-  ipc::UniqueFd fd_;
+  common::UniqueFd fd_;
 };
 
-}  // namespace msgq
+}  // namespace vipc::msgq

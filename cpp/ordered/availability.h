@@ -1,4 +1,4 @@
-// Which message ids of an ordered topic are available (seed 004): the id the
+// Which message ids of an ordered topic are available (cpp/ordered/README.md): the id the
 // next reservation gets ("last", 48 bits) and a 16-bit bitmap of the newest
 // ids, packed in ONE 64-bit atomic so both change together. Bit k of the
 // bitmap is id last-1-k; ids older than the window (< last - 16) are always
@@ -14,7 +14,7 @@
 #include <bit>
 #include <cstdint>
 
-namespace ordered {
+namespace vipc::ordered {
 
 inline constexpr int kWindow = 16;
 inline constexpr uint64_t kBitmapMask = (uint64_t{1} << kWindow) - 1;
@@ -126,4 +126,4 @@ inline MakeAvailable try_make_available(std::atomic<uint64_t>& word, uint64_t id
   }
 }
 
-}  // namespace ordered
+}  // namespace vipc::ordered

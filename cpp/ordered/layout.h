@@ -10,7 +10,7 @@
 
 #include "common/shm_file.h"
 
-namespace ordered {
+namespace vipc::ordered {
 
 inline constexpr uint64_t kMagic = 0x31304452'44524f51ull;  // "QORDRD01" read as little-endian
 inline constexpr uint32_t kLayoutVersion = 1;
@@ -84,4 +84,4 @@ inline constexpr uint64_t data_offset_for(uint32_t capacity) {
   return page_align(sizeof(TopicHeader) + sizeof(SlotMeta) * uint64_t{capacity});
 }
 
-}  // namespace ordered
+}  // namespace vipc::ordered

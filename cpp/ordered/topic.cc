@@ -10,10 +10,10 @@
 #include "common/errors.h"
 #include "common/futex.h"
 
-namespace ordered {
+namespace vipc::ordered {
 
-using ipc::ErrorKind;
-using ipc::fail;
+using common::ErrorKind;
+using common::fail;
 
 namespace {
 
@@ -33,7 +33,7 @@ uint32_t id_bit(uint64_t id) { return uint32_t{1} << (id % 32); }
 // ------------------------------------------------------------------ topic
 
 std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
-  ipc::check_basename(spec.basename, kNameCapacity);
+  common::check_basename(spec.basename, kNameCapacity);
   if (spec.capacity != 0 && (spec.capacity < kMinCapacity || spec.capacity > kMaxCapacity)) {
     fail(ErrorKind::kInvalidArgument, "capacity must be " + std::to_string(kMinCapacity) + " to " +
                                           std::to_string(kMaxCapacity) + " slots, not " + std::to_string(spec.capacity));
@@ -43,7 +43,7 @@ std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
                                           std::to_string(spec.slot_bytes));
   }
   std::shared_ptr<Topic> t(new Topic());
-  t->file_ = ipc::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
+  t->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   const size_t size = t->file_.size_at_open();
   std::string problem = "no ordered topic of that name exists yet (create it with a capacity and slot_bytes)";
   if (size >= sizeof(TopicHeader)) {
@@ -75,7 +75,7 @@ std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
     h.slot_bytes = t->slot_bytes_;
     h.slot_stride = t->stride_;
     h.data_offset = t->data_offset_;
-    h.created_ns = static_cast<uint64_t>(ipc::realtime_ns());
+    h.created_ns = static_cast<uint64_t>(common::realtime_ns());
     h.creator_uid = geteuid();
     h.availability.store(Availability::initial(0), std::memory_order_relaxed);
     // Published to attachers by the init lock; magic last.
@@ -102,10 +102,10 @@ std::string Topic::adopt(size_t file_size) {
 }
 
 template <class Done>
-Status Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate) {
+common::WaitStatus Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const common::UseGate& gate) {
   TopicHeader& h = header();
   for (;;) {
-    if (gate.closing()) return Status::kClosed;
+    if (gate.closing()) return common::WaitStatus::kClosed;
     // SYNC: announce the sleep (seq_cst) before the final check (seq_cst
     // load); a producer's seq_cst O3 CAS comes before its seq_cst load of
     // sleepers. Either it sees us and wakes us, or we see its id.
@@ -113,32 +113,32 @@ Status Topic::wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc:
     const uint64_t w = h.availability.load(std::memory_order_seq_cst);
     if (done(Availability::unpack(w))) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return Status::kReady;
+      return common::WaitStatus::kReady;
     }
     if (is_shutdown() || gate.closing()) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return gate.closing() ? Status::kClosed : Status::kShutdown;
+      return gate.closing() ? common::WaitStatus::kClosed : common::WaitStatus::kShutdown;
     }
-    const int64_t now = ipc::monotonic_ns();
+    const int64_t now = common::monotonic_ns();
     if (now >= deadline_ns) {
       h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-      return Status::kTimeout;
+      return common::WaitStatus::kTimeout;
     }
     const int64_t slice = std::min(deadline_ns - now, kSleepSliceNs);
-    const ipc::FutexResult r = ipc::futex_wait_bitset(low_word(h.availability), low_bits(w), slice, bitset);
+    const common::FutexResult r = common::futex_wait_bitset(low_word(h.availability), low_bits(w), slice, bitset);
     h.sleepers.fetch_sub(1, std::memory_order_relaxed);
-    if (r == ipc::FutexResult::kInterrupted) return Status::kInterrupted;
+    if (r == common::FutexResult::kInterrupted) return common::WaitStatus::kInterrupted;
   }
 }
 
 void Topic::wake(uint32_t bitset) {
   // SYNC: seq_cst after the seq_cst CAS that changed availability (see wait()).
   if (header().sleepers.load(std::memory_order_seq_cst) != 0) {
-    ipc::futex_wake_bitset(low_word(header().availability), INT_MAX, bitset);
+    common::futex_wake_bitset(low_word(header().availability), INT_MAX, bitset);
   }
 }
 
-void Topic::wake_all_now() { ipc::futex_wake_bitset(low_word(header().availability), INT_MAX, ~0u); }
+void Topic::wake_all_now() { common::futex_wake_bitset(low_word(header().availability), INT_MAX, ~0u); }
 
 void Topic::shutdown() {
   header().shutdown.store(1, std::memory_order_seq_cst);
@@ -187,31 +187,31 @@ void Producer::begin_fill(uint64_t id) {
   pending_.insert(id);
 }
 
-Status Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+common::WaitStatus Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return common::WaitStatus::kClosed;
   TopicHeader& h = topic_->header();
   for (;;) {
-    if (topic_->is_shutdown()) return Status::kShutdown;
+    if (topic_->is_shutdown()) return common::WaitStatus::kShutdown;
     const Reserve r = try_reserve_next(h.availability, id);  // O1
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids are exhausted (2**48)");
     // 16 ids in flight: wait for the oldest of them (last - 16) to become available.
     const uint64_t oldest = topic_->snapshot().last - kWindow;
-    const Status st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
+    const common::WaitStatus st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
                                    deadline_ns, gate_);
-    if (st != Status::kReady) return st;
+    if (st != common::WaitStatus::kReady) return st;
   }
   begin_fill(*id);
-  return Status::kReady;
+  return common::WaitStatus::kReady;
 }
 
-Status Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+common::WaitStatus Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return common::WaitStatus::kClosed;
   TopicHeader& h = topic_->header();
   for (;;) {
-    if (topic_->is_shutdown()) return Status::kShutdown;
+    if (topic_->is_shutdown()) return common::WaitStatus::kShutdown;
     const Reserve r = try_reserve_id(h.availability, id);  // O2
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooOld) {
@@ -220,18 +220,18 @@ Status Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
     }
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids end at 2**48 - 1");
     const uint64_t oldest = topic_->snapshot().available_end();
-    const Status st = topic_->wait(
+    const common::WaitStatus st = topic_->wait(
         [id](const Availability& a) {
           if (id < a.last) return true;  // someone else took it: try_reserve_id reports it
           const uint64_t shift = id + 1 - a.last;
           return a.available_end() + kWindow >= a.last + shift;  // everything leaving the window is available
         },
         id_bit(oldest), deadline_ns, gate_);
-    if (st != Status::kReady) return st;
+    if (st != common::WaitStatus::kReady) return st;
   }
   topic_->wake(~0u);  // ids skipped over became available (as gaps)
   begin_fill(id);
-  return Status::kReady;
+  return common::WaitStatus::kReady;
 }
 
 uint8_t* Producer::slot(uint64_t id) {
@@ -254,7 +254,7 @@ void Producer::take(uint64_t id) {
 }
 
 void Producer::publish(uint64_t id, uint64_t size, uint64_t t0, uint64_t t1) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok() || !topic_) fail(ErrorKind::kClosed, "ordered producer is closed");
   if (size > topic_->slot_bytes()) {
     fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) + " bytes does not fit in a " +
@@ -273,23 +273,23 @@ void Producer::publish(uint64_t id, uint64_t size, uint64_t t0, uint64_t t1) {
 }
 
 void Producer::cancel(uint64_t id) {
-  ipc::UseGuard use(gate_);
+  common::UseGuard use(gate_);
   if (!use.ok() || !topic_) fail(ErrorKind::kClosed, "ordered producer is closed");
   take(id);
   topic_->meta(id).stamp.store(stamp(id, kStateCancelled), std::memory_order_release);
   if (try_make_available(topic_->header().availability, id) == MakeAvailable::kOk) topic_->wake(id_bit(id));
 }
 
-Status Producer::send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id) {
+common::WaitStatus Producer::send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id) {
   if (topic_ && size > topic_->slot_bytes()) {
     fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) + " bytes does not fit in a " +
                                           std::to_string(topic_->slot_bytes()) + "-byte slot");
   }
-  const Status st = reserve_next(deadline_ns, id);
-  if (st != Status::kReady) return st;
+  const common::WaitStatus st = reserve_next(deadline_ns, id);
+  if (st != common::WaitStatus::kReady) return st;
   if (size != 0) std::memcpy(slot(*id), data, size);
   publish(*id, size);
-  return Status::kReady;
+  return common::WaitStatus::kReady;
 }
 
 // ------------------------------------------------------------------ reader
@@ -381,11 +381,11 @@ bool Reader::still_valid(const Message& m) {
   return false;
 }
 
-Status Reader::wait(int64_t deadline_ns) {
-  ipc::UseGuard use(gate_);
-  if (!use.ok() || !topic_) return Status::kClosed;
+common::WaitStatus Reader::wait(int64_t deadline_ns) {
+  common::UseGuard use(gate_);
+  if (!use.ok() || !topic_) return common::WaitStatus::kClosed;
   const uint32_t bits = mode_ == Mode::kSequential ? id_bit(cursor_) : ~0u;
   return topic_->wait([this](const Availability& a) { return deliverable(a); }, bits, deadline_ns, gate_);
 }
 
-}  // namespace ordered
+}  // namespace vipc::ordered

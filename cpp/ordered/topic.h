@@ -1,4 +1,4 @@
-// An ordered topic (seed 004): many producers (threads or processes) reserve
+// An ordered topic (cpp/ordered/README.md): many producers (threads or processes) reserve
 // consecutive message ids, fill their slots in any order, and make each id
 // available; readers follow in `sequential` mode (every id in order: id N is
 // never delivered before N is available, even if N+1 is) or `newest` mode
@@ -16,10 +16,11 @@
 
 #include "common/shm_file.h"
 #include "common/use_gate.h"
+#include "common/wait_status.h"
 #include "ordered/availability.h"
 #include "ordered/layout.h"
 
-namespace ordered {
+namespace vipc::ordered {
 
 struct TopicSpec {
   std::string dir = "/dev/shm";
@@ -30,8 +31,6 @@ struct TopicSpec {
   uint32_t capacity = 0;
   uint64_t slot_bytes = 0;
 };
-
-enum class Status { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
 
 // One attachment of a topic file, shared by the producers and readers of a process.
 class Topic {
@@ -52,7 +51,7 @@ class Topic {
   // shutdown, or gate closes. bitset: the ids (bit id % 32) whose availability
   // may make done() true; ~0u for any change.
   template <class Done>
-  Status wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const ipc::UseGate& gate);
+  common::WaitStatus wait(Done&& done, uint32_t bitset, int64_t deadline_ns, const common::UseGate& gate);
   // Wake sleepers waiting for ids in bitset (no syscall if nobody sleeps).
   void wake(uint32_t bitset);
   void wake_all_now();
@@ -63,7 +62,7 @@ class Topic {
  private:
   Topic() = default;
   std::string adopt(size_t file_size);
-  ipc::ShmFile file_;
+  common::ShmFile file_;
   uint32_t capacity_ = 0;
   uint64_t slot_bytes_ = 0, stride_ = 0, data_offset_ = 0;
 };
@@ -76,9 +75,9 @@ class Producer {
   Producer& operator=(const Producer&) = delete;
 
   // O1 (waiting while 16 ids are in flight) then S1. Thread-safe.
-  Status reserve_next(int64_t deadline_ns, uint64_t* id);
+  common::WaitStatus reserve_next(int64_t deadline_ns, uint64_t* id);
   // O2: exactly `id`; kInvalidArgument if it was reserved already. Thread-safe.
-  Status reserve_id(uint64_t id, int64_t deadline_ns);
+  common::WaitStatus reserve_id(uint64_t id, int64_t deadline_ns);
   // The slot of a reserved id, slot_bytes() long, to fill in place.
   uint8_t* slot(uint64_t id);
   // S2 + O3 + wake: make a reserved id available with its first `size` bytes.
@@ -86,7 +85,7 @@ class Producer {
   // Give a reservation up: readers skip the id (a gap).
   void cancel(uint64_t id);
   // Convenience: reserve-next, copy, publish.
-  Status send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id);
+  common::WaitStatus send(const void* data, uint64_t size, int64_t deadline_ns, uint64_t* id);
 
   // The id reserve_next waits on (the oldest in flight), for error messages.
   uint64_t oldest_in_flight() const;
@@ -102,7 +101,7 @@ class Producer {
   std::shared_ptr<Topic> topic_;
   std::mutex mutex_;
   std::set<uint64_t> pending_;  // ids this producer reserved and has not published
-  ipc::UseGate gate_;
+  common::UseGate gate_;
 };
 
 enum class Mode { kSequential, kNewest };
@@ -129,7 +128,7 @@ class Reader {
   // R4: acquire fence, then the slot's stamp again: unchanged = the bytes
   // read since next() are the message's (a reader lapped by the ring counts a drop).
   bool still_valid(const Message& m);
-  Status wait(int64_t deadline_ns);
+  common::WaitStatus wait(int64_t deadline_ns);
 
   Mode mode() const { return mode_; }
   uint64_t cursor() const { return cursor_; }  // the lowest id this reader may still deliver
@@ -146,7 +145,7 @@ class Reader {
   Mode mode_;
   uint64_t cursor_ = 0;
   uint64_t dropped_ = 0, gaps_ = 0;
-  ipc::UseGate gate_;
+  common::UseGate gate_;
 };
 
-}  // namespace ordered
+}  // namespace vipc::ordered

@@ -13,17 +13,16 @@
 #include "msgq/segment.h"
 #include "msgq/stats.h"
 #include "msgq/subscriber.h"
-#include "python/errors.h"
+#include "python/bindings.h"
 
 namespace py = pybind11;
-using msgq::Publisher;
-using msgq::SegmentSpec;
-using msgq::Subscriber;
-using msgq::WaitStatus;
+using vipc::msgq::Publisher;
+using vipc::msgq::SegmentSpec;
+using vipc::msgq::Subscriber;
+using vipc::common::WaitStatus;
 
 namespace {
 
-constexpr size_t kReleaseGilAbove = 256 * 1024;  // bytes copied with the GIL released
 constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
 
 SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -86,13 +85,8 @@ class Payload {
   size_t size_ = 0;
 };
 
-// Writable view of a loaned ring area; keeps the mapping alive while any
-// memoryview of it exists.
-struct LoanBuffer {
-  std::shared_ptr<msgq::Segment> segment;
-  uint8_t* ptr;
-  size_t size;
-};
+// Writable view of a loaned ring area.
+using LoanBuffer = pyipc::MappedBytes<vipc::msgq::Segment>;
 
 struct PySubscriber {
   std::shared_ptr<Subscriber> sub;
@@ -100,23 +94,16 @@ struct PySubscriber {
 
   // Wait with the GIL released, in slices broken only by signals.
   bool wait_until(int64_t deadline) {
-    for (;;) {
-      WaitStatus st;
-      {
-        py::gil_scoped_release nogil;
-        st = sub->wait(deadline);
-      }
-      if (st == WaitStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "subscriber was closed while waiting");
-      if (st != WaitStatus::kInterrupted) return st == WaitStatus::kReady;
-      pyipc::check_signals();
-    }
+    const vipc::common::WaitStatus st = pyipc::blocking([&] { return sub->wait(deadline); });
+    if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "subscriber was closed while waiting");
+    return st == vipc::common::WaitStatus::kReady;
   }
 
   py::object receive_until(int64_t deadline) {
     BytesSink sink;
     for (;;) {
       if (sub->try_read(sink)) return sink.take();
-      if (deadline != ipc::kNever && ipc::monotonic_ns() >= deadline) return py::none();
+      if (deadline != vipc::common::kNever && vipc::common::monotonic_ns() >= deadline) return py::none();
       if (!wait_until(deadline) && !sub->ready()) return py::none();
     }
   }
@@ -125,7 +112,7 @@ struct PySubscriber {
     BytesSink sink;
     if (sub->try_read(sink)) return sink.take();
     if (non_blocking || timeout_ms == 0) return py::none();
-    return receive_until(ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000));
+    return receive_until(pyipc::deadline_from_ms(timeout_ms));
   }
 
   // Up to max_messages, but stops once kBatchBytes have been received: holding
@@ -144,7 +131,7 @@ struct PySubscriber {
     };
     more();
     if (out.size() == 0 && timeout != 0) {
-      py::object first = receive_until(ipc::deadline_after(timeout < 0 ? -1 : int64_t{timeout} * 1'000'000));
+      py::object first = receive_until(pyipc::deadline_from_ms(timeout));
       if (first.is_none()) return out;
       bytes += static_cast<size_t>(PyBytes_GET_SIZE(first.ptr()));
       out.append(first);
@@ -160,19 +147,15 @@ PYBIND11_MODULE(_msgq, m) {
   m.doc() = "Native MSGQ ring (private: use the msgq package)";
   pyipc::register_error_translator();
 
-  m.attr("MAX_READERS") = msgq::kMaxReaders;
-  m.attr("DEFAULT_SEGMENT_SIZE") = msgq::kDefaultDataSize;
-  m.attr("MIN_SEGMENT_SIZE") = msgq::kMinDataSize;
-  m.attr("MAX_SEGMENT_SIZE") = msgq::kMaxDataSize;
-  m.attr("HEADER_SIZE") = msgq::kHeaderSize;
-  m.attr("LAYOUT_VERSION") = msgq::kLayoutVersion;
-  m.def("max_message_size", [](size_t segment_size) { return msgq::max_message_size(segment_size); });
+  m.attr("MAX_READERS") = vipc::msgq::kMaxReaders;
+  m.attr("DEFAULT_SEGMENT_SIZE") = vipc::msgq::kDefaultDataSize;
+  m.attr("MIN_SEGMENT_SIZE") = vipc::msgq::kMinDataSize;
+  m.attr("MAX_SEGMENT_SIZE") = vipc::msgq::kMaxDataSize;
+  m.attr("HEADER_SIZE") = vipc::msgq::kHeaderSize;
+  m.attr("LAYOUT_VERSION") = vipc::msgq::kLayoutVersion;
+  m.def("max_message_size", [](size_t segment_size) { return vipc::msgq::max_message_size(segment_size); });
 
-  py::class_<LoanBuffer>(m, "LoanBuffer", py::buffer_protocol())
-      .def_buffer([](LoanBuffer& b) {
-        return py::buffer_info(b.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {b.size}, {1}, false);
-      })
-      .def("__len__", [](const LoanBuffer& b) { return b.size; });
+  pyipc::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
 
   py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
       .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -184,17 +167,12 @@ PYBIND11_MODULE(_msgq, m) {
       .def("send",
            [](Publisher& p, py::handle data) {
              Payload payload(data);
-             if (payload.size() >= kReleaseGilAbove) {
-               py::gil_scoped_release nogil;
-               p.send(payload.data(), payload.size());
-             } else {
-               p.send(payload.data(), payload.size());
-             }
+             pyipc::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
            })
       .def("loan",
            [](Publisher& p, size_t n) {
              uint8_t* ptr = p.loan(n);
-             return LoanBuffer{p.segment(), ptr, n};
+             return LoanBuffer{p.segment(), ptr, n, false};
            })
       .def("commit", &Publisher::commit, py::arg("size"))
       .def("cancel_loan", &Publisher::cancel_loan)
@@ -237,39 +215,34 @@ PYBIND11_MODULE(_msgq, m) {
       .def("close", [](PySubscriber& s) { s.sub->close(); })
       .def("_forget_after_fork", [](PySubscriber& s) { s.sub->forget_after_fork(); });
 
-  py::class_<msgq::Poller>(m, "Poller")
+  py::class_<vipc::msgq::Poller>(m, "Poller")
       .def(py::init<>())
-      .def("add", [](msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
+      .def("add", [](vipc::msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
       .def("poll",
-           [](msgq::Poller& p, int timeout_ms) {
+           [](vipc::msgq::Poller& p, int timeout_ms) {
              std::vector<size_t> ready;
-             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
-             for (;;) {
-               WaitStatus st;
-               {
-                 py::gil_scoped_release nogil;
-                 const int64_t left = deadline == ipc::kNever ? -1 : std::max<int64_t>(0, deadline - ipc::monotonic_ns());
-                 st = p.poll(left, ready);
-               }
-               if (st != WaitStatus::kInterrupted) return ready;
-               pyipc::check_signals();
-             }
+             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
+             pyipc::blocking([&] {
+               const int64_t left = deadline == vipc::common::kNever ? -1 : std::max<int64_t>(0, deadline - vipc::common::monotonic_ns());
+               return p.poll(left, ready);
+             });
+             return ready;
            },
            py::arg("timeout_ms"))
-      .def("fileno", &msgq::Poller::fileno)
-      .def("__len__", &msgq::Poller::size);
+      .def("fileno", &vipc::msgq::Poller::fileno)
+      .def("__len__", &vipc::msgq::Poller::size);
 
-  m.def("remove_stale_segments", &msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
+  m.def("remove_stale_segments", &vipc::msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
   m.def(
       "segment_stats",
       [](const std::string& dir, const std::string& basename) {
-        msgq::SegmentStats s;
+        vipc::msgq::SegmentStats s;
         {
           py::gil_scoped_release nogil;  // may wait briefly for an attacher
-          s = msgq::read_segment_stats(dir, basename);
+          s = vipc::msgq::read_segment_stats(dir, basename);
         }
         py::list readers;
-        for (const msgq::ReaderStats& r : s.readers) {
+        for (const vipc::msgq::ReaderStats& r : s.readers) {
           readers.append(py::dict(py::arg("slot") = r.slot, py::arg("pid") = r.pid, py::arg("conflate") = r.conflate,
                                   py::arg("valid") = r.valid, py::arg("alive") = r.alive,
                                   py::arg("messages") = r.messages, py::arg("bytes") = r.bytes,

@@ -10,31 +10,23 @@
 #include <vector>
 
 #include "common/clock.h"
-#include "python/errors.h"
+#include "python/bindings.h"
 #include "visionipc/client.h"
 #include "visionipc/format.h"
 #include "visionipc/server.h"
 
 namespace py = pybind11;
-using vipc::Client;
-using vipc::Server;
+using vipc::visionipc::Client;
+using vipc::visionipc::Server;
 
 namespace {
 
-constexpr size_t kReleaseGilAbove = 256 * 1024;
-
-// Bytes of one buffer in a pool; keeps the mapping alive while any
-// memoryview / numpy array made from it exists (the .base chain).
-struct View {
-  std::shared_ptr<vipc::Mapping> mapping;
-  uint8_t* ptr;
-  size_t size;
-  bool readonly;
-};
+// Bytes of one buffer in a pool.
+using View = pyipc::MappedBytes<vipc::visionipc::Mapping>;
 
 // (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
-py::tuple geometry_tuple(const vipc::Geometry& g) {
-  return py::make_tuple(vipc::format_name(g.format), g.width, g.height, g.stride, g.uv_offset, g.size);
+py::tuple geometry_tuple(const vipc::visionipc::Geometry& g) {
+  return py::make_tuple(vipc::visionipc::format_name(g.format), g.width, g.height, g.stride, g.uv_offset, g.size);
 }
 
 // Client.recv's record: a struct sequence (a C named tuple, like os.stat_result),
@@ -53,7 +45,7 @@ PyStructSequence_Field received_fields[] = {
 PyStructSequence_Desc received_desc = {"visionipc._visionipc.Received", "One frame Client.recv() got.", received_fields, 9};
 PyTypeObject* received_type = nullptr;
 
-py::object received(const vipc::Frame& f, uint64_t epoch) {
+py::object received(const vipc::visionipc::Frame& f, uint64_t epoch) {
   py::object r = py::reinterpret_steal<py::object>(PyStructSequence_New(received_type));
   if (!r) throw py::error_already_set();
   const uint64_t numbers[] = {f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof};
@@ -65,14 +57,14 @@ py::object received(const vipc::Frame& f, uint64_t epoch) {
   return r;
 }
 
-vipc::Format parse(const std::string& name) {
-  vipc::Format f;
-  if (!vipc::parse_format(name, f) || f == vipc::Format::kCustom) {
+vipc::visionipc::Format parse(const std::string& name) {
+  vipc::visionipc::Format f;
+  if (!vipc::visionipc::parse_format(name, f) || f == vipc::visionipc::Format::kCustom) {
     std::string names;
-    for (const vipc::FormatInfo& info : vipc::kFormats) {
-      if (info.format != vipc::Format::kCustom) names += std::string(names.empty() ? "" : ", ") + info.name;
+    for (const vipc::visionipc::FormatInfo& info : vipc::visionipc::kFormats) {
+      if (info.format != vipc::visionipc::Format::kCustom) names += std::string(names.empty() ? "" : ", ") + info.name;
     }
-    ipc::fail(ipc::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (" + names + ")");
+    vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (" + names + ")");
   }
   return f;
 }
@@ -82,47 +74,43 @@ vipc::Format parse(const std::string& name) {
 PYBIND11_MODULE(_visionipc, m) {
   m.doc() = "Native VisionIPC server and client (private: use the visionipc package)";
   pyipc::register_error_translator();
-  m.attr("STRIDE_ALIGN") = vipc::kStrideAlign;
-  m.attr("BUFFER_ALIGN") = vipc::kBufferAlign;
-  m.attr("MAX_BUFFERS") = vipc::kMaxBuffers;
-  m.attr("MAX_CLIENTS") = vipc::kMaxClients;
+  m.attr("STRIDE_ALIGN") = vipc::visionipc::kStrideAlign;
+  m.attr("BUFFER_ALIGN") = vipc::visionipc::kBufferAlign;
+  m.attr("MAX_BUFFERS") = vipc::visionipc::kMaxBuffers;
+  m.attr("MAX_CLIENTS") = vipc::visionipc::kMaxClients;
   // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable);
   // `selectable`: create_buffers takes it by name (custom comes from create_buffers_with_sizes).
   py::list formats;
-  for (const vipc::FormatInfo& info : vipc::kFormats) {
+  for (const vipc::visionipc::FormatInfo& info : vipc::visionipc::kFormats) {
     formats.append(py::make_tuple(info.name, static_cast<uint32_t>(info.format), info.aliases, info.bytes_per_pixel,
-                                  info.channels, info.yuv420, info.format != vipc::Format::kCustom));
+                                  info.channels, info.yuv420, info.format != vipc::visionipc::Format::kCustom));
   }
   m.attr("FORMAT_TABLE") = py::tuple(formats);
-  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::make_geometry(parse(format), w, h)); });
-  m.def("endpoint_name", &vipc::endpoint_name);
+  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::visionipc::make_geometry(parse(format), w, h)); });
+  m.def("endpoint_name", &vipc::visionipc::endpoint_name);
 
-  py::class_<View>(m, "View", py::buffer_protocol())
-      .def_buffer([](View& v) {
-        return py::buffer_info(v.ptr, 1, py::format_descriptor<uint8_t>::format(), 1, {v.size}, {1}, v.readonly);
-      })
-      .def("__len__", [](const View& v) { return v.size; });
+  pyipc::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
 
   py::class_<Server>(m, "Server")
       .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids) {
-             return std::make_unique<Server>(name, vipc::ServerOptions{prefix, shm_dir, std::move(uids)});
+             return std::make_unique<Server>(name, vipc::visionipc::ServerOptions{prefix, shm_dir, std::move(uids)});
            }),
            py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm", py::arg("allowed_uids") = std::vector<uid_t>{})
       .def("create_buffers",
            [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
-             s.create_buffers(stream, count, vipc::make_geometry(parse(format), w, h));
+             s.create_buffers(stream, count, vipc::visionipc::make_geometry(parse(format), w, h));
            })
       .def("create_buffers_with_sizes",
            [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size, uint32_t stride,
-              uint32_t uv_offset) { s.create_buffers(stream, count, vipc::custom_geometry(w, h, size, stride, uv_offset)); })
+              uint32_t uv_offset) { s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset)); })
       .def("get_buffer",
            [](Server& s, const std::string& stream) {
-             const vipc::Acquired a = s.get_buffer(stream);
+             const vipc::visionipc::Acquired a = s.get_buffer(stream);
              return py::make_tuple(a.index, a.generation, View{s.pool(stream), a.data, s.geometry(stream).size, false});
            })
       .def("acquire",  // get_buffer without the view: (index, generation)
            [](Server& s, const std::string& stream) {
-             const vipc::Acquired a = s.get_buffer(stream);
+             const vipc::visionipc::Acquired a = s.get_buffer(stream);
              return py::make_tuple(a.index, a.generation);
            })
       .def("view",
@@ -136,16 +124,11 @@ PYBIND11_MODULE(_visionipc, m) {
              const size_t n = static_cast<size_t>(info.size * info.itemsize);
              const size_t want = s.geometry(stream).size;
              if (n != want) {
-               ipc::fail(ipc::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(n) + " bytes, stream '" + stream +
+               vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(n) + " bytes, stream '" + stream +
                                                                "' buffers are " + std::to_string(want));
              }
-             const vipc::Acquired a = s.get_buffer(stream);
-             if (n >= kReleaseGilAbove) {
-               py::gil_scoped_release nogil;
-               std::memcpy(a.data, info.ptr, n);
-             } else {
-               std::memcpy(a.data, info.ptr, n);
-             }
+             const vipc::visionipc::Acquired a = s.get_buffer(stream);
+             pyipc::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, info.ptr, n); });
              s.send(stream, a.index, a.generation, frame_id, sof, eof);
              return a.index;
            })
@@ -168,7 +151,7 @@ PYBIND11_MODULE(_visionipc, m) {
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
                        const std::string& shm_dir, std::vector<uid_t> trusted_uids) {
-             return std::make_unique<Client>(name, stream, conflate, vipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
+             return std::make_unique<Client>(name, stream, conflate, vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
            }),
            py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm",
            py::arg("trusted_uids") = std::vector<uid_t>{})
@@ -179,19 +162,12 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("connected", &Client::connected)
       .def("recv",
            [](Client& c, int timeout_ms) -> py::object {
-             const int64_t deadline = ipc::deadline_after(timeout_ms < 0 ? -1 : int64_t{timeout_ms} * 1'000'000);
-             vipc::Frame f;
-             for (;;) {
-               vipc::RecvStatus st;
-               {
-                 py::gil_scoped_release nogil;
-                 st = c.recv(deadline, f);
-               }
-               if (st == vipc::RecvStatus::kFrame) return received(f, c.epoch());
-               if (st == vipc::RecvStatus::kTimeout) return py::none();
-               if (st == vipc::RecvStatus::kClosed) ipc::fail(ipc::ErrorKind::kClosed, "client was closed while waiting");
-               pyipc::check_signals();
-             }
+             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
+             vipc::visionipc::Frame f;
+             const vipc::common::WaitStatus st = pyipc::blocking([&] { return c.recv(deadline, f); });
+             if (st == vipc::common::WaitStatus::kReady) return received(f, c.epoch());
+             if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
+             return py::none();
            },
            py::arg("timeout_ms") = 100)
       .def("take_lease", &Client::take_lease)
@@ -213,7 +189,7 @@ PYBIND11_MODULE(_visionipc, m) {
     std::optional<std::vector<std::string>> r;
     {
       py::gil_scoped_release nogil;
-      r = Client::list_streams(name, vipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
+      r = Client::list_streams(name, vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
     }
     return r;
   }, py::arg("name"), py::arg("prefix"), py::arg("shm_dir"), py::arg("trusted_uids") = std::vector<uid_t>{});

@@ -104,7 +104,7 @@ void join(pid_t pid) {
 }
 
 void wait_until(const std::atomic<uint32_t>& a, uint32_t value) {
-  while (a.load(std::memory_order_acquire) < value) ipc::cpu_relax();
+  while (a.load(std::memory_order_acquire) < value) vipc::common::cpu_relax();
 }
 
 // Receives into a fixed buffer: nothing allocated in the timed loop.
@@ -119,8 +119,8 @@ struct FixedSink {
   void discard() { size = 0; }
 };
 
-msgq::SegmentSpec topic(const testing::TempDir& dir, const char* name, size_t ring) {
-  msgq::SegmentSpec spec;
+vipc::msgq::SegmentSpec topic(const testing::TempDir& dir, const char* name, size_t ring) {
+  vipc::msgq::SegmentSpec spec;
   spec.dir = dir.path();
   spec.basename = name;
   spec.data_size = ring;
@@ -134,17 +134,17 @@ Percentiles cacheline_pingpong(Shared& sh, uint64_t iters, uint64_t warmup) {
   const uint64_t total = warmup + iters;
   const pid_t child = fork_child([&] {
     for (uint64_t i = 1; i <= total; i++) {
-      while (sh.ping.value.load(std::memory_order_acquire) != i) ipc::cpu_relax();
+      while (sh.ping.value.load(std::memory_order_acquire) != i) vipc::common::cpu_relax();
       sh.pong.value.store(i, std::memory_order_release);
     }
   });
   std::vector<double> samples;
   samples.reserve(iters);
   for (uint64_t i = 1; i <= total; i++) {
-    const int64_t t0 = ipc::monotonic_ns();
+    const int64_t t0 = vipc::common::monotonic_ns();
     sh.ping.value.store(i, std::memory_order_release);
-    while (sh.pong.value.load(std::memory_order_acquire) != i) ipc::cpu_relax();
-    const int64_t t1 = ipc::monotonic_ns();
+    while (sh.pong.value.load(std::memory_order_acquire) != i) vipc::common::cpu_relax();
+    const int64_t t1 = vipc::common::monotonic_ns();
     if (i > warmup) samples.push_back((t1 - t0) / 2.0);
   }
   join(child);
@@ -153,36 +153,36 @@ Percentiles cacheline_pingpong(Shared& sh, uint64_t iters, uint64_t warmup) {
 
 // (b) one-way latency of 64-byte messages: ping on one topic, echoed on another.
 Percentiles msgq_pingpong(Shared& sh, const testing::TempDir& dir, uint64_t iters, uint64_t warmup) {
-  const msgq::SegmentSpec ping = topic(dir, "msgq@bench-ping", 64 * 1024);
-  const msgq::SegmentSpec pong = topic(dir, "msgq@bench-pong", 64 * 1024);
+  const vipc::msgq::SegmentSpec ping = topic(dir, "msgq@bench-ping", 64 * 1024);
+  const vipc::msgq::SegmentSpec pong = topic(dir, "msgq@bench-pong", 64 * 1024);
   const uint64_t total = warmup + iters;
   sh.ready.store(0, std::memory_order_relaxed);
   const pid_t child = fork_child([&] {
-    msgq::Subscriber in(ping, false);
+    vipc::msgq::Subscriber in(ping, false);
     sh.ready.fetch_add(1, std::memory_order_release);
     wait_until(sh.ready, 2);  // both subscribers exist: nothing published is missed
-    msgq::Publisher out(pong);
+    vipc::msgq::Publisher out(pong);
     FixedSink sink(kSmall);
     for (uint64_t i = 0; i < total; i++) {
-      while (!in.try_read(sink)) ipc::cpu_relax();
+      while (!in.try_read(sink)) vipc::common::cpu_relax();
       out.send(sink.buf.data(), sink.size);
     }
   });
   std::vector<double> samples;
   samples.reserve(iters);
   {
-    msgq::Subscriber in(pong, false);
+    vipc::msgq::Subscriber in(pong, false);
     sh.ready.fetch_add(1, std::memory_order_release);
     wait_until(sh.ready, 2);
-    msgq::Publisher out(ping);
+    vipc::msgq::Publisher out(ping);
     FixedSink sink(kSmall);
     char msg[kSmall] = {};
     for (uint64_t i = 0; i < total; i++) {
       std::memcpy(msg, &i, sizeof(i));
-      const int64_t t0 = ipc::monotonic_ns();
+      const int64_t t0 = vipc::common::monotonic_ns();
       out.send(msg, sizeof(msg));
-      while (!in.try_read(sink)) ipc::cpu_relax();
-      const int64_t t1 = ipc::monotonic_ns();
+      while (!in.try_read(sink)) vipc::common::cpu_relax();
+      const int64_t t1 = vipc::common::monotonic_ns();
       uint64_t echoed = 0;
       std::memcpy(&echoed, sink.buf.data(), sizeof(echoed));
       if (sink.size != kSmall || echoed != i) {
@@ -204,15 +204,15 @@ struct Throughput {
 // (c) 1 MiB publish + receive across the processes, at most kWindow messages
 // ahead of the receiver so none is lapped; then memcpy of the same size.
 Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t messages) {
-  const msgq::SegmentSpec spec = topic(dir, "msgq@bench-large", kLargeRing);
+  const vipc::msgq::SegmentSpec spec = topic(dir, "msgq@bench-large", kLargeRing);
   sh.ready.store(0, std::memory_order_relaxed);
   sh.received.value.store(0, std::memory_order_relaxed);
   const pid_t child = fork_child([&] {
-    msgq::Subscriber in(spec, false);
+    vipc::msgq::Subscriber in(spec, false);
     sh.ready.fetch_add(1, std::memory_order_release);
     FixedSink sink(kLarge);
     for (uint64_t i = 1; i <= messages; i++) {
-      while (!in.try_read(sink)) ipc::cpu_relax();
+      while (!in.try_read(sink)) vipc::common::cpu_relax();
       if (sink.size != kLarge || in.resets() != 0) std::exit(3);  // flow control failed: not a valid run
       sh.received.value.store(i, std::memory_order_release);
     }
@@ -222,27 +222,27 @@ Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t mess
   std::vector<char> src(kLarge, 'x');
   {
     wait_until(sh.ready, 1);
-    msgq::Publisher out(spec);
-    const int64_t t0 = ipc::monotonic_ns();
+    vipc::msgq::Publisher out(spec);
+    const int64_t t0 = vipc::common::monotonic_ns();
     for (uint64_t i = 0; i < messages; i++) {
-      while (i >= sh.received.value.load(std::memory_order_acquire) + kWindow) ipc::cpu_relax();
+      while (i >= sh.received.value.load(std::memory_order_acquire) + kWindow) vipc::common::cpu_relax();
       src[0] = static_cast<char>(i);
       out.send(src.data(), src.size());
     }
-    while (sh.received.value.load(std::memory_order_acquire) < messages) ipc::cpu_relax();
-    t.msgq_gbps = static_cast<double>(messages * kLarge) / static_cast<double>(ipc::monotonic_ns() - t0);
+    while (sh.received.value.load(std::memory_order_acquire) < messages) vipc::common::cpu_relax();
+    t.msgq_gbps = static_cast<double>(messages * kLarge) / static_cast<double>(vipc::common::monotonic_ns() - t0);
   }
   join(child);
 
   std::vector<char> dst(kLarge);
   const uint64_t copies = std::max<uint64_t>(messages, 100);
-  const int64_t t0 = ipc::monotonic_ns();
+  const int64_t t0 = vipc::common::monotonic_ns();
   for (uint64_t i = 0; i < copies; i++) {
     src[0] = static_cast<char>(i);  // a different copy each time, so none can be elided
     std::memcpy(dst.data(), src.data(), kLarge);
     asm volatile("" : : "r"(dst.data()) : "memory");
   }
-  t.memcpy_gbps = static_cast<double>(copies * kLarge) / static_cast<double>(ipc::monotonic_ns() - t0);
+  t.memcpy_gbps = static_cast<double>(copies * kLarge) / static_cast<double>(vipc::common::monotonic_ns() - t0);
   return t;
 }
 

@@ -76,13 +76,13 @@ inline int run_all(int argc, char** argv) {
     }                                                                                                       \
   } while (0)
 
-// The statement must throw ipc::Error of the given kind.
+// The statement must throw vipc::common::Error of the given kind.
 #define CHECK_THROWS_KIND(stmt, error_kind)                                                                 \
   do {                                                                                                      \
     bool check_threw_ = false;                                                                              \
     try {                                                                                                   \
       stmt;                                                                                                 \
-    } catch (const ipc::Error& e) {                                                                         \
+    } catch (const vipc::common::Error& e) {                                                                         \
       check_threw_ = true;                                                                                  \
       if (e.kind() != (error_kind)) ::check::failed(__FILE__, __LINE__, #stmt " threw the wrong kind: " +   \
                                                                             std::string(e.what()));        \

@@ -14,15 +14,15 @@
 #include "msgq/subscriber.h"
 #include "test_support.h"
 
-using msgq::align8;
-using msgq::cycle_of;
-using msgq::kPrefixBytes;
-using msgq::kSpareBytes;
-using msgq::offset_of;
-using msgq::pack;
-using msgq::ReadStatus;
-using msgq::RingReader;
-using msgq::RingWriter;
+using vipc::msgq::align8;
+using vipc::msgq::cycle_of;
+using vipc::msgq::kPrefixBytes;
+using vipc::msgq::kSpareBytes;
+using vipc::msgq::offset_of;
+using vipc::msgq::pack;
+using vipc::msgq::ReadStatus;
+using vipc::msgq::RingReader;
+using vipc::msgq::RingWriter;
 using testing::HeapRing;
 using testing::VecSink;
 
@@ -110,7 +110,7 @@ TEST(wrap_happens_exactly_when_a_message_would_touch_the_spare_bytes) {
     CHECK_EQ(wraps, delta > 0);
     if (wraps) {
       CHECK(footprint(n) <= kStart);
-      CHECK_EQ(ring.prefix_at(kStart), msgq::kWrapMarker);
+      CHECK_EQ(ring.prefix_at(kStart), vipc::msgq::kWrapMarker);
       CHECK_EQ(w.position(), pack(1, footprint(n)));
     } else {
       CHECK_EQ(w.position(), pack(0, kStart + footprint(n)));
@@ -131,7 +131,7 @@ TEST(writer_ending_at_the_spare_bytes_puts_the_marker_in_them) {
   CHECK_EQ(w.position(), pack(0, kRing - kSpareBytes));
   expect_msg(r, exact, 1);
   write_msg(w, 0, 2);  // even an empty message needs its prefix: wrap
-  CHECK_EQ(ring.prefix_at(kRing - kSpareBytes), msgq::kWrapMarker);
+  CHECK_EQ(ring.prefix_at(kRing - kSpareBytes), vipc::msgq::kWrapMarker);
   CHECK_EQ(w.position(), pack(1, kPrefixBytes));
   expect_msg(r, 0, 2);
   CHECK_EQ(r.position(), pack(1, kPrefixBytes));
@@ -170,7 +170,7 @@ TEST(zero_byte_messages_fill_whole_cycles) {
   CHECK_EQ(w.position(), pack(2, 3 * kPrefixBytes));
   CHECK_EQ(r.position(), w.position());
   CHECK_EQ(r.resets(), 0u);
-  CHECK_EQ(ring.prefix_at(per_cycle * kPrefixBytes), msgq::kWrapMarker);
+  CHECK_EQ(ring.prefix_at(per_cycle * kPrefixBytes), vipc::msgq::kWrapMarker);
 }
 
 // An empty std::vector's data() is nullptr: a natural Sink for 0 bytes, and
@@ -238,7 +238,7 @@ TEST(reader_parked_on_the_wrap_marker_is_reset_only_if_the_marker_is_overwritten
 // reader that keeps up never loses one. Checked for every aligned write
 // position and size, and by running the ring at the tightest combinations.
 TEST(messages_up_to_the_publisher_cap_never_overwrite_a_parked_readers_marker) {
-  const size_t cap = msgq::max_message_size(kRing);
+  const size_t cap = vipc::msgq::max_message_size(kRing);
   CHECK(cap > 0 && footprint(cap) <= kRing - kSpareBytes);
   for (uint32_t marker = kPrefixBytes; marker <= kRing - kSpareBytes; marker += 8) {
     for (size_t n = 0; n <= cap; n += 8) {
@@ -400,13 +400,13 @@ TEST(sixty_four_readers_are_invalidated_independently) {
   HeapRing ring(kRing);
   RingWriter w(ring.view());
   std::vector<RingReader> readers;
-  for (uint32_t i = 0; i < msgq::kMaxReaders; i++) readers.push_back(ring.add_reader(i));
+  for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) readers.push_back(ring.add_reader(i));
   CHECK_EQ(ring.header()->reader_mask.load(std::memory_order_relaxed), ~uint64_t{0});
 
   constexpr size_t kSize = 56;
   const uint32_t per_cycle = (kRing - kSpareBytes) / footprint(kSize);
   for (uint32_t seq = 0; seq < per_cycle; seq++) write_msg(w, kSize, seq);
-  for (uint32_t i = 0; i < msgq::kMaxReaders; i++) {
+  for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) {
     for (uint32_t seq = 0; seq < std::min(i, per_cycle); seq++) expect_msg(readers[i], kSize, seq);
   }
   // Message j of cycle 1 lands on reader j's position (both are j * footprint).
@@ -414,11 +414,11 @@ TEST(sixty_four_readers_are_invalidated_independently) {
   for (uint32_t j = 0; j < lapping; j++) write_msg(w, kSize, per_cycle + j);
   const uint32_t total = per_cycle + lapping;
 
-  for (uint32_t i = 0; i < msgq::kMaxReaders; i++) {
+  for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) {
     const bool lapped = i < lapping;
     CHECK_EQ(ring.slot(i).valid.load(std::memory_order_relaxed), lapped ? 0u : 1u);
   }
-  for (uint32_t i = 0; i < msgq::kMaxReaders; i++) {
+  for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) {
     if (i < lapping) {
       expect_empty(readers[i]);
       CHECK_EQ(readers[i].resets(), 1u);
@@ -473,9 +473,9 @@ TEST(corrupt_positions_are_reset_and_counted_without_reading_out_of_bounds) {
     const uint32_t bad_cycle = bad_offset <= offset_of(good) ? cycle_of(good) : cycle_of(good) - 1;
 
     wp.store(pack(bad_cycle, bad_offset), std::memory_order_relaxed);
-    CHECK_THROWS_KIND(RingWriter{ring.view()}, ipc::ErrorKind::kSegment);
+    CHECK_THROWS_KIND(RingWriter{ring.view()}, vipc::common::ErrorKind::kSegment);
     VecSink sink;
-    CHECK_THROWS_KIND(r.read(sink, false), ipc::ErrorKind::kSegment);
+    CHECK_THROWS_KIND(r.read(sink, false), vipc::common::ErrorKind::kSegment);
     CHECK_EQ(sink.prepared, 0);
 
     ring.slot(0).valid.store(0, std::memory_order_relaxed);  // force a reset onto the bad pointer
@@ -499,9 +499,9 @@ TEST(corrupt_positions_are_reset_and_counted_without_reading_out_of_bounds) {
 
 namespace {
 
-using msgq::Publisher;
-using msgq::SegmentSpec;
-using msgq::Subscriber;
+using vipc::msgq::Publisher;
+using vipc::msgq::SegmentSpec;
+using vipc::msgq::Subscriber;
 
 constexpr size_t kSegment = 64 * 1024;
 
@@ -536,16 +536,16 @@ TEST(sixty_four_subscribers_receive_a_sixty_fifth_is_refused_and_closing_one_fre
   {
     Publisher pub(spec_in(dir, kSegment));
     std::vector<std::unique_ptr<Subscriber>> subs;
-    for (uint32_t i = 0; i < msgq::kMaxReaders; i++) subs.push_back(std::make_unique<Subscriber>(spec_in(dir), false));
-    CHECK_EQ(pub.num_readers(), msgq::kMaxReaders);
-    CHECK_THROWS_KIND(Subscriber(spec_in(dir), false), ipc::ErrorKind::kTooManyReaders);
+    for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) subs.push_back(std::make_unique<Subscriber>(spec_in(dir), false));
+    CHECK_EQ(pub.num_readers(), vipc::msgq::kMaxReaders);
+    CHECK_THROWS_KIND(Subscriber(spec_in(dir), false), vipc::common::ErrorKind::kTooManyReaders);
 
     send_msg(pub, 300, 1);
     for (auto& s : subs) expect_received(*s, 300, 1);
 
     const uint32_t freed = subs[17]->slot();
     subs[17].reset();
-    CHECK_EQ(pub.num_readers(), msgq::kMaxReaders - 1);
+    CHECK_EQ(pub.num_readers(), vipc::msgq::kMaxReaders - 1);
     Subscriber late(spec_in(dir), false);
     CHECK_EQ(late.slot(), freed);
     send_msg(pub, 10, 2);
@@ -563,9 +563,9 @@ TEST(message_larger_than_the_ring_can_hold_is_refused) {
     Publisher pub(spec_in(dir, kSegment));
     Subscriber sub(spec_in(dir), false);
     const size_t max = pub.max_message_size();
-    CHECK_EQ(max, msgq::max_message_size(kSegment));
-    CHECK_THROWS_KIND(send_msg(pub, max + 1, 1), ipc::ErrorKind::kMessageTooLarge);
-    CHECK_THROWS_KIND(pub.loan(max + 1), ipc::ErrorKind::kMessageTooLarge);
+    CHECK_EQ(max, vipc::msgq::max_message_size(kSegment));
+    CHECK_THROWS_KIND(send_msg(pub, max + 1, 1), vipc::common::ErrorKind::kMessageTooLarge);
+    CHECK_THROWS_KIND(pub.loan(max + 1), vipc::common::ErrorKind::kMessageTooLarge);
     expect_nothing(sub);
     send_msg(pub, max, 2);
     expect_received(sub, max, 2);
@@ -588,7 +588,7 @@ TEST(subscriber_created_before_its_publisher_receives_from_the_first_message) {
     expect_received(sub, 100, 1);
     expect_received(sub, 200, 2);
     expect_nothing(sub);
-    CHECK_EQ(sub.segment_size(), size == 0 ? msgq::kDefaultDataSize : size);
+    CHECK_EQ(sub.segment_size(), size == 0 ? vipc::msgq::kDefaultDataSize : size);
     CHECK_EQ(sub.resets(), 0u);
   }
   CHECK(dir.entries().empty());
@@ -601,8 +601,8 @@ TEST(last_publisher_wins_and_the_old_one_fails_on_send) {
     Subscriber sub(spec_in(dir), false);
     send_msg(first, 10, 1);
     Publisher second(spec_in(dir));
-    CHECK_THROWS_KIND(send_msg(first, 10, 2), ipc::ErrorKind::kMultiplePublishers);
-    CHECK_THROWS_KIND(first.loan(10), ipc::ErrorKind::kMultiplePublishers);
+    CHECK_THROWS_KIND(send_msg(first, 10, 2), vipc::common::ErrorKind::kMultiplePublishers);
+    CHECK_THROWS_KIND(first.loan(10), vipc::common::ErrorKind::kMultiplePublishers);
     send_msg(second, 10, 3);
     expect_received(sub, 10, 1);  // the new publisher continues where the old one stopped
     expect_received(sub, 10, 3);
@@ -622,7 +622,7 @@ TEST(publisher_with_another_size_supersedes_the_segment_and_subscribers_follow) 
     CHECK_EQ(new_pub.segment_size(), 2 * kSegment);
     send_msg(new_pub, 100, 2);
     send_msg(new_pub, 100, 3);
-    CHECK_THROWS_KIND(send_msg(old_pub, 100, 4), ipc::ErrorKind::kMultiplePublishers);
+    CHECK_THROWS_KIND(send_msg(old_pub, 100, 4), vipc::common::ErrorKind::kMultiplePublishers);
 
     expect_received(sub, 100, 1);  // drains the old ring first
     expect_received(sub, 100, 2);

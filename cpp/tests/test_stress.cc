@@ -139,7 +139,7 @@ struct VecSinkReuse {
 
 void thread_reader(testing::HeapRing& ring, uint32_t slot, Role role, const Payloads& payloads, const Control& ctl,
                    ReaderResult& out) {
-  msgq::RingReader reader(ring.view(), slot);
+  vipc::msgq::RingReader reader(ring.view(), slot);
   reader.reset();
   const bool conflate = role == Role::kConflate;
   StreamChecker chk(payloads, conflate, role_name(role));
@@ -147,7 +147,7 @@ void thread_reader(testing::HeapRing& ring, uint32_t slot, Role role, const Payl
   for (;;) {
     // done first: an empty read after seeing it means everything was read.
     const bool done = ctl.done.load(std::memory_order_acquire) != 0;
-    if (reader.read(sink, conflate) == msgq::ReadStatus::kMessage) {
+    if (reader.read(sink, conflate) == vipc::msgq::ReadStatus::kMessage) {
       chk.on_message(sink.buf.data(), sink.buf.size(), reader.resets());
       if (role == Role::kSlow) lag_behind(ctl, ring.data_size());
       continue;
@@ -161,11 +161,11 @@ void thread_reader(testing::HeapRing& ring, uint32_t slot, Role role, const Payl
 // Lets fast readers catch up now and then, so the run alternates between
 // lapping everyone and lossless delivery; never waits for the slow reader.
 void wait_for_fast_readers(testing::HeapRing& ring, const std::vector<Role>& roles) {
-  const int64_t give_up = ipc::monotonic_ns() + 20'000'000;
+  const int64_t give_up = vipc::common::monotonic_ns() + 20'000'000;
   for (uint32_t i = 0; i < roles.size(); i++) {
     if (roles[i] == Role::kSlow) continue;
-    const msgq::ReaderSlot& slot = ring.slot(i);
-    while (ipc::monotonic_ns() < give_up &&
+    const vipc::msgq::ReaderSlot& slot = ring.slot(i);
+    while (vipc::common::monotonic_ns() < give_up &&
            slot.read_pointer.load(std::memory_order_acquire) !=
                ring.header()->write_pointer.load(std::memory_order_acquire) &&
            slot.valid.load(std::memory_order_acquire) != 0) {
@@ -176,7 +176,7 @@ void wait_for_fast_readers(testing::HeapRing& ring, const std::vector<Role>& rol
 
 void run_threads(const Options& opt) {
   testing::HeapRing ring(static_cast<uint32_t>(opt.ring));
-  const Payloads payloads(opt.seed, msgq::max_message_size(opt.ring));
+  const Payloads payloads(opt.seed, vipc::msgq::max_message_size(opt.ring));
   const std::vector<Role> roles = {Role::kFast, Role::kFast, Role::kConflate, Role::kSlow};
   Control ctl;
   std::vector<ReaderResult> results(roles.size());
@@ -190,11 +190,11 @@ void run_threads(const Options& opt) {
                          std::ref(results[i]));
   }
 
-  msgq::RingWriter writer(ring.view());
+  vipc::msgq::RingWriter writer(ring.view());
   std::vector<char> msg(payloads.max_size());
-  const int64_t end = ipc::monotonic_ns() + static_cast<int64_t>(opt.seconds * 1e9);
+  const int64_t end = vipc::common::monotonic_ns() + static_cast<int64_t>(opt.seconds * 1e9);
   uint64_t seq = 0;
-  while (ipc::monotonic_ns() < end) {
+  while (vipc::common::monotonic_ns() < end) {
     const size_t n = payloads.size_of(seq);
     payloads.fill(seq, msg.data(), n);
     writer.write(msg.data(), n);
@@ -220,21 +220,21 @@ struct SharedState {
   ReaderResult results[8];
 };
 
-msgq::SegmentSpec segment_spec(const testing::TempDir& dir, size_t ring) {
-  msgq::SegmentSpec spec;
+vipc::msgq::SegmentSpec segment_spec(const testing::TempDir& dir, size_t ring) {
+  vipc::msgq::SegmentSpec spec;
   spec.dir = dir.path();
   spec.basename = "msgq@stress";
   spec.data_size = ring;  // readers pass it too, so whoever creates the file picks the same size
   return spec;
 }
 
-void process_reader(const msgq::SegmentSpec& spec, Role role, const Payloads& payloads, SharedState& shared,
+void process_reader(const vipc::msgq::SegmentSpec& spec, Role role, const Payloads& payloads, SharedState& shared,
                     ReaderResult& out) {
   const bool conflate = role == Role::kConflate;
-  auto sub = std::make_shared<msgq::Subscriber>(spec, conflate);
-  std::unique_ptr<msgq::Poller> poller;
+  auto sub = std::make_shared<vipc::msgq::Subscriber>(spec, conflate);
+  std::unique_ptr<vipc::msgq::Poller> poller;
   if (role == Role::kFastPoller) {
-    poller = std::make_unique<msgq::Poller>();
+    poller = std::make_unique<vipc::msgq::Poller>();
     poller->add(sub);
   }
   shared.ctl.ready.fetch_add(1, std::memory_order_release);
@@ -253,24 +253,24 @@ void process_reader(const msgq::SegmentSpec& spec, Role role, const Payloads& pa
     if (poller) {
       poller->poll(20'000'000, ready);
     } else {
-      sub->wait(ipc::deadline_after(20'000'000));
+      sub->wait(vipc::common::deadline_after(20'000'000));
     }
   }
   record(out, chk, sub->resets());
 }
 
-void process_writer(const msgq::SegmentSpec& spec, const Payloads& payloads, SharedState& shared, size_t readers,
+void process_writer(const vipc::msgq::SegmentSpec& spec, const Payloads& payloads, SharedState& shared, size_t readers,
                     double seconds) {
-  msgq::Publisher pub(spec);
-  const int64_t attach_deadline = ipc::monotonic_ns() + 10'000'000'000;
-  while (shared.ctl.ready.load(std::memory_order_acquire) < readers && ipc::monotonic_ns() < attach_deadline) {
+  vipc::msgq::Publisher pub(spec);
+  const int64_t attach_deadline = vipc::common::monotonic_ns() + 10'000'000'000;
+  while (shared.ctl.ready.load(std::memory_order_acquire) < readers && vipc::common::monotonic_ns() < attach_deadline) {
     usleep(1000);
   }
   CHECK_EQ(shared.ctl.ready.load(std::memory_order_acquire), readers);
   std::vector<char> msg(payloads.max_size());
-  const int64_t end = ipc::monotonic_ns() + static_cast<int64_t>(seconds * 1e9);
+  const int64_t end = vipc::common::monotonic_ns() + static_cast<int64_t>(seconds * 1e9);
   uint64_t seq = 0;
-  while (ipc::monotonic_ns() < end) {
+  while (vipc::common::monotonic_ns() < end) {
     const size_t n = payloads.size_of(seq);
     if (seq % 2 == 0) {
       payloads.fill(seq, msg.data(), n);
@@ -319,8 +319,8 @@ void expect_clean_exit(pid_t pid, const char* who) {
 
 void run_processes(const Options& opt) {
   testing::TempDir dir;
-  const msgq::SegmentSpec spec = segment_spec(dir, opt.ring);
-  const Payloads payloads(opt.seed, msgq::max_message_size(opt.ring));
+  const vipc::msgq::SegmentSpec spec = segment_spec(dir, opt.ring);
+  const Payloads payloads(opt.seed, vipc::msgq::max_message_size(opt.ring));
   const std::vector<Role> roles = {Role::kFast, Role::kFastPoller, Role::kConflate, Role::kSlow, Role::kVictim};
   void* mem = mmap(nullptr, sizeof(SharedState), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   CHECK(mem != MAP_FAILED);
@@ -336,8 +336,8 @@ void run_processes(const Options& opt) {
 
   // Kill the victim a third of the way in, without letting it detach: the
   // writer must not care, and its slot and presence die with it.
-  const int64_t attach_deadline = ipc::monotonic_ns() + 10'000'000'000;
-  while (shared->ctl.ready.load(std::memory_order_acquire) < roles.size() && ipc::monotonic_ns() < attach_deadline) {
+  const int64_t attach_deadline = vipc::common::monotonic_ns() + 10'000'000'000;
+  while (shared->ctl.ready.load(std::memory_order_acquire) < roles.size() && vipc::common::monotonic_ns() < attach_deadline) {
     usleep(1000);
   }
   usleep(static_cast<useconds_t>(opt.seconds * 1e6 / 3));
@@ -362,7 +362,7 @@ void run_processes(const Options& opt) {
 
 Options parse(int argc, char** argv) {
   Options opt;
-  opt.seed = static_cast<uint64_t>(ipc::realtime_ns());
+  opt.seed = static_cast<uint64_t>(vipc::common::realtime_ns());
   for (int i = 1; i < argc; i++) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* {
@@ -383,7 +383,7 @@ Options parse(int argc, char** argv) {
     }
   }
   CHECK(opt.seconds > 0 && opt.seconds < 600);
-  CHECK(opt.ring >= msgq::kMinDataSize && opt.ring % msgq::kCacheLine == 0);
+  CHECK(opt.ring >= vipc::msgq::kMinDataSize && opt.ring % vipc::msgq::kCacheLine == 0);
   return opt;
 }
 

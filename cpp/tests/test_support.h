@@ -70,37 +70,37 @@ class TempDir {
 class HeapRing {
  public:
   explicit HeapRing(uint32_t data_size) : data_size_(data_size) {
-    const size_t bytes = msgq::kHeaderSize + data_size;
-    mem_ = static_cast<uint8_t*>(::operator new(bytes, std::align_val_t{msgq::kCacheLine}));
+    const size_t bytes = vipc::msgq::kHeaderSize + data_size;
+    mem_ = static_cast<uint8_t*>(::operator new(bytes, std::align_val_t{vipc::msgq::kCacheLine}));
     std::memset(mem_, 0, bytes);
-    msgq::SegmentHeader& h = *header();
-    h.magic = msgq::kMagic;
-    h.layout_version = msgq::kLayoutVersion;
-    h.header_size = msgq::kHeaderSize;
+    vipc::msgq::SegmentHeader& h = *header();
+    h.magic = vipc::msgq::kMagic;
+    h.layout_version = vipc::msgq::kLayoutVersion;
+    h.header_size = vipc::msgq::kHeaderSize;
     h.data_size = data_size;
-    h.max_readers = msgq::kMaxReaders;
-    h.state.store(msgq::kStateReady, std::memory_order_relaxed);
+    h.max_readers = vipc::msgq::kMaxReaders;
+    h.state.store(vipc::msgq::kStateReady, std::memory_order_relaxed);
   }
-  ~HeapRing() { ::operator delete(mem_, std::align_val_t{msgq::kCacheLine}); }
+  ~HeapRing() { ::operator delete(mem_, std::align_val_t{vipc::msgq::kCacheLine}); }
   HeapRing(const HeapRing&) = delete;
   HeapRing& operator=(const HeapRing&) = delete;
 
-  msgq::SegmentHeader* header() const { return reinterpret_cast<msgq::SegmentHeader*>(mem_); }
-  uint8_t* data() const { return mem_ + msgq::kHeaderSize; }
+  vipc::msgq::SegmentHeader* header() const { return reinterpret_cast<vipc::msgq::SegmentHeader*>(mem_); }
+  uint8_t* data() const { return mem_ + vipc::msgq::kHeaderSize; }
   uint32_t data_size() const { return data_size_; }
-  msgq::RingView view() const { return msgq::RingView{header(), data(), data_size_}; }
-  msgq::ReaderSlot& slot(uint32_t i) const { return header()->readers[i]; }
+  vipc::msgq::RingView view() const { return vipc::msgq::RingView{header(), data(), data_size_}; }
+  vipc::msgq::ReaderSlot& slot(uint32_t i) const { return header()->readers[i]; }
 
   // What Subscriber::claim_slot does, minus the file lock: register, then reset.
-  msgq::RingReader add_reader(uint32_t i) {
+  vipc::msgq::RingReader add_reader(uint32_t i) {
     header()->reader_mask.fetch_or(uint64_t{1} << i, std::memory_order_seq_cst);
-    msgq::RingReader reader(view(), i);
+    vipc::msgq::RingReader reader(view(), i);
     reader.reset();
     return reader;
   }
 
-  int64_t prefix_at(uint32_t offset) const { return msgq::load_prefix(data() + offset); }
-  void set_prefix_at(uint32_t offset, int64_t value) { msgq::store_prefix(data() + offset, value); }
+  int64_t prefix_at(uint32_t offset) const { return vipc::msgq::load_prefix(data() + offset); }
+  void set_prefix_at(uint32_t offset, int64_t value) { vipc::msgq::store_prefix(data() + offset, value); }
 
  private:
   uint32_t data_size_;

@@ -16,7 +16,7 @@
 #include "visionipc/protocol.h"
 #include "visionipc/server.h"
 
-using namespace vipc;
+using namespace vipc::visionipc;
 
 namespace {
 
@@ -33,7 +33,7 @@ struct Rig {
 };
 
 bool recv_frame(Client& c, Frame& f, int64_t timeout_ms = 1000) {
-  return c.recv(ipc::deadline_after(timeout_ms * 1'000'000), f) == RecvStatus::kFrame;
+  return c.recv(vipc::common::deadline_after(timeout_ms * 1'000'000), f) == vipc::common::WaitStatus::kReady;
 }
 
 void fill(Server& s, const std::string& stream, uint8_t value, uint64_t frame_id) {
@@ -60,16 +60,16 @@ TEST(formats_follow_the_documented_layout) {
     CHECK_EQ(g.stride, 1984u);
     CHECK_EQ(g.uv_offset, 1984u * 1208);
     CHECK_EQ(g.size, uint64_t{1984} * 1208 * 3 / 2);
-    CHECK_THROWS_KIND(make_geometry(f, 3, 2), ipc::ErrorKind::kInvalidArgument);
+    CHECK_THROWS_KIND(make_geometry(f, 3, 2), vipc::common::ErrorKind::kInvalidArgument);
   }
-  CHECK_THROWS_KIND(make_geometry(Format::kNV12, 0, 2), ipc::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(make_geometry(static_cast<Format>(42), 2, 2), ipc::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(custom_geometry(100, 100, 100, 100, 0), ipc::ErrorKind::kInvalidArgument);  // stride*h > size
+  CHECK_THROWS_KIND(make_geometry(Format::kNV12, 0, 2), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(make_geometry(static_cast<Format>(42), 2, 2), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(custom_geometry(100, 100, 100, 100, 0), vipc::common::ErrorKind::kInvalidArgument);  // stride*h > size
   const PoolLayout l = make_layout(3, 5000);
   CHECK_EQ(l.slot_size, 8192u);
   CHECK_EQ(l.data_offset % kBufferAlign, 0u);
   CHECK_EQ(l.total_size, l.data_offset + 3 * 8192);
-  CHECK_THROWS_KIND(make_layout(0, 10), ipc::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(make_layout(0, 10), vipc::common::ErrorKind::kInvalidArgument);
 }
 
 TEST(frames_arrive_intact_with_their_metadata) {
@@ -107,9 +107,9 @@ TEST(missing_server_or_stream_connects_false) {
   server.start_listener();
   Client wrong("cam", "driver", false, rig.copt());
   CHECK(!wrong.connect());
-  CHECK_THROWS_KIND(server.get_buffer("driver"), ipc::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(server.create_buffers("road", 1, make_geometry(Format::kGray8, 8, 8)), ipc::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(Server("bad/name", rig.sopt()), ipc::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(server.get_buffer("driver"), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(server.create_buffers("road", 1, make_geometry(Format::kGray8, 8, 8)), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(Server("bad/name", rig.sopt()), vipc::common::ErrorKind::kInvalidArgument);
 }
 
 TEST(a_leased_buffer_is_skipped_until_every_buffer_is_leased) {
@@ -132,7 +132,7 @@ TEST(a_leased_buffer_is_skipped_until_every_buffer_is_leased) {
   // A buffer sent twice under one generation is refused.
   const Acquired a = server.get_buffer("s");
   server.send("s", a.index, a.generation, 3, 0, 0);
-  CHECK_THROWS_KIND(server.send("s", a.index, a.generation, 3, 0, 0), ipc::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(server.send("s", a.index, a.generation, 3, 0, 0), vipc::common::ErrorKind::kInvalidArgument);
 
   // One buffer and a lease on it: the producer takes it anyway, the holder is told.
   Server one("one", rig.sopt());
@@ -160,9 +160,9 @@ TEST(a_closed_client_no_longer_pins_its_buffer) {
   fill(server, "s", 1, 1);
   Frame held;
   CHECK(recv_frame(*client, held) && held.valid);
-  client.reset();  // the listener sees the hang-up (L3)
-  const int64_t deadline = ipc::monotonic_ns() + 5'000'000'000;
-  while (server.clients("s") != 0 && ipc::monotonic_ns() < deadline) usleep(1000);
+  client.reset();  // the listener sees the hang-up (L3, cpp/visionipc/pool.h)
+  const int64_t deadline = vipc::common::monotonic_ns() + 5'000'000'000;
+  while (server.clients("s") != 0 && vipc::common::monotonic_ns() < deadline) usleep(1000);
   CHECK_EQ(server.clients("s"), 0u);
   // Least recently sent first: the formerly leased buffer is never-sent's successor.
   const Acquired a = server.get_buffer("s");
@@ -201,14 +201,14 @@ TEST(clients_follow_a_restarted_server) {
 TEST(a_hostile_handshake_is_refused) {
   Rig rig;
   const std::string addr = socket_address(rig.prefix, "evil");
-  ipc::UniqueFd lfd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  vipc::common::UniqueFd lfd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   std::memcpy(sa.sun_path, addr.data(), addr.size());
   CHECK(bind(lfd.get(), reinterpret_cast<sockaddr*>(&sa), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size())) == 0);
   CHECK(listen(lfd.get(), 8) == 0);
-  ipc::UniqueFd pool = create_sealed_memfd("evil", 8192);
-  ipc::UniqueFd leases = create_sealed_memfd("evil-l", kLeaseTableSize);
+  vipc::common::UniqueFd pool = create_sealed_memfd("evil", 8192);
+  vipc::common::UniqueFd leases = create_sealed_memfd("evil-l", kLeaseTableSize);
   auto good = std::make_unique<Reply>();
   std::memset(good.get(), 0, sizeof(Reply));
   good->magic = kProtocolMagic;
@@ -233,9 +233,9 @@ TEST(a_hostile_handshake_is_refused) {
   };
   std::thread evil([&] {
     for (auto corrupt : corruptions) {
-      ipc::UniqueFd c(accept(lfd.get(), nullptr, nullptr));
+      vipc::common::UniqueFd c(accept(lfd.get(), nullptr, nullptr));
       Request req;
-      std::vector<ipc::UniqueFd> junk;
+      std::vector<vipc::common::UniqueFd> junk;
       recv_with_fds(c.get(), &req, sizeof(req), junk);
       Reply r = *good;
       corrupt(r);
@@ -244,7 +244,7 @@ TEST(a_hostile_handshake_is_refused) {
   });
   for (size_t i = 0; i < corruptions.size(); i++) {
     Client client("evil", "s", false, rig.copt());
-    CHECK_THROWS_KIND(client.connect(), ipc::ErrorKind::kSegment);
+    CHECK_THROWS_KIND(client.connect(), vipc::common::ErrorKind::kSegment);
   }
   evil.join();
 }
@@ -263,8 +263,8 @@ TEST(leased_frames_are_never_overwritten_under_a_fast_producer) {
     for (uint64_t id = 1; !stop.load(std::memory_order_relaxed); id++) fill(server, "s", static_cast<uint8_t>(id), id);
   });
   uint64_t checked = 0;
-  const int64_t end = ipc::monotonic_ns() + 500'000'000;
-  while (ipc::monotonic_ns() < end || checked < 20) {
+  const int64_t end = vipc::common::monotonic_ns() + 500'000'000;
+  while (vipc::common::monotonic_ns() < end || checked < 20) {
     Frame f;
     if (!recv_frame(client, f, 100) || !f.valid) continue;
     const uint8_t* p = client.buffer(f.index);

@@ -11,7 +11,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 namespace {
 
@@ -19,24 +19,24 @@ namespace {
 void check_server(int fd, const std::string& name, const ClientOptions& options) {
   ucred cred{};
   socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) ipc::fail_errno("SO_PEERCRED of VisionIPC server '" + name + "'");
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) common::fail_errno("SO_PEERCRED of VisionIPC server '" + name + "'");
   if (cred.uid == geteuid() || cred.uid == 0) return;
   for (uid_t u : options.trusted_uids) {
     if (u == cred.uid) return;
   }
-  ipc::fail(ipc::ErrorKind::kPermission,
+  common::fail(common::ErrorKind::kPermission,
             "VisionIPC server '" + name + "' is run by uid " + std::to_string(cred.uid) + " (pid " +
                 std::to_string(cred.pid) + "), which this client (uid " + std::to_string(geteuid()) +
                 ") does not trust: if that is really your server, pass its uid in trusted_uids; otherwise another "
                 "user is squatting the name");
 }
 
-ipc::UniqueFd dial(const std::string& address) {
-  ipc::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-  if (!fd) ipc::fail_errno("socket(AF_UNIX)");
+common::UniqueFd dial(const std::string& address) {
+  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
+  if (!fd) common::fail_errno("socket(AF_UNIX)");
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
-  if (address.size() > sizeof(sa.sun_path)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server name too long");
+  if (address.size() > sizeof(sa.sun_path)) common::fail(common::ErrorKind::kInvalidArgument, "server name too long");
   std::memcpy(sa.sun_path, address.data(), address.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) return {};
@@ -49,7 +49,7 @@ ipc::UniqueFd dial(const std::string& address) {
 // False if the server hung up or answered garbage; throws for a refusal
 // (kDenied) and for a version mismatch, which retrying cannot fix.
 bool ask(int fd, const std::string& name, RequestKind kind, const std::string& stream, Reply& reply,
-         std::vector<ipc::UniqueFd>& fds) {
+         std::vector<common::UniqueFd>& fds) {
   Request req{};
   req.magic = kProtocolMagic;
   req.version = kProtocolVersion;
@@ -61,14 +61,14 @@ bool ask(int fd, const std::string& name, RequestKind kind, const std::string& s
   if (r < 8 || reply.magic != kProtocolMagic) return false;
   if (reply.version != kProtocolVersion ||
       (r == sizeof(reply) && reply.status == static_cast<uint32_t>(ReplyStatus::kBadRequest))) {
-    ipc::fail(ipc::ErrorKind::kIpc, "VisionIPC server '" + name + "' speaks protocol version " +
+    common::fail(common::ErrorKind::kIpc, "VisionIPC server '" + name + "' speaks protocol version " +
                                         std::to_string(reply.version) + ", this client version " +
                                         std::to_string(kProtocolVersion) +
                                         ": run the same visionipc release in the server and its clients");
   }
   if (r != static_cast<ssize_t>(sizeof(reply))) return false;
   if (reply.status == static_cast<uint32_t>(ReplyStatus::kDenied)) {
-    ipc::fail(ipc::ErrorKind::kPermission,
+    common::fail(common::ErrorKind::kPermission,
               "VisionIPC server '" + name + "' refused this client (uid " + std::to_string(geteuid()) +
                   "): it admits its own user only; start it with allowed_uids=[" + std::to_string(geteuid()) + "]");
   }
@@ -117,7 +117,7 @@ void Client::ensure_subscriber() {
   msgq::SegmentSpec spec;
   spec.dir = options_.shm_dir;
   const std::string topic = endpoint_name(name_, stream_);
-  spec.basename = options_.prefix.empty() ? "msgq@" + topic : "msgq@" + options_.prefix + "@" + topic;
+  spec.basename = msgq::segment_basename(options_.prefix, topic);
   if (topic_fd_) {  // what the server passed: works for an admitted user of another uid too
     sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, msgq::Segment::adopt(topic_fd_.get(), spec));
     topic_fd_.reset();
@@ -127,15 +127,15 @@ void Client::ensure_subscriber() {
 }
 
 bool Client::connect() {
-  ipc::UniqueFd fd = dial(socket_address(options_.prefix, name_));
+  common::UniqueFd fd = dial(socket_address(options_.prefix, name_));
   if (!fd) return false;
   check_server(fd.get(), name_, options_);
   auto reply = std::make_unique<Reply>();
-  std::vector<ipc::UniqueFd> fds;
+  std::vector<common::UniqueFd> fds;
   if (!ask(fd.get(), name_, RequestKind::kAttach, stream_, *reply, fds)) return false;
   if (reply->status != static_cast<uint32_t>(ReplyStatus::kOk)) return false;
   if (!accept_reply(*reply, fds)) {
-    ipc::fail(ipc::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
+    common::fail(common::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
   }
   sock_ = std::move(fd);
   ensure_subscriber();
@@ -143,7 +143,7 @@ bool Client::connect() {
 }
 
 // Bounds-check everything a server told us before mapping or indexing with it.
-bool Client::accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds) {
+bool Client::accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds) {
   if (fds.size() != 3 || r.lease_slot >= kMaxClients || r.lease_table_size != kLeaseTableSize) return false;
   Geometry g{static_cast<Format>(r.format), r.width, r.height, r.stride, r.uv_offset, r.buffer_size};
   if (r.format > static_cast<uint32_t>(Format::kCustom) || !geometry_problem(g).empty()) return false;
@@ -182,7 +182,7 @@ bool Client::connected() {
 }
 
 const uint8_t* Client::buffer(uint32_t index) const {
-  if (!pool_ || index >= layout_.count) ipc::fail(ipc::ErrorKind::kInvalidArgument, "buffer index out of range");
+  if (!pool_ || index >= layout_.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return pool_->data() + layout_.data_offset + uint64_t{index} * layout_.slot_size;
 }
 
@@ -205,11 +205,11 @@ bool Client::take_lease(uint32_t index, uint64_t generation) {
     const uint64_t g = meta(index).generation.load(std::memory_order_seq_cst);
     if (g == generation) return true;
     if (g != (generation | kProbeBit)) break;
-    const int64_t now = ipc::monotonic_ns();
+    const int64_t now = common::monotonic_ns();
     if (give_up == 0) give_up = now + 2'000'000;
     if (now > give_up) break;
     if (spins > 64) sched_yield();
-    ipc::cpu_relax();
+    common::cpu_relax();
   }
   lease_->word.store(0, std::memory_order_release);
   return false;
@@ -232,35 +232,32 @@ bool Client::handle(const Packet& p, Frame& out) {
   out.timestamp_sof = p.timestamp_sof;
   out.timestamp_eof = p.timestamp_eof;
   out.publish_ns = p.publish_ns;
-  out.receive_ns = static_cast<uint64_t>(ipc::monotonic_ns());
+  out.receive_ns = static_cast<uint64_t>(common::monotonic_ns());
   out.valid = take_lease(p.index, p.generation);
   return true;
 }
 
-RecvStatus Client::recv(int64_t deadline_ns, Frame& out) {
+common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
   ensure_subscriber();
   for (;;) {
     PacketSink sink;
     while (sub_->try_read(sink)) {
-      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return RecvStatus::kFrame;
+      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return common::WaitStatus::kReady;
       dropped_++;
     }
-    if (deadline_ns != ipc::kNever && ipc::monotonic_ns() >= deadline_ns) return RecvStatus::kTimeout;
-    switch (sub_->wait(deadline_ns)) {
-      case msgq::WaitStatus::kInterrupted: return RecvStatus::kInterrupted;
-      case msgq::WaitStatus::kClosed: return RecvStatus::kClosed;
-      default: break;
-    }
+    if (deadline_ns != common::kNever && common::monotonic_ns() >= deadline_ns) return common::WaitStatus::kTimeout;
+    const common::WaitStatus st = sub_->wait(deadline_ns);
+    if (st == common::WaitStatus::kInterrupted || st == common::WaitStatus::kClosed) return st;
   }
 }
 
 std::optional<std::vector<std::string>> Client::list_streams(const std::string& name, const ClientOptions& options) {
   check_name("server name", name);
-  ipc::UniqueFd fd = dial(socket_address(options.prefix, name));
+  common::UniqueFd fd = dial(socket_address(options.prefix, name));
   if (!fd) return std::nullopt;
   check_server(fd.get(), name, options);
   auto reply = std::make_unique<Reply>();
-  std::vector<ipc::UniqueFd> fds;
+  std::vector<common::UniqueFd> fds;
   if (!ask(fd.get(), name, RequestKind::kList, "", *reply, fds) || reply->status != 0) return std::nullopt;
   std::vector<std::string> out;
   std::string cur;
@@ -275,4 +272,4 @@ std::optional<std::vector<std::string>> Client::list_streams(const std::string& 
   return out;
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

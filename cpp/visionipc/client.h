@@ -15,12 +15,13 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/wait_status.h"
 #include "msgq/subscriber.h"
 #include "visionipc/format.h"
 #include "visionipc/pool.h"
 #include "visionipc/protocol.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 struct ClientOptions {
   std::string prefix;
@@ -38,8 +39,6 @@ struct Frame {
   bool valid = false;  // the buffer still holds this frame and we lease it
 };
 
-enum class RecvStatus { kFrame, kTimeout, kInterrupted, kClosed };
-
 class Client {
  public:
   Client(std::string name, std::string stream, bool conflate, ClientOptions options);
@@ -51,9 +50,9 @@ class Client {
   // server or the stream does not exist (yet), or refused us.
   bool connect();
   bool connected();
-  // Wait for the next frame until deadline (monotonic ns, ipc::kNever). A
+  // Wait for the next frame until deadline (monotonic ns, common::kNever). A
   // returned frame is leased (the previous lease is dropped) when still valid.
-  RecvStatus recv(int64_t deadline_ns, Frame& out);
+  common::WaitStatus recv(int64_t deadline_ns, Frame& out);
 
   bool take_lease(uint32_t index, uint64_t generation);
   void release_lease();
@@ -75,7 +74,7 @@ class Client {
 
  private:
   void disconnect();
-  bool accept_reply(const Reply& r, std::vector<ipc::UniqueFd>& fds);
+  bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
   void ensure_subscriber();
   const BufferMeta& meta(uint32_t i) const { return reinterpret_cast<const BufferMeta*>(pool_->data())[i]; }
@@ -83,8 +82,8 @@ class Client {
   std::string name_, stream_;
   bool conflate_;
   ClientOptions options_;
-  ipc::UniqueFd sock_;
-  ipc::UniqueFd topic_fd_;  // the topic segment the server passed (attach reply), until the subscriber takes it
+  common::UniqueFd sock_;
+  common::UniqueFd topic_fd_;  // the topic segment the server passed (attach reply), until the subscriber takes it
   std::shared_ptr<Mapping> pool_;
   std::unique_ptr<Mapping> leases_;
   LeaseSlot* lease_ = nullptr;
@@ -98,4 +97,4 @@ class Client {
   std::unique_ptr<msgq::Subscriber> sub_;
 };
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

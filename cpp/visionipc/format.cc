@@ -2,11 +2,11 @@
 
 #include "common/errors.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 namespace {
 
-[[noreturn]] void invalid(const std::string& what) { ipc::fail(ipc::ErrorKind::kInvalidArgument, what); }
+[[noreturn]] void invalid(const std::string& what) { common::fail(common::ErrorKind::kInvalidArgument, what); }
 
 void check_dimensions(uint32_t width, uint32_t height) {
   if (width == 0 || height == 0 || width > kMaxDimension || height > kMaxDimension) {
@@ -68,7 +68,7 @@ std::string geometry_problem(const Geometry& g) {
   Geometry expect;
   try {
     expect = make_geometry(g.format, g.width, g.height);
-  } catch (const ipc::Error& e) {
+  } catch (const common::Error& e) {
     return e.what();
   }
   if (expect.stride != g.stride || expect.uv_offset != g.uv_offset || expect.size != g.size) {
@@ -92,4 +92,4 @@ bool parse_format(const std::string& name, Format& out) {
   return false;
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -22,7 +22,7 @@
 #include <cstdint>
 #include <string>
 
-namespace vipc {
+namespace vipc::visionipc {
 
 enum class Format : uint32_t { kNV12 = 0, kI420 = 1, kGray8 = 2, kRGB8 = 3, kBGR8 = 4, kRaw16 = 5, kCustom = 6 };
 
@@ -73,7 +73,7 @@ struct Geometry {
 
 constexpr uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
-// Throws ipc::Error(kInvalidArgument) for zero or oversized dimensions, odd
+// Throws common::Error(kInvalidArgument) for zero or oversized dimensions, odd
 // NV12/I420 dimensions, or an unknown format.
 Geometry make_geometry(Format format, uint32_t width, uint32_t height);
 Geometry custom_geometry(uint32_t width, uint32_t height, uint64_t size, uint32_t stride, uint32_t uv_offset);
@@ -85,4 +85,4 @@ std::string geometry_problem(const Geometry& g);
 const char* format_name(Format f);
 bool parse_format(const std::string& name, Format& out);
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

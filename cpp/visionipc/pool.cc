@@ -8,11 +8,11 @@
 #include "common/errors.h"
 #include "visionipc/format.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 PoolLayout make_layout(uint32_t count, uint64_t buffer_size) {
   if (count == 0 || count > kMaxBuffers) {
-    ipc::fail(ipc::ErrorKind::kInvalidArgument,
+    common::fail(common::ErrorKind::kInvalidArgument,
               "buffer count " + std::to_string(count) + " must be 1.." + std::to_string(kMaxBuffers));
   }
   PoolLayout l;
@@ -27,27 +27,27 @@ PoolLayout make_layout(uint32_t count, uint64_t buffer_size) {
 Mapping::Mapping(int fd, size_t size, bool writable, size_t read_only_prefix) : size_(size) {
   const int prot = writable ? PROT_READ | PROT_WRITE : PROT_READ;
   void* p = mmap(nullptr, size, prot, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) ipc::fail_errno("mmap of a frame pool (" + std::to_string(size) + " bytes)");
+  if (p == MAP_FAILED) common::fail_errno("mmap of a frame pool (" + std::to_string(size) + " bytes)");
   data_ = static_cast<uint8_t*>(p);
   if (writable && read_only_prefix != 0 && mprotect(p, read_only_prefix, PROT_READ) != 0) {
     const int err = errno;
     munmap(p, size);
-    ipc::fail_errno("mprotect of a frame pool's metadata", err);
+    common::fail_errno("mprotect of a frame pool's metadata", err);
   }
 }
 
 Mapping::~Mapping() { munmap(data_, size_); }
 
-ipc::UniqueFd create_sealed_memfd(const char* name, size_t size) {
-  ipc::UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
-  if (!fd) ipc::fail_errno("memfd_create");
-  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) ipc::fail_errno("sizing a memfd to " + std::to_string(size));
+common::UniqueFd create_sealed_memfd(const char* name, size_t size) {
+  common::UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!fd) common::fail_errno("memfd_create");
+  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) common::fail_errno("sizing a memfd to " + std::to_string(size));
   // Reserve the pages now: running out of memory later would be a SIGBUS in
   // the producer's pixel writes instead of an exception here.
   if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
-    ipc::fail_errno("reserving " + std::to_string(size) + " bytes of shared memory", err);
+    common::fail_errno("reserving " + std::to_string(size) + " bytes of shared memory", err);
   }
-  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) ipc::fail_errno("sealing a memfd");
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) common::fail_errno("sealing a memfd");
   return fd;
 }
 
@@ -64,4 +64,4 @@ std::string sealed_memfd_problem(int fd, size_t size) {
   return "";
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -41,7 +41,7 @@
 
 #include "common/files.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 inline constexpr uint32_t kMaxBuffers = 256;
 inline constexpr uint32_t kMaxClients = 64;  // lease slots (client connections) per stream
@@ -99,8 +99,8 @@ class Mapping {
 };
 
 // A new sealed memfd of `size` zero bytes.
-ipc::UniqueFd create_sealed_memfd(const char* name, size_t size);
+common::UniqueFd create_sealed_memfd(const char* name, size_t size);
 // Empty if fd is a memfd of exactly `size` bytes sealed against shrink and grow.
 std::string sealed_memfd_problem(int fd, size_t size);
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -5,7 +5,7 @@
 #include <cerrno>
 #include <cstring>
 
-namespace vipc {
+namespace vipc::visionipc {
 
 std::string socket_address(const std::string& prefix, const std::string& name) {
   std::string addr(1, '\0');
@@ -42,7 +42,7 @@ bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>&
   }
 }
 
-ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>& fds) {
+ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::UniqueFd>& fds) {
   iovec iov{data, n};
   msghdr msg{};
   msg.msg_iov = &iov;
@@ -72,11 +72,11 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>
   return r;
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc
 
 #include "common/errors.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 void check_name(const char* kind, const std::string& name) {
   bool ok = !name.empty() && name.size() <= 100 && name[0] != '.' && name.find("..") == std::string::npos;
@@ -85,9 +85,9 @@ void check_name(const char* kind, const std::string& name) {
                 ch == '.' || ch == ':' || ch == '-');
   }
   if (!ok) {
-    ipc::fail(ipc::ErrorKind::kInvalidArgument, std::string(kind) + " '" + name.substr(0, 40) +
+    common::fail(common::ErrorKind::kInvalidArgument, std::string(kind) + " '" + name.substr(0, 40) +
                                                     "' must be 1-100 of [A-Za-z0-9_.:-], no '..', not starting with '.'");
   }
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

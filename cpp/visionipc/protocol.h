@@ -27,7 +27,7 @@
 
 #include "common/files.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 inline constexpr uint32_t kProtocolMagic = 0x43504956;  // "VIPC"
 inline constexpr uint32_t kProtocolVersion = 2;  // 2: the topic segment fd in the attach Reply
@@ -91,12 +91,12 @@ inline constexpr size_t kMaxFdsPerMessage = 4;
 bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>& fds);
 // Receive one message and any fds (closed unless `fds` takes them); returns
 // bytes received, 0 on hang-up, -1 on error (errno set).
-ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<ipc::UniqueFd>& fds);
+ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::UniqueFd>& fds);
 
-}  // namespace vipc
+}  // namespace vipc::visionipc
 
-namespace vipc {
+namespace vipc::visionipc {
 // Server and stream names: 1..100 of [A-Za-z0-9_.:-], no "..", not starting
-// with '.'; throws ipc::Error(kInvalidArgument, "<kind> ...").
+// with '.'; throws common::Error(kInvalidArgument, "<kind> ...").
 void check_name(const char* kind, const std::string& name);
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -16,14 +16,14 @@
 #include "common/errors.h"
 #include "visionipc/protocol.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 namespace {
 
 uint64_t random_id() {
   uint64_t id = 0;
   while (id == 0) {
-    if (getrandom(&id, sizeof(id), 0) != sizeof(id)) ipc::fail_errno("getrandom");
+    if (getrandom(&id, sizeof(id), 0) != sizeof(id)) common::fail_errno("getrandom");
   }
   return id;
 }
@@ -31,7 +31,7 @@ uint64_t random_id() {
 msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
   msgq::SegmentSpec spec;
   spec.dir = o.shm_dir;
-  spec.basename = o.prefix.empty() ? "msgq@" + topic : "msgq@" + o.prefix + "@" + topic;
+  spec.basename = msgq::segment_basename(o.prefix, topic);
   return spec;
 }
 
@@ -42,18 +42,18 @@ msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
 Server::Server(std::string name, ServerOptions options) : name_(std::move(name)), options_(std::move(options)), id_(random_id()) {
   check_name("server name", name_);
   listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listen_fd_) ipc::fail_errno("socket(AF_UNIX)");
+  if (!listen_fd_) common::fail_errno("socket(AF_UNIX)");
   const std::string addr = socket_address(options_.prefix, name_);
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
-  if (addr.size() > sizeof(sa.sun_path)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server name too long for a socket address");
+  if (addr.size() > sizeof(sa.sun_path)) common::fail(common::ErrorKind::kInvalidArgument, "server name too long for a socket address");
   std::memcpy(sa.sun_path, addr.data(), addr.size());
   const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
   if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     if (errno == EADDRINUSE) {
-      ipc::fail(ipc::ErrorKind::kIpc, "another VisionIPC server named '" + name_ + "' is running (prefix '" + options_.prefix + "')");
+      common::fail(common::ErrorKind::kIpc, "another VisionIPC server named '" + name_ + "' is running (prefix '" + options_.prefix + "')");
     }
-    ipc::fail_errno("bind of the VisionIPC socket");
+    common::fail_errno("bind of the VisionIPC socket");
   }
 }
 
@@ -74,7 +74,7 @@ void Server::close() {
 Server::Stream& Server::find(const std::string& stream) const {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = streams_.find(stream);
-  if (it == streams_.end()) ipc::fail(ipc::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
+  if (it == streams_.end()) common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
   return *it->second;
 }
 
@@ -87,7 +87,7 @@ std::vector<std::string> Server::streams() const {
 
 uint8_t* Server::buffer(const std::string& stream, uint32_t index) const {
   const Stream& s = find(stream);
-  if (index >= s.layout.count) ipc::fail(ipc::ErrorKind::kInvalidArgument, "buffer index out of range");
+  if (index >= s.layout.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return s.pool->data() + s.layout.data_offset + uint64_t{index} * s.layout.slot_size;
 }
 
@@ -105,7 +105,7 @@ uint64_t Server::generation(const std::string& stream, uint32_t index) const {
 void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
   check_name("stream name", stream);
   const std::string problem = geometry_problem(geometry);
-  if (!problem.empty()) ipc::fail(ipc::ErrorKind::kInvalidArgument, problem);
+  if (!problem.empty()) common::fail(common::ErrorKind::kInvalidArgument, problem);
   auto s = std::make_unique<Stream>();
   s->name = stream;
   s->geometry = geometry;
@@ -118,7 +118,7 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->generation.assign(count, 0);
   s->publisher = std::make_unique<msgq::Publisher>(topic_spec(options_, endpoint_name(name_, stream)));
   std::lock_guard<std::mutex> lock(mutex_);
-  if (streams_.count(stream)) ipc::fail(ipc::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
+  if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
   s->ordinal = static_cast<uint32_t>(streams_.size());
   streams_[stream] = std::move(s);
 }
@@ -179,7 +179,7 @@ Acquired Server::get_buffer(const std::string& stream) {
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
   Stream& s = find(stream);
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
-    ipc::fail(ipc::ErrorKind::kInvalidArgument,
+    common::fail(common::ErrorKind::kInvalidArgument,
               "buffer " + std::to_string(index) + " of stream '" + stream +
                   "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
   }
@@ -192,16 +192,16 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
   s.generation[index] = published;
   s.last_sent[index] = ++s.sends;
   const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof,
-                 static_cast<uint64_t>(ipc::monotonic_ns())};
+                 static_cast<uint64_t>(common::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));
 }
 
 void Server::start_listener() {
   if (listener_.joinable()) return;
-  if (!listen_fd_) ipc::fail(ipc::ErrorKind::kClosed, "server '" + name_ + "' is closed");
-  if (listen(listen_fd_.get(), 64) != 0) ipc::fail_errno("listen");
+  if (!listen_fd_) common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed");
+  if (listen(listen_fd_.get(), 64) != 0) common::fail_errno("listen");
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC));
-  if (!stop_fd_) ipc::fail_errno("eventfd");
+  if (!stop_fd_) common::fail_errno("eventfd");
   listener_ = std::thread([this] { listen_loop(); });
 }
 
@@ -236,7 +236,7 @@ bool Server::peer_allowed(int fd) const {
 
 void Server::accept_client() {
   for (;;) {
-    ipc::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd) return;
     if (!peer_allowed(fd.get())) {
       // Say why, so the client can tell its user what to do; then hang up.
@@ -258,7 +258,7 @@ bool topic_ok(const std::vector<int>& fds) { return fds.empty() || fds.back() >=
 
 bool Server::serve_request(Connection& c) {
   Request req{};
-  std::vector<ipc::UniqueFd> junk;
+  std::vector<common::UniqueFd> junk;
   const ssize_t r = recv_with_fds(c.fd.get(), &req, sizeof(req), junk);
   if (r != static_cast<ssize_t>(sizeof(req)) || req.magic != kProtocolMagic) return false;
   auto reply = std::make_unique<Reply>();  // ~8 KiB: keep it off the listener's stack
@@ -269,7 +269,7 @@ bool Server::serve_request(Connection& c) {
   req.stream[kStreamNameCapacity - 1] = '\0';
   const std::string wanted(req.stream);
   std::vector<int> fds;
-  ipc::UniqueFd topic;
+  common::UniqueFd topic;
   std::unique_lock<std::mutex> lock(mutex_);
   if (req.version != kProtocolVersion) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kBadRequest);
@@ -322,4 +322,4 @@ void Server::hang_up(Connection& c) {
   c.stream = nullptr;
 }
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -27,7 +27,7 @@
 #include "visionipc/format.h"
 #include "visionipc/pool.h"
 
-namespace vipc {
+namespace vipc::visionipc {
 
 struct ServerOptions {
   std::string prefix;               // run prefix (MSGQ_PREFIX), part of every name
@@ -73,7 +73,7 @@ class Server {
     uint32_t ordinal = 0;
     Geometry geometry;
     PoolLayout layout;
-    ipc::UniqueFd pool_fd, lease_fd;
+    common::UniqueFd pool_fd, lease_fd;
     std::shared_ptr<Mapping> pool;
     std::unique_ptr<Mapping> leases;
     std::unique_ptr<msgq::Publisher> publisher;
@@ -85,7 +85,7 @@ class Server {
     LeaseSlot& lease(uint32_t slot) const { return reinterpret_cast<LeaseSlot*>(leases->data())[slot]; }
   };
   struct Connection {
-    ipc::UniqueFd fd;
+    common::UniqueFd fd;
     Stream* stream = nullptr;  // set once attached
     uint32_t slot = 0;
   };
@@ -103,9 +103,9 @@ class Server {
   uint64_t id_;
   mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
   std::map<std::string, std::unique_ptr<Stream>> streams_;
-  ipc::UniqueFd listen_fd_, stop_fd_;
+  common::UniqueFd listen_fd_, stop_fd_;
   std::vector<Connection> connections_;  // listener thread only
   std::thread listener_;
 };
 
-}  // namespace vipc
+}  // namespace vipc::visionipc

@@ -5,7 +5,7 @@ import weakref
 
 from msgq import _msgq
 from msgq.errors import InvalidArgumentError
-from msgq.names import SEGMENT_PREFIX, current_prefix, segment_basename, segment_dir
+from msgq.names import current_prefix, run_segment_prefix, segment_basename, segment_dir
 
 NAME = "msgq"
 
@@ -69,8 +69,7 @@ def remove_stale_segments(prefix=None):
     """Unlink this user's segments that no live process uses (left behind when
     every participant was killed); returns their file names. With ``prefix``,
     only that run prefix's segments."""
-    start = f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
-    return _msgq.remove_stale_segments(segment_dir(), start)
+    return _msgq.remove_stale_segments(segment_dir(), run_segment_prefix(prefix))
 
 
 def _forget_after_fork():

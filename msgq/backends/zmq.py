@@ -82,6 +82,7 @@ import weakref
 
 import zmq
 
+from msgq._shared import Closeable
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import zmq_port
 
@@ -221,7 +222,7 @@ def _payload(data):
 # ------------------------------------------------------------------ closing from any thread
 
 
-class _Guarded:
+class _Guarded(Closeable):
     """One user thread at a time, plus ``close()`` from any thread.
 
     The user marks itself inside before it touches the zmq socket and then
@@ -303,11 +304,6 @@ class _Guarded:
             _inherited.append(self._zsock)  # never closed here: it belongs to the parent
             self._zsock = None
 
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # interpreter shutdown
-            pass
 
 
 # ------------------------------------------------------------------ publisher

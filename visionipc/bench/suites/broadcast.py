@@ -1,10 +1,10 @@
 """Lossless broadcast of Python objects, 1 writer / N readers, three ways in one run:
 
 - ``msgq``: :class:`msgq.BroadcastQueue` (C++ chunk ring, futex wake-ups);
-- ``seed-py``: the seed 003 design in pure Python over
+- ``seed-py``: the plain chunk ring in pure Python over
   ``multiprocessing.shared_memory``: per chunk a written byte and one read
-  byte per reader, writer and readers polling with ``os.sched_yield()`` as the
-  seed's implementation does;
+  byte per reader, writer and readers polling with ``os.sched_yield()`` (the
+  naive design cpp/broadcast/README.md improves on);
 - ``mp.Queue``: one ``multiprocessing.Queue`` per reader, the writer puts
   every object into each (the standard library's way to broadcast).
 
@@ -42,10 +42,10 @@ SPAWN = multiprocessing.get_context("spawn")
 DONE_TIMEOUT = 120.0
 
 
-# ------------------------------------------------------------------ the seed's design in pure Python
+# ------------------------------------------------------------------ the plain chunk ring in pure Python
 
 class SeedRing:
-    """Seed 003's ShmRingBuffer as its Python implementation does it: chunk i
+    """A polling ShmRingBuffer in pure Python: chunk i
     has metadata [written, read_0 .. read_{n-1}] (one byte each) and a data
     area [overflow byte][4-byte length][pickle]. Polls with sched_yield()."""
 
