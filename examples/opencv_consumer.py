@@ -103,14 +103,18 @@ def main(argv=None) -> int:
         now = time.monotonic()
         if now - report_at >= 1.0:
             latency = f"{statistics.median(latencies):6.2f} ms" if latencies else "     -   "
-            print(f"consumer: {len(handoffs) / (now - report_at):5.1f} fps  frame {frame.frame_id:6d}  "
-                  f"eof->done {latency}  handoff {statistics.median(handoffs):6.3f} ms  "
-                  f"{frame.width}x{frame.height}  edges {edge_share * 100:4.1f}%  motion {motion:5.2f}  "
-                  f"drops {drops}", flush=True)
+            print(
+                f"consumer: {len(handoffs) / (now - report_at):5.1f} fps  frame {frame.frame_id:6d}  "
+                f"eof->done {latency}  handoff {statistics.median(handoffs):6.3f} ms  "
+                f"{frame.width}x{frame.height}  edges {edge_share * 100:4.1f}%  motion {motion:5.2f}  "
+                f"drops {drops}",
+                flush=True,
+            )
             latencies, handoffs, report_at = [], [], now
     client.close()
-    print(f"consumer: processed {processed} frames ({drops} dropped, {overwritten} overwritten while in use)",
-          flush=True)
+    print(
+        f"consumer: processed {processed} frames ({drops} dropped, {overwritten} overwritten while in use)", flush=True
+    )
     return 0
 
 

@@ -8,6 +8,8 @@ instead of aborts, no signals, sleeping receivers that use no CPU.
 
 from typing import List, Optional, Union
 
+from msgq import _aliases
+from msgq import errors as _errors
 from msgq.broadcast import BroadcastHandle, BroadcastQueue
 from msgq.errors import (
     ClosedError,
@@ -34,12 +36,11 @@ from msgq.events import (
 )
 from msgq.ordered import OrderedProducer, OrderedReader
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
-from msgq import _aliases
-from msgq import errors as _errors
 
 # DEPRECATED paths: msgq-top, msgq-bridge and their diagnostics moved to msgq.apps
-_aliases.install({"msgq.top": "msgq.apps.top", "msgq.bridge": "msgq.apps.bridge",
-                  "msgq.diagnostics": "msgq.apps.diagnostics"})
+_aliases.install(
+    {"msgq.top": "msgq.apps.top", "msgq.bridge": "msgq.apps.bridge", "msgq.diagnostics": "msgq.apps.diagnostics"}
+)
 
 __all__ = [
     "Context",

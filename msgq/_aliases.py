@@ -38,16 +38,17 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         for old, new in self.moved.items():
             if fullname == old or fullname.startswith(old + "."):
-                real = new + fullname[len(old):]
+                real = new + fullname[len(old) :]
                 if fullname == old:
-                    warnings.warn(f"{old} moved to {new}; the old path is a deprecated alias",
-                                  DeprecationWarning, stacklevel=3)
+                    warnings.warn(
+                        f"{old} moved to {new}; the old path is a deprecated alias", DeprecationWarning, stacklevel=3
+                    )
                 real_spec = importlib.util.find_spec(real)
                 if real_spec is None:
                     return None
                 return importlib.util.spec_from_loader(
-                    fullname, _AliasLoader(real),
-                    is_package=real_spec.submodule_search_locations is not None)
+                    fullname, _AliasLoader(real), is_package=real_spec.submodule_search_locations is not None
+                )
         return None
 
 

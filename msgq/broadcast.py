@@ -31,18 +31,19 @@ import time
 from typing import Optional, Sequence
 
 from msgq import _queues
+from msgq._shared import Closeable, check_int
+from msgq._shared import deadline as _deadline
+from msgq._shared import expired as _expired
+from msgq._shared import time_left as _left
 from msgq.backends.shm import _mode
 from msgq.errors import (
     ClosedError,
     InvalidArgumentError,
     IpcError,
     IpcTimeoutError,
-    MessageTooLargeError,
     QueueShutdownError,
 )
 from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
-from msgq._shared import Closeable, check_int
-from msgq._shared import deadline as _deadline, expired as _expired, time_left as _left
 
 logger = logging.getLogger("msgq.broadcast")
 
@@ -94,8 +95,9 @@ def _zmq():
     try:
         import zmq
     except ImportError as e:  # optional dependency
-        raise ImportError("messages larger than a chunk and remote readers need pyzmq: "
-                          "pip install 'visionipc[zmq]'") from e
+        raise ImportError(
+            "messages larger than a chunk and remote readers need pyzmq: pip install 'visionipc[zmq]'"
+        ) from e
     return zmq
 
 
@@ -131,10 +133,17 @@ class BroadcastQueue(Closeable):
     default route), ``remote_bind`` the interface the writer listens on.
     """
 
-    def __init__(self, n_readers: int, n_remote_readers: int = 0, chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-                 max_chunks: int = DEFAULT_MAX_CHUNKS, name: Optional[str] = None,
-                 remote_host: Optional[str] = None, remote_bind: str = "*",
-                 warn_interval: float = DEFAULT_WARN_INTERVAL):
+    def __init__(
+        self,
+        n_readers: int,
+        n_remote_readers: int = 0,
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        max_chunks: int = DEFAULT_MAX_CHUNKS,
+        name: Optional[str] = None,
+        remote_host: Optional[str] = None,
+        remote_bind: str = "*",
+        warn_interval: float = DEFAULT_WARN_INTERVAL,
+    ):
         n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
         n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
         if n_readers + n_remote_readers == 0:
@@ -153,8 +162,9 @@ class BroadcastQueue(Closeable):
         self._subscribed = {}  # socket -> ranks whose hello arrived
         local_addr = remote_addr = None
         if n_readers:
-            self._writer = _queues.BroadcastWriter(shm_dir, queue_basename(self.name, prefix), n_readers,
-                                                   max_chunks, chunk_bytes, _mode())
+            self._writer = _queues.BroadcastWriter(
+                shm_dir, queue_basename(self.name, prefix), n_readers, max_chunks, chunk_bytes, _mode()
+            )
             local_addr = f"ipc://@msgq-broadcast-{os.getpid()}-{secrets.token_hex(8)}"
         try:
             if n_readers:
@@ -170,8 +180,9 @@ class BroadcastQueue(Closeable):
         except BaseException:
             self.close()
             raise
-        self.handle = BroadcastHandle(self.name, prefix, shm_dir, n_readers, n_remote_readers, chunk_bytes,
-                                      max_chunks, local_addr, remote_addr)
+        self.handle = BroadcastHandle(
+            self.name, prefix, shm_dir, n_readers, n_remote_readers, chunk_bytes, max_chunks, local_addr, remote_addr
+        )
 
     def _init_common(self, n_total):
         self._pid = os.getpid()
@@ -188,7 +199,7 @@ class BroadcastQueue(Closeable):
         sock = zmq.Context.instance().socket(zmq.XPUB)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
-        sock.setsockopt(zmq.XPUB_NODROP, 1)   # a full queue makes send() wait, never drop
+        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
         sock.setsockopt(zmq.SNDHWM, hwm)
         if addr:
             sock.bind(addr)
@@ -212,8 +223,9 @@ class BroadcastQueue(Closeable):
         self._sub = None
         try:
             if rank < handle.n_readers:
-                self._reader = _queues.BroadcastReader(handle.shm_dir, queue_basename(handle.name, handle.prefix),
-                                                       rank, _mode())
+                self._reader = _queues.BroadcastReader(
+                    handle.shm_dir, queue_basename(handle.name, handle.prefix), rank, _mode()
+                )
                 self._seq = self._reader.consumed
                 if handle.local_addr:
                     self._sub = self._subscribe(handle.local_addr)
@@ -279,8 +291,14 @@ class BroadcastQueue(Closeable):
         status, parts, deadline, started = got
         self._send(_KIND_RAW if raw else _KIND_PICKLE, parts, deadline, status, started)
 
-    def _send(self, kind: int, parts: list, deadline: Optional[float], status: Optional[str] = None,
-              started: Optional[float] = None) -> None:
+    def _send(
+        self,
+        kind: int,
+        parts: list,
+        deadline: Optional[float],
+        status: Optional[str] = None,
+        started: Optional[float] = None,
+    ) -> None:
         seq = self._seq
         if self._writer is not None:
             flags = _queues.FLAG_RAW if kind == _KIND_RAW else 0
@@ -291,12 +309,19 @@ class BroadcastQueue(Closeable):
                 self._zmq_send(self._local_sock, range(self.handle.n_readers), kind, seq, parts, deadline)
         if self._remote_sock is not None:
             first = self.handle.n_readers
-            self._zmq_send(self._remote_sock, range(first, first + self.handle.n_remote_readers), kind, seq, parts,
-                           deadline)
+            self._zmq_send(
+                self._remote_sock, range(first, first + self.handle.n_remote_readers), kind, seq, parts, deadline
+            )
         self._seq = seq + 1
 
-    def _write_chunk(self, flags: int, parts: list, deadline: Optional[float], status: Optional[str] = None,
-                     started: Optional[float] = None) -> bool:
+    def _write_chunk(
+        self,
+        flags: int,
+        parts: list,
+        deadline: Optional[float],
+        status: Optional[str] = None,
+        started: Optional[float] = None,
+    ) -> bool:
         """Write into the next chunk, waiting (and warning) for slow readers;
         False if the message does not fit in a chunk. ``status``: what a
         first attempt (begun at ``started``) already returned."""
@@ -312,10 +337,17 @@ class BroadcastQueue(Closeable):
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             waiting = self._describe_readers(self._writer.pending_readers())
             if _expired(deadline):
-                raise IpcTimeoutError(f"broadcast queue {self.name!r}: message {self._seq} timed out after "
-                                      f"{time.monotonic() - started:.3g} s waiting for {waiting}")
-            logger.warning("broadcast queue %r: the writer has waited %.1f s for %s to consume message %d",
-                           self.name, time.monotonic() - started, waiting, self._seq - self._writer.n_chunks)
+                raise IpcTimeoutError(
+                    f"broadcast queue {self.name!r}: message {self._seq} timed out after "
+                    f"{time.monotonic() - started:.3g} s waiting for {waiting}"
+                )
+            logger.warning(
+                "broadcast queue %r: the writer has waited %.1f s for %s to consume message %d",
+                self.name,
+                time.monotonic() - started,
+                waiting,
+                self._seq - self._writer.n_chunks,
+            )
             status = None
 
     def _describe_readers(self, ranks) -> str:
@@ -324,8 +356,10 @@ class BroadcastQueue(Closeable):
             if rank >= self.handle.n_readers:
                 out.append(f"remote reader {rank}")
             elif self._writer.reader_attached(rank):
-                out.append(f"reader {rank} (pid {self._writer.reader_pid(rank)}, "
-                           f"consumed {self._writer.reader_consumed(rank)})")
+                out.append(
+                    f"reader {rank} (pid {self._writer.reader_pid(rank)}, "
+                    f"consumed {self._writer.reader_consumed(rank)})"
+                )
             elif self._writer.reader_pid(rank):
                 out.append(f"reader {rank} (pid {self._writer.reader_pid(rank)} has left or died)")
             else:
@@ -341,7 +375,7 @@ class BroadcastQueue(Closeable):
             except zmq.Again:
                 return
             if msg[1:].startswith(_HELLO):
-                rank = int(msg[1 + len(_HELLO):])
+                rank = int(msg[1 + len(_HELLO) :])
                 if msg[0] == 1:
                     ranks.add(rank)
                 else:
@@ -373,8 +407,11 @@ class BroadcastQueue(Closeable):
             poller.modify(sock, zmq.POLLIN)
             if time.monotonic() - started >= self.warn_interval:
                 started = time.monotonic()
-                logger.warning("broadcast queue %r: the writer is waiting for %s on the ZeroMQ channel",
-                               self.name, f"readers {sorted(missing)} to connect" if missing else "a slow remote reader")
+                logger.warning(
+                    "broadcast queue %r: the writer is waiting for %s on the ZeroMQ channel",
+                    self.name,
+                    f"readers {sorted(missing)} to connect" if missing else "a slow remote reader",
+                )
 
     # ---------------------------------------------------------------- reading
 
@@ -384,8 +421,12 @@ class BroadcastQueue(Closeable):
         :class:`~msgq.errors.QueueShutdownError` once the queue was shut down
         and everything before it was read."""
         reader = self._reader
-        if (reader is None or self._stash is not None or self._pending_overflow is not None
-                or self._generation != _fork_generation):
+        if (
+            reader is None
+            or self._stash is not None
+            or self._pending_overflow is not None
+            or self._generation != _fork_generation
+        ):
             return _decode(*self._next(_deadline(timeout)))  # remote, or what the hot path leaves; checks the state
         # The hot path: one native call checks the timeout (as _deadline
         # does), waits, unpickles in place and consumes.
@@ -462,8 +503,9 @@ class BroadcastQueue(Closeable):
             raise IpcError("a message larger than a chunk came, but this reader has no side channel")
         kind, seq, parts = self._recv_frames(deadline)
         if seq != self._pending_overflow:
-            raise IpcError(f"broadcast queue {self.name!r}: side channel sent message {seq}, "
-                           f"expected {self._pending_overflow}")
+            raise IpcError(
+                f"broadcast queue {self.name!r}: side channel sent message {seq}, expected {self._pending_overflow}"
+            )
         self._pending_overflow = None
         return kind, parts
 
@@ -473,8 +515,10 @@ class BroadcastQueue(Closeable):
             self._stash = (kind, parts)  # stays shut down
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
         if seq != self._seq:
-            raise IpcError(f"broadcast queue {self.name!r}: remote reader {self.rank} got message {seq}, "
-                           f"expected {self._seq}: messages were lost")
+            raise IpcError(
+                f"broadcast queue {self.name!r}: remote reader {self.rank} got message {seq}, "
+                f"expected {self._seq}: messages were lost"
+            )
         self._seq += 1
         return kind, parts
 
@@ -489,8 +533,10 @@ class BroadcastQueue(Closeable):
             missing = []
             if self._writer is not None:
                 missing += [r for r in range(self.handle.n_readers) if not self._writer.reader_attached(r)]
-            for sock, ranks in ((self._local_sock, range(self.handle.n_readers)),
-                                (self._remote_sock, range(self.handle.n_readers, self._n_total))):
+            for sock, ranks in (
+                (self._local_sock, range(self.handle.n_readers)),
+                (self._remote_sock, range(self.handle.n_readers, self._n_total)),
+            ):
                 if sock is not None:
                     self._drain_subscriptions(sock)
                     missing += [r for r in ranks if r not in self._subscribed[sock]]
@@ -539,16 +585,22 @@ class BroadcastQueue(Closeable):
 
     @property
     def closed(self) -> bool:
-        return self._writer is None and self._reader is None and self._remote_sock is None and \
-            getattr(self, "_sub", None) is None
+        return (
+            self._writer is None
+            and self._reader is None
+            and self._remote_sock is None
+            and getattr(self, "_sub", None) is None
+        )
 
     def __getstate__(self):
         raise TypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
 
     def __repr__(self):
         role = "writer" if self._is_writer else f"reader {self.rank}"
-        return f"<BroadcastQueue {self.name!r} {role}, {self.handle.n_readers} local + " \
-               f"{self.handle.n_remote_readers} remote readers>"
+        return (
+            f"<BroadcastQueue {self.name!r} {role}, {self.handle.n_readers} local + "
+            f"{self.handle.n_remote_readers} remote readers>"
+        )
 
 
 __all__ = ["BroadcastQueue", "BroadcastHandle", "queue_basename"]

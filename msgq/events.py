@@ -173,7 +173,7 @@ def _sweep_stale(directory, prefix):
     for name in names:
         if not name.startswith(base):
             continue
-        rest = name[len(base):]
+        rest = name[len(base) :]
         path = os.path.join(directory, name)
         if rest.startswith("fake~"):
             token = rest[5:].rsplit(".", 1)[0]

@@ -27,11 +27,12 @@ import os
 from typing import NamedTuple, Optional
 
 from msgq import _queues
+from msgq._shared import Closeable, check_choice, check_int
+from msgq._shared import deadline as _deadline
+from msgq._shared import time_left as _left
 from msgq.backends.shm import _mode
 from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, QueueShutdownError
 from msgq.names import segment_basename, segment_dir, validate_name
-from msgq._shared import Closeable, check_choice, check_int
-from msgq._shared import deadline as _deadline, time_left as _left
 
 MODES = ("sequential", "newest")
 WINDOW = _queues.WINDOW
@@ -90,8 +91,9 @@ class Reservation:
             raise InvalidArgumentError(f"message {self.id} was already published or cancelled")
         size = self.size if size is None else size
         size = _uint("size", size)
-        self._producer._p().publish(self.id, size, _uint("t0", self.t0 if t0 is None else t0),
-                                    _uint("t1", self.t1 if t1 is None else t1))  # a bad size leaves it open
+        self._producer._p().publish(
+            self.id, size, _uint("t0", self.t0 if t0 is None else t0), _uint("t1", self.t1 if t1 is None else t1)
+        )  # a bad size leaves it open
         self._done = True
         self._release_view()
 
@@ -146,8 +148,9 @@ class OrderedProducer(_Attached):
     def __init__(self, name: str, capacity: int = 0, slot_bytes: int = 0):
         self.name = validate_name(name, "ordered topic name")
         self._pid = os.getpid()
-        self._native = _queues.OrderedProducer(segment_dir(), topic_basename(name), _uint("capacity", capacity),
-                                               _uint("slot_bytes", slot_bytes), _mode())
+        self._native = _queues.OrderedProducer(
+            segment_dir(), topic_basename(name), _uint("capacity", capacity), _uint("slot_bytes", slot_bytes), _mode()
+        )
 
     def _p(self):
         if self._native is None:
@@ -160,9 +163,12 @@ class OrderedProducer(_Attached):
         native = self._p()
         got = native.reserve(None if id is None else _uint("id", id), _left(_deadline(timeout)))
         if isinstance(got, str):
-            _raise_status(got, f"ordered topic {self.name!r}: no id within {timeout} s: message "
-                               f"{native.oldest_in_flight} was reserved but not published (its producer is slow "
-                               f"or died)")
+            _raise_status(
+                got,
+                f"ordered topic {self.name!r}: no id within {timeout} s: message "
+                f"{native.oldest_in_flight} was reserved but not published (its producer is slow "
+                f"or died)",
+            )
         return Reservation(self, got)
 
     def send(self, data, timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
@@ -174,8 +180,11 @@ class OrderedProducer(_Attached):
             raise TypeError(f"send() takes a bytes-like object, not {type(data).__name__}") from None
         got = native.send(view, _left(_deadline(timeout)), _uint("t0", t0), _uint("t1", t1))
         if isinstance(got, str):
-            _raise_status(got, f"ordered topic {self.name!r}: no id within {timeout} s: message "
-                               f"{native.oldest_in_flight} was reserved but not published")
+            _raise_status(
+                got,
+                f"ordered topic {self.name!r}: no id within {timeout} s: message "
+                f"{native.oldest_in_flight} was reserved but not published",
+            )
         return got
 
     def availability(self) -> Availability:
@@ -190,7 +199,6 @@ class OrderedProducer(_Attached):
     def shutdown(self) -> None:
         """Wake every reader and producer waiting on the topic; their calls raise QueueShutdownError."""
         self._p().shutdown()
-
 
 
 class OrderedReader(_Attached):
@@ -214,8 +222,9 @@ class OrderedReader(_Attached):
         """The next message (copied out and checked); ``TimeoutError`` after ``timeout`` s."""
         got = self._r().recv(_left(_deadline(timeout)))
         if isinstance(got, str):
-            _raise_status(got, f"ordered topic {self.name!r}: message {self._native.cursor} did not come "
-                               f"within {timeout} s")
+            _raise_status(
+                got, f"ordered topic {self.name!r}: message {self._native.cursor} did not come within {timeout} s"
+            )
         return Message(*got)
 
     def _recv_view(self, timeout: Optional[float]):
@@ -241,7 +250,7 @@ class OrderedReader(_Attached):
                 return
 
     dropped = property(lambda self: self._r().dropped)  # ids the ring overwrote before we read them
-    gaps = property(lambda self: self._r().gaps)        # ids skipped by reserve(id=...) or cancelled
+    gaps = property(lambda self: self._r().gaps)  # ids skipped by reserve(id=...) or cancelled
     capacity = property(lambda self: self._r().capacity)
     slot_bytes = property(lambda self: self._r().slot_bytes)
 
@@ -249,6 +258,13 @@ class OrderedReader(_Attached):
         self._r().shutdown()
 
 
-
-__all__ = ["OrderedProducer", "OrderedReader", "Reservation", "Message", "Availability", "MODES", "WINDOW",
-           "topic_basename"]
+__all__ = [
+    "OrderedProducer",
+    "OrderedReader",
+    "Reservation",
+    "Message",
+    "Availability",
+    "MODES",
+    "WINDOW",
+    "topic_basename",
+]

@@ -25,6 +25,12 @@ def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value
 
 
+def _resolve(future) -> None:
+    """``add_reader`` callback: the descriptor is readable (once is enough)."""
+    if not future.done():
+        future.set_result(None)
+
+
 class Context:
     """Holds the backend its sockets use: ``backend`` if given, else the one
     the environment names (``MSGQ_BACKEND``, see :func:`msgq.backends.choose`)
@@ -162,7 +168,7 @@ class SubSocket(_Socket):
             if impl.arm():  # a message arrived between the receive and arming
                 continue
             readable = loop.create_future()
-            loop.add_reader(fd, lambda: readable.done() or readable.set_result(None))
+            loop.add_reader(fd, _resolve, readable)
             try:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 await asyncio.wait_for(readable, left)
@@ -182,7 +188,6 @@ class SubSocket(_Socket):
             if msg is None:
                 return
             yield msg
-
 
 
 class Loan:

@@ -18,8 +18,9 @@ STARTED = []  # every process a test started; reap() kills those still running
 
 def start(module, *args):
     """``python -P -m module args`` (the installed package, not the source tree)."""
-    proc = subprocess.Popen([sys.executable, "-P", "-m", module, *map(str, args)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", module, *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     STARTED.append(proc)
     return proc
 
@@ -47,10 +48,21 @@ def receive(name, stream, idle_ms=1500, count=None, client=None):
         if frame is None:
             break
         with frame:
-            frames.append(dict(frame_id=frame.frame_id, stamp=read_stamp(frame), sof=frame.timestamp_sof,
-                               eof=frame.timestamp_eof, publish=frame.timestamp_publish,
-                               recv=frame.timestamp_recv, width=frame.width, height=frame.height,
-                               format=frame.format, mean=float(frame.array.mean()), valid=frame.valid))
+            frames.append(
+                dict(
+                    frame_id=frame.frame_id,
+                    stamp=read_stamp(frame),
+                    sof=frame.timestamp_sof,
+                    eof=frame.timestamp_eof,
+                    publish=frame.timestamp_publish,
+                    recv=frame.timestamp_recv,
+                    width=frame.width,
+                    height=frame.height,
+                    format=frame.format,
+                    mean=float(frame.array.mean()),
+                    valid=frame.valid,
+                )
+            )
     client.close()
     return frames
 
@@ -69,7 +81,9 @@ def run_without(module_blocked, entry, argv):
     """Run ``entry``'s main(argv) in a fresh interpreter where ``module_blocked`` cannot
     be imported (as when an optional extra is not installed): (exit status, stderr)."""
     mod, func = entry.rsplit(":", 1)
-    code = (f"import sys; sys.modules[{module_blocked!r}] = None\n"
-            f"from {mod} import {func}; sys.exit({func}({list(map(str, argv))!r}))")
+    code = (
+        f"import sys; sys.modules[{module_blocked!r}] = None\n"
+        f"from {mod} import {func}; sys.exit({func}({list(map(str, argv))!r}))"
+    )
     proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True, timeout=60)
     return proc.returncode, proc.stderr

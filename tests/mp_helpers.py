@@ -26,10 +26,11 @@ import threading
 import time
 import traceback
 
+from reports import Results
+
 import msgq
 from msgq.backends.shm import remove_stale_segments
 from msgq.names import current_prefix
-from reports import Results
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -146,8 +147,12 @@ class StreamChecker:
         return key
 
     def report(self) -> dict:
-        return {"count": self.count, "errors": self.errors, "error_count": self.error_count,
-                "generations": self.generations}
+        return {
+            "count": self.count,
+            "errors": self.errors,
+            "error_count": self.error_count,
+            "generations": self.generations,
+        }
 
 
 # ---------------------------------------------------------------- harness
@@ -202,9 +207,12 @@ class Children:
                         # Its report may still be in the pipe: give it a moment.
                         if now - exited_at.setdefault(proc.name, now) > 2.0:
                             raise AssertionError(
-                                f"child {proc.name} exited with code {proc.exitcode} without reporting")
+                                f"child {proc.name} exited with code {proc.exitcode} without reporting"
+                            ) from None
                 if now > deadline:
-                    raise AssertionError(f"children {sorted(wanted - set(got))} did not report within {timeout} s")
+                    raise AssertionError(
+                        f"children {sorted(wanted - set(got))} did not report within {timeout} s"
+                    ) from None
                 continue
             if "exception" in report:
                 raise AssertionError(f"child {name} failed:\n{report['exception']}")
@@ -269,8 +277,20 @@ def wait_until_all_read(pub, deadline: float):
 
 
 @child
-def publish_stream(name, results, topic, segment_size, target_ring_bytes, seed, barrier, done,
-                   max_payload=None, burst_bytes=None, generation=0, zero_copy=False):
+def publish_stream(
+    name,
+    results,
+    topic,
+    segment_size,
+    target_ring_bytes,
+    seed,
+    barrier,
+    done,
+    max_payload=None,
+    burst_bytes=None,
+    generation=0,
+    zero_copy=False,
+):
     """Publish messages until at least ``target_ring_bytes`` went through the
     ring. With ``burst_bytes``, pace: after each burst of at most that many ring
     bytes, wait until every reader has read everything (so none is lapped).
@@ -306,8 +326,13 @@ def publish_stream(name, results, topic, segment_size, target_ring_bytes, seed, 
         burst += ring_bytes_at_most(len(msg))
     if burst_bytes is not None:
         wait_until_all_read(pub, deadline)
-    report = {"sent": sent, "ring_bytes": ring_total, "max_payload": max_payload,
-              "segment_size": pub.segment_size, "readers": pub.num_readers}
+    report = {
+        "sent": sent,
+        "ring_bytes": ring_total,
+        "max_payload": max_payload,
+        "segment_size": pub.segment_size,
+        "readers": pub.num_readers,
+    }
     results.put((name, report))
     done.set()
     pub.close()
@@ -464,9 +489,12 @@ def poll_blocking_and_measure(name, results, topics, ready, timeout_ms):
     wall, cpu = time.monotonic(), cpu_seconds()
     ready_socks = poller.poll(timeout_ms)
     wall, cpu = time.monotonic() - wall, cpu_seconds() - cpu
-    report = {"ready": [s.endpoint for s in ready_socks],
-              "messages": {s.endpoint: s.receive(non_blocking=True) for s in ready_socks},
-              "wall_s": wall, "cpu_s": cpu}
+    report = {
+        "ready": [s.endpoint for s in ready_socks],
+        "messages": {s.endpoint: s.receive(non_blocking=True) for s in ready_socks},
+        "wall_s": wall,
+        "cpu_s": cpu,
+    }
     for sub in subs:
         sub.close()
     results.put((name, report))

@@ -10,8 +10,8 @@ import os
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from camera_helpers import CAMERA, RECORD, finish, reap, start
+
 from msgq.testing import isolated_prefix, unique_name
 from visionipc.apps.pipeline import synthetic
 from visionipc.apps.pipeline.session import spark_session
@@ -37,12 +37,34 @@ def _camera_recording(out, *, streams, fps, frames, fmt="nv12", width=96, height
     """Run vipc-camera (synthetic, with DROPS and DELAYS_MS injected) and vipc-record until
     the camera's last frame is recorded; returns the recording folder."""
     name = unique_name("cam")
-    camera = start(CAMERA, "--name", name, *[a for s in streams for a in ("--stream", s)], "--source", "synthetic",
-                   "--width", width, "--height", height, "--fps", fps, "--frames", frames, "--format", fmt,
-                   "--drop-frames", ",".join(map(str, DROPS)), "--delay-frames", DELAY_FLAG,
-                   "--wait-clients", 1)
+    camera = start(
+        CAMERA,
+        "--name",
+        name,
+        *[a for s in streams for a in ("--stream", s)],
+        "--source",
+        "synthetic",
+        "--width",
+        width,
+        "--height",
+        height,
+        "--fps",
+        fps,
+        "--frames",
+        frames,
+        "--format",
+        fmt,
+        "--drop-frames",
+        ",".join(map(str, DROPS)),
+        "--delay-frames",
+        DELAY_FLAG,
+        "--wait-clients",
+        1,
+    )
     # lossless keeps pixels exact; the lossy (mp4v) path is covered by recordings["quality"]
-    recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 1.5, "--segment-seconds", 1.5, "--lossless")
+    recorder = start(
+        RECORD, "--name", name, "--out", out, "--idle-timeout", 1.5, "--segment-seconds", 1.5, "--lossless"
+    )
     try:
         rc, _, err = finish(camera, timeout=60)
         assert rc == 0, err
@@ -60,9 +82,12 @@ def camera_recordings(tmp_path_factory):
     "lossless" has one NV12 stream "road", "gray" two GRAY8 streams "left" and "right"."""
     root = tmp_path_factory.mktemp("camera")
     with isolated_prefix():
-        return {"lossless": _camera_recording(root / "lossless", streams=["road"], fps=FPS, frames=CAMERA_FRAMES),
-                "gray": _camera_recording(root / "gray", streams=["left", "right"], fps=FPS, frames=CAMERA_FRAMES,
-                                           fmt="gray")}
+        return {
+            "lossless": _camera_recording(root / "lossless", streams=["road"], fps=FPS, frames=CAMERA_FRAMES),
+            "gray": _camera_recording(
+                root / "gray", streams=["left", "right"], fps=FPS, frames=CAMERA_FRAMES, fmt="gray"
+            ),
+        }
 
 
 def missing_ids(index, stream):
@@ -76,13 +101,21 @@ def recordings(tmp_path_factory):
     """``{"faults": path, "quality": path}``: a stream with injected drops and delays over
     three segments, and streams with black, frozen, sharp and blurred pictures, and a lossy one."""
     root = tmp_path_factory.mktemp("recordings")
-    faults = synthetic.write_recording(root / "faults", {
-        "road": dict(frames=120, width=W, height=H, fps=FPS, drop=DROPS, delay_ms=DELAYS_MS, segment_frames=50),
-        "wide": dict(frames=45, width=32, height=32, fps=FPS, format="gray8", latency_ms=5)})
-    quality = synthetic.write_recording(root / "quality", {
-        "sharp": dict(frames=24, width=W, height=H, black=[5], frozen=[12, 13], segment_frames=10),
-        "blurry": dict(frames=12, width=W, height=H, blur=3, format="gray8"),
-        "compressed": dict(frames=12, width=W, height=H, lossless=False)})  # mp4v, stored as BGR
+    faults = synthetic.write_recording(
+        root / "faults",
+        {
+            "road": dict(frames=120, width=W, height=H, fps=FPS, drop=DROPS, delay_ms=DELAYS_MS, segment_frames=50),
+            "wide": dict(frames=45, width=32, height=32, fps=FPS, format="gray8", latency_ms=5),
+        },
+    )
+    quality = synthetic.write_recording(
+        root / "quality",
+        {
+            "sharp": dict(frames=24, width=W, height=H, black=[5], frozen=[12, 13], segment_frames=10),
+            "blurry": dict(frames=12, width=W, height=H, blur=3, format="gray8"),
+            "compressed": dict(frames=12, width=W, height=H, lossless=False),
+        },
+    )  # mp4v, stored as BGR
     return {"faults": faults, "quality": quality, "root": str(root)}
 
 

@@ -9,9 +9,9 @@ import random
 import time
 
 import numpy as np
+from mp_helpers import BARRIER_TIMEOUT, child
 
 import msgq
-from mp_helpers import BARRIER_TIMEOUT, child
 from visionipc.ordered import OrderedFrameWriter
 
 

@@ -107,7 +107,7 @@ def blocks(text: str) -> List[Block]:
         start, lang = i, m.group(1)
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         if lang in ("python", "sh"):
-            block = Block(lang, start + 1, "\n".join(lines[start + 1:end]) + "\n")
+            block = Block(lang, start + 1, "\n".join(lines[start + 1 : end]) + "\n")
             block.cwd = "root" if lang == "python" else "tmp"
             j = start - 1
             while j >= 0 and ANNOTATION.match(lines[j]):

@@ -7,8 +7,10 @@ block runs (tests/system/test_readme.py; the block's ``setup=`` says which):
 
 import sys
 
-STREAMS = [dict(name="road", source="synthetic", width=640, height=480, fps=20),
-           dict(name="driver", source="synthetic", width=320, height=240, fps=10, format="gray")]
+STREAMS = [
+    dict(name="road", source="synthetic", width=640, height=480, fps=20),
+    dict(name="driver", source="synthetic", width=320, height=240, fps=10, format="gray"),
+]
 
 
 def _toml(streams):
@@ -36,14 +38,17 @@ def camera():
 def recordings():
     from visionipc.apps.pipeline.synthetic import write_recording
 
-    spec = {"road": dict(frames=60, width=160, height=120, drop=[17, 40], blur=0),
-            "driver": dict(frames=30, width=96, height=64, format="gray8", fps=15)}
+    spec = {
+        "road": dict(frames=60, width=160, height=120, drop=[17, 40], blur=0),
+        "driver": dict(frames=30, width=96, height=64, format="gray8", fps=15),
+    }
     write_recording("rec1", spec, name="rec1")
     write_recording("rec2", {"road": dict(frames=40, width=160, height=120, black=[5, 6])}, name="rec2")
     for site in ("site-a", "site-b"):
         for day in (1, 2):
-            write_recording(f"fleet/{site}/2026-11-0{day}", {"road": dict(frames=30, width=128, height=96)},
-                            name=f"{site}-{day}")
+            write_recording(
+                f"fleet/{site}/2026-11-0{day}", {"road": dict(frames=30, width=128, height=96)}, name=f"{site}-{day}"
+            )
 
 
 if __name__ == "__main__":

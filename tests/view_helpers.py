@@ -24,10 +24,10 @@ import urllib.request
 import cv2
 import numpy as np
 
-LEFT = (40, 40, 220)    # BGR: red
-RIGHT = (220, 90, 30)   # BGR: blue
+LEFT = (40, 40, 220)  # BGR: red
+RIGHT = (220, 90, 30)  # BGR: blue
 BAR = (255, 255, 255)
-TOLERANCE = 40          # per channel, after NV12 + JPEG round trips of flat areas
+TOLERANCE = 40  # per channel, after NV12 + JPEG round trips of flat areas
 VIEW = os.path.join(os.path.dirname(sys.executable), "vipc-view")
 
 
@@ -36,12 +36,12 @@ def pattern(width, height, frame_id, texture=False):
     (large JPEGs, as a camera gives, so a slow viewer's socket fills quickly)."""
     img = np.empty((height, width, 3), np.uint8)
     img[:, : width // 2] = LEFT
-    img[:, width // 2:] = RIGHT
+    img[:, width // 2 :] = RIGHT
     if texture:
         rows = height - height * 3 // 4
-        img[height * 3 // 4:] = np.random.default_rng(frame_id).integers(0, 160, (rows, width, 3), np.uint8)
+        img[height * 3 // 4 :] = np.random.default_rng(frame_id).integers(0, 160, (rows, width, 3), np.uint8)
     x = (frame_id * 8) % width
-    img[height * 3 // 4:, x: x + 16] = BAR
+    img[height * 3 // 4 :, x : x + 16] = BAR
     return img
 
 
@@ -152,8 +152,9 @@ class ViewProcess:
     """``vipc-view --name NAME ... --http 127.0.0.1:0`` as a child; ``url`` is where it serves."""
 
     def __init__(self, *args, start_timeout=30):
-        self.proc = subprocess.Popen([VIEW, *args, "--http", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(
+            [VIEW, *args, "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
         self.out = Output(self.proc)
         self.url = self.out.wait_for(r"serving (http://\S+)/ ", start_timeout).group(1)
 
@@ -240,7 +241,7 @@ class MjpegReader:
             raise EOFError("the MJPEG stream ended")
         assert line.strip() == b"--vipcframe", line
         headers = {}
-        while (line := r.readline().strip()):
+        while line := r.readline().strip():
             key, _, value = line.decode().partition(":")
             headers[key.strip().lower()] = value.strip()
         jpeg = r.read(int(headers["content-length"]))

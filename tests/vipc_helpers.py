@@ -13,7 +13,6 @@ hold N (little-endian), so a reader can tell an intact frame from a torn one.
 
 import multiprocessing
 import os
-import queue
 import signal
 import time
 import traceback

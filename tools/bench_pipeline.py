@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""The Spark pipeline (vipc-analyze) vs pandas and a process pool: ``visionipc.bench.suites.pipeline`` (``--help`` for the options)."""
+"""The Spark pipeline (vipc-analyze) vs pandas and a process pool:
+``visionipc.bench.suites.pipeline`` (``--help`` for the options)."""
 
 import sys
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: ``visionipc.bench.suites.zmq_backend`` (``--help`` for the options)."""
+"""msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1:
+``visionipc.bench.suites.zmq_backend`` (``--help`` for the options)."""
 
 import sys
 

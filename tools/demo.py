@@ -37,11 +37,20 @@ class Child:
         self.label = label
         # Own session: a Ctrl-C in the terminal reaches only the demo, which stops the
         # children in order (viewers before the camera).
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                     bufsize=1, start_new_session=True, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
+        )
         self.on_line = on_line
-        print(f"demo: started {label} (pid {self.proc.pid}): {' '.join(os.path.basename(a) for a in argv[:2])} ...",
-              flush=True)
+        print(
+            f"demo: started {label} (pid {self.proc.pid}): {' '.join(os.path.basename(a) for a in argv[:2])} ...",
+            flush=True,
+        )
         self.pump = threading.Thread(target=self._pump, daemon=True)
         self.pump.start()
 
@@ -89,24 +98,46 @@ def main(argv=None) -> int:
     def view_line(line):
         if "serving http://" in line:
             url = line.split("serving ", 1)[1].split()[0]
-            print(f"\ndemo: open {url} in a browser (camera {args.width}x{args.height} @ {args.fps:g} fps); "
-                  f"Ctrl-C stops everything\n", flush=True)
+            print(
+                f"\ndemo: open {url} in a browser (camera {args.width}x{args.height} @ {args.fps:g} fps); "
+                f"Ctrl-C stops everything\n",
+                flush=True,
+            )
 
     size = ["--width", str(args.width), "--height", str(args.height), "--fps", f"{args.fps:g}"]
-    children = [Child("camera", [os.path.join(BIN, "vipc-camera"), "--name", SERVER, "--stream", STREAM,
-                                 "--source", "synthetic", *size])]
-    children.append(Child("consumer", [sys.executable, os.path.join(ROOT, "examples", "opencv_consumer.py"),
-                                       "--name", SERVER, "--stream", STREAM]))
-    children.append(Child("view", [os.path.join(BIN, "vipc-view"), "--name", SERVER,
-                                   "--http", f"127.0.0.1:{args.port}"], on_line=view_line))
+    children = [
+        Child(
+            "camera",
+            [os.path.join(BIN, "vipc-camera"), "--name", SERVER, "--stream", STREAM, "--source", "synthetic", *size],
+        )
+    ]
+    children.append(
+        Child(
+            "consumer",
+            [
+                sys.executable,
+                os.path.join(ROOT, "examples", "opencv_consumer.py"),
+                "--name",
+                SERVER,
+                "--stream",
+                STREAM,
+            ],
+        )
+    )
+    children.append(
+        Child(
+            "view",
+            [os.path.join(BIN, "vipc-view"), "--name", SERVER, "--http", f"127.0.0.1:{args.port}"],
+            on_line=view_line,
+        )
+    )
 
     deadline = time.monotonic() + args.seconds if args.seconds else None
     failed = None
     while not stop.is_set() and (deadline is None or time.monotonic() < deadline):
         failed = next((c for c in children if c.proc.poll() is not None), None)
         if failed:
-            print(f"demo: {failed.label} exited early (status {failed.proc.returncode}); stopping the rest",
-                  flush=True)
+            print(f"demo: {failed.label} exited early (status {failed.proc.returncode}); stopping the rest", flush=True)
             break
         stop.wait(0.2)
 
@@ -115,8 +146,10 @@ def main(argv=None) -> int:
     left = wait_until_gone(prefix, timeout=5.0)
     alive = [c.label for c in children if _alive(c.proc.pid)]
     ok = failed is None and not any(codes.values()) and not left and not alive
-    print(f"demo: exit status {codes}; shared memory left: {left or 'none'}; processes left: {alive or 'none'}",
-          flush=True)
+    print(
+        f"demo: exit status {codes}; shared memory left: {left or 'none'}; processes left: {alive or 'none'}",
+        flush=True,
+    )
     print("demo: stopped cleanly" if ok else "demo: did NOT stop cleanly", flush=True)
     return 0 if ok else 1
 

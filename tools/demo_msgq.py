@@ -33,8 +33,8 @@ def publisher(seconds, ready):
         ticks.send(STAMP.pack(time.monotonic_ns(), seq) + b"." * 48)
         if time.monotonic() >= next_frame:
             with frames.loan(FRAME) as buf:  # filled in place, no copy
-                buf[STAMP.size:STAMP.size + 8] = seq.to_bytes(8, "little")
-                buf[:STAMP.size] = STAMP.pack(time.monotonic_ns(), seq)
+                buf[STAMP.size : STAMP.size + 8] = seq.to_bytes(8, "little")
+                buf[: STAMP.size] = STAMP.pack(time.monotonic_ns(), seq)
             next_frame += 1 / 30
         seq += 1
         time.sleep(0.001)
@@ -45,7 +45,9 @@ def report(name, lat_ns, count, resets):
     if lat_ns:
         p50 = statistics.median(lat_ns) / 1000
         p99 = sorted(lat_ns)[int(len(lat_ns) * 0.99)] / 1000
-        print(f"{name:>10}: {count:5d} msgs/s  latency p50 {p50:7.1f} µs  p99 {p99:7.1f} µs  drops {resets}", flush=True)
+        print(
+            f"{name:>10}: {count:5d} msgs/s  latency p50 {p50:7.1f} µs  p99 {p99:7.1f} µs  drops {resets}", flush=True
+        )
 
 
 def blocking_subscriber(ready):
@@ -98,7 +100,10 @@ def main(argv=None) -> int:
     os.environ.setdefault("MSGQ_PREFIX", f"demo{os.getpid()}")  # keep this run's topics to itself
     ctx = mp.get_context("spawn")
     ready = ctx.Barrier(3)
-    procs = [ctx.Process(target=blocking_subscriber, args=(ready,)), ctx.Process(target=polling_subscriber, args=(ready,))]
+    procs = [
+        ctx.Process(target=blocking_subscriber, args=(ready,)),
+        ctx.Process(target=polling_subscriber, args=(ready,)),
+    ]
     for p in procs:
         p.start()
     pub = ctx.Process(target=publisher, args=(args.seconds, ready))

@@ -97,14 +97,21 @@ def role_publisher(spec):
             seq += 1
             sent_bytes += size
         if time.monotonic() >= next_reclaim:
-            pub.num_readers  # reclaims the slots of dead readers
+            _ = pub.num_readers  # reclaims the slots of dead readers
             next_reclaim = time.monotonic() + 0.5
         time.sleep(rng.uniform(0, pause))
     readers = pub.num_readers  # subscribers have all left by now: dead slots reclaimed, live ones released
     pub.close()
     gc.collect()
-    _emit({"sent": seq, "bytes": sent_bytes, "epoch": epoch, "readers_at_end": readers,
-           "leaked_fds": sorted(_fds() - fds_before)})
+    _emit(
+        {
+            "sent": seq,
+            "bytes": sent_bytes,
+            "epoch": epoch,
+            "readers_at_end": readers,
+            "leaked_fds": sorted(_fds() - fds_before),
+        }
+    )
     return 0
 
 
@@ -127,7 +134,7 @@ def role_subscriber(spec):
             errors.append(f"message of {len(msg)} bytes has no header")
             continue
         epoch, seq, size, crc = HEADER.unpack_from(msg)
-        body = memoryview(msg)[HEADER.size:]
+        body = memoryview(msg)[HEADER.size :]
         if len(body) != size or zlib.crc32(body) != crc:
             errors.append(f"torn message: epoch {epoch} seq {seq}")
             continue
@@ -149,8 +156,18 @@ def role_subscriber(spec):
     resets = sub.resets
     sub.close()
     gc.collect()
-    _emit({"received": received, "bytes": nbytes, "resets": resets, "skipped": gaps, "epochs": epochs,
-           "errors": errors[:20], "error_count": len(errors), "leaked_fds": sorted(_fds() - fds_before)})
+    _emit(
+        {
+            "received": received,
+            "bytes": nbytes,
+            "resets": resets,
+            "skipped": gaps,
+            "epochs": epochs,
+            "errors": errors[:20],
+            "error_count": len(errors),
+            "leaked_fds": sorted(_fds() - fds_before),
+        }
+    )
     return 0
 
 
@@ -235,8 +252,16 @@ def role_client(spec):
         frames += 1
     client.close()
     gc.collect()
-    _emit({"frames": frames, "invalid": invalid, "server_ids": server_ids, "errors": errors[:20],
-           "error_count": len(errors), "leaked_fds": sorted(_fds() - fds_before)})
+    _emit(
+        {
+            "frames": frames,
+            "invalid": invalid,
+            "server_ids": server_ids,
+            "errors": errors[:20],
+            "error_count": len(errors),
+            "leaked_fds": sorted(_fds() - fds_before),
+        }
+    )
     return 0
 
 
@@ -254,9 +279,12 @@ class Child:
         self.started = time.monotonic()
         self.killed = self.stopped = False
         with open(self.out_path, "w") as out:
-            self.proc = subprocess.Popen([sys.executable, "-P", os.path.abspath(__file__), "--role", role,
-                                          "--spec", json.dumps(spec)], stdout=out, stderr=subprocess.STDOUT,
-                                         env=run.env)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-P", os.path.abspath(__file__), "--role", role, "--spec", json.dumps(spec)],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=run.env,
+            )
         run.children.append(self)
 
     def records(self):
@@ -289,8 +317,17 @@ class Soak:
         self.env.pop("OPENPILOT_PREFIX", None)
         self.stop_readers = os.path.join(workdir, "stop-readers")
         self.stop_writers = os.path.join(workdir, "stop-writers")
-        self.faults = {k: 0 for k in ("kill_subscriber", "kill_client_mid_frame", "kill_publisher", "kill_server",
-                                      "stop_reader", "stop_client")}
+        self.faults = {
+            k: 0
+            for k in (
+                "kill_subscriber",
+                "kill_client_mid_frame",
+                "kill_publisher",
+                "kill_server",
+                "stop_reader",
+                "stop_client",
+            )
+        }
         self.restarts = 0
         self.failures = []
         self.log = []  # what happened when, for the report
@@ -313,8 +350,11 @@ class Soak:
         return Child(self, "client", "vipc", conflate=conflate, hold_s=hold_s, stop=self.stop_readers)
 
     def live(self, role, group=None):
-        return [c for c in self.children if c.role == role and (group is None or c.group == group)
-                and not c.killed and c.proc.poll() is None]
+        return [
+            c
+            for c in self.children
+            if c.role == role and (group is None or c.group == group) and not c.killed and c.proc.poll() is None
+        ]
 
     def kill(self, child):
         child.killed = True
@@ -332,7 +372,8 @@ class Soak:
             holders = [c for c in self.live("client") if c.spec["hold_s"] and not c.stopped]
             victim = rng.choice(holders or self.live("client"))
             self.kill(victim)
-            self.log.append(f"{now - self.t0:6.2f} replaced by {self.start_client(victim.spec['conflate'], victim.spec['hold_s']).name}")
+            replacement = self.start_client(victim.spec["conflate"], victim.spec["hold_s"])
+            self.log.append(f"{now - self.t0:6.2f} replaced by {replacement.name}")
         elif kind == "kill_publisher":
             if not self.live("publisher"):
                 return False
@@ -346,7 +387,7 @@ class Soak:
             self.kill(victim)
             heapq.heappush(events, (now + rng.uniform(0, 0.5), "restart_server", None))
         elif kind in ("stop_reader", "stop_client"):
-            pool = (self.live("subscriber", "firehose") if kind == "stop_reader" else self.live("client"))
+            pool = self.live("subscriber", "firehose") if kind == "stop_reader" else self.live("client")
             pool = [c for c in pool if not c.stopped]
             if not pool:
                 return False
@@ -463,9 +504,18 @@ class Soak:
         return sorted(n for n in os.listdir(segment_dir()) if n.startswith(run_segment_prefix(self.prefix)))
 
     def verdict(self):
-        totals = {"messages": 0, "bytes": 0, "resets": 0, "skipped_with_reset": 0, "frames": 0,
-                  "frames_invalid": 0, "kills_survived": 0, "restarts": self.restarts, "faults": self.faults,
-                  "processes": len(self.children)}
+        totals = {
+            "messages": 0,
+            "bytes": 0,
+            "resets": 0,
+            "skipped_with_reset": 0,
+            "frames": 0,
+            "frames_invalid": 0,
+            "kills_survived": 0,
+            "restarts": self.restarts,
+            "faults": self.faults,
+            "processes": len(self.children),
+        }
         survivors = [c for c in self.children if not c.killed]
         totals["kills_survived"] = sum(1 for c in self.children if c.killed)
         final_epoch = {}
@@ -499,17 +549,24 @@ class Soak:
             if c.role == "client":
                 totals["frames"] += r["frames"]
                 totals["frames_invalid"] += r["invalid"]
-                if final_server and c.started < final_server[1] and (
-                        not r["server_ids"] or r["server_ids"][-1] != final_server[0]):
-                    self.failures.append(f"{c.name} never picked up the restarted server {final_server[0]} "
-                                         f"(got {r['frames']} frames from {r['server_ids']})")
+                if (
+                    final_server
+                    and c.started < final_server[1]
+                    and (not r["server_ids"] or r["server_ids"][-1] != final_server[0])
+                ):
+                    self.failures.append(
+                        f"{c.name} never picked up the restarted server {final_server[0]} "
+                        f"(got {r['frames']} frames from {r['server_ids']})"
+                    )
         return totals
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="Exit status 0: every check held. The JSON report has every count.",
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Exit status 0: every check held. The JSON report has every count.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--seconds", type=float, default=180.0, help="how long faults are injected (default 180)")
     parser.add_argument("--seed", type=int, default=None, help="random seed (default: random; printed)")
     parser.add_argument("--json", metavar="PATH", help="also write the totals and failures as JSON")
@@ -535,8 +592,10 @@ def main(argv=None) -> int:
     totals["seconds"] = round(time.monotonic() - started, 1)
     totals["seed"] = seed
     print(f"soak: {totals['seconds']} s, seed {seed}, {totals['processes']} processes")
-    print(f"  messages {totals['messages']} ({totals['bytes'] / 1e6:.1f} MB), resets {totals['resets']} "
-          f"(skipped {totals['skipped_with_reset']} messages, every one with a counted reset)")
+    print(
+        f"  messages {totals['messages']} ({totals['bytes'] / 1e6:.1f} MB), resets {totals['resets']} "
+        f"(skipped {totals['skipped_with_reset']} messages, every one with a counted reset)"
+    )
     print(f"  frames {totals['frames']} ({totals['frames_invalid']} reported overwritten, none torn)")
     print(f"  kills survived {totals['kills_survived']}, restarts {totals['restarts']}")
     print("  faults: " + ", ".join(f"{k} {v}" for k, v in totals["faults"].items()))

@@ -9,15 +9,14 @@ socket, maps it once and hands out frames as numpy views
 
 import enum
 
+from msgq import _aliases
 from visionipc.client import VisionIpcClient, available_streams, get_endpoint_name
 from visionipc.formats import BUFFER_ALIGN, FORMATS, STRIDE_ALIGN, layout
 from visionipc.frame import VisionBuf
 from visionipc.server import VisionIpcServer
-from msgq import _aliases
 
 # DEPRECATED paths: the applications moved to visionipc.apps (README, "Layout")
-_aliases.install({f"visionipc.{app}": f"visionipc.apps.{app}"
-                  for app in ("camera", "record", "view", "pipeline")})
+_aliases.install({f"visionipc.{app}": f"visionipc.apps.{app}" for app in ("camera", "record", "view", "pipeline")})
 
 
 class VisionStreamType(enum.IntEnum):

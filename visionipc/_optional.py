@@ -13,5 +13,6 @@ def need(module: str, extra: str):
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise UsageError(f"this command needs the Python package {module!r} ({e}); "
-                         f"install it with: pip install 'visionipc[{extra}]'") from None
+        raise UsageError(
+            f"this command needs the Python package {module!r} ({e}); install it with: pip install 'visionipc[{extra}]'"
+        ) from None

@@ -33,8 +33,9 @@ class VisionIpcClient(Closeable):
         self.name = server_name(name)
         self.stream = stream
         self._key = stream_key(stream)
-        self._native = _visionipc.Client(self.name, self._key, bool(conflate), **run_options(),
-                                         trusted_uids=[int(u) for u in trusted_uids])
+        self._native = _visionipc.Client(
+            self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
+        )
         self._last = None  # the newest frame received
         self._leased = None  # (idx, generation) our lease slot holds, if any
         # Per mapping (native epoch): the ViewCache of the pool (None before the
@@ -69,9 +70,19 @@ class VisionIpcClient(Closeable):
         if got.epoch != self._epoch:
             self._remapped(native, got.epoch)
         views = self._views
-        self._last = VisionBuf(views.get(idx), views.geometry, idx, generation, got.frame_id,
-                               got.timestamp_sof, got.timestamp_eof, owner=self, stream=self._key,
-                               timestamp_publish=got.timestamp_publish, timestamp_recv=got.timestamp_recv)
+        self._last = VisionBuf(
+            views.get(idx),
+            views.geometry,
+            idx,
+            generation,
+            got.frame_id,
+            got.timestamp_sof,
+            got.timestamp_eof,
+            owner=self,
+            stream=self._key,
+            timestamp_publish=got.timestamp_publish,
+            timestamp_recv=got.timestamp_recv,
+        )
         return self._last
 
     def _remapped(self, native, epoch):
@@ -125,8 +136,9 @@ class VisionIpcClient(Closeable):
         self._epoch, self._views = None, None
         last = self._last
         if last is not None:
-            self._last = types.SimpleNamespace(frame_id=last.frame_id, timestamp_sof=last.timestamp_sof,
-                                               timestamp_eof=last.timestamp_eof, valid=False)
+            self._last = types.SimpleNamespace(
+                frame_id=last.frame_id, timestamp_sof=last.timestamp_sof, timestamp_eof=last.timestamp_eof, valid=False
+            )
         if native is not None:
             native.close()
 

@@ -19,20 +19,21 @@ class PixelFormat(NamedTuple):
     """One row of the C++ format table (``vipc::kFormats``)."""
 
     name: str
-    code: int              # the enum value (what travels in headers and trailers)
-    aliases: tuple         # other names the API accepts ("gray" for "gray8"...)
-    bytes_per_pixel: int   # in the first (Y or only) plane
-    channels: int          # samples a pixel in that plane
-    yuv420: bool           # a Y plane, then 2x2-subsampled chroma at uv_offset
-    selectable: bool       # create_buffers takes it ("custom" comes from create_buffers_with_sizes)
+    code: int  # the enum value (what travels in headers and trailers)
+    aliases: tuple  # other names the API accepts ("gray" for "gray8"...)
+    bytes_per_pixel: int  # in the first (Y or only) plane
+    channels: int  # samples a pixel in that plane
+    yuv420: bool  # a Y plane, then 2x2-subsampled chroma at uv_offset
+    selectable: bool  # create_buffers takes it ("custom" comes from create_buffers_with_sizes)
 
     @property
     def sample_bytes(self) -> int:
         return self.bytes_per_pixel // self.channels
 
 
-FORMAT_TABLE = tuple(PixelFormat(name, code, tuple(aliases.split()), *rest)
-                     for name, code, aliases, *rest in _visionipc.FORMAT_TABLE)  # indexed by code
+FORMAT_TABLE = tuple(
+    PixelFormat(name, code, tuple(aliases.split()), *rest) for name, code, aliases, *rest in _visionipc.FORMAT_TABLE
+)  # indexed by code
 _BY_NAME = {f.name: f for f in FORMAT_TABLE}
 _ALIASES = {alias: f.name for f in FORMAT_TABLE for alias in f.aliases}
 
@@ -105,5 +106,6 @@ def check_count(what: str, value) -> int:
 
 def layout(fmt: str, width: int, height: int) -> Geometry:
     """The :class:`Geometry` of one buffer of ``fmt`` at ``width`` x ``height``."""
-    return Geometry(*_visionipc.geometry(normalize_format(fmt), check_count("width", width),
-                                         check_count("height", height)))
+    return Geometry(
+        *_visionipc.geometry(normalize_format(fmt), check_count("width", width), check_count("height", height))
+    )

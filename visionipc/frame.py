@@ -49,8 +49,8 @@ class LeasingOwner(FrameOwner, Protocol):
 class FrameViews(NamedTuple):
     """The views of one whole buffer, all over the same bytes."""
 
-    data: memoryview   # format "B", the whole buffer (read-only where the source is)
-    flat: np.ndarray   # uint8, the whole buffer
+    data: memoryview  # format "B", the whole buffer (read-only where the source is)
+    flat: np.ndarray  # uint8, the whole buffer
     array: np.ndarray  # shaped for the format (VisionBuf.array)
 
 
@@ -71,8 +71,9 @@ def _shaped(flat: np.ndarray, g: Geometry) -> np.ndarray:
         return flat  # a custom layout whose chroma does not follow the luma directly
     dtype = np.dtype(f"u{info.sample_bytes}")
     if info.channels > 1:
-        return np.ndarray((h, w, info.channels), dtype=dtype, buffer=flat,
-                          strides=(s, info.bytes_per_pixel, info.sample_bytes))
+        return np.ndarray(
+            (h, w, info.channels), dtype=dtype, buffer=flat, strides=(s, info.bytes_per_pixel, info.sample_bytes)
+        )
     return np.ndarray((h, w), dtype=dtype, buffer=flat, strides=(s, info.bytes_per_pixel))
 
 
@@ -103,9 +104,20 @@ class VisionBuf:
     a fresh view of them each time, so callers may reshape, flag or release
     theirs without touching anyone else's."""
 
-    def __init__(self, views: FrameViews, geometry: Geometry, idx, generation, frame_id=0, timestamp_sof=0,
-                 timestamp_eof=0, owner: FrameOwner | None = None, stream=None, timestamp_publish=0,
-                 timestamp_recv=0):
+    def __init__(
+        self,
+        views: FrameViews,
+        geometry: Geometry,
+        idx,
+        generation,
+        frame_id=0,
+        timestamp_sof=0,
+        timestamp_eof=0,
+        owner: FrameOwner | None = None,
+        stream=None,
+        timestamp_publish=0,
+        timestamp_recv=0,
+    ):
         self._views = views
         self._geometry = geometry
         self.idx = idx
@@ -117,7 +129,7 @@ class VisionBuf:
         # (0 for frames that were not received); receive - publish is the handoff latency.
         self.timestamp_publish = timestamp_publish
         self.timestamp_recv = timestamp_recv
-        self._owner = owner      # the FrameOwner this frame came from
+        self._owner = owner  # the FrameOwner this frame came from
         self.stream = stream
 
     # geometry
@@ -218,5 +230,7 @@ class VisionBuf:
         return False
 
     def __repr__(self):
-        return (f"<VisionBuf {self.format} {self.width}x{self.height} stride={self.stride} idx={self.idx} "
-                f"frame_id={self.frame_id}>")
+        return (
+            f"<VisionBuf {self.format} {self.width}x{self.height} stride={self.stride} idx={self.idx} "
+            f"frame_id={self.frame_id}>"
+        )

@@ -25,7 +25,6 @@ once the ring reuses the slot (``count`` frames later), so a client that holds
 a frame longer should copy it.
 """
 
-import os
 import struct
 from typing import Optional
 
@@ -79,14 +78,24 @@ class OrderedFrameWriter(Closeable):
         res = self._producer.reserve(frame_id, timeout=timeout)
         geo = self._views.geometry
         try:
-            _TRAILER.pack_into(res.data, self._trailer_offset(len(res.data)), _MAGIC, geo.info.code,
-                               geo.width, geo.height, geo.stride, geo.uv_offset, geo.size)
+            _TRAILER.pack_into(
+                res.data,
+                self._trailer_offset(len(res.data)),
+                _MAGIC,
+                geo.info.code,
+                geo.width,
+                geo.height,
+                geo.stride,
+                geo.uv_offset,
+                geo.size,
+            )
         except BaseException:
             res.cancel()
             raise
         slot = res.id % self._producer.capacity
-        buf = VisionBuf(self._views.get(slot, res.data[: geo.size]), geo, slot, 0, res.id,
-                        owner=self, stream=self.stream)
+        buf = VisionBuf(
+            self._views.get(slot, res.data[: geo.size]), geo, slot, 0, res.id, owner=self, stream=self.stream
+        )
         buf._reservation = res
         return buf
 
@@ -140,16 +149,29 @@ class OrderedFrameClient(Closeable):
             self._views = ViewCache(self._trailer_geometry(id_, trailer, len(view)), self._reader.capacity)
             self._trailer = trailer
         views, slot = self._views, id_ % self._reader.capacity
-        buf = VisionBuf(views.get(slot, view[: views.geometry.size]), views.geometry, slot, stamp,
-                        id_, sof, eof, owner=self, stream=self.stream)
+        buf = VisionBuf(
+            views.get(slot, view[: views.geometry.size]),
+            views.geometry,
+            slot,
+            stamp,
+            id_,
+            sof,
+            eof,
+            owner=self,
+            stream=self.stream,
+        )
         if not buf.valid:  # overwritten while we looked: the next one
             return self.recv(timeout_ms)
         return buf
 
     def _trailer_geometry(self, id_, trailer, slot_bytes) -> Geometry:
         magic, code, width, height, stride, uv_offset, size = trailer
-        if magic != _MAGIC or code >= len(FORMAT_TABLE) or not FORMAT_TABLE[code].selectable or \
-                size > slot_bytes - _TRAILER.size:
+        if (
+            magic != _MAGIC
+            or code >= len(FORMAT_TABLE)
+            or not FORMAT_TABLE[code].selectable
+            or size > slot_bytes - _TRAILER.size
+        ):
             raise SegmentError(f"ordered stream {self.name}/{self.stream}: frame {id_} has no valid geometry trailer")
         return Geometry(FORMAT_TABLE[code].name, width, height, stride, uv_offset, size)
 

@@ -46,8 +46,8 @@ def _chroma_planes(fmt, compact, width, height):
     """I420 compact image -> (U, V) planes ``(h/2, w/2)`` as views."""
     cw, ch = width // 2, height // 2
     flat = compact.reshape(-1)
-    u = flat[width * height: width * height + cw * ch].reshape(ch, cw)
-    v = flat[width * height + cw * ch: width * height + 2 * cw * ch].reshape(ch, cw)
+    u = flat[width * height : width * height + cw * ch].reshape(ch, cw)
+    v = flat[width * height + cw * ch : width * height + 2 * cw * ch].reshape(ch, cw)
     return u, v
 
 

@@ -5,12 +5,12 @@ import os
 
 import numpy as np
 
+from msgq._shared import Closeable
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
 from visionipc.formats import Geometry, check_count, normalize_format
 from visionipc.frame import ViewCache, VisionBuf
-from msgq._shared import Closeable
 
 
 class VisionIpcServer(Closeable):
@@ -38,17 +38,26 @@ class VisionIpcServer(Closeable):
         return self._native
 
     def create_buffers(self, stream, count, width, height, format="nv12"):
-        self._server().create_buffers(stream_key(stream), check_count("buffer count", count),
-                                      check_count("width", width), check_count("height", height),
-                                      normalize_format(format))
+        self._server().create_buffers(
+            stream_key(stream),
+            check_count("buffer count", count),
+            check_count("width", width),
+            check_count("height", height),
+            normalize_format(format),
+        )
 
     def create_buffers_with_sizes(self, stream, count, width, height, size, stride, uv_offset):
         if isinstance(uv_offset, bool) or not hasattr(uv_offset, "__index__") or uv_offset < 0:
             raise InvalidArgumentError(f"uv_offset must be a non-negative int, got {uv_offset!r}")
-        self._server().create_buffers_with_sizes(stream_key(stream), check_count("buffer count", count),
-                                                 check_count("width", width), check_count("height", height),
-                                                 check_count("size", size), check_count("stride", stride),
-                                                 uv_offset.__index__())
+        self._server().create_buffers_with_sizes(
+            stream_key(stream),
+            check_count("buffer count", count),
+            check_count("width", width),
+            check_count("height", height),
+            check_count("size", size),
+            check_count("stride", stride),
+            uv_offset.__index__(),
+        )
 
     def start_listener(self):
         self._server().start_listener()
@@ -63,8 +72,9 @@ class VisionIpcServer(Closeable):
         idx, generation = native.acquire(key)
         cache = self._views.get(key)
         if cache is None:
-            cache = self._views[key] = ViewCache(Geometry(*native.geometry(key)), native.count(key),
-                                                 functools.partial(native.view, key))
+            cache = self._views[key] = ViewCache(
+                Geometry(*native.geometry(key)), native.count(key), functools.partial(native.view, key)
+            )
         return VisionBuf(cache.get(idx), cache.geometry, idx, generation, owner=self, stream=key)
 
     def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
@@ -84,8 +94,9 @@ class VisionIpcServer(Closeable):
         key = stream_key(buf)
         if data is None:
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
-        native.send_copy(key, _frame_bytes(data, Geometry(*native.geometry(key))),
-                         *_stamps(frame_id, timestamp_sof, timestamp_eof))
+        native.send_copy(
+            key, _frame_bytes(data, Geometry(*native.geometry(key))), *_stamps(frame_id, timestamp_sof, timestamp_eof)
+        )
 
     def frame_valid(self, buf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out
@@ -109,8 +120,14 @@ class VisionIpcServer(Closeable):
 
 
 def _stamps(frame_id, sof, eof):
-    if type(frame_id) is int and type(sof) is int and type(eof) is int and \
-            0 <= frame_id < 1 << 64 and 0 <= sof < 1 << 64 and 0 <= eof < 1 << 64:
+    if (
+        type(frame_id) is int
+        and type(sof) is int
+        and type(eof) is int
+        and 0 <= frame_id < 1 << 64
+        and 0 <= sof < 1 << 64
+        and 0 <= eof < 1 << 64
+    ):
         return frame_id, sof, eof  # the common case, checked without the loop below
     for what, v in (("frame_id", frame_id), ("timestamp_sof", sof), ("timestamp_eof", eof)):
         if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 1 << 64:
@@ -126,13 +143,16 @@ def _frame_bytes(data, geometry: Geometry):
         if data.dtype.kind != "u" or data.dtype.itemsize not in (1, geometry.info.sample_bytes):
             raise InvalidArgumentError(f"frame data must be uint8, not {data.dtype}")
         if data.nbytes != size:
-            raise InvalidArgumentError(f"frame data has shape {data.shape} ({data.nbytes} bytes); "
-                                       f"the stream's buffers are {size} bytes")
+            raise InvalidArgumentError(
+                f"frame data has shape {data.shape} ({data.nbytes} bytes); the stream's buffers are {size} bytes"
+            )
         return np.ascontiguousarray(data)
     try:
         view = memoryview(data)
     except TypeError:
-        raise InvalidArgumentError(f"frame data must be bytes-like or a numpy array, not {type(data).__name__}") from None
+        raise InvalidArgumentError(
+            f"frame data must be bytes-like or a numpy array, not {type(data).__name__}"
+        ) from None
     if view.nbytes != size:
         raise InvalidArgumentError(f"frame data is {view.nbytes} bytes; the stream's buffers are {size} bytes")
     return view if view.c_contiguous else view.tobytes()

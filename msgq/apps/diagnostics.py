@@ -38,34 +38,50 @@ def problems(report: dict) -> List[str]:
             out.append(f"{name}: {t['error']}")
             continue
         if t["stale"]:
-            out.append(f"{name}: nobody uses this segment file any more (its processes were killed); the next "
-                       f"publisher of this run removes it, or call msgq.backends.shm.remove_stale_segments()")
+            out.append(
+                f"{name}: nobody uses this segment file any more (its processes were killed); the next "
+                f"publisher of this run removes it, or call msgq.backends.shm.remove_stale_segments()"
+            )
             continue
         live_readers = [r for r in t["readers"] if r["alive"]]
         if t["publisher_pid"] is None and live_readers:
             vipc = _VIPC_TOPIC.match(t["topic"])
-            who = (f"the VisionIPC server '{vipc['server']}' (stream '{vipc['stream']}') is not running"
-                   if vipc else "no live publisher")
-            out.append(f"{name}: {who}; its {len(live_readers)} reader(s) wait for messages. Start or restart "
-                       f"it: readers pick a restarted publisher up by themselves")
+            who = (
+                f"the VisionIPC server '{vipc['server']}' (stream '{vipc['stream']}') is not running"
+                if vipc
+                else "no live publisher"
+            )
+            out.append(
+                f"{name}: {who}; its {len(live_readers)} reader(s) wait for messages. Start or restart "
+                f"it: readers pick a restarted publisher up by themselves"
+            )
         for r in t["readers"]:
             who = f"{name}: reader pid {r['pid']} (slot {r['slot']})"
             if not r["alive"]:
-                out.append(f"{who} is gone (killed?); its slot is reclaimed at the publisher's next "
-                           f"num_readers or by the next subscriber that needs it: nothing to do")
+                out.append(
+                    f"{who} is gone (killed?); its slot is reclaimed at the publisher's next "
+                    f"num_readers or by the next subscriber that needs it: nothing to do"
+                )
                 continue
             if not (r["lapped"] or r["resets"]):
                 continue
             stopped = process_state(r["pid"]) in ("T", "t")
-            what = "is lapped: the publisher overwrote messages it had not read yet" if r["lapped"] else \
-                f"fell a whole ring behind {r['resets']} time(s) and skipped ahead, losing messages"
+            what = (
+                "is lapped: the publisher overwrote messages it had not read yet"
+                if r["lapped"]
+                else f"fell a whole ring behind {r['resets']} time(s) and skipped ahead, losing messages"
+            )
             if stopped:
-                out.append(f"{who} {what}; the process is stopped (SIGSTOP or a debugger): continue it "
-                           f"(kill -CONT {r['pid']}); it resumes at the newest data and counts the loss in resets")
+                out.append(
+                    f"{who} {what}; the process is stopped (SIGSTOP or a debugger): continue it "
+                    f"(kill -CONT {r['pid']}); it resumes at the newest data and counts the loss in resets"
+                )
             else:
-                out.append(f"{who} {what}: it reads slower than the publisher writes. Read faster "
-                           f"(receive_batch, a thread of its own), subscribe with conflate=True if only the newest "
-                           f"message matters, or publish with a larger segment_size (now {t['segment_size']} bytes)")
+                out.append(
+                    f"{who} {what}: it reads slower than the publisher writes. Read faster "
+                    f"(receive_batch, a thread of its own), subscribe with conflate=True if only the newest "
+                    f"message matters, or publish with a larger segment_size (now {t['segment_size']} bytes)"
+                )
     return out
 
 

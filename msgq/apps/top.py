@@ -278,9 +278,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="print one table after one interval and exit")
     parser.add_argument("--json", action="store_true", help="print one JSON document after one interval and exit")
-    parser.add_argument("--check", action="store_true",
-                        help="print what is wrong (slow, stopped or dead readers, dead publishers, leftovers, corrupt "
-                        "files) and what to do, then exit: status 1 if anything is")
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="print what is wrong (slow, stopped or dead readers, dead publishers, leftovers, corrupt "
+        "files) and what to do, then exit: status 1 if anything is",
+    )
     parser.add_argument(
         "--dir", metavar="DIR", help="directory of the segment files (default: MSGQ_SHM_DIR or /dev/shm)"
     )

@@ -35,7 +35,9 @@ def _trusted_uids() -> list:
     try:
         return [int(u) for u in text.split(",") if u.strip()]
     except ValueError:
-        raise InvalidArgumentError(f"MSGQ_TRUSTED_UIDS={text!r} must be comma-separated numeric uids, e.g. 1000,1001") from None
+        raise InvalidArgumentError(
+            f"MSGQ_TRUSTED_UIDS={text!r} must be comma-separated numeric uids, e.g. 1000,1001"
+        ) from None
 
 
 def _track(obj):
@@ -51,13 +53,15 @@ def Publisher(endpoint, segment_size=0):
     if prefix not in _swept:
         _swept.add(prefix)
         remove_stale_segments(prefix)
-    return _track(_msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(),
-                                  _trusted_uids()))
+    return _track(
+        _msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(), _trusted_uids())
+    )
 
 
 def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):
-    sub = _msgq.Subscriber(segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode(),
-                           _trusted_uids())
+    sub = _msgq.Subscriber(
+        segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode(), _trusted_uids()
+    )
     sub.spin_us = int(os.environ.get("MSGQ_SPIN_US", DEFAULT_SPIN_US))
     return _track(sub)
 

@@ -204,7 +204,9 @@ def _segment_size(segment_size):
     if size == 0:
         return DEFAULT_SEGMENT_SIZE
     if not MIN_SEGMENT_SIZE <= size <= MAX_SEGMENT_SIZE:
-        raise InvalidArgumentError(f"segment_size must be between {MIN_SEGMENT_SIZE} and {MAX_SEGMENT_SIZE} bytes, got {size}")
+        raise InvalidArgumentError(
+            f"segment_size must be between {MIN_SEGMENT_SIZE} and {MAX_SEGMENT_SIZE} bytes, got {size}"
+        )
     return size
 
 
@@ -215,7 +217,9 @@ def _payload(data):
     except TypeError:
         raise TypeError(f"send() takes bytes or a C-contiguous buffer, not {type(data).__name__}") from None
     if not view.c_contiguous:
-        raise TypeError("send() takes a C-contiguous buffer; this one is strided (copy it, e.g. numpy.ascontiguousarray)")
+        raise TypeError(
+            "send() takes a C-contiguous buffer; this one is strided (copy it, e.g. numpy.ascontiguousarray)"
+        )
     return view
 
 
@@ -303,7 +307,6 @@ class _Guarded(Closeable):
         if self._zsock is not None:
             _inherited.append(self._zsock)  # never closed here: it belongs to the parent
             self._zsock = None
-
 
 
 # ------------------------------------------------------------------ publisher

@@ -5,8 +5,8 @@ import signal
 import cv2
 import numpy as np
 import pytest
-
 from camera_helpers import CAMERA, connect, finish, reap, receive, run_without, start
+
 from msgq.testing import unique_name
 from visionipc.apps.camera.daemon import main
 from visionipc.apps.camera.pattern import read_stamp
@@ -22,8 +22,22 @@ def _no_process_left():
 
 
 def _camera(name, *args, frames=30, fps=FPS, size=(160, 96)):
-    return start(CAMERA, "--name", name, "--width", size[0], "--height", size[1], "--fps", fps,
-                 "--frames", frames, "--wait-clients", 1, *args)
+    return start(
+        CAMERA,
+        "--name",
+        name,
+        "--width",
+        size[0],
+        "--height",
+        size[1],
+        "--fps",
+        fps,
+        "--frames",
+        frames,
+        "--wait-clients",
+        1,
+        *args,
+    )
 
 
 def _on_schedule(sofs):
@@ -68,8 +82,23 @@ def test_video_file_source_is_resized_and_converted(tmp_path):
         writer.write(np.full((48, 64, 3), level, np.uint8))
     writer.release()
     name = unique_name("cam")
-    proc = start(CAMERA, "--name", name, "--stream", "s", "--source", path, "--width", 32, "--height", 24,
-                 "--format", "gray", "--wait-clients", 1)
+    proc = start(
+        CAMERA,
+        "--name",
+        name,
+        "--stream",
+        "s",
+        "--source",
+        path,
+        "--width",
+        32,
+        "--height",
+        24,
+        "--format",
+        "gray",
+        "--wait-clients",
+        1,
+    )
     frames = receive(name, "s")
     rc, _, err = finish(proc)
     assert rc == 0, err  # the file ended: the daemon stops by itself
@@ -111,9 +140,11 @@ def test_dropped_frames_never_arrive_and_delayed_ones_arrive_late():
 def test_config_file_gives_each_stream_its_own_settings(tmp_path):
     config = tmp_path / "cams.toml"
     name = unique_name("cam")
-    config.write_text(f'name = "{name}"\n'
-                      '[[stream]]\nname = "road"\nwidth = 128\nheight = 96\nformat = "bgr"\ndrop_frames = [2]\n'
-                      '[[stream]]\nname = "wide"\nwidth = 96\nheight = 64\nformat = "nv12"\nframes = 5\n')
+    config.write_text(
+        f'name = "{name}"\n'
+        '[[stream]]\nname = "road"\nwidth = 128\nheight = 96\nformat = "bgr"\ndrop_frames = [2]\n'
+        '[[stream]]\nname = "wide"\nwidth = 96\nheight = 64\nformat = "nv12"\nframes = 5\n'
+    )
     proc = start(CAMERA, "--config", config, "--frames", 6, "--fps", 100, "--wait-clients", 1)
     clients = [connect(name, stream) for stream in ("road", "wide")]  # both before the first frame
     road, wide = (receive(name, c.stream, client=c) for c in clients)
@@ -124,20 +155,23 @@ def test_config_file_gives_each_stream_its_own_settings(tmp_path):
     assert [f["frame_id"] for f in wide] == list(range(5)) and wide[0]["format"] == "nv12"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--stream", "s"], "--name"),
-    (["--name", "x"], "no stream"),
-    (["--name", "x", "--stream", "s", "--fps", "0"], "fps must be"),
-    (["--name", "x", "--stream", "s", "--format", "yuyv"], "unknown pixel format"),
-    (["--name", "x", "--stream", "s", "--width", "101", "--height", "50"], "even width"),
-    (["--name", "x", "--stream", "s", "--width", "40", "--height", "30", "--format", "gray"], "at least"),
-    (["--name", "x", "--stream", "s", "--delay-frames", "30"], "FRAME_ID:MILLISECONDS"),
-    (["--name", "x", "--stream", "s", "--drop-frames", "a,b"], "not a frame id"),
-    (["--name", "x", "--stream", "s", "--stream", "s"], "given twice"),
-    (["--name", "x", "--stream", "s", "--source", "/no/such/file.mp4"], "not 'synthetic'"),
-    (["--name", "x", "--stream", "bad/name"], "stream name"),
-    (["--name", "x", "--config", "/no/such.toml"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--stream", "s"], "--name"),
+        (["--name", "x"], "no stream"),
+        (["--name", "x", "--stream", "s", "--fps", "0"], "fps must be"),
+        (["--name", "x", "--stream", "s", "--format", "yuyv"], "unknown pixel format"),
+        (["--name", "x", "--stream", "s", "--width", "101", "--height", "50"], "even width"),
+        (["--name", "x", "--stream", "s", "--width", "40", "--height", "30", "--format", "gray"], "at least"),
+        (["--name", "x", "--stream", "s", "--delay-frames", "30"], "FRAME_ID:MILLISECONDS"),
+        (["--name", "x", "--stream", "s", "--drop-frames", "a,b"], "not a frame id"),
+        (["--name", "x", "--stream", "s", "--stream", "s"], "given twice"),
+        (["--name", "x", "--stream", "s", "--source", "/no/such/file.mp4"], "not 'synthetic'"),
+        (["--name", "x", "--stream", "bad/name"], "stream name"),
+        (["--name", "x", "--config", "/no/such.toml"], "does not exist"),
+    ],
+)
 def test_bad_input_is_a_clear_error(argv, message, capsys):
     assert main(argv) == 2
     assert message in capsys.readouterr().err

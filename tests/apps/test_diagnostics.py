@@ -134,8 +134,12 @@ def test_a_dead_publisher_and_a_dead_visionipc_server_are_reported(capsys):
 def test_a_full_shared_memory_directory_says_what_to_do(monkeypatch, tmp_path):
     mount = tmp_path / "shm"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mount)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mount)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     if done.returncode != 0:
         pytest.fail(f"this test mounts a 1 MiB tmpfs (needs root, as in CI): {done.stdout}")
     try:
@@ -161,6 +165,7 @@ def test_a_visionipc_server_of_another_protocol_version_is_named_as_such():
     listener.listen(1)
     client = VisionIpcClient("oldcam", "road", False)
     try:
+
         def answer():
             conn, _ = listener.accept()
             conn.recv(4096)
@@ -172,8 +177,9 @@ def test_a_visionipc_server_of_another_protocol_version_is_named_as_such():
         held = []
         server = threading.Thread(target=lambda: held.append(answer()))
         server.start()
-        with pytest.raises(msgq.IpcError, match="speaks protocol version 99, this client version 2: "
-                                                "run the same visionipc release"):
+        with pytest.raises(
+            msgq.IpcError, match="speaks protocol version 99, this client version 2: run the same visionipc release"
+        ):
             client.connect(False)
         server.join(10)
     finally:

@@ -11,11 +11,22 @@ from pipeline_helpers import DROPS, FPS, camera_recordings, recordings, spark  #
 from visionipc.apps.pipeline.cli import main
 
 
-def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(spark, camera_recordings, recordings, tmp_path,
-                                                                     capsys):
+def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
+    spark, camera_recordings, recordings, tmp_path, capsys
+):
     out = tmp_path / "out"
-    rc = main([camera_recordings["lossless"], recordings["quality"], "--out", str(out),
-               "--jobs", "health,metrics,export", "--export", "drops:1"])
+    rc = main(
+        [
+            camera_recordings["lossless"],
+            recordings["quality"],
+            "--out",
+            str(out),
+            "--jobs",
+            "health,metrics,export",
+            "--export",
+            "drops:1",
+        ]
+    )
     assert rc == 0
     health = pd.read_parquet(out / "health.parquet").set_index(["recording_id", "stream"])
     road = health.loc[("lossless", "road")]
@@ -30,8 +41,12 @@ def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(spark, came
     assert set(manifest["recording_id"]) == {"lossless"}
     page = (out / "report.html").read_text()
     images = re.findall(r"src='(plots/[^']+\.png)'", page)
-    assert {"plots/fps_over_time.png", "plots/latency_histogram.png", "plots/drop_timeline.png",
-            "plots/metric_distributions.png"} <= set(images)
+    assert {
+        "plots/fps_over_time.png",
+        "plots/latency_histogram.png",
+        "plots/drop_timeline.png",
+        "plots/metric_distributions.png",
+    } <= set(images)
     for img in images:
         assert (out / img).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "lossless" in page and "road" in page

@@ -6,8 +6,17 @@ import shutil
 import numpy as np
 import pandas as pd
 import pytest
-from pipeline_helpers import (DELAYS_MS, DROPS, FPS, camera_recordings, missing_ids, numpy_latency,  # noqa: F401
-                              raw_index, recordings, spark)
+from pipeline_helpers import (  # noqa: F401
+    DELAYS_MS,
+    DROPS,
+    FPS,
+    camera_recordings,
+    missing_ids,
+    numpy_latency,
+    raw_index,
+    recordings,
+    spark,
+)
 
 from visionipc.apps.pipeline import health, read
 from visionipc.apps.pipeline.read import RecordingError, find_recordings, read_index, read_index_pandas
@@ -53,9 +62,10 @@ def test_spark_and_pandas_give_identical_numbers(spark, recordings, camera_recor
     index_spark = read_index(spark, paths)
     streams = health.streams_df(spark, paths)
     for job, from_files, local, keys in (
-            (health.health_job, health.health_from_files, health.health_pandas, health.KEYS),
-            (health.drops_job, health.drops_from_files, health.drops_pandas, health.KEYS + ["after_frame_id"]),
-            (health.timeline_job, health.timeline_from_files, health.timeline_pandas, health.KEYS + ["second"])):
+        (health.health_job, health.health_from_files, health.health_pandas, health.KEYS),
+        (health.drops_job, health.drops_from_files, health.drops_pandas, health.KEYS + ["after_frame_id"]),
+        (health.timeline_job, health.timeline_from_files, health.timeline_pandas, health.KEYS + ["second"]),
+    ):
         on_pandas = _sorted(local(index_pd), keys)
         assert len(on_pandas) > 0
         for on_spark in (_sorted(job(index_spark).toPandas(), keys), _sorted(from_files(streams).toPandas(), keys)):
@@ -82,9 +92,18 @@ def test_stream_health_is_a_pure_function_of_a_pandas_frame():
     ids = np.array([0, 1, 2, 5, 6, 7], np.int64)
     eof = 10**9 + ids * 100_000_000  # 10 fps
     recv = eof + np.array([1, 1, 1, 300, 1, 2]) * 1_000_000
-    frame = pd.DataFrame({"recording_id": "r", "stream": "s", "frame_id": ids, "timestamp_sof": eof - 5_000_000,
-                          "timestamp_eof": eof, "receive_time": recv, "segment": np.int32(0),
-                          "position": np.arange(6, dtype=np.int32)})
+    frame = pd.DataFrame(
+        {
+            "recording_id": "r",
+            "stream": "s",
+            "frame_id": ids,
+            "timestamp_sof": eof - 5_000_000,
+            "timestamp_eof": eof,
+            "receive_time": recv,
+            "segment": np.int32(0),
+            "position": np.arange(6, dtype=np.int32),
+        }
+    )
     h = health.stream_health(frame.iloc[::-1]).iloc[0]  # any row order: recorded order is (segment, position)
     assert h["fps"] == pytest.approx(10.0) and h["received_fps"] == pytest.approx(5 / 0.7)
     assert list(h["dropped_frame_ids"]) == [3, 4] and h["drop_gaps"] == 1 and h["dropped"] == 2

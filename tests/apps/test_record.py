@@ -5,12 +5,12 @@ import os
 import signal
 import time
 
-import msgq
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-
 from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receive, run_without, start
+
+import msgq
 from msgq.testing import unique_name, unique_topic
 from visionipc.apps.camera.pattern import read_stamp
 from visionipc.apps.record.index import INDEX_COLUMNS, index_schema, read_index, read_topic
@@ -28,8 +28,12 @@ def _no_process_left():
 
 
 def _visible(folder):
-    return sorted(os.path.relpath(os.path.join(d, f), folder) for d, _, files in os.walk(folder)
-                  for f in files if not f.startswith("."))
+    return sorted(
+        os.path.relpath(os.path.join(d, f), folder)
+        for d, _, files in os.walk(folder)
+        for f in files
+        if not f.startswith(".")
+    )
 
 
 def _hidden(folder):
@@ -48,8 +52,21 @@ def test_duration_and_segments_give_the_documented_files_and_columns(tmp_path):
     camera = start(CAMERA, "--name", name, "--stream", "road", "--width", 160, "--height", 96, "--fps", 30)
     connect(name, "road").close()
     pub = msgq.pub_sock(topic)
-    recorder = start(RECORD, "--name", name, "--stream", "road", "--topic", topic, "--out", out,
-                     "--duration", 1.6, "--segment-seconds", 0.5)
+    recorder = start(
+        RECORD,
+        "--name",
+        name,
+        "--stream",
+        "road",
+        "--topic",
+        topic,
+        "--out",
+        out,
+        "--duration",
+        1.6,
+        "--segment-seconds",
+        0.5,
+    )
     _wait_for(lambda: os.path.exists(os.path.join(out, "recording.json")))
     for i in range(5):
         pub.send(b"event %d" % i)
@@ -62,12 +79,21 @@ def test_duration_and_segments_give_the_documented_files_and_columns(tmp_path):
     manifest = json.load(open(os.path.join(out, "recording.json")))
     info = manifest["streams"]["road"]
     assert manifest["status"] == "complete" and manifest["topics"] == [topic]
-    assert (info["width"], info["height"], info["format"], info["codec"], info["lossless"]) == (160, 96, "nv12", "mp4v", False)
+    assert (info["width"], info["height"], info["format"], info["codec"], info["lossless"]) == (
+        160,
+        96,
+        "nv12",
+        "mp4v",
+        False,
+    )
     segments = info["segments"]
     assert segments >= 3
-    assert _visible(out) == sorted(["recording.json"] + [f"frames/road/{n:06d}.mp4" for n in range(segments)]
-                                   + [f"index/road/{n:06d}.parquet" for n in range(segments)]
-                                   + [f"topics/{topic}/000000.parquet"])
+    assert _visible(out) == sorted(
+        ["recording.json"]
+        + [f"frames/road/{n:06d}.mp4" for n in range(segments)]
+        + [f"index/road/{n:06d}.parquet" for n in range(segments)]
+        + [f"topics/{topic}/000000.parquet"]
+    )
     assert _hidden(out) == []
     first = pq.read_table(os.path.join(out, "index/road/000000.parquet"))
     assert first.schema.equals(index_schema()) and tuple(first.column_names) == INDEX_COLUMNS
@@ -95,7 +121,13 @@ def test_sigkill_leaves_no_corrupt_visible_segment(tmp_path):
     camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 60, "--format", "gray")
     connect(name, "s").close()
     recorder = start(RECORD, "--name", name, "--out", out, "--segment-seconds", 0.3, "--lossless")
-    _wait_for(lambda: len(os.listdir(os.path.join(out, "index", "s"))) >= 2 if os.path.isdir(os.path.join(out, "index", "s")) else False)
+    _wait_for(
+        lambda: (
+            len(os.listdir(os.path.join(out, "index", "s"))) >= 2
+            if os.path.isdir(os.path.join(out, "index", "s"))
+            else False
+        )
+    )
     time.sleep(0.15)  # mid-segment
     recorder.kill()
     recorder.wait()
@@ -116,12 +148,15 @@ def test_sigkill_leaves_no_corrupt_visible_segment(tmp_path):
 def test_lossless_record_replay_record_is_bit_exact(tmp_path):
     config = tmp_path / "cams.toml"
     name, again = unique_name("cam"), unique_name("replay")
-    config.write_text(f'name = "{name}"\n[[stream]]\nname = "yuv"\nformat = "nv12"\n'
-                      '[[stream]]\nname = "colour"\nformat = "bgr"\n[[stream]]\nname = "raw"\nformat = "raw16"\n'
-                      '[[stream]]\nname = "mono"\nformat = "gray"\n')
+    config.write_text(
+        f'name = "{name}"\n[[stream]]\nname = "yuv"\nformat = "nv12"\n'
+        '[[stream]]\nname = "colour"\nformat = "bgr"\n[[stream]]\nname = "raw"\nformat = "raw16"\n'
+        '[[stream]]\nname = "mono"\nformat = "gray"\n'
+    )
     first, second = str(tmp_path / "first"), str(tmp_path / "second")
-    camera = start(CAMERA, "--config", config, *SIZE, "--fps", 40, "--frames", 24, "--drop-frames", 5,
-                   "--wait-clients", 1)
+    camera = start(
+        CAMERA, "--config", config, *SIZE, "--fps", 40, "--frames", 24, "--drop-frames", 5, "--wait-clients", 1
+    )
     recorder = start(RECORD, "--name", name, "--out", first, "--lossless", "--frames", 23)
     rc, _, err = finish(recorder)
     assert rc == 0, err
@@ -145,8 +180,9 @@ def test_lossless_record_replay_record_is_bit_exact(tmp_path):
 
 def _recorded(tmp_path, frames=12, fps=50, size=SIZE, mode="--lossless"):
     name, out = unique_name("cam"), str(tmp_path / "rec")
-    camera = start(CAMERA, "--name", name, "--stream", "s", *size, "--fps", fps, "--frames", frames,
-                   "--wait-clients", 1)
+    camera = start(
+        CAMERA, "--name", name, "--stream", "s", *size, "--fps", fps, "--frames", frames, "--wait-clients", 1
+    )
     recorder = start(RECORD, "--name", name, "--out", out, mode, "--frames", frames)
     assert finish(recorder)[0] == 0 and finish(camera)[0] == 0
     return out
@@ -242,8 +278,7 @@ def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
     camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50, "--frames", 10, "--wait-clients", 1)
     recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 2, "--lossless")
     assert finish(camera)[0] == 0
-    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 128, "--height", 64, "--fps", 50,
-                   "--frames", 10)
+    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 128, "--height", 64, "--fps", 50, "--frames", 10)
     assert finish(camera)[0] == 0
     rc, _, err = finish(recorder)
     assert rc == 0, err

@@ -9,9 +9,9 @@ import time
 import cv2
 import numpy as np
 import pytest
+from view_helpers import MjpegReader, Producer, ViewProcess, assert_shows_pattern, pattern
 
 from msgq.testing import unique_name
-from view_helpers import MjpegReader, Producer, ViewProcess, assert_shows_pattern, pattern
 from visionipc.apps.view import main
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -41,8 +41,14 @@ def browser(tmp_path):
         assert shutil.which(path), f"{path} is missing: run bash tools/setup.sh (apt: chromium chromium-driver)"
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                "--window-size=1400,900", "--force-device-scale-factor=1"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,900",
+        "--force-device-scale-factor=1",
+    ):
         options.add_argument(arg)
     # a profile of our own, removed with tmp_path (by default Chromium leaves a
     # /tmp/org.chromium.Chromium.* folder behind per run)
@@ -163,8 +169,10 @@ def test_streams_that_appear_late_and_a_restarted_server_are_picked_up(name):
             assert first["width"] == 320
         # the server restarts: another size and one more stream; frame ids start again
         with Producer(name, ["road", "late"], 160, 120):
-            stats = view.wait_for(lambda s: live("late")(s) and s["streams"]["road"]["width"] == 160,
-                                  what="the restarted server's streams")
+            stats = view.wait_for(
+                lambda s: live("late")(s) and s["streams"]["road"]["width"] == 160,
+                what="the restarted server's streams",
+            )
             assert stats["streams"]["road"]["restarts"] >= 1
             status, _, body = view.get("/snapshot/late.jpg")
             assert status == 200 and decode(body).shape == (120, 160, 3)
@@ -196,12 +204,15 @@ def test_window_without_a_display_is_a_clear_error(name, monkeypatch, capsys):
         assert "no GUI" in capsys.readouterr().err.replace("has none", "no GUI")
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--http", "127.0.0.1:http"], "HOST:PORT"),
-    (["--http", "99999"], "0..65535"),
-    (["--stream", "a/b"], "stream name"),
-    (["--quality", "0"], "--quality"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--http", "127.0.0.1:http"], "HOST:PORT"),
+        (["--http", "99999"], "0..65535"),
+        (["--stream", "a/b"], "stream name"),
+        (["--quality", "0"], "--quality"),
+    ],
+)
 def test_bad_arguments_are_clear_errors(name, args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["--name", name, *args])
@@ -216,7 +227,8 @@ def test_a_port_in_use_is_a_clear_error(name):
 
         from view_helpers import VIEW
 
-        done = subprocess.run([VIEW, "--name", name, "--http", f"127.0.0.1:{port}"], capture_output=True,
-                              text=True, timeout=30)
+        done = subprocess.run(
+            [VIEW, "--name", name, "--http", f"127.0.0.1:{port}"], capture_output=True, text=True, timeout=30
+        )
         assert done.returncode == 1
         assert f"cannot serve on 127.0.0.1:{port}" in done.stderr

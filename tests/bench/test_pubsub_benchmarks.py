@@ -15,8 +15,13 @@ from repo import TOOLS
 
 def _run(script, tmp_path, *flags):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-P", str(TOOLS / script), *flags, "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-P", str(TOOLS / script), *flags, "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text()), proc.stdout, proc.stderr
 
@@ -28,9 +33,14 @@ def test_bench_msgq_quick_measures_both_transports_and_reports_every_row(tmp_pat
     assert report["errors"] == []
     assert report["meta"]["quick"] is True and report["meta"]["rounds"] == 1 and report["meta"]["sizes"] == [64]
     rows = {row["metric"]: row for row in report["summary"]}
-    for metric in ("round trip p50", "one-way blocking p50", "one-way busy p99.9",
-                   "throughput lossless msg/s (msgq receive_batch)", "throughput lossless msg/s (msgq receive())",
-                   "idle subscriber CPU (blocked in receive)"):
+    for metric in (
+        "round trip p50",
+        "one-way blocking p50",
+        "one-way busy p99.9",
+        "throughput lossless msg/s (msgq receive_batch)",
+        "throughput lossless msg/s (msgq receive())",
+        "idle subscriber CPU (blocked in receive)",
+    ):
         assert rows[metric]["msgq"] is not None and rows[metric]["pyzmq"] is not None, metric
         assert rows[metric]["msgq"] >= 0 and rows[metric]["pyzmq"] >= 0, metric
     assert rows["round trip p50"]["advantage"] > 0 and rows["round trip p50"]["target"] == 5.0
@@ -69,6 +79,11 @@ def test_bench_zmq_backend_quick_reports_every_row(tmp_path):
 
 def test_pubsub_benchmarks_reject_unknown_parts(tmp_path):
     for script in ("bench_msgq.py", "bench_zmq_backend.py"):
-        proc = subprocess.run([sys.executable, "-P", str(TOOLS / script), "--only", "nonsense"], cwd=tmp_path,
-                              capture_output=True, text=True, timeout=60)
+        proc = subprocess.run(
+            [sys.executable, "-P", str(TOOLS / script), "--only", "nonsense"],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert proc.returncode == 2 and "--only: unknown nonsense" in proc.stderr, proc.stderr

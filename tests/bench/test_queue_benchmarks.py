@@ -8,15 +8,19 @@ reported, never how fast anything was: speed is for BENCHMARKS.md."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 from repo import TOOLS
 
 
 def _run(script, tmp_path):
     out = tmp_path / "result.json"
-    proc = subprocess.run([sys.executable, "-P", str(TOOLS / script), "--quick", "--json", str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-P", str(TOOLS / script), "--quick", "--json", str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return json.loads(out.read_text()), proc.stdout
 

@@ -30,9 +30,27 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     names = _installed()
     out_json, out_png = tmp_path / "bench.json", tmp_path / "plots" / "bench.png"
     shm_before = set(os.listdir("/dev/shm"))
-    rc = main(["--sizes", ",".join(f"{w}x{h}" for w, h in SIZES), "--clients", ",".join(map(str, CLIENTS)),
-               "--transports", ",".join(names), "--frames", str(FRAMES), "--fps", "60", "--seconds", "0.1",
-               "--json", str(out_json), "--plot", str(out_png), "--quiet"])
+    rc = main(
+        [
+            "--sizes",
+            ",".join(f"{w}x{h}" for w, h in SIZES),
+            "--clients",
+            ",".join(map(str, CLIENTS)),
+            "--transports",
+            ",".join(names),
+            "--frames",
+            str(FRAMES),
+            "--fps",
+            "60",
+            "--seconds",
+            "0.1",
+            "--json",
+            str(out_json),
+            "--plot",
+            str(out_png),
+            "--quiet",
+        ]
+    )
     printed = capsys.readouterr().out
     assert rc == 0, printed
     report = json.loads(out_json.read_text())
@@ -86,8 +104,13 @@ def test_vipc_bench_help_and_bad_arguments(capsys):
         main(["--help"])
     assert e.value.code == 0
     assert "send -> the client holds a numpy view" in capsys.readouterr().out
-    for bad in (["--sizes", "63x64"], ["--sizes", "big"], ["--clients", "0"], ["--transports", "carrier-pigeon"],
-                ["--rounds", "0"]):
+    for bad in (
+        ["--sizes", "63x64"],
+        ["--sizes", "big"],
+        ["--clients", "0"],
+        ["--transports", "carrier-pigeon"],
+        ["--rounds", "0"],
+    ):
         with pytest.raises(SystemExit) as e:
             main(bad)
         assert e.value.code == 2

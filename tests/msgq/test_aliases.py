@@ -27,9 +27,11 @@ def test_old_path_is_the_same_module(old, new):
 
 
 def test_old_package_path_warns_and_from_import_works():
-    code = ("import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
-            "import visionipc\n"
-            "try:\n    import visionipc.pipeline\nexcept DeprecationWarning as e:\n    print(e)\n")
+    code = (
+        "import warnings; warnings.simplefilter('error', DeprecationWarning)\n"
+        "import visionipc\n"
+        "try:\n    import visionipc.pipeline\nexcept DeprecationWarning as e:\n    print(e)\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "visionipc.pipeline moved to visionipc.apps.pipeline" in out.stdout

@@ -15,10 +15,24 @@ import msgq
 from msgq.testing import unique_topic
 
 REFERENCE_NAMES = [
-    "Context", "Poller", "SubSocket", "PubSocket", "MultiplePublishersError", "IpcError",
-    "NO_TRAVERSAL_LIMIT", "context", "pub_sock", "sub_sock", "drain_sock_raw",
-    "SocketEventHandle", "toggle_fake_events", "set_fake_prefix", "get_fake_prefix", "delete_fake_prefix",
-    "wait_for_one_event", "fake_event_handle",
+    "Context",
+    "Poller",
+    "SubSocket",
+    "PubSocket",
+    "MultiplePublishersError",
+    "IpcError",
+    "NO_TRAVERSAL_LIMIT",
+    "context",
+    "pub_sock",
+    "sub_sock",
+    "drain_sock_raw",
+    "SocketEventHandle",
+    "toggle_fake_events",
+    "set_fake_prefix",
+    "get_fake_prefix",
+    "delete_fake_prefix",
+    "wait_for_one_event",
+    "fake_event_handle",
 ]
 
 
@@ -42,8 +56,12 @@ def test_helper_signatures_match_the_reference():
 
     assert params(msgq.pub_sock) == [("endpoint", inspect.Parameter.empty), ("segment_size", 0)]
     assert params(msgq.sub_sock) == [
-        ("endpoint", inspect.Parameter.empty), ("poller", None), ("addr", "127.0.0.1"),
-        ("conflate", False), ("timeout", None), ("segment_size", 0),
+        ("endpoint", inspect.Parameter.empty),
+        ("poller", None),
+        ("addr", "127.0.0.1"),
+        ("conflate", False),
+        ("timeout", None),
+        ("segment_size", 0),
     ]
     assert params(msgq.drain_sock_raw) == [("sock", inspect.Parameter.empty), ("wait_for_one", False)]
 

@@ -10,12 +10,12 @@ import time
 
 import numpy as np
 import pytest
+from mp_helpers import Children
+from queue_helpers import broadcast_reader, send_message
 
 import msgq
-from mp_helpers import Children
 from msgq.broadcast import BroadcastHandle
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, QueueShutdownError
-from queue_helpers import broadcast_reader, send_message
 
 CHUNK = 4096
 
@@ -44,8 +44,14 @@ def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_w
 def test_remote_reader_receives_every_message_over_zeromq_tcp():
     pytest.importorskip("zmq")
     count = 120
-    queue = msgq.BroadcastQueue(n_readers=1, n_remote_readers=2, chunk_bytes=CHUNK, max_chunks=8,
-                                remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    queue = msgq.BroadcastQueue(
+        n_readers=1,
+        n_remote_readers=2,
+        chunk_bytes=CHUNK,
+        max_chunks=8,
+        remote_host="127.0.0.1",
+        remote_bind="127.0.0.1",
+    )
     assert queue.handle.remote_addr.startswith("tcp://127.0.0.1:")
     with Children() as children, queue:
         children.start(broadcast_reader, "local", queue.handle, 0, count, CHUNK)

@@ -49,7 +49,7 @@ def test_messages_of_random_sizes_arrive_intact_and_in_order(backend):
         pub.send(m)
         if i % 20 == 19:  # stay well inside every backend's buffering
             for sub in subs:
-                assert [sub.receive() for _ in range(20)] == sent[i - 19:i + 1]
+                assert [sub.receive() for _ in range(20)] == sent[i - 19 : i + 1]
 
 
 def test_receive_times_out_with_none_and_non_blocking_returns_at_once(backend):

@@ -507,10 +507,20 @@ def test_drain_takes_one_handshake_per_receive_like_the_reference(fake_sockets):
 
 
 def test_the_references_fake_event_names_are_exported():
-    names = ["SocketEventHandle", "toggle_fake_events", "set_fake_prefix", "get_fake_prefix",
-             "delete_fake_prefix", "wait_for_one_event", "fake_event_handle"]
+    names = [
+        "SocketEventHandle",
+        "toggle_fake_events",
+        "set_fake_prefix",
+        "get_fake_prefix",
+        "delete_fake_prefix",
+        "wait_for_one_event",
+        "fake_event_handle",
+    ]
     assert all(name in msgq.__all__ and hasattr(msgq, name) for name in names)
     assert [(p.name, p.default) for p in inspect.signature(msgq.fake_event_handle).parameters.values()] == [
-        ("endpoint", inspect.Parameter.empty), ("identifier", None), ("override", True), ("enable", False),
+        ("endpoint", inspect.Parameter.empty),
+        ("identifier", None),
+        ("override", True),
+        ("enable", False),
     ]
     assert {"set", "clear", "wait", "peek", "fd", "ptr"} <= set(dir(msgq.Event))

@@ -105,7 +105,9 @@ def test_reader_slots_of_killed_processes_are_reclaimed_one_by_one():
         sys.stdin.readline()
         os.kill(os.getpid(), signal.SIGKILL)
     """)
-    proc = subprocess.Popen([sys.executable, "-P", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout.readline() == "ready\n"
     assert pub.num_readers == 30
     proc.stdin.write("\n")

@@ -9,11 +9,7 @@ import time
 
 import numpy as np
 import pytest
-
-import msgq
 from mp_helpers import SPAWN, Children
-from msgq.errors import ClosedError, InvalidArgumentError, MessageTooLargeError, QueueShutdownError
-from msgq.testing import unique_name
 from queue_helpers import (
     frame_worker,
     ordered_hold_then_publish,
@@ -21,6 +17,10 @@ from queue_helpers import (
     ordered_producer,
     ordered_reserve_and_publish_now,
 )
+
+import msgq
+from msgq.errors import ClosedError, InvalidArgumentError, MessageTooLargeError, QueueShutdownError
+from msgq.testing import unique_name
 from visionipc.ordered import OrderedFrameClient, OrderedFrameWriter
 
 
@@ -91,9 +91,11 @@ def test_threads_fill_in_place_in_any_order_and_newest_reader_skips_to_the_newes
     reservations = [producer.reserve() for _ in range(5)]
     threads = []
     for res in reversed(reservations):  # the last reserved finishes first
+
         def fill(res=res):
             res.data[:2] = res.id.to_bytes(2, "little")
             res.publish(2, t0=res.id, t1=7)
+
         threads.append(threading.Thread(target=fill))
         threads[-1].start()
         threads[-1].join()
@@ -124,8 +126,11 @@ def test_explicit_ids_skip_gaps_and_cancelled_or_abandoned_reservations_are_skip
     abandoned.reserve()  # 7, never published: its producer closes
     producer.send(b"eight")
     abandoned.close()
-    assert [(m.id, m.data) for m in (reader.recv(timeout=1) for _ in range(3))] == \
-        [(0, b"zero"), (5, b"five"), (8, b"eight")]
+    assert [(m.id, m.data) for m in (reader.recv(timeout=1) for _ in range(3))] == [
+        (0, b"zero"),
+        (5, b"five"),
+        (8, b"eight"),
+    ]
     assert reader.gaps == 6
     with pytest.raises(InvalidArgumentError, match="reserved already"):
         producer.reserve(id=3)
@@ -222,8 +227,12 @@ def test_visionipc_workers_in_processes_fill_frames_in_parallel_clients_get_fram
             frame = sequential.recv(timeout_ms=30_000)
             assert frame is not None, f"no frame after {ids[-1:]}"
             stamped = int.from_bytes(frame.array[0, :8].tobytes(), "little")
-            pixels_ok &= stamped == frame.frame_id and int(frame.array[1:].min()) == frame.frame_id % 251 and \
-                frame.timestamp_sof == frame.frame_id * 10 and frame.valid
+            pixels_ok &= (
+                stamped == frame.frame_id
+                and int(frame.array[1:].min()) == frame.frame_id % 251
+                and frame.timestamp_sof == frame.frame_id * 10
+                and frame.valid
+            )
             ids.append(frame.frame_id)
             latest = newest.recv(timeout_ms=0)
             if latest is not None:

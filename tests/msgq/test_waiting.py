@@ -15,13 +15,12 @@ import signal
 import threading
 import time
 
+import mp_helpers
 import pytest
+from mp_helpers import SPAWN, Children, wait_until_asleep
 
 import msgq
 from msgq.testing import unique_topic
-
-import mp_helpers
-from mp_helpers import SPAWN, Children, wait_until_asleep
 
 SLACK_S = 2.0  # generous upper bound on any wake-up, for a loaded 2-core machine
 
@@ -343,7 +342,7 @@ async def next_message(sock):
         if sock.arm():  # a message came between the receive and arming
             continue
         readable = loop.create_future()
-        loop.add_reader(sock.fileno(), lambda: readable.done() or readable.set_result(None))
+        loop.add_reader(sock.fileno(), lambda fut: fut.done() or fut.set_result(None), readable)
         try:
             await readable
         finally:

@@ -399,7 +399,14 @@ def test_use_after_close_raises_closed_error_and_close_is_idempotent():
     for call in (lambda: pimpl.send(b"x"), pimpl.num_readers, lambda: pimpl.loan(1), lambda: pimpl.commit(0)):
         with pytest.raises(msgq.ClosedError):
             call()
-    for call in (simpl.receive, lambda: simpl.receive(True), lambda: simpl.receive_batch(4, 0), simpl.ready, simpl.fileno, simpl.arm):
+    for call in (
+        simpl.receive,
+        lambda: simpl.receive(True),
+        lambda: simpl.receive_batch(4, 0),
+        simpl.ready,
+        simpl.fileno,
+        simpl.arm,
+    ):
         with pytest.raises(msgq.ClosedError):
             call()
     with pytest.raises(msgq.ClosedError):
@@ -504,8 +511,11 @@ def test_close_from_another_thread_ends_a_wait(how, timeout_ms):
     poller = msgq.Poller()
     poller.registerSocket(sub)
     wait_ms = -1 if timeout_ms is None else timeout_ms
-    wait = {"receive": sub.receive, "receive_batch": lambda: sub.receive_batch(10, timeout=wait_ms),
-            "poll": lambda: poller.poll(wait_ms)}[how]
+    wait = {
+        "receive": sub.receive,
+        "receive_batch": lambda: sub.receive_batch(10, timeout=wait_ms),
+        "poll": lambda: poller.poll(wait_ms),
+    }[how]
     outcome = []
 
     def waiter():
@@ -666,8 +676,9 @@ def test_interpreter_exit_with_open_sockets_does_not_hang():
         "pub.send(b'x' * 100000)\n"
         "for i in range(1000): pub.send(b'queued')\n"
     )
-    result = subprocess.run([sys.executable, "-P", "-c", code, free_topic(), free_topic()], timeout=30,
-                            capture_output=True, text=True)
+    result = subprocess.run(
+        [sys.executable, "-P", "-c", code, free_topic(), free_topic()], timeout=30, capture_output=True, text=True
+    )
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
 

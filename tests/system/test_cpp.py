@@ -18,11 +18,10 @@ import re
 import shutil
 import subprocess
 import tempfile
-from pathlib import Path
 
 import pytest
-
 from repo import ROOT
+
 STRESS_SECONDS = "2"
 
 VARIANTS = {"plain": "", "asan": "address,undefined", "tsan": "thread"}  # -> VIPC_SANITIZE
@@ -51,14 +50,24 @@ def _require_toolchain():
 
 
 def _run(cmd, timeout, env=None):
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+    )
     return proc.returncode, proc.stdout
 
 
 def _configure(variant, build_dir):
-    cmd = ["cmake", "-S", str(ROOT), "-B", str(build_dir), "-DCMAKE_BUILD_TYPE=Release",
-           "-DVIPC_BUILD_TESTS=ON", "-DVIPC_BUILD_PYTHON=OFF", f"-DVIPC_SANITIZE={VARIANTS[variant]}"]
+    cmd = [
+        "cmake",
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DVIPC_BUILD_TESTS=ON",
+        "-DVIPC_BUILD_PYTHON=OFF",
+        f"-DVIPC_SANITIZE={VARIANTS[variant]}",
+    ]
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     return _run(cmd, timeout=120)

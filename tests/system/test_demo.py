@@ -13,13 +13,24 @@ import urllib.request
 import cv2
 import numpy as np
 import pytest
-
+from repo import ROOT
 from view_helpers import Output
+
 from visionipc.apps.camera.pattern import read_stamp
 
-from repo import ROOT
-DEMO = [sys.executable, "-P", os.path.join(ROOT, "tools", "demo.py"), "--port", "0",
-        "--width", "640", "--height", "360", "--fps", "30"]
+DEMO = [
+    sys.executable,
+    "-P",
+    os.path.join(ROOT, "tools", "demo.py"),
+    "--port",
+    "0",
+    "--width",
+    "640",
+    "--height",
+    "360",
+    "--fps",
+    "30",
+]
 
 
 class Demo:
@@ -89,4 +100,3 @@ def test_ctrl_c_stops_the_demo_and_everything_it_started(start_demo):
     stats_when_live(url)
     demo.proc.send_signal(signal.SIGINT)
     assert_ran_and_stopped_cleanly(demo, demo.proc.wait(60))
-

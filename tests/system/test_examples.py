@@ -7,18 +7,28 @@ import subprocess
 import sys
 import time
 
-from view_helpers import Output, Producer
-
 from repo import ROOT
+from view_helpers import Output, Producer
 
 
 def test_the_consumer_example_processes_every_frame_and_stops_on_sigterm():
     from msgq.testing import unique_name
 
     name = unique_name("cam")
-    consumer = subprocess.Popen([sys.executable, "-P", os.path.join(ROOT, "examples", "opencv_consumer.py"),
-                                 "--name", name, "--stream", "road"],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    consumer = subprocess.Popen(
+        [
+            sys.executable,
+            "-P",
+            os.path.join(ROOT, "examples", "opencv_consumer.py"),
+            "--name",
+            name,
+            "--stream",
+            "road",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     out = Output(consumer)
     try:
         out.wait_for("consumer: waiting for")

@@ -20,8 +20,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
-
 from repo import ROOT
+
 TARGETS = ["fuzz_ring", "fuzz_segment", "fuzz_vipc_handshake", "fuzz_vipc_request", "fuzz_vipc_packet"]
 SECONDS_EACH = int(os.environ.get("VIPC_FUZZ_SECONDS", "15"))
 REPORT = re.compile(r"ERROR: (libFuzzer|AddressSanitizer|LeakSanitizer)|runtime error:|SUMMARY: ")
@@ -37,16 +37,27 @@ def fuzz_build():
     if clang is None:
         pytest.fail("the fuzz targets need clang++ (apt-get install clang libclang-rt-14-dev; tools/setup.sh does it)")
     build = ROOT / "build" / "fuzz"
-    configure = ["cmake", "-S", str(ROOT), "-B", str(build), f"-DCMAKE_CXX_COMPILER={clang}",
-                 "-DCMAKE_BUILD_TYPE=Release", "-DVIPC_BUILD_FUZZ=ON", "-DVIPC_BUILD_PYTHON=OFF",
-                 "-DVIPC_SANITIZE=address,undefined,fuzzer-no-link"]
+    configure = [
+        "cmake",
+        "-S",
+        str(ROOT),
+        "-B",
+        str(build),
+        f"-DCMAKE_CXX_COMPILER={clang}",
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DVIPC_BUILD_FUZZ=ON",
+        "-DVIPC_BUILD_PYTHON=OFF",
+        "-DVIPC_SANITIZE=address,undefined,fuzzer-no-link",
+    ]
     if shutil.which("ninja"):
         configure += ["-G", "Ninja"]
     for cmd in (configure, ["cmake", "--build", str(build), "-j2"]):
         proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
         if proc.returncode != 0 and cmd is configure:  # a cache from another generator: start over
             shutil.rmtree(build, ignore_errors=True)
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600)
+            proc = subprocess.run(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=600
+            )
         assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-8000:]}"
     return build / "cpp" / "fuzz"
 
@@ -56,10 +67,19 @@ def run_target(exe: Path, seconds: int, workdir: Path, extra=()):
     corpus = workdir / "corpus"
     shutil.copytree(ROOT / "cpp" / "fuzz" / "corpus" / exe.name, corpus)
     env = dict(os.environ, VIPC_TEST_TMPDIR=str(workdir), **ENV)
-    cmd = [str(exe), f"-max_total_time={seconds}", "-timeout=10", "-rss_limit_mb=2048", "-max_len=4096",
-           f"-artifact_prefix={workdir}/", *extra, str(corpus)]
-    proc = subprocess.run(cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=seconds + 120)
+    cmd = [
+        str(exe),
+        f"-max_total_time={seconds}",
+        "-timeout=10",
+        "-rss_limit_mb=2048",
+        "-max_len=4096",
+        f"-artifact_prefix={workdir}/",
+        *extra,
+        str(corpus),
+    ]
+    proc = subprocess.run(
+        cmd, cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=seconds + 120
+    )
     done = re.search(r"Done (\d+) runs", proc.stdout)
     return proc.returncode, proc.stdout, int(done.group(1)) if done else 0
 
@@ -72,7 +92,7 @@ def test_fuzz_target_survives_hostile_input(fuzz_build, target):
         artifacts = [p.name for p in Path(tmp).iterdir() if p.name.startswith(("crash-", "timeout-", "leak-", "oom-"))]
     report = REPORT.search(out)
     assert rc == 0 and report is None and not artifacts, (
-        f"{target} found a problem (exit {rc}, reproducers {artifacts}):\n{out[-10000:]}")
+        f"{target} found a problem (exit {rc}, reproducers {artifacts}):\n{out[-10000:]}"
+    )
     assert runs > 100, f"{target} hardly ran ({runs} inputs):\n{out[-3000:]}"
     print(f"{target}: {runs} inputs in {SECONDS_EACH} s, no crash")
-

@@ -8,8 +8,7 @@ from repo import ROOT
 
 
 def _ruff(*args):
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=120)
+    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 def test_ruff_check_passes():

@@ -17,8 +17,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from repo import ROOT
+
 MODEL = ROOT / "cpp" / "msgq" / "model" / "ring.pml"
 WAIT_POINT_MODEL = ROOT / "cpp" / "common" / "model" / "wait_point.pml"
 # Each of these undoes one step of wait_point.h; each must leave a waiter
@@ -71,8 +71,9 @@ def _check(tmp_path: Path, defines: str, exhaustive: bool = True, model: Path = 
     gen = subprocess.run([spin, *flags, "-a", model.name], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert gen.returncode == 0 and (tmp_path / "pan.c").exists(), f"spin -a failed:\n{gen.stdout}{gen.stderr}"
     opt = "-O1" if exhaustive else "-O0"
-    cc = subprocess.run([gcc, opt, *PAN_CFLAGS, "-o", "pan", "pan.c"], cwd=tmp_path, capture_output=True, text=True,
-                        timeout=120)
+    cc = subprocess.run(
+        [gcc, opt, *PAN_CFLAGS, "-o", "pan", "pan.c"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
     assert cc.returncode == 0, f"compiling pan failed:\n{cc.stderr}"
     run = subprocess.run(["./pan", PAN_DEPTH], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     return run.stdout + run.stderr

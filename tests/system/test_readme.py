@@ -12,9 +12,9 @@ import time
 
 import pytest
 from readme_blocks import blocks
+from repo import ROOT
 
 from msgq.names import segment_dir
-from repo import ROOT
 
 BLOCKS = blocks((ROOT / "README.md").read_text())
 
@@ -62,8 +62,15 @@ def _run_sh(block, cwd, env):
             if reason:
                 report.append(f"not run ({reason}): {command}")
                 continue
-            proc = subprocess.Popen(["bash", "-c", command], cwd=cwd, env=env, start_new_session=True,
-                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            proc = subprocess.Popen(
+                ["bash", "-c", command],
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             if in_background:
                 background.append((command, proc))
                 continue
@@ -102,8 +109,9 @@ def test_readme_block(block, tmp_path, msgq_prefix):
     shm_before = set(os.listdir(segment_dir()))
     if block.setup:
         # setup commands find the repository (its tests/readme_inputs.py) as $README_REPO
-        subprocess.run(["bash", "-c", block.setup], cwd=cwd, env={**env, "README_REPO": str(ROOT)},
-                       check=True, timeout=300)
+        subprocess.run(
+            ["bash", "-c", block.setup], cwd=cwd, env={**env, "README_REPO": str(ROOT)}, check=True, timeout=300
+        )
     if block.lang == "python":
         if block.runner == "pytest":
             test_file = tmp_path / "test_readme_example.py"
@@ -112,10 +120,18 @@ def test_readme_block(block, tmp_path, msgq_prefix):
         else:
             cmd = [sys.executable, "-"]  # stdin: sys.path[0] is the working folder, as for a user
         start = time.monotonic()
-        proc = subprocess.run(cmd, input=block.code if block.runner == "python" else None, cwd=cwd, env=env,
-                              capture_output=True, text=True, timeout=block.timeout)
-        assert proc.returncode == 0, f"README line {block.line}, after {time.monotonic() - start:.1f} s:\n" \
-                                     f"{proc.stdout}\n{proc.stderr}"
+        proc = subprocess.run(
+            cmd,
+            input=block.code if block.runner == "python" else None,
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=block.timeout,
+        )
+        assert proc.returncode == 0, (
+            f"README line {block.line}, after {time.monotonic() - start:.1f} s:\n{proc.stdout}\n{proc.stderr}"
+        )
     else:
         print("\n".join(_run_sh(block, cwd, env)))
     left = sorted(n for n in set(os.listdir(segment_dir())) - shm_before if prefix in n)

@@ -7,12 +7,10 @@ server names are refused. Needs root (to become nobody), as in CI."""
 
 import os
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import textwrap
-import time
 
 import pytest
 
@@ -33,15 +31,26 @@ if os.geteuid() != 0 or shutil.which("setpriv") is None:
 
 def nobody(code, env=None, timeout=60):
     """Run ``code`` as nobody (same MSGQ_PREFIX); returns its stdout + stderr."""
-    proc = subprocess.run(AS_NOBODY + [textwrap.dedent(code)], env=dict(os.environ, **(env or {})),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    proc = subprocess.run(
+        AS_NOBODY + [textwrap.dedent(code)],
+        env=dict(os.environ, **(env or {})),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=timeout,
+    )
     return proc.stdout
 
 
 def nobody_process(code, env=None):
     """Start ``code`` as nobody with line-based stdin/stdout."""
-    return subprocess.Popen(AS_NOBODY + [textwrap.dedent(code)], env=dict(os.environ, **(env or {})),
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        AS_NOBODY + [textwrap.dedent(code)],
+        env=dict(os.environ, **(env or {})),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
 
 TRY = """
@@ -91,13 +100,16 @@ def test_a_group_directory_and_trusted_uids_share_a_topic_with_another_user(monk
     out = nobody(TRY.format(call=f"msgq.sub_sock({topic!r})"))  # group access alone is not trust
     assert out.startswith("IpcPermissionError") and "belongs to uid 0" in out and "MSGQ_TRUSTED_UIDS" in out, out
 
-    child = nobody_process(f"""
+    child = nobody_process(
+        f"""
         import msgq
         sub = msgq.sub_sock({topic!r}, timeout=10000)
         print("ready", flush=True)
         print(sub.receive().decode(), flush=True)
         sub.close()
-    """, env={"MSGQ_TRUSTED_UIDS": "0"})
+    """,
+        env={"MSGQ_TRUSTED_UIDS": "0"},
+    )
     try:
         assert child.stdout.readline() == "ready\n"
         assert pub.num_readers == 1
@@ -115,9 +127,13 @@ def test_another_user_cannot_connect_to_a_visionipc_server_by_default():
     server.create_buffers("road", 3, 64, 32)
     server.start_listener()
     try:
-        out = nobody(TRY.format(call="""
+        out = nobody(
+            TRY.format(
+                call="""
     from visionipc import VisionIpcClient
-    VisionIpcClient("cam", "road", False).connect(True)"""))
+    VisionIpcClient("cam", "road", False).connect(True)"""
+            )
+        )
         assert out.startswith("IpcPermissionError"), out
         assert "refused this client (uid 65534)" in out and "allowed_uids=[65534]" in out, out
         assert server.num_clients("road") == 0
@@ -200,9 +216,13 @@ def test_a_segment_file_of_the_wrong_size_is_refused_while_in_use():
 def test_visionipc_names_are_validated_everywhere(bad, monkeypatch):
     from visionipc import available_streams, get_endpoint_name
 
-    for make in (lambda: VisionIpcServer(bad), lambda: VisionIpcClient(bad, "road"),
-                 lambda: VisionIpcClient("cam", bad), lambda: available_streams(bad),
-                 lambda: get_endpoint_name("cam", bad)):
+    for make in (
+        lambda: VisionIpcServer(bad),
+        lambda: VisionIpcClient(bad, "road"),
+        lambda: VisionIpcClient("cam", bad),
+        lambda: available_streams(bad),
+        lambda: get_endpoint_name("cam", bad),
+    ):
         with pytest.raises(msgq.InvalidNameError):
             make()
     monkeypatch.setenv("MSGQ_PREFIX", "a/b")  # a bad run prefix is refused too

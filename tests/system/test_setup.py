@@ -24,8 +24,10 @@ def _module(package, name):
 
 
 def test_the_repository_root_imports_the_working_tree():
-    code = "import msgq, visionipc, msgq._msgq, msgq._queues, visionipc._visionipc; " \
-           "print(msgq.__file__); print(visionipc._visionipc.__file__)"
+    code = (
+        "import msgq, visionipc, msgq._msgq, msgq._queues, visionipc._visionipc; "
+        "print(msgq.__file__); print(visionipc._visionipc.__file__)"
+    )
     for cwd in (ROOT, ROOT / "tests"):
         proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=60)
         assert proc.returncode == 0, proc.stderr

@@ -7,10 +7,8 @@ restarted publishers picked up)."""
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
-
 from repo import TOOLS
 
 SOAK = TOOLS / "soak.py"
@@ -20,8 +18,13 @@ SECONDS = 45
 @pytest.mark.timeout(SECONDS + 240)
 def test_soak_under_faults_loses_nothing_unaccounted_and_leaks_nothing(tmp_path):
     report = tmp_path / "soak.json"
-    proc = subprocess.run([sys.executable, "-P", str(SOAK), "--seconds", str(SECONDS), "--json", str(report)],
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=SECONDS + 200)
+    proc = subprocess.run(
+        [sys.executable, "-P", str(SOAK), "--seconds", str(SECONDS), "--json", str(report)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=SECONDS + 200,
+    )
     assert report.exists(), proc.stdout[-5000:]
     result = json.loads(report.read_text())
     assert proc.returncode == 0 and result["failures"] == [], proc.stdout[-8000:]

@@ -13,14 +13,13 @@ import os
 import signal
 import time
 
+import mp_helpers
 import pytest
+from mp_helpers import SPAWN, Children, decode, encode, ring_bytes_at_most, wait_until_asleep
 
 import msgq
 from msgq import _msgq
 from msgq.testing import unique_topic
-
-import mp_helpers
-from mp_helpers import SPAWN, Children, decode, encode, ring_bytes_at_most, wait_until_asleep
 
 SMALL_RING = 64 * 1024
 
@@ -53,10 +52,30 @@ def run_stream(topic, target_ring_bytes, subscribers, burst_bytes=None, max_payl
     done = SPAWN.Event()
     with Children() as children:
         for name, kwargs in subscribers.items():
-            children.start(mp_helpers.subscribe_stream, name, topic, SMALL_RING, barrier, done,
-                           kwargs.get("conflate", False), kwargs.get("pause_s", 0.0))
-        children.start(mp_helpers.publish_stream, "publisher", topic, SMALL_RING, target_ring_bytes, seed,
-                       barrier, done, max_payload, burst_bytes, 0, zero_copy)
+            children.start(
+                mp_helpers.subscribe_stream,
+                name,
+                topic,
+                SMALL_RING,
+                barrier,
+                done,
+                kwargs.get("conflate", False),
+                kwargs.get("pause_s", 0.0),
+            )
+        children.start(
+            mp_helpers.publish_stream,
+            "publisher",
+            topic,
+            SMALL_RING,
+            target_ring_bytes,
+            seed,
+            barrier,
+            done,
+            max_payload,
+            burst_bytes,
+            0,
+            zero_copy,
+        )
         reports = children.collect(["publisher", *subscribers], timeout=100)
     return reports.pop("publisher"), reports
 
@@ -140,8 +159,15 @@ def test_subscriber_killed_while_blocked_does_not_stop_the_others_and_its_slot_i
     victim_ready, survivor_ready, survivor_may_leave = SPAWN.Event(), SPAWN.Event(), SPAWN.Event()
     with msgq.pub_sock(topic, segment_size=SMALL_RING) as pub, Children() as children:
         victim = children.start(mp_helpers.block_in_receive, "victim", topic, SMALL_RING, victim_ready)
-        survivor = children.start(mp_helpers.receive_messages, "survivor", topic, SMALL_RING, len(messages),
-                                  survivor_ready, survivor_may_leave)
+        survivor = children.start(
+            mp_helpers.receive_messages,
+            "survivor",
+            topic,
+            SMALL_RING,
+            len(messages),
+            survivor_ready,
+            survivor_may_leave,
+        )
         assert victim_ready.wait(60) and survivor_ready.wait(60)
         assert pub.wait_for_readers(2, timeout=30)
         assert pub.num_readers == 2
@@ -157,8 +183,13 @@ def test_subscriber_killed_while_blocked_does_not_stop_the_others_and_its_slot_i
         report = children.collect(["survivor"], timeout=60)["survivor"]
         assert report["error_count"] == 0, report["errors"]
         assert report["resets"] == 0
-        assert report["generations"][0] == {"count": len(messages), "first": 0, "last": len(messages) - 1,
-                                            "gaps": 0, "missed": 0}
+        assert report["generations"][0] == {
+            "count": len(messages),
+            "first": 0,
+            "last": len(messages) - 1,
+            "gaps": 0,
+            "missed": 0,
+        }
         assert pub.num_readers == 1  # the survivor; the victim's slot is free again
         survivor_may_leave.set()
         survivor.join(30)
@@ -194,8 +225,9 @@ def test_killed_publisher_is_replaced_by_a_restarted_one_and_existing_subscriber
 
         # Paced by the readers, so they lose nothing of generation 2; it sets
         # done once they have read everything.
-        children.start(mp_helpers.publish_stream, "restarted", topic, ring, 2 * ring, 12, barrier, done,
-                       200, ring // 2, 2)
+        children.start(
+            mp_helpers.publish_stream, "restarted", topic, ring, 2 * ring, 12, barrier, done, 200, ring // 2, 2
+        )
         reports = children.collect(["restarted", *names], timeout=60)
 
     restarted = reports["restarted"]
@@ -206,8 +238,13 @@ def test_killed_publisher_is_replaced_by_a_restarted_one_and_existing_subscriber
         gens = report["generations"]
         assert set(gens) == {1, 2}, f"{n} saw generations {sorted(gens)}"
         assert gens[1]["count"] >= 1
-        assert gens[2] == {"count": restarted["sent"], "first": 0, "last": restarted["sent"] - 1, "gaps": 0,
-                           "missed": 0}, f"{n} lost messages of the restarted publisher"
+        assert gens[2] == {
+            "count": restarted["sent"],
+            "first": 0,
+            "last": restarted["sent"] - 1,
+            "gaps": 0,
+            "missed": 0,
+        }, f"{n} lost messages of the restarted publisher"
 
 
 @pytest.mark.timeout(60)
@@ -277,8 +314,10 @@ def test_sixty_four_subscribers_all_receive_a_message_and_a_sixty_fifth_is_refus
     release = SPAWN.Event()
     payload = os.urandom(1000)
     with msgq.pub_sock(topic) as pub, Children() as children:
-        procs = [children.start(mp_helpers.hold_subscribers, n, topic, per_process, ready[i], release)
-                 for i, n in enumerate(names)]
+        procs = [
+            children.start(mp_helpers.hold_subscribers, n, topic, per_process, ready[i], release)
+            for i, n in enumerate(names)
+        ]
         assert all(e.wait(60) for e in ready)
         assert pub.num_readers == max_readers
 

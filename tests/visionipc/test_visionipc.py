@@ -5,12 +5,21 @@ import gc
 
 import numpy as np
 import pytest
+from vipc_helpers import stamp, stamp_problem
 
 from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError
-from visionipc import (BUFFER_ALIGN, STRIDE_ALIGN, VisionBuf, VisionIpcClient, VisionIpcServer, VisionStreamType,
-                       available_streams, get_endpoint_name, layout)
+from visionipc import (
+    BUFFER_ALIGN,
+    STRIDE_ALIGN,
+    VisionBuf,
+    VisionIpcClient,
+    VisionIpcServer,
+    VisionStreamType,
+    available_streams,
+    get_endpoint_name,
+    layout,
+)
 from visionipc.formats import Geometry
-from vipc_helpers import stamp, stamp_problem
 
 
 @pytest.fixture
@@ -169,6 +178,7 @@ def test_frames_arrive_in_order_without_conflate_and_newest_only_with_it(pair):
 
 def test_frames_carry_the_servers_publish_time_and_the_clients_receive_time(pair):
     import time
+
     server, client = pair()
     before = time.monotonic_ns()
     buf = server.get_buffer(0)
@@ -222,8 +232,10 @@ def test_a_stale_or_foreign_buffer_cannot_be_sent(pair):
     single.send(newer)
 
 
-@pytest.mark.parametrize("args", [(0, 64, 32), (-1, 64, 32), (2, 0, 32), (2, 64, -5), (2, 63, 32), (2, 1.5, 2),
-                                  (100000, 64, 32), (2, 1 << 20, 2)])
+@pytest.mark.parametrize(
+    "args",
+    [(0, 64, 32), (-1, 64, 32), (2, 0, 32), (2, 64, -5), (2, 63, 32), (2, 1.5, 2), (100000, 64, 32), (2, 1 << 20, 2)],
+)
 def test_bad_sizes_and_counts_raise_invalid_argument(args):
     server = VisionIpcServer("cam")
     with pytest.raises(InvalidArgumentError):
@@ -342,7 +354,13 @@ def test_create_buffers_with_sizes_keeps_the_callers_layout(pair):
     server.start_listener()
     client = VisionIpcClient("custom", 0, False)
     assert client.connect(False)
-    assert (client.width, client.height, client.stride, client.uv_offset, client.buffer_len) == (100, 50, 128, 128 * 56, 128 * 80)
+    assert (client.width, client.height, client.stride, client.uv_offset, client.buffer_len) == (
+        100,
+        50,
+        128,
+        128 * 56,
+        128 * 80,
+    )
     buf = server.get_buffer(0)
     assert isinstance(buf, VisionBuf) and buf.data.nbytes == 128 * 80
     client.close()

@@ -2,7 +2,6 @@
 rewritten against our package through the reference's import path."""
 
 import random
-import time
 from typing import cast
 
 import numpy as np
@@ -50,7 +49,9 @@ class TestVisionIpc:
 
     def test_buffers(self):
         width, height, num_buffers = 100, 200, 5
-        self.setup_vipc("camerad", VisionStreamType.VISION_STREAM_ROAD, num_buffers=num_buffers, width=width, height=height)
+        self.setup_vipc(
+            "camerad", VisionStreamType.VISION_STREAM_ROAD, num_buffers=num_buffers, width=width, height=height
+        )
         assert self.client.width == width
         assert self.client.height == height
         assert self.client.buffer_len > 0
@@ -126,8 +127,8 @@ class TestVisionIpc:
         self.server.send(VisionStreamType.VISION_STREAM_ROAD, bytes(self.client.buffer_len), frame_id=1)
         recv_buf = self.client.recv()
         stride = self.client.stride
-        recv_buf.data[stride + 3] = 77            # row 1, column 3 of the Y plane
-        recv_buf.data[-2:] = b"\x05\x06"          # the last chroma bytes
+        recv_buf.data[stride + 3] = 77  # row 1, column 3 of the Y plane
+        recv_buf.data[-2:] = b"\x05\x06"  # the last chroma bytes
         assert recv_buf.array[1, 3] == 77 and recv_buf.y[1, 3] == 77
         assert recv_buf.array[-1, -2:].tolist() == [5, 6]
         recv_buf.array[0, 0] = 9

@@ -6,9 +6,9 @@ import time
 
 import numpy as np
 import pytest
+import vipc_helpers as h
 
 from visionipc import VisionIpcClient, VisionIpcServer
-import vipc_helpers as h
 
 pytestmark = pytest.mark.timeout(120)
 

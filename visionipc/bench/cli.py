@@ -75,27 +75,42 @@ def _names(choices):
         if bad or not out:
             raise argparse.ArgumentTypeError(f"choose from {', '.join(choices)} (got {text!r})")
         return out
+
     return parse
 
 
 def build_parser():
-    ap = argparse.ArgumentParser(prog="vipc-bench", description=DESCRIPTION, epilog=EPILOG,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_flags(ap, quick="short run (< 1 minute): sizes 64x64,3840x2160,7680x4320, clients 1,8, few frames per cell")
+    ap = argparse.ArgumentParser(
+        prog="vipc-bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_common_flags(
+        ap, quick="short run (< 1 minute): sizes 64x64,3840x2160,7680x4320, clients 1,8, few frames per cell"
+    )
     ap.add_argument("--sizes", type=_sizes, help=f"NV12 frame sizes, WxH,... (default {FULL['sizes']})")
     ap.add_argument("--clients", type=_ints, help=f"client counts (default {FULL['clients']})")
-    ap.add_argument("--transports", type=_names(list(transports.TRANSPORTS)),
-                    help="comma-separated, from " + ", ".join(transports.TRANSPORTS) + " (default: all installed)")
-    ap.add_argument("--modes", type=_names(["paced", "flat"]), default=["paced", "flat"], help="paced,flat (default both)")
+    ap.add_argument(
+        "--transports",
+        type=_names(list(transports.TRANSPORTS)),
+        help="comma-separated, from " + ", ".join(transports.TRANSPORTS) + " (default: all installed)",
+    )
+    ap.add_argument(
+        "--modes", type=_names(["paced", "flat"]), default=["paced", "flat"], help="paced,flat (default both)"
+    )
     add_common_flags(ap, rounds=(1, "repeat the whole matrix, transports rotating (default 1)"))
     ap.add_argument("--fps", type=float, default=30.0, help="paced frame rate (default 30)")
     ap.add_argument("--frames", type=int, help="measured frames per paced cell (default 60, --quick 8)")
     ap.add_argument("--seconds", type=float, help="duration of each flat-out cell (default 1.0, --quick 0.15)")
     ap.add_argument("--fill", action="store_true", help="flat out: write every byte of every frame, not only a stamp")
-    ap.add_argument("--plot", metavar="PNG", default="vipc-bench.png", help="PNG plot path (default vipc-bench.png; "
-                    "'' for none)")
-    add_common_flags(ap, json="write the summary and every raw sample as JSON", no_pin="do not pin the processes to CPUs",
-                     check="exit 1 when a target is NOT MET", quiet="no progress lines on stderr")
+    ap.add_argument(
+        "--plot", metavar="PNG", default="vipc-bench.png", help="PNG plot path (default vipc-bench.png; '' for none)"
+    )
+    add_common_flags(
+        ap,
+        json="write the summary and every raw sample as JSON",
+        no_pin="do not pin the processes to CPUs",
+        check="exit 1 when a target is NOT MET",
+        quiet="no progress lines on stderr",
+    )
     return ap
 
 
@@ -105,13 +120,25 @@ def make_config(args, ap):
     skipped = [(n, transports.unavailable(n)) for n in names if transports.unavailable(n)]
     if args.transports and skipped:
         ap.error("; ".join(f"{n}: {why}" for n, why in skipped))
-    if args.rounds < 1 or args.fps <= 0 or (args.frames is not None and args.frames < 1) or \
-            (args.seconds is not None and args.seconds <= 0):
+    if (
+        args.rounds < 1
+        or args.fps <= 0
+        or (args.frames is not None and args.frames < 1)
+        or (args.seconds is not None and args.seconds <= 0)
+    ):
         ap.error("--rounds, --fps, --frames and --seconds must be positive")
-    cfg = Config(sizes=args.sizes or _sizes(base["sizes"]), clients=args.clients or _ints(base["clients"]),
-                 transports=[n for n in names if not transports.unavailable(n)], modes=args.modes, rounds=args.rounds,
-                 paced_fps=args.fps, paced_count=args.frames or base["paced_count"],
-                 paced_warmup=2 if args.quick else 5, flat_seconds=args.seconds or base["flat_seconds"], fill=args.fill)
+    cfg = Config(
+        sizes=args.sizes or _sizes(base["sizes"]),
+        clients=args.clients or _ints(base["clients"]),
+        transports=[n for n in names if not transports.unavailable(n)],
+        modes=args.modes,
+        rounds=args.rounds,
+        paced_fps=args.fps,
+        paced_count=args.frames or base["paced_count"],
+        paced_warmup=2 if args.quick else 5,
+        flat_seconds=args.seconds or base["flat_seconds"],
+        fill=args.fill,
+    )
     return cfg, skipped
 
 
@@ -131,18 +158,30 @@ def main(argv=None) -> int:
 
     run = unique_name("")
     cpus, pinned = placement(1 + max(cfg.clients), args.no_pin)
-    meta = {"argv": sys.argv if argv is None else ["vipc-bench", *argv], "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "python": sys.version.split()[0], "platform": platform.platform(), "cpus": cpus, "pinned": pinned,
-            "loadavg_start": read_loadavg(), "config": vars(cfg) | {"sizes": [list(s) for s in cfg.sizes]}}
+    meta = {
+        "argv": sys.argv if argv is None else ["vipc-bench", *argv],
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "cpus": cpus,
+        "pinned": pinned,
+        "loadavg_start": read_loadavg(),
+        "config": vars(cfg) | {"sizes": [list(s) for s in cfg.sizes]},
+    }
     started = time.monotonic()
     pool = runner = None
     leftovers = []
-    with tempfile.TemporaryDirectory(prefix="vipc-bench-") as ipc_dir, \
-            isolated_prefix(f"vipcbench{run}", check_leaks=False) as prefix, \
-            scoped_env(VIPC_BENCH_RUN=run, VIPC_BENCH_IPC_DIR=ipc_dir, MSGQ_BACKEND="msgq"):
+    with (
+        tempfile.TemporaryDirectory(prefix="vipc-bench-") as ipc_dir,
+        isolated_prefix(f"vipcbench{run}", check_leaks=False) as prefix,
+        scoped_env(VIPC_BENCH_RUN=run, VIPC_BENCH_IPC_DIR=ipc_dir, MSGQ_BACKEND="msgq"),
+    ):
         try:
-            log(f"vipc-bench: {', '.join(cfg.transports)}; MSGQ_PREFIX={prefix}; producer on CPU {pinned[0]}, clients on "
-                f"{sorted(set(pinned[1:]), key=str)}; load {meta['loadavg_start']}")
+            log(
+                f"vipc-bench: {', '.join(cfg.transports)}; MSGQ_PREFIX={prefix}; "
+                f"producer on CPU {pinned[0]}, clients on "
+                f"{sorted(set(pinned[1:]), key=str)}; load {meta['loadavg_start']}"
+            )
             pool = WorkerPool(pinned, setup=worker_setup, teardown=worker_teardown)
             runner = Runner(pool, cfg, log)
             runner.run()
@@ -159,15 +198,27 @@ def main(argv=None) -> int:
                     os.unlink(path)
     summary = summarize(runner.results)
     meta.update(elapsed_s=time.monotonic() - started, loadavg_end=read_loadavg(), leftovers=leftovers)
-    print(f"vipc-bench: {meta['elapsed_s']:.0f} s, {cfg.rounds} round(s); load {meta['loadavg_start']} -> "
-          f"{meta['loadavg_end']}; producer on CPU {pinned[0]}, clients on {sorted(set(pinned[1:]), key=str)}")
+    print(
+        f"vipc-bench: {meta['elapsed_s']:.0f} s, {cfg.rounds} round(s); load {meta['loadavg_start']} -> "
+        f"{meta['loadavg_end']}; producer on CPU {pinned[0]}, clients on {sorted(set(pinned[1:]), key=str)}"
+    )
     print(render(summary, skipped))
     print(f"/dev/shm after the run: {'clean' if not leftovers else 'LEFTOVERS (removed): ' + ', '.join(leftovers)}")
     for e in runner.errors:
-        print(f"FAILED: {e['mode']} {e['transport']} {e['frame']} x{e['clients']}: {e['error'].strip().splitlines()[-1]}")
+        print(
+            f"FAILED: {e['mode']} {e['transport']} {e['frame']} x{e['clients']}: {e['error'].strip().splitlines()[-1]}"
+        )
     if args.json:
-        write_json(args.json, {"meta": meta, "summary": summary, "skipped": dict(skipped), "results": runner.results,
-                               "errors": runner.errors})
+        write_json(
+            args.json,
+            {
+                "meta": meta,
+                "summary": summary,
+                "skipped": dict(skipped),
+                "results": runner.results,
+                "errors": runner.errors,
+            },
+        )
         log(f"results: {args.json}")
     if args.plot:
         try:
@@ -183,4 +234,3 @@ def main(argv=None) -> int:
     if args.check and any(t["verdict"] == "NOT MET" for t in summary["targets"]):
         return 1
     return 0
-

@@ -34,16 +34,26 @@ def write_png(summary, path, title=""):
         if xs:
             ax.plot(xs, ys, "o-", color=c, label=f"{kind} p50")
             ax.plot(*_series(paced, "p99_us", "bytes", transport=kind, clients=one), "x:", color=c, alpha=0.6)
-    ax.set(xscale="log", yscale="log", xlabel="NV12 frame bytes", ylabel="µs",
-           title=f"paced: send -> numpy view, {one} client (o p50, x p99)")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="NV12 frame bytes",
+        ylabel="µs",
+        title=f"paced: send -> numpy view, {one} client (o p50, x p99)",
+    )
     ax.legend(fontsize=8)
     ax = axes[0][1]
     for kind, c in COLORS.items():
         xs, ys = _series(flat, "fps", "bytes", transport=kind, clients=one)
         if xs:
             ax.plot(xs, ys, "o-", color=c, label=kind)
-    ax.set(xscale="log", yscale="log", xlabel="NV12 frame bytes", ylabel="intact frames/s at the client",
-           title=f"flat out, {one} client")
+    ax.set(
+        xscale="log",
+        yscale="log",
+        xlabel="NV12 frame bytes",
+        ylabel="intact frames/s at the client",
+        title=f"flat out, {one} client",
+    )
     ax.legend(fontsize=8)
     focus = _focus_size(paced + flat)
     for ax, rows, label in ((axes[1][0], None, "server CPU per frame"), (axes[1][1], paced, "paced p50 latency")):

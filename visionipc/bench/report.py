@@ -19,25 +19,45 @@ def summarize(results):
     out = {"paced": [], "flat": []}
     for (w, h, n, kind), rs in _group(results, "paced").items():
         st = latency_stats([s for r in rs for s in r["samples_ns"]])
-        out["paced"].append({"transport": kind, "frame": rs[0]["frame"], "width": w, "height": h, "bytes": rs[0]["bytes"],
-                             "clients": n, "n": st["n"], "p50_us": st.get("p50"), "p90_us": st.get("p90"),
-                             "p99_us": st.get("p99"), "recv_p50_us": latency_stats(
-                                 [s for r in rs for s in r["recv_samples_ns"]]).get("p50"),
-                             "send_call_p50_us": latency_stats([s for r in rs for s in r["send_call_ns"]]).get("p50"),
-                             "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
-                             "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
-                             "timeouts": sum(e != "end" for r in rs for e in r["ended"])})
+        out["paced"].append(
+            {
+                "transport": kind,
+                "frame": rs[0]["frame"],
+                "width": w,
+                "height": h,
+                "bytes": rs[0]["bytes"],
+                "clients": n,
+                "n": st["n"],
+                "p50_us": st.get("p50"),
+                "p90_us": st.get("p90"),
+                "p99_us": st.get("p99"),
+                "recv_p50_us": latency_stats([s for r in rs for s in r["recv_samples_ns"]]).get("p50"),
+                "send_call_p50_us": latency_stats([s for r in rs for s in r["send_call_ns"]]).get("p50"),
+                "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
+                "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
+                "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
+            }
+        )
     for (w, h, n, kind), rs in _group(results, "flat").items():
         received = sum(sum(r["received"]) for r in rs)
         intact = sum(sum(r["intact"]) for r in rs)
-        out["flat"].append({"transport": kind, "frame": rs[0]["frame"], "width": w, "height": h, "bytes": rs[0]["bytes"],
-                            "clients": n, "fps": median([median(r["client_rates"]) for r in rs]),
-                            "fps_min_client": min(x for r in rs for x in r["client_rates"]),
-                            "send_rate": median([r["send_rate"] for r in rs]),
-                            "intact_pct": 100.0 * intact / received if received else None,
-                            "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
-                            "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
-                            "timeouts": sum(e != "end" for r in rs for e in r["ended"])})
+        out["flat"].append(
+            {
+                "transport": kind,
+                "frame": rs[0]["frame"],
+                "width": w,
+                "height": h,
+                "bytes": rs[0]["bytes"],
+                "clients": n,
+                "fps": median([median(r["client_rates"]) for r in rs]),
+                "fps_min_client": min(x for r in rs for x in r["client_rates"]),
+                "send_rate": median([r["send_rate"] for r in rs]),
+                "intact_pct": 100.0 * intact / received if received else None,
+                "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
+                "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
+                "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
+            }
+        )
     for mode, key, better in (("paced", "p50_us", "lower"), ("flat", "fps", "higher")):
         index = {(r["width"], r["height"], r["clients"], r["transport"]): r for r in out[mode]}
         for r in out[mode]:
@@ -60,8 +80,15 @@ def _find(rows, kind, w=None, h=None, n=1):
 
 
 def _target(name, measured, value, r, want, ok, note=""):
-    return {"target": name, "measured": measured, "value": value, "ratio": r, "want": want,
-            "verdict": "n/a" if r is None else ("MET" if ok(r) else "NOT MET"), "note": note}
+    return {
+        "target": name,
+        "measured": measured,
+        "value": value,
+        "ratio": r,
+        "want": want,
+        "verdict": "n/a" if r is None else ("MET" if ok(r) else "NOT MET"),
+        "note": note,
+    }
 
 
 def targets(out):
@@ -69,9 +96,17 @@ def targets(out):
     paced, flat, t = out["paced"], out["flat"], []
     small, big = _find(paced, "visionipc", 64, 64), _find(paced, "visionipc", 7680, 4320)
     r = ratio(big and big["p50_us"], small and small["p50_us"])
-    t.append(_target("handoff latency independent of frame size", "visionipc paced p50, 8K / 64x64, 1 client",
-                     f"{fmt(big and big['p50_us'])} / {fmt(small and small['p50_us'])} µs", r, "<= 1.5x",
-                     lambda x: x <= 1.5, "" if r is not None else "needs sizes 64x64 and 7680x4320, paced"))
+    t.append(
+        _target(
+            "handoff latency independent of frame size",
+            "visionipc paced p50, 8K / 64x64, 1 client",
+            f"{fmt(big and big['p50_us'])} / {fmt(small and small['p50_us'])} µs",
+            r,
+            "<= 1.5x",
+            lambda x: x <= 1.5,
+            "" if r is not None else "needs sizes 64x64 and 7680x4320, paced",
+        )
+    )
     worst = None
     for v in paced:
         if v["transport"] != "visionipc" or v["clients"] != 1:
@@ -80,62 +115,155 @@ def targets(out):
         q = ratio(v["p50_us"], f and f["p50_us"])
         if q is not None and (worst is None or q > worst[0]):
             worst = (q, v, f)
-    t.append(_target("paced: send -> numpy view vs bare futex wake",
-                     f"visionipc p50 / futex p50, 1 client, worst size ({worst[1]['frame'] if worst else '-'})",
-                     f"{fmt(worst[1]['p50_us'])} / {fmt(worst[2]['p50_us'])} µs" if worst else "-",
-                     worst and worst[0], "<= 1.3x", lambda x: x <= 1.3,
-                     "" if worst else "needs transports visionipc and futex, paced"))
+    t.append(
+        _target(
+            "paced: send -> numpy view vs bare futex wake",
+            f"visionipc p50 / futex p50, 1 client, worst size ({worst[1]['frame'] if worst else '-'})",
+            f"{fmt(worst[1]['p50_us'])} / {fmt(worst[2]['p50_us'])} µs" if worst else "-",
+            worst and worst[0],
+            "<= 1.3x",
+            lambda x: x <= 1.3,
+            "" if worst else "needs transports visionipc and futex, paced",
+        )
+    )
     v4k = _find(flat, "visionipc", 3840, 2160)
     for peer, want, lim in (("pyzmq", ">= 100x", 100.0), ("iceoryx2", ">= 1x", 1.0)):
         p = _find(flat, peer, 3840, 2160)
         r = ratio(v4k and v4k["fps"], p and p["fps"])
-        t.append(_target(f"flat out 4K in place vs {peer}", f"visionipc / {peer} intact frames/s at the client",
-                         f"{fmt(v4k and v4k['fps'], '{:.0f}')} / {fmt(p and p['fps'], '{:.0f}')}", r, want,
-                         lambda x, lim=lim: x >= lim, "" if r is not None else
-                         f"needs 3840x2160 flat with visionipc and {peer}"))
+        t.append(
+            _target(
+                f"flat out 4K in place vs {peer}",
+                f"visionipc / {peer} intact frames/s at the client",
+                f"{fmt(v4k and v4k['fps'], '{:.0f}')} / {fmt(p and p['fps'], '{:.0f}')}",
+                r,
+                want,
+                lambda x, lim=lim: x >= lim,
+                "" if r is not None else f"needs 3840x2160 flat with visionipc and {peer}",
+            )
+        )
     for mode, rows in (("paced", paced), ("flat", flat)):
         one, eight = _find(rows, "visionipc", 3840, 2160, 1), _find(rows, "visionipc", 3840, 2160, 8)
         r = ratio(eight and eight["server_cpu_us"], one and one["server_cpu_us"])
-        t.append(_target("8 clients cost the server <= 1 client + 10%", f"server CPU/frame 8 / 1 clients, 4K, {mode}",
-                         f"{fmt(eight and eight['server_cpu_us'])} / {fmt(one and one['server_cpu_us'])} µs", r,
-                         "<= 1.10x", lambda x: x <= 1.10, "" if r is not None else f"needs 4K with 1 and 8 clients, {mode}"))
+        t.append(
+            _target(
+                "8 clients cost the server <= 1 client + 10%",
+                f"server CPU/frame 8 / 1 clients, 4K, {mode}",
+                f"{fmt(eight and eight['server_cpu_us'])} / {fmt(one and one['server_cpu_us'])} µs",
+                r,
+                "<= 1.10x",
+                lambda x: x <= 1.10,
+                "" if r is not None else f"needs 4K with 1 and 8 clients, {mode}",
+            )
+        )
     # Context, not a target: what waking 8 sleeping processes instead of 1 costs a bare futex waker.
     one, eight = _find(paced, "futex", 3840, 2160, 1), _find(paced, "futex", 3840, 2160, 8)
     r = ratio(eight and eight["server_cpu_us"], one and one["server_cpu_us"])
     if r is not None:
-        t.append({"target": "  (context: the same for a bare futex wake)", "measured": "futex waker CPU/frame 8 / 1 "
-                  "clients, 4K, paced", "value": f"{fmt(eight['server_cpu_us'])} / {fmt(one['server_cpu_us'])} µs",
-                  "ratio": r, "want": "", "verdict": "", "note": ""})
+        t.append(
+            {
+                "target": "  (context: the same for a bare futex wake)",
+                "measured": "futex waker CPU/frame 8 / 1 clients, 4K, paced",
+                "value": f"{fmt(eight['server_cpu_us'])} / {fmt(one['server_cpu_us'])} µs",
+                "ratio": r,
+                "want": "",
+                "verdict": "",
+                "note": "",
+            }
+        )
     return t
 
 
 def render(summary, skipped=()):
     lines = []
     if summary["paced"]:
-        lines.append("Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "
-                     "µs; CPU per frame, µs")
-        rows = [[r["frame"], r["clients"], r["transport"], fmt(r["recv_p50_us"]), fmt(r["p50_us"]), fmt(r["p90_us"]),
-                 fmt(r["p99_us"]), fmt(r["server_cpu_us"]), fmt(r["client_cpu_us"]), fmt(r["vipc_advantage"], "{:.2f}x"),
-                 r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)"] for r in summary["paced"]]
-        lines.append(format_table(["frame", "clients", "transport", "recv() p50", "view p50", "p90", "p99", "server CPU",
-                                   "client CPU", "view p50 / visionipc's", "samples"], rows, "lrlrrrrrrrr"))
+        lines.append(
+            "Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "
+            "µs; CPU per frame, µs"
+        )
+        rows = [
+            [
+                r["frame"],
+                r["clients"],
+                r["transport"],
+                fmt(r["recv_p50_us"]),
+                fmt(r["p50_us"]),
+                fmt(r["p90_us"]),
+                fmt(r["p99_us"]),
+                fmt(r["server_cpu_us"]),
+                fmt(r["client_cpu_us"]),
+                fmt(r["vipc_advantage"], "{:.2f}x"),
+                r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)",
+            ]
+            for r in summary["paced"]
+        ]
+        lines.append(
+            format_table(
+                [
+                    "frame",
+                    "clients",
+                    "transport",
+                    "recv() p50",
+                    "view p50",
+                    "p90",
+                    "p99",
+                    "server CPU",
+                    "client CPU",
+                    "view p50 / visionipc's",
+                    "samples",
+                ],
+                rows,
+                "lrlrrrrrrrr",
+            )
+        )
         lines.append("  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view")
         lines.append("")
     if summary["flat"]:
-        lines.append("Flat out (producer as fast as it can): intact frames/s each client gets (median of clients), "
-                     "CPU per frame, µs")
-        rows = [[r["frame"], r["clients"], r["transport"], fmt_rate(r["fps"]), fmt_rate(r["fps_min_client"]),
-                 fmt_rate(r["send_rate"]), fmt(r["intact_pct"], "{:.1f}%"), fmt(r["server_cpu_us"]),
-                 fmt(r["client_cpu_us"]), fmt(r["vipc_advantage"], "{:.1f}x")] for r in summary["flat"]]
-        lines.append(format_table(["frame", "clients", "transport", "frames/s", "slowest client", "sent/s", "intact",
-                                   "server CPU", "client CPU", "visionipc / this"], rows, "lrlrrrrrrr"))
+        lines.append(
+            "Flat out (producer as fast as it can): intact frames/s each client gets (median of clients), "
+            "CPU per frame, µs"
+        )
+        rows = [
+            [
+                r["frame"],
+                r["clients"],
+                r["transport"],
+                fmt_rate(r["fps"]),
+                fmt_rate(r["fps_min_client"]),
+                fmt_rate(r["send_rate"]),
+                fmt(r["intact_pct"], "{:.1f}%"),
+                fmt(r["server_cpu_us"]),
+                fmt(r["client_cpu_us"]),
+                fmt(r["vipc_advantage"], "{:.1f}x"),
+            ]
+            for r in summary["flat"]
+        ]
+        lines.append(
+            format_table(
+                [
+                    "frame",
+                    "clients",
+                    "transport",
+                    "frames/s",
+                    "slowest client",
+                    "sent/s",
+                    "intact",
+                    "server CPU",
+                    "client CPU",
+                    "visionipc / this",
+                ],
+                rows,
+                "lrlrrrrrrr",
+            )
+        )
         lines.append("")
     for name, why in skipped:
         lines.append(f"{name}: skipped ({why})")
     if skipped:
         lines.append("")
     lines.append("Targets (issue 4), this run:")
-    rows = [[t["target"], t["measured"], t["value"], fmt(t["ratio"], "{:.3f}x"), t["want"], t["verdict"],
-             t["note"]] for t in summary["targets"]]
+    rows = [
+        [t["target"], t["measured"], t["value"], fmt(t["ratio"], "{:.3f}x"), t["want"], t["verdict"], t["note"]]
+        for t in summary["targets"]
+    ]
     lines.append(format_table(["target", "measured", "value", "ratio", "want", "verdict", ""], rows, "lllrlll"))
     return "\n".join(lines)

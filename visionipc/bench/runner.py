@@ -70,8 +70,19 @@ class Runner:
         n = max(self.cfg.clients)
         for kind in self.cfg.transports:
             tag = f"w{kind}".replace("+", "")
-            prod = dict(kind=kind, tag=tag, w=w, h=h, nbuf=n + self.cfg.extra_buffers, nclients=n, fill=False,
-                        mode="paced", fps=200.0, count=3, warmup=0)
+            prod = dict(
+                kind=kind,
+                tag=tag,
+                w=w,
+                h=h,
+                nbuf=n + self.cfg.extra_buffers,
+                nclients=n,
+                fill=False,
+                mode="paced",
+                fps=200.0,
+                count=3,
+                warmup=0,
+            )
             cons = dict(kind=kind, tag=tag, w=w, h=h, conflate=False, warmup=0, keep_samples=False)
             tasks = [(task_producer, prod)] + [(task_consumer, cons)] * n
             try:
@@ -83,13 +94,30 @@ class Runner:
         c = self.cfg
         self._n += 1
         tag = str(self._n)
-        rec = {"mode": mode, "transport": kind, "frame": size_name(w, h), "width": w, "height": h,
-               "bytes": transports.nv12(w, h)[0], "clients": n, "round": rnd}
+        rec = {
+            "mode": mode,
+            "transport": kind,
+            "frame": size_name(w, h),
+            "width": w,
+            "height": h,
+            "bytes": transports.nv12(w, h)[0],
+            "clients": n,
+            "round": rnd,
+        }
         common = dict(kind=kind, tag=tag, w=w, h=h)
         nbuf = n + c.extra_buffers
         if mode == "paced":
-            prod = dict(common, nbuf=nbuf, nclients=n, fill=False, mode="paced", fps=c.paced_fps, count=c.paced_count,
-                        warmup=c.paced_warmup, spin_us=c.spin_us)
+            prod = dict(
+                common,
+                nbuf=nbuf,
+                nclients=n,
+                fill=False,
+                mode="paced",
+                fps=c.paced_fps,
+                count=c.paced_count,
+                warmup=c.paced_warmup,
+                spin_us=c.spin_us,
+            )
             cons = dict(common, conflate=False, warmup=c.paced_warmup, keep_samples=True)
             # a transport that copies the frame to every client (pyzmq) falls behind at 8K: allow
             # ~50 MB/s per client copy on a loaded machine before calling the cell lost
@@ -108,12 +136,18 @@ class Runner:
             self.errors.append(rec)
             self.log(f"  ERROR {mode} {kind} {rec['frame']} x{n}: {str(e).strip().splitlines()[-1]}")
             return
-        p, cs = res[0], res[1:1 + n]
-        rec.update(cell_s=time.monotonic() - started, sent=p["sent"], server_cpu_us=p["cpu_ns"] / p["sent"] * 1e-3 if p["sent"] else None,
-                   client_cpu_us=median([x["cpu_ns"] / x["frames"] * 1e-3 for x in cs if x["frames"]]),
-                   received=[x["received"] for x in cs], intact=[x["intact"] for x in cs],
-                   ended=[x["ended"] for x in cs], client_sleeps=[x["sleeps"] for x in cs],
-                   server_preempted=p["preempted"])
+        p, cs = res[0], res[1 : 1 + n]
+        rec.update(
+            cell_s=time.monotonic() - started,
+            sent=p["sent"],
+            server_cpu_us=p["cpu_ns"] / p["sent"] * 1e-3 if p["sent"] else None,
+            client_cpu_us=median([x["cpu_ns"] / x["frames"] * 1e-3 for x in cs if x["frames"]]),
+            received=[x["received"] for x in cs],
+            intact=[x["intact"] for x in cs],
+            ended=[x["ended"] for x in cs],
+            client_sleeps=[x["sleeps"] for x in cs],
+            server_preempted=p["preempted"],
+        )
         if mode == "paced":
             rec["samples_ns"] = [s for x in cs for s in x["lat_view_ns"]]
             rec["recv_samples_ns"] = [s for x in cs for s in x["lat_recv_ns"]]
@@ -126,5 +160,7 @@ class Runner:
             what = f"{median(rec['client_rates']):10.0f} intact frames/s per client"
         self.results.append(rec)
         bad = [e for e in rec["ended"] if e != "end"]
-        self.log(f"  {mode:5s} {kind:9s} {rec['frame']:>9s} x{n}: {what}  server {rec['server_cpu_us'] or 0:7.1f} µs "
-                 f"CPU/frame  ({rec['cell_s']:.1f} s)" + (f"  [{len(bad)} client(s) timed out]" if bad else ""))
+        self.log(
+            f"  {mode:5s} {kind:9s} {rec['frame']:>9s} x{n}: {what}  server {rec['server_cpu_us'] or 0:7.1f} µs "
+            f"CPU/frame  ({rec['cell_s']:.1f} s)" + (f"  [{len(bad)} client(s) timed out]" if bad else "")
+        )

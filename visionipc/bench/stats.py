@@ -58,7 +58,9 @@ def format_table(headers, rows, aligns=None):
     widths = [max(len(r[i]) for r in cells) for i in range(cols)]
 
     def line(r):
-        return "  ".join(c.ljust(widths[i]) if aligns[i] == "l" else c.rjust(widths[i]) for i, c in enumerate(r)).rstrip()
+        return "  ".join(
+            c.ljust(widths[i]) if aligns[i] == "l" else c.rjust(widths[i]) for i, c in enumerate(r)
+        ).rstrip()
 
     sep = "  ".join("-" * w for w in widths)
     return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])

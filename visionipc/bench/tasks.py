@@ -18,8 +18,9 @@ def worker_teardown(state):
         fn()
 
 
-def task_producer(ctl, state, kind, tag, w, h, nbuf, nclients, fill, mode, fps=0.0, count=0, warmup=0, seconds=0.0,
-                  spin_us=0):
+def task_producer(
+    ctl, state, kind, tag, w, h, nbuf, nclients, fill, mode, fps=0.0, count=0, warmup=0, seconds=0.0, spin_us=0
+):
     """``mode`` "paced": ``warmup + count`` frames at ``fps``; the producer sleeps until
     ``spin_us`` before each frame's time and spins the rest, so it sends warm (only the
     clients have been asleep). "flat": as fast as it can for ``seconds``.
@@ -78,8 +79,14 @@ def task_producer(ctl, state, kind, tag, w, h, nbuf, nclients, fill, mode, fps=0
         ctl.barrier("done")
     finally:
         p.close()
-    return {"sent": sent, "wall_s": t1 - t0, "cpu_ns": cpu1 - cpu0 - pacing_cpu, "pacing_cpu_ns": pacing_cpu,
-            "send_call_ns": send_call, "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw}
+    return {
+        "sent": sent,
+        "wall_s": t1 - t0,
+        "cpu_ns": cpu1 - cpu0 - pacing_cpu,
+        "pacing_cpu_ns": pacing_cpu,
+        "send_call_ns": send_call,
+        "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw,
+    }
 
 
 def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
@@ -119,6 +126,15 @@ def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
     finally:
         c.close()
     span = (t_last - t_first) * 1e-9 if t_first is not None else 0.0
-    return {"ended": ended, "received": got, "frames": got + (t_first is not None), "intact": intact, "span_s": span,
-            "cpu_ns": cpu1 - cpu0, "sleeps": ru1.ru_nvcsw - ru0.ru_nvcsw, "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw,
-            "lat_view_ns": lat_view, "lat_recv_ns": lat_recv}
+    return {
+        "ended": ended,
+        "received": got,
+        "frames": got + (t_first is not None),
+        "intact": intact,
+        "span_s": span,
+        "cpu_ns": cpu1 - cpu0,
+        "sleeps": ru1.ru_nvcsw - ru0.ru_nvcsw,
+        "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw,
+        "lat_view_ns": lat_view,
+        "lat_recv_ns": lat_recv,
+    }

@@ -94,8 +94,12 @@ class WorkerPool:
     def _start(self):
         for i, cpu in enumerate(self._cpus):
             parent, child = self._ctx.Pipe()
-            p = self._ctx.Process(target=_worker_main, args=(child, i, cpu, self._setup, self._teardown),
-                                  name=f"bench-worker-{i}", daemon=True)
+            p = self._ctx.Process(
+                target=_worker_main,
+                args=(child, i, cpu, self._setup, self._teardown),
+                name=f"bench-worker-{i}",
+                daemon=True,
+            )
             p.start()
             child.close()
             self._procs.append(p)

@@ -48,7 +48,9 @@ class StreamConfig:
         for key in ("width", "height", "frames"):
             value = getattr(self, key)
             if isinstance(value, bool) or not isinstance(value, int) or value < (0 if key == "frames" else 1):
-                raise UsageError(f"{where}: {key} must be a {'non-negative' if key == 'frames' else 'positive'} int, got {value!r}")
+                raise UsageError(
+                    f"{where}: {key} must be a {'non-negative' if key == 'frames' else 'positive'} int, got {value!r}"
+                )
         if self.fps is not None:
             self.check_fps()
         try:
@@ -103,7 +105,7 @@ def parse_delay_frames(spec) -> dict:
         pairs = list(spec.items())
     else:
         pairs = []
-        for item in (spec.split(",") if isinstance(spec, str) else spec):
+        for item in spec.split(",") if isinstance(spec, str) else spec:
             if not str(item).strip():
                 continue
             frame, sep, ms = str(item).partition(":")
@@ -142,8 +144,17 @@ def load_toml(path: str) -> dict:
 def build_streams(args, config: dict) -> list:
     """Streams of the config file, then those named by ``--stream``; the command
     line's values are every stream's defaults."""
-    defaults = dict(source=args.source, width=args.width, height=args.height, fps=args.fps, format=args.format,
-                    frames=args.frames, drop_frames=args.drop_frames, delay_frames=args.delay_frames, loop=args.loop)
+    defaults = dict(
+        source=args.source,
+        width=args.width,
+        height=args.height,
+        fps=args.fps,
+        format=args.format,
+        frames=args.frames,
+        drop_frames=args.drop_frames,
+        delay_frames=args.delay_frames,
+        loop=args.loop,
+    )
     entries = config.get("stream", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UsageError("config: streams are [[stream]] tables")
@@ -151,8 +162,10 @@ def build_streams(args, config: dict) -> list:
     for entry in entries:
         unknown = set(entry) - STREAM_KEYS
         if unknown:
-            raise UsageError(f"config: unknown key(s) {', '.join(sorted(unknown))} in a [[stream]] "
-                             f"(known: {', '.join(sorted(STREAM_KEYS))})")
+            raise UsageError(
+                f"config: unknown key(s) {', '.join(sorted(unknown))} in a [[stream]] "
+                f"(known: {', '.join(sorted(STREAM_KEYS))})"
+            )
         if "name" not in entry:
             raise UsageError("config: every [[stream]] needs a name")
         streams.append(StreamConfig(**{**defaults, **entry}))

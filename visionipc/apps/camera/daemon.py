@@ -55,9 +55,13 @@ CLOCK_MONOTONIC ns. SIGINT/SIGTERM stop cleanly (exit 0). Exit 2: bad input.
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, description="Publish camera frames (synthetic, video file or V4L2 "
-                                "camera) into a VisionIPC server, converted straight into the shared buffers.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Publish camera frames (synthetic, video file or V4L2 "
+        "camera) into a VisionIPC server, converted straight into the shared buffers.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--name", help="VisionIPC server name (clients connect to it)")
     p.add_argument("--stream", action="append", help="stream name; repeat for several streams with the same settings")
     p.add_argument("--source", default="synthetic", help="synthetic | video file | /dev/videoN (default: synthetic)")
@@ -68,13 +72,26 @@ def build_parser():
     p.add_argument("--format", default="nv12", help="nv12 | i420 | bgr | rgb | gray | raw16 (default nv12)")
     p.add_argument("--loop", action="store_true", help="video files: start again at the end instead of stopping")
     p.add_argument("--config", help="TOML file with [[stream]] tables (see below)")
-    p.add_argument("--buffers", type=int, default=DEFAULT_BUFFERS,
-                   help=f"buffers per stream (default {DEFAULT_BUFFERS}; more when --delay-frames needs them)")
-    p.add_argument("--wait-clients", type=int, default=0, metavar="N",
-                   help="before the first frame, wait until every stream has N clients")
+    p.add_argument(
+        "--buffers",
+        type=int,
+        default=DEFAULT_BUFFERS,
+        help=f"buffers per stream (default {DEFAULT_BUFFERS}; more when --delay-frames needs them)",
+    )
+    p.add_argument(
+        "--wait-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the first frame, wait until every stream has N clients",
+    )
     p.add_argument("--drop-frames", default="", metavar="ID,ID,...", help="frame ids never published")
-    p.add_argument("--delay-frames", default="", metavar="ID:MS,...",
-                   help="publish frame ID MS milliseconds after its timestamp_eof")
+    p.add_argument(
+        "--delay-frames",
+        default="",
+        metavar="ID:MS,...",
+        help="publish frame ID MS milliseconds after its timestamp_eof",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no start and summary lines")
     return p
 
@@ -176,15 +193,20 @@ def run(args) -> int:
         try:
             server = VisionIpcServer(name)
             for s in streams:
-                server.create_buffers(s.name, min(MAX_BUFFERS, args.buffers + s.max_delay_frames()),
-                                      s.width, s.height, s.format)
+                server.create_buffers(
+                    s.name, min(MAX_BUFFERS, args.buffers + s.max_delay_frames()), s.width, s.height, s.format
+                )
         except ValueError as e:
             raise UsageError(str(e)) from None
         server.start_listener()
         if not args.quiet:
             for s in streams:
-                print(f"{PROG}: {name}/{s.name}: {s.width}x{s.height} {s.format} @ {s.fps:g} fps from "
-                      f"{sources[s.name].description}", file=sys.stderr, flush=True)
+                print(
+                    f"{PROG}: {name}/{s.name}: {s.width}x{s.height} {s.format} @ {s.fps:g} fps from "
+                    f"{sources[s.name].description}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         if args.wait_clients:
             _wait_for_clients(server, streams, args.wait_clients, stopper.event)
         lock, start_ns = threading.Lock(), time.monotonic_ns()
@@ -202,8 +224,11 @@ def run(args) -> int:
             print(f"{PROG}: stream {r.cfg.name}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
         if not args.quiet:
             for r in runners:
-                print(f"{PROG}: {name}/{r.cfg.name}: {r.published} frames published, {r.dropped} dropped "
-                      f"(--drop-frames), {r.skipped_slots} slots skipped (late)", file=sys.stderr)
+                print(
+                    f"{PROG}: {name}/{r.cfg.name}: {r.published} frames published, {r.dropped} dropped "
+                    f"(--drop-frames), {r.skipped_slots} slots skipped (late)",
+                    file=sys.stderr,
+                )
         return 1 if failed else 0
     finally:
         for src in sources.values():

@@ -17,8 +17,16 @@ STAMP_BITS = 32
 STAMP_CELLS = STAMP_BITS + 8
 MIN_WIDTH, MIN_HEIGHT = 2 * STAMP_CELLS, 24
 SCROLL_PX = 4  # per frame; even, so chroma planes scroll by whole samples
-_BARS_BGR = [(255, 255, 255), (0, 255, 255), (255, 255, 0), (0, 255, 0),
-             (255, 0, 255), (0, 0, 255), (255, 0, 0), (0, 0, 0)]
+_BARS_BGR = [
+    (255, 255, 255),
+    (0, 255, 255),
+    (255, 255, 0),
+    (0, 255, 0),
+    (255, 0, 255),
+    (0, 0, 255),
+    (255, 0, 0),
+    (0, 0, 0),
+]
 
 
 def cell_size(width: int) -> int:
@@ -55,7 +63,7 @@ def read_stamp(frame, fmt: str = None, width: int = None):
     c = cell_size(width)
     if image.shape[0] < c or image.shape[1] < c * STAMP_CELLS:
         return None
-    centres = luma(image[: c, : c * STAMP_CELLS], fmt)[c // 2, c // 2:: c][:STAMP_CELLS]
+    centres = luma(image[:c, : c * STAMP_CELLS], fmt)[c // 2, c // 2 :: c][:STAMP_CELLS]
     bits = (centres >= 128).astype(np.int64)
     value = int((bits << np.arange(STAMP_CELLS - 1, -1, -1)).sum())
     frame_id, check = value >> 8, value & 0xFF
@@ -74,8 +82,9 @@ class Pattern:
 
     def __init__(self, cv2, fmt: str, width: int, height: int):
         if width < MIN_WIDTH or height < MIN_HEIGHT:
-            raise ValueError(f"the synthetic pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT} pixels, "
-                             f"got {width}x{height}")
+            raise ValueError(
+                f"the synthetic pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT} pixels, got {width}x{height}"
+            )
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
         self.cell = cell_size(width)
         self.text_top = self.cell + 2
@@ -96,8 +105,8 @@ class Pattern:
         bar = np.zeros((1, ww, 3), np.uint8)
         edges = np.linspace(0, w, len(_BARS_BGR) + 1).astype(int)
         for i, colour in enumerate(_BARS_BGR):
-            bar[0, edges[i]:edges[i + 1]] = colour
-            bar[0, w + edges[i]:w + edges[i + 1]] = colour
+            bar[0, edges[i] : edges[i + 1]] = colour
+            bar[0, w + edges[i] : w + edges[i + 1]] = colour
         fade = np.linspace(1.0, 0.25, h, dtype=np.float32)[:, None, None]
         bgr = (bar.astype(np.float32) * fade).astype(np.uint8)
         bgr[: self.band] = 16  # the header band: stamp and text on dark grey, neutral chroma
@@ -105,8 +114,8 @@ class Pattern:
             yuv = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
             cw, ch = w, h // 2  # chroma planes of the double-width image are (h/2, w)
             flat = yuv.reshape(-1)
-            u = flat[ww * h: ww * h + cw * ch].reshape(ch, cw)
-            v = flat[ww * h + cw * ch:].reshape(ch, cw)
+            u = flat[ww * h : ww * h + cw * ch].reshape(ch, cw)
+            v = flat[ww * h + cw * ch :].reshape(ch, cw)
             return yuv[:h], u, v
         if self.fmt == "bgr8":
             return (bgr,)
@@ -120,30 +129,40 @@ class Pattern:
         off = (frame_id * SCROLL_PX) % w
         if self.fmt in ("nv12", "i420"):
             y, u, v = self._bg
-            np.copyto(buf.y, y[:, off: off + w])
+            np.copyto(buf.y, y[:, off : off + w])
             c0, cw = off // 2, w // 2
             if self.fmt == "nv12":
                 uv = buf.uv
-                np.copyto(uv[..., 0], u[:, c0: c0 + cw])
-                np.copyto(uv[..., 1], v[:, c0: c0 + cw])
+                np.copyto(uv[..., 0], u[:, c0 : c0 + cw])
+                np.copyto(uv[..., 1], v[:, c0 : c0 + cw])
             else:
-                np.copyto(buf.u, u[:, c0: c0 + cw])
-                np.copyto(buf.v, v[:, c0: c0 + cw])
+                np.copyto(buf.u, u[:, c0 : c0 + cw])
+                np.copyto(buf.v, v[:, c0 : c0 + cw])
             plane, white = buf.y, 255
         else:
-            np.copyto(buf.array, self._bg[0][:, off: off + w])
+            np.copyto(buf.array, self._bg[0][:, off : off + w])
             plane = buf.array
             white = 65535 if self.fmt == "raw16" else (255, 255, 255) if plane.ndim == 3 else 255
         self._overlay(plane, frame_id, time.time() if wall_time is None else wall_time, white)
 
     def _overlay(self, plane, frame_id, wall_time, white):
         cv2, c = self.cv2, self.cell
-        text = f"#{frame_id:08d} {time.strftime('%H:%M:%S', time.localtime(wall_time))}.{int(wall_time * 1000) % 1000:03d}"
+        text = (
+            f"#{frame_id:08d} {time.strftime('%H:%M:%S', time.localtime(wall_time))}.{int(wall_time * 1000) % 1000:03d}"
+        )
         target = plane
         if self.fmt == "raw16":  # OpenCV draws text on 8-bit images only: draw the band in 8 bits
             target, white = np.full((self.band, self.width), 16, np.uint8), 255
-        out = cv2.putText(target, text, (4, self.text_top + self.text_h - 2), cv2.FONT_HERSHEY_SIMPLEX,
-                          self.font_scale, white, 1, cv2.LINE_AA)
+        out = cv2.putText(
+            target,
+            text,
+            (4, self.text_top + self.text_h - 2),
+            cv2.FONT_HERSHEY_SIMPLEX,
+            self.font_scale,
+            white,
+            1,
+            cv2.LINE_AA,
+        )
         if out is not target or target is not plane:  # drawn on a copy or on the 8-bit band: bring it in
             np.multiply(out, 257 if self.fmt == "raw16" else 1, out=plane[: out.shape[0]], dtype=plane.dtype)
         bits = stamp_bits(frame_id)

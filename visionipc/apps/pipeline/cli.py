@@ -26,17 +26,26 @@ metrics.parquet, export/ (images + manifest.parquet), report.html + plots/.
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="vipc-analyze", description=__doc__, epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="vipc-analyze", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("recordings", nargs="+", metavar="RECORDINGS", help="recording folders, globs or parent folders")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder (created; files in it are replaced)")
     p.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*])")
-    p.add_argument("--jobs", default="health,metrics", help=f"comma-separated, of {','.join(JOBS)} (default health,metrics)")
-    p.add_argument("--export", default="drops:2", metavar="FILTER",
-                   help="frames the export job writes: drops:W (W frames each side of every gap, default drops:2), "
-                        "every:N (frame ids divisible by N), sharp:S (sharpness >= S; needs the metrics job)")
+    p.add_argument(
+        "--jobs", default="health,metrics", help=f"comma-separated, of {','.join(JOBS)} (default health,metrics)"
+    )
+    p.add_argument(
+        "--export",
+        default="drops:2",
+        metavar="FILTER",
+        help="frames the export job writes: drops:W (W frames each side of every gap, default drops:2), "
+        "every:N (frame ids divisible by N), sharp:S (sharpness >= S; needs the metrics job)",
+    )
     p.add_argument("--image-format", choices=("jpg", "png"), default="jpg")
-    p.add_argument("--skip-empty", action="store_true", help="skip recordings without complete segments instead of failing")
+    p.add_argument(
+        "--skip-empty", action="store_true", help="skip recordings without complete segments instead of failing"
+    )
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no Spark progress bar on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no step messages")
@@ -51,7 +60,9 @@ def parse_args(argv):
         args.export = (kind, float(value) if kind == "sharp" else int(value or 2))
     except ValueError:
         p.error(f"--export {args.export!r}: the value after ':' must be a number")
-    if kind not in ("drops", "every", "sharp") or (kind == "sharp" and "metrics" not in args.jobs and "export" in args.jobs):
+    if kind not in ("drops", "every", "sharp") or (
+        kind == "sharp" and "metrics" not in args.jobs and "export" in args.jobs
+    ):
         p.error(f"--export {kind!r}: use drops:W, every:N or sharp:S (sharp needs --jobs with metrics)")
     try:
         args.conf = dict(kv.split("=", 1) for kv in args.conf)
@@ -96,7 +107,9 @@ def run(args, step) -> int:
         spark.sparkContext.setLogLevel("OFF")
     try:
         index = read_index(spark, recs, skip_empty=args.skip_empty)
-        streams = health.streams_df(spark, recs, skip_empty=args.skip_empty, validate=False).cache()  # no shuffle of the index
+        streams = health.streams_df(
+            spark, recs, skip_empty=args.skip_empty, validate=False
+        ).cache()  # no shuffle of the index
         res = {}
         need_index_jobs = "health" in args.jobs or ("export" in args.jobs and args.export[0] == "drops")
         if need_index_jobs:
@@ -104,25 +117,39 @@ def run(args, step) -> int:
             res["health"] = _write_small(health.health_from_files(streams), os.path.join(out, "health.parquet"))
             res["drops"] = _write_small(health.drops_from_files(streams), os.path.join(out, "drops.parquet"))
         if "health" in args.jobs:
-            res["timeline"] = _write_small(health.timeline_from_files(streams), os.path.join(out, "fps_timeline.parquet"))
+            res["timeline"] = _write_small(
+                health.timeline_from_files(streams), os.path.join(out, "fps_timeline.parquet")
+            )
             top = float(res["health"]["latency_p99_ms"].max()) if len(res["health"]) else 1.0
             res["latency_hist"] = report.latency_histogram(index, max(1.0, 2 * top))
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
         if "metrics" in args.jobs:
             step("metrics: decoding every frame in the executors")
             path = os.path.join(out, "metrics.parquet")
-            metrics.metrics_job(segments_df(spark, recs, skip_empty=args.skip_empty, validate=False)) \
-                .write.mode("overwrite").parquet(path)
+            metrics.metrics_job(segments_df(spark, recs, skip_empty=args.skip_empty, validate=False)).write.mode(
+                "overwrite"
+            ).parquet(path)
             m = spark.read.parquet(path)
-            res["metrics_summary"] = (m.groupBy("recording_id", "stream").agg(
-                F.count("*").alias("frames"), F.mean("brightness").alias("brightness_mean"),
-                F.mean("contrast").alias("contrast_mean"), F.mean("sharpness").alias("sharpness_mean"),
-                F.mean("motion").alias("motion_mean"), F.sum(F.col("black").cast("int")).alias("black_frames"),
-                F.sum(F.col("frozen").cast("int")).alias("frozen_frames"))
-                .orderBy("recording_id", "stream").toPandas())
+            res["metrics_summary"] = (
+                m.groupBy("recording_id", "stream")
+                .agg(
+                    F.count("*").alias("frames"),
+                    F.mean("brightness").alias("brightness_mean"),
+                    F.mean("contrast").alias("contrast_mean"),
+                    F.mean("sharpness").alias("sharpness_mean"),
+                    F.mean("motion").alias("motion_mean"),
+                    F.sum(F.col("black").cast("int")).alias("black_frames"),
+                    F.sum(F.col("frozen").cast("int")).alias("frozen_frames"),
+                )
+                .orderBy("recording_id", "stream")
+                .toPandas()
+            )
             total = int(res["metrics_summary"]["frames"].sum())
-            res["metrics_sample"] = m.sample(fraction=min(1.0, 50_000 / max(1, total)), seed=1) \
-                .select("stream", "brightness", "contrast", "sharpness", "motion").toPandas()
+            res["metrics_sample"] = (
+                m.sample(fraction=min(1.0, 50_000 / max(1, total)), seed=1)
+                .select("stream", "brightness", "contrast", "sharpness", "motion")
+                .toPandas()
+            )
             step(f"metrics: {total} frames")
         if "export" in args.jobs:
             kind, value = args.export
@@ -135,10 +162,16 @@ def run(args, step) -> int:
             step(f"export: frames selected by {kind}:{value:g} -> {os.path.join(out, 'export')}")
             res["manifest"] = export.export_job(selection, os.path.join(out, "export"), args.image_format)
             step(f"export: {len(res['manifest'])} frames written")
-        path = report.write_report(out, health=res.get("health") if "health" in args.jobs else None,
-                                   drops=res.get("drops"), timeline=res.get("timeline"),
-                                   latency_hist=res.get("latency_hist"), metrics_summary=res.get("metrics_summary"),
-                                   metrics_sample=res.get("metrics_sample"), manifest=res.get("manifest"))
+        path = report.write_report(
+            out,
+            health=res.get("health") if "health" in args.jobs else None,
+            drops=res.get("drops"),
+            timeline=res.get("timeline"),
+            latency_hist=res.get("latency_hist"),
+            metrics_summary=res.get("metrics_summary"),
+            metrics_sample=res.get("metrics_sample"),
+            manifest=res.get("manifest"),
+        )
         step(f"report: {path}")
     finally:
         if reused is None:
@@ -173,8 +206,8 @@ def main(argv=None) -> int:
         return 2
     except Exception as e:  # errors raised inside Spark tasks arrive wrapped
         try:
-            from pyspark.errors import PySparkException
             from py4j.protocol import Py4JJavaError
+            from pyspark.errors import PySparkException
         except ImportError:
             raise e from None
         if isinstance(e, (PySparkException, Py4JJavaError)):

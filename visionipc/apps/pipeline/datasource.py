@@ -39,8 +39,9 @@ class VipcReader(DataSourceReader):
 
         table = pq.read_table(partition.index_file, schema=INDEX_ARROW_SCHEMA)
         n = len(table)
-        table = (table.append_column("recording_id", pa.array([partition.recording_id] * n, pa.string()))
-                 .append_column("recording_path", pa.array([partition.recording_path] * n, pa.string())))
+        table = table.append_column("recording_id", pa.array([partition.recording_id] * n, pa.string())).append_column(
+            "recording_path", pa.array([partition.recording_path] * n, pa.string())
+        )
         yield from table.to_batches()
 
 

@@ -11,13 +11,22 @@ images.
 from __future__ import annotations
 
 import os
+
 from visionipc.apps.pipeline.frames import iter_segment, to_bgr
 
 KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
 MANIFEST_COLUMNS = [
-    ("path", "string"), ("recording_id", "string"), ("stream", "string"), ("segment", "int"),
-    ("position", "int"), ("frame_id", "bigint"), ("timestamp_eof", "bigint"), ("width", "int"),
-    ("height", "int"), ("format", "string"), ("reason", "string"),
+    ("path", "string"),
+    ("recording_id", "string"),
+    ("stream", "string"),
+    ("segment", "int"),
+    ("position", "int"),
+    ("frame_id", "bigint"),
+    ("timestamp_eof", "bigint"),
+    ("width", "int"),
+    ("height", "int"),
+    ("format", "string"),
+    ("reason", "string"),
 ]
 MANIFEST_SCHEMA = ", ".join(f"{n} {t}" for n, t in MANIFEST_COLUMNS)
 IMAGE_FORMATS = ("jpg", "png")
@@ -27,8 +36,12 @@ def select_sharp(metrics_df, min_sharpness: float):
     """Frames whose sharpness (variance of the Laplacian) is at least ``min_sharpness``."""
     from pyspark.sql import functions as F
 
-    return (metrics_df.where(F.col("sharpness") >= min_sharpness).where(~F.col("black"))
-            .select(*KEEP).withColumn("reason", F.lit("sharp")))
+    return (
+        metrics_df.where(F.col("sharpness") >= min_sharpness)
+        .where(~F.col("black"))
+        .select(*KEEP)
+        .withColumn("reason", F.lit("sharp"))
+    )
 
 
 def select_every_nth(index_df, n: int):
@@ -45,10 +58,16 @@ def select_around_drops(index_df, drops_df, window: int = 2):
     from pyspark.sql import functions as F
 
     d = drops_df.select("recording_id", "stream", "after_frame_id", "next_frame_id")
-    near = ((F.col("frame_id") > F.col("after_frame_id") - window) & (F.col("frame_id") <= F.col("after_frame_id"))) | \
-           ((F.col("frame_id") >= F.col("next_frame_id")) & (F.col("frame_id") < F.col("next_frame_id") + window))
-    return (index_df.join(F.broadcast(d), ["recording_id", "stream"]).where(near)
-            .select(*KEEP).dropDuplicates(["recording_id", "stream", "frame_id"]).withColumn("reason", F.lit("around_drop")))
+    near = ((F.col("frame_id") > F.col("after_frame_id") - window) & (F.col("frame_id") <= F.col("after_frame_id"))) | (
+        (F.col("frame_id") >= F.col("next_frame_id")) & (F.col("frame_id") < F.col("next_frame_id") + window)
+    )
+    return (
+        index_df.join(F.broadcast(d), ["recording_id", "stream"])
+        .where(near)
+        .select(*KEEP)
+        .dropDuplicates(["recording_id", "stream", "frame_id"])
+        .withColumn("reason", F.lit("around_drop"))
+    )
 
 
 def image_name(recording_id: str, stream: str, frame_id: int, image_format: str) -> str:
@@ -62,8 +81,13 @@ def export_segment(selected, out_dir: str, image_format: str):
     import pandas as pd
 
     first = selected.iloc[0]
-    segment = {"recording_path": first["recording_path"], "segment": int(first["segment"]),
-               "index_file": os.path.join(first["recording_path"], "index", first["stream"], f"{int(first['segment']):06d}.parquet")}
+    segment = {
+        "recording_path": first["recording_path"],
+        "segment": int(first["segment"]),
+        "index_file": os.path.join(
+            first["recording_path"], "index", first["stream"], f"{int(first['segment']):06d}.parquet"
+        ),
+    }
     reasons = dict(zip(selected["position"].astype(int), selected["reason"]))
     rows = []
     for row, image, storage in iter_segment(segment, positions=reasons):
@@ -73,11 +97,24 @@ def export_segment(selected, out_dir: str, image_format: str):
         picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
         if not cv2.imwrite(dest, picture):
             raise OSError(f"could not write {dest}")
-        rows.append((rel, first["recording_id"], first["stream"], segment["segment"], int(row["position"]),
-                     int(row["frame_id"]), int(row["timestamp_eof"]), int(row["width"]), int(row["height"]),
-                     row["format"], reasons[int(row["position"])]))
+        rows.append(
+            (
+                rel,
+                first["recording_id"],
+                first["stream"],
+                segment["segment"],
+                int(row["position"]),
+                int(row["frame_id"]),
+                int(row["timestamp_eof"]),
+                int(row["width"]),
+                int(row["height"]),
+                row["format"],
+                reasons[int(row["position"])],
+            )
+        )
     return pd.DataFrame(rows, columns=[n for n, _ in MANIFEST_COLUMNS]).astype(
-        {"segment": "int32", "position": "int32", "width": "int32", "height": "int32"})
+        {"segment": "int32", "position": "int32", "width": "int32", "height": "int32"}
+    )
 
 
 def export_frames(selection_df, out_dir, image_format: str = "jpg"):
@@ -90,8 +127,12 @@ def export_frames(selection_df, out_dir, image_format: str = "jpg"):
     def fn(selected):  # a plain function: Spark inspects its signature
         return export_segment(selected, out_dir, image_format)
 
-    return (selection_df.select(*KEEP, "reason").dropDuplicates(["recording_id", "stream", "frame_id"])
-            .groupBy("recording_path", "stream", "segment").applyInPandas(fn, MANIFEST_SCHEMA))
+    return (
+        selection_df.select(*KEEP, "reason")
+        .dropDuplicates(["recording_id", "stream", "frame_id"])
+        .groupBy("recording_path", "stream", "segment")
+        .applyInPandas(fn, MANIFEST_SCHEMA)
+    )
 
 
 def export_job(selection_df, out_dir, image_format: str = "jpg"):

@@ -10,23 +10,37 @@ the same task instead (``map_segments``).
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
-from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, Recording, RecordingError, _recordings, index_files, recording_info
+from visionipc.apps.pipeline.read import (
+    INDEX_ARROW_SCHEMA,
+    Recording,
+    RecordingError,
+    _recordings,
+    index_files,
+    recording_info,
+)
 
 SEGMENT_SCHEMA = "recording_id string, recording_path string, stream string, segment int, index_file string"
-FRAME_SCHEMA = ("recording_id string, stream string, segment int, position int, frame_id bigint, "
-                "timestamp_eof bigint, format string, width int, height int, "
-                "shape array<int>, dtype string, pixels binary")
+FRAME_SCHEMA = (
+    "recording_id string, stream string, segment int, position int, frame_id bigint, "
+    "timestamp_eof bigint, format string, width int, height int, "
+    "shape array<int>, dtype string, pixels binary"
+)
 
 
 def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
     """One dict per complete segment (``SEGMENT_SCHEMA``), listed on the driver from file names."""
-    return [{"recording_id": rec.recording_id, "recording_path": rec.path, "stream": stream,
-             "segment": seg, "index_file": path}
-            for rec, stream, seg, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate)]
+    return [
+        {
+            "recording_id": rec.recording_id,
+            "recording_path": rec.path,
+            "stream": stream,
+            "segment": seg,
+            "index_file": path,
+        }
+        for rec, stream, seg, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate)
+    ]
 
 
 # Partitions per task slot in segments_df: a Spark task costs ~60 ms of
@@ -42,8 +56,9 @@ def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
     rows = segment_table(recordings, **kw)
     if partitions is None:
         partitions = TASKS_PER_SLOT * spark.sparkContext.defaultParallelism
-    rdd = spark.sparkContext.parallelize([tuple(r.values()) for r in rows],
-                                         numSlices=max(1, min(len(rows), int(partitions))))
+    rdd = spark.sparkContext.parallelize(
+        [tuple(r.values()) for r in rows], numSlices=max(1, min(len(rows), int(partitions)))
+    )
     return spark.createDataFrame(rdd, SEGMENT_SCHEMA)
 
 
@@ -69,8 +84,12 @@ def storage_of(recording_path: str, row) -> object:
 
     info = recording_info(Recording("", recording_path)).get("streams", {}).get(row["stream"])
     if info is None:
-        info = {"format": row["format"], "width": int(row["width"]), "height": int(row["height"]),
-                "lossless": str(row["segment_file"]).endswith(".mkv")}
+        info = {
+            "format": row["format"],
+            "width": int(row["width"]),
+            "height": int(row["height"]),
+            "lossless": str(row["segment_file"]).endswith(".mkv"),
+        }
     try:
         return Storage.from_manifest(cv2, info)
     except (KeyError, ValueError) as e:
@@ -124,8 +143,9 @@ def iter_segment(segment: dict, positions=None):
     cv2.setNumThreads(1)
     wanted = list(zip(index["segment_file"], index["position"].astype(int)))
     try:
-        for (_, row), image in zip(index.iterrows(), iter_segment_frames(cv2, segment["recording_path"], wanted,
-                                                                        _OneThreadStorage(storage))):
+        for (_, row), image in zip(
+            index.iterrows(), iter_segment_frames(cv2, segment["recording_path"], wanted, _OneThreadStorage(storage))
+        ):
             yield row, image, storage
     except RuntimeError as e:  # the reader's "cannot open" / "ends before"
         raise RecordingError(f"{segment['recording_path']}: {e}") from e
@@ -151,12 +171,22 @@ def _frame_rows(segment: dict):
 
     rows = []
     for row, image, _ in iter_segment(segment):
-        rows.append({"recording_id": segment["recording_id"], "stream": segment["stream"],
-                     "segment": int(segment["segment"]), "position": int(row["position"]),
-                     "frame_id": int(row["frame_id"]), "timestamp_eof": int(row["timestamp_eof"]),
-                     "format": row["format"], "width": int(row["width"]), "height": int(row["height"]),
-                     "shape": list(image.shape), "dtype": str(image.dtype),
-                     "pixels": np.ascontiguousarray(image).tobytes()})
+        rows.append(
+            {
+                "recording_id": segment["recording_id"],
+                "stream": segment["stream"],
+                "segment": int(segment["segment"]),
+                "position": int(row["position"]),
+                "frame_id": int(row["frame_id"]),
+                "timestamp_eof": int(row["timestamp_eof"]),
+                "format": row["format"],
+                "width": int(row["width"]),
+                "height": int(row["height"]),
+                "shape": list(image.shape),
+                "dtype": str(image.dtype),
+                "pixels": np.ascontiguousarray(image).tobytes(),
+            }
+        )
     return pd.DataFrame(rows)
 
 

@@ -9,8 +9,8 @@ Conventions: a stream's frames are taken in recorded order (segment, position);
 frame rates come from ``timestamp_eof`` (the camera's clock, untouched by
 delivery delays): ``fps`` is the producer's rate (1 / the median interval between
 consecutive frame ids, robust to drops and to a late first frame),
-``received_fps`` the frames recorded per second over the whole stream; latency is ``receive_time - timestamp_eof``, exposure is
-``timestamp_eof - timestamp_sof``; percentiles are numpy's (linear
+``received_fps`` the frames recorded per second over the whole stream; latency is
+``receive_time - timestamp_eof``, exposure is ``timestamp_eof - timestamp_sof``; percentiles are numpy's (linear
 interpolation); times in ms unless a name says otherwise.
 """
 
@@ -24,25 +24,45 @@ PERCENTILES = (50, 95, 99)
 
 # (name, numpy dtype, Spark SQL type) of every column stream_health returns
 HEALTH_COLUMNS = [
-    ("recording_id", "object", "string"), ("stream", "object", "string"),
-    ("frames", "int64", "bigint"), ("first_frame_id", "int64", "bigint"), ("last_frame_id", "int64", "bigint"),
-    ("start_eof_ns", "int64", "bigint"), ("duration_s", "float64", "double"),
-    ("fps", "float64", "double"), ("received_fps", "float64", "double"), ("fps_min", "float64", "double"),
-    ("dropped", "int64", "bigint"), ("drop_gaps", "int64", "bigint"), ("out_of_order", "int64", "bigint"),
+    ("recording_id", "object", "string"),
+    ("stream", "object", "string"),
+    ("frames", "int64", "bigint"),
+    ("first_frame_id", "int64", "bigint"),
+    ("last_frame_id", "int64", "bigint"),
+    ("start_eof_ns", "int64", "bigint"),
+    ("duration_s", "float64", "double"),
+    ("fps", "float64", "double"),
+    ("received_fps", "float64", "double"),
+    ("fps_min", "float64", "double"),
+    ("dropped", "int64", "bigint"),
+    ("drop_gaps", "int64", "bigint"),
+    ("out_of_order", "int64", "bigint"),
     ("dropped_frame_ids", "object", "array<bigint>"),
-    *[(f"latency_p{p}_ms", "float64", "double") for p in PERCENTILES], ("latency_max_ms", "float64", "double"),
-    *[(f"exposure_p{p}_ms", "float64", "double") for p in PERCENTILES], ("exposure_max_ms", "float64", "double"),
-    ("interval_mean_ms", "float64", "double"), ("jitter_ms", "float64", "double"), ("eof_jitter_ms", "float64", "double"),
-    ("longest_stall_ms", "float64", "double"), ("stall_before_frame_id", "int64", "bigint"),
+    *[(f"latency_p{p}_ms", "float64", "double") for p in PERCENTILES],
+    ("latency_max_ms", "float64", "double"),
+    *[(f"exposure_p{p}_ms", "float64", "double") for p in PERCENTILES],
+    ("exposure_max_ms", "float64", "double"),
+    ("interval_mean_ms", "float64", "double"),
+    ("jitter_ms", "float64", "double"),
+    ("eof_jitter_ms", "float64", "double"),
+    ("longest_stall_ms", "float64", "double"),
+    ("stall_before_frame_id", "int64", "bigint"),
 ]
 DROP_COLUMNS = [
-    ("recording_id", "object", "string"), ("stream", "object", "string"),
-    ("after_frame_id", "int64", "bigint"), ("next_frame_id", "int64", "bigint"), ("missing", "int64", "bigint"),
-    ("t_s", "float64", "double"), ("segment", "int32", "int"), ("position", "int32", "int"),
+    ("recording_id", "object", "string"),
+    ("stream", "object", "string"),
+    ("after_frame_id", "int64", "bigint"),
+    ("next_frame_id", "int64", "bigint"),
+    ("missing", "int64", "bigint"),
+    ("t_s", "float64", "double"),
+    ("segment", "int32", "int"),
+    ("position", "int32", "int"),
 ]
 TIMELINE_COLUMNS = [
-    ("recording_id", "object", "string"), ("stream", "object", "string"),
-    ("second", "int64", "bigint"), ("frames", "int64", "bigint"),
+    ("recording_id", "object", "string"),
+    ("stream", "object", "string"),
+    ("second", "int64", "bigint"),
+    ("frames", "int64", "bigint"),
 ]
 
 
@@ -119,14 +139,18 @@ def _missing_ids(after: np.ndarray, nxt: np.ndarray) -> np.ndarray:
 def _drops_of(recording_id, stream, c: dict) -> pd.DataFrame:
     ids, eof = c["frame_id"], c["timestamp_eof"]
     gap = _gaps(ids)
-    out = pd.DataFrame({
-        "recording_id": pd.Series([recording_id] * len(gap), dtype=object),
-        "stream": pd.Series([stream] * len(gap), dtype=object),
-        "after_frame_id": ids[gap], "next_frame_id": ids[gap + 1],
-        "missing": ids[gap + 1] - ids[gap] - 1,
-        "t_s": (eof[gap] - eof.min()) / 1e9,
-        "segment": c["segment"][gap + 1].astype(np.int32), "position": c["position"][gap + 1].astype(np.int32),
-    })
+    out = pd.DataFrame(
+        {
+            "recording_id": pd.Series([recording_id] * len(gap), dtype=object),
+            "stream": pd.Series([stream] * len(gap), dtype=object),
+            "after_frame_id": ids[gap],
+            "next_frame_id": ids[gap + 1],
+            "missing": ids[gap + 1] - ids[gap] - 1,
+            "t_s": (eof[gap] - eof.min()) / 1e9,
+            "segment": c["segment"][gap + 1].astype(np.int32),
+            "position": c["position"][gap + 1].astype(np.int32),
+        }
+    )
     return out.astype({name: dtype for name, dtype, _ in DROP_COLUMNS})
 
 
@@ -159,12 +183,19 @@ def _health_of(recording_id, stream, c: dict) -> pd.DataFrame:
     stall = int(np.argmax(recv_gap_ms)) if n > 1 else -1
     sorted_eof = eof if n < 2 or (eof[1:] >= eof[:-1]).all() else np.sort(eof)
     row = {
-        "recording_id": recording_id, "stream": stream,
-        "frames": n, "first_frame_id": int(ids[0]), "last_frame_id": int(ids[-1]),
-        "start_eof_ns": eof_min, "duration_s": duration_s,
-        "fps": float(fps), "received_fps": float(received_fps),
+        "recording_id": recording_id,
+        "stream": stream,
+        "frames": n,
+        "first_frame_id": int(ids[0]),
+        "last_frame_id": int(ids[-1]),
+        "start_eof_ns": eof_min,
+        "duration_s": duration_s,
+        "fps": float(fps),
+        "received_fps": float(received_fps),
         "fps_min": _fps_min(sorted_eof, float(received_fps)),
-        "dropped": int((nxt - after - 1).sum()), "drop_gaps": len(gap), "out_of_order": int((step <= 0).sum()),
+        "dropped": int((nxt - after - 1).sum()),
+        "drop_gaps": len(gap),
+        "out_of_order": int((step <= 0).sum()),
         "dropped_frame_ids": [_missing_ids(after, nxt)],
         **dict(zip([f"latency_p{p}_ms" for p in PERCENTILES] + ["latency_max_ms"], _quantiles(_ms(recv - eof)))),
         **dict(zip([f"exposure_p{p}_ms" for p in PERCENTILES] + ["exposure_max_ms"], _quantiles(_ms(eof - sof)))),
@@ -191,8 +222,14 @@ def fps_timeline(index: pd.DataFrame, start_eof_ns: int | None = None) -> pd.Dat
     eof = index["timestamp_eof"].to_numpy(np.int64)
     start = eof.min() if start_eof_ns is None else start_eof_ns
     seconds, counts = np.unique((eof - start) // 1_000_000_000, return_counts=True)
-    return pd.DataFrame({"recording_id": index["recording_id"].iloc[0], "stream": index["stream"].iloc[0],
-                         "second": seconds.astype(np.int64), "frames": counts.astype(np.int64)})
+    return pd.DataFrame(
+        {
+            "recording_id": index["recording_id"].iloc[0],
+            "stream": index["stream"].iloc[0],
+            "second": seconds.astype(np.int64),
+            "frames": counts.astype(np.int64),
+        }
+    )
 
 
 def _streams(index: pd.DataFrame):
@@ -241,7 +278,16 @@ def timeline_pandas(index: pd.DataFrame) -> pd.DataFrame:
     return _per_stream(index, fps_timeline, TIMELINE_COLUMNS)
 
 
-_NEEDED = ["recording_id", "stream", "frame_id", "timestamp_sof", "timestamp_eof", "receive_time", "segment", "position"]
+_NEEDED = [
+    "recording_id",
+    "stream",
+    "frame_id",
+    "timestamp_sof",
+    "timestamp_eof",
+    "receive_time",
+    "segment",
+    "position",
+]
 
 
 def health_job(index_df):
@@ -256,8 +302,11 @@ def drops_job(index_df):
 
 def timeline_job(index_df):
     """Spark: index DataFrame -> frames per second per recording x stream (``fps_timeline``)."""
-    return (index_df.select("recording_id", "stream", "timestamp_eof").groupBy(*KEYS)
-            .applyInPandas(lambda index: fps_timeline(index), spark_schema(TIMELINE_COLUMNS)))
+    return (
+        index_df.select("recording_id", "stream", "timestamp_eof")
+        .groupBy(*KEYS)
+        .applyInPandas(lambda index: fps_timeline(index), spark_schema(TIMELINE_COLUMNS))
+    )
 
 
 def _per_stream_files(fn, arrays_fn=None):
@@ -275,7 +324,9 @@ def _per_stream_files(fn, arrays_fn=None):
         columns = ["stream", *_ORDER] if arrays_fn else _NEEDED[1:]
         for batch in streams:
             for row in batch.itertuples(index=False):
-                table = pa.concat_tables([pq.read_table(f, schema=INDEX_ARROW_SCHEMA, columns=columns) for f in row.index_files])
+                table = pa.concat_tables(
+                    [pq.read_table(f, schema=INDEX_ARROW_SCHEMA, columns=columns) for f in row.index_files]
+                )
                 if arrays_fn is None:
                     index = table.to_pandas()
                     index.insert(0, "recording_id", row.recording_id)
@@ -304,8 +355,9 @@ def streams_df(spark, recordings, *, skip_empty: bool = False, validate: bool = 
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
     rows = [(rid, stream, files) for (rid, stream), files in sorted(by_stream.items())]
     slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4))
-    return spark.createDataFrame(spark.sparkContext.parallelize(rows, slices),
-                                 "recording_id string, stream string, index_files array<string>")
+    return spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, slices), "recording_id string, stream string, index_files array<string>"
+    )
 
 
 def health_from_files(streams):

@@ -17,15 +17,24 @@ import numpy as np
 from visionipc.apps.pipeline.frames import iter_segment, luma, map_segments, segment_table, segments_df
 
 METRIC_COLUMNS = [
-    ("recording_id", "string"), ("recording_path", "string"), ("stream", "string"), ("segment", "int"),
-    ("position", "int"), ("frame_id", "bigint"), ("timestamp_eof", "bigint"),
-    ("brightness", "double"), ("contrast", "double"), ("sharpness", "double"), ("motion", "double"),
-    ("black", "boolean"), ("frozen", "boolean"),
+    ("recording_id", "string"),
+    ("recording_path", "string"),
+    ("stream", "string"),
+    ("segment", "int"),
+    ("position", "int"),
+    ("frame_id", "bigint"),
+    ("timestamp_eof", "bigint"),
+    ("brightness", "double"),
+    ("contrast", "double"),
+    ("sharpness", "double"),
+    ("motion", "double"),
+    ("black", "boolean"),
+    ("frozen", "boolean"),
 ]
 METRICS_SCHEMA = ", ".join(f"{n} {t}" for n, t in METRIC_COLUMNS)
 BLACK_BRIGHTNESS = 16.0  # below this mean luma and...
-BLACK_CONTRAST = 4.0     # ...this standard deviation a frame counts as black
-FROZEN_MOTION = 0.5      # mean |difference| to the previous frame (0..255) at or below which it is frozen
+BLACK_CONTRAST = 4.0  # ...this standard deviation a frame counts as black
+FROZEN_MOTION = 0.5  # mean |difference| to the previous frame (0..255) at or below which it is frozen
 
 
 def frame_metrics(gray: np.ndarray, previous: np.ndarray | None = None) -> tuple:
@@ -39,8 +48,13 @@ def frame_metrics(gray: np.ndarray, previous: np.ndarray | None = None) -> tuple
     return float(mean[0, 0]), float(std[0, 0]), float(lap_std[0, 0]) ** 2, float(motion)
 
 
-def segment_metrics(segment: dict, *, black_brightness: float = BLACK_BRIGHTNESS,
-                    black_contrast: float = BLACK_CONTRAST, frozen_motion: float = FROZEN_MOTION):
+def segment_metrics(
+    segment: dict,
+    *,
+    black_brightness: float = BLACK_BRIGHTNESS,
+    black_contrast: float = BLACK_CONTRAST,
+    frozen_motion: float = FROZEN_MOTION,
+):
     """``METRIC_COLUMNS`` for every frame of one segment (a ``segment_table`` row)."""
     import cv2
     import pandas as pd
@@ -51,9 +65,23 @@ def segment_metrics(segment: dict, *, black_brightness: float = BLACK_BRIGHTNESS
         gray = luma(image, storage.kind, row["format"], int(row["height"]))
         b, c, s, m = frame_metrics(gray, previous)
         previous = gray
-        rows.append((segment["recording_id"], segment["recording_path"], segment["stream"], int(segment["segment"]),
-                     int(row["position"]), int(row["frame_id"]), int(row["timestamp_eof"]), b, c, s, m,
-                     b < black_brightness and c < black_contrast, bool(m <= frozen_motion)))
+        rows.append(
+            (
+                segment["recording_id"],
+                segment["recording_path"],
+                segment["stream"],
+                int(segment["segment"]),
+                int(row["position"]),
+                int(row["frame_id"]),
+                int(row["timestamp_eof"]),
+                b,
+                c,
+                s,
+                m,
+                b < black_brightness and c < black_contrast,
+                bool(m <= frozen_motion),
+            )
+        )
     return pd.DataFrame(rows, columns=[n for n, _ in METRIC_COLUMNS]).astype({"segment": "int32", "position": "int32"})
 
 

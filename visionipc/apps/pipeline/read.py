@@ -19,8 +19,10 @@ import pyarrow as pa
 from visionipc.apps.record.index import index_schema
 
 INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
-INDEX_SPARK_SCHEMA = ", ".join(f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
-                               for f in INDEX_ARROW_SCHEMA)
+INDEX_SPARK_SCHEMA = ", ".join(
+    f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
+    for f in INDEX_ARROW_SCHEMA
+)
 
 
 class RecordingError(ValueError):
@@ -61,7 +63,9 @@ def _expand(item) -> list:
     if not os.path.exists(item):
         raise FileNotFoundError(f"no such recording: {item!r}")
     if not os.path.isdir(item):
-        raise RecordingError(f"{item!r} is not a recording folder (a recording is a folder with recording.json and index/)")
+        raise RecordingError(
+            f"{item!r} is not a recording folder (a recording is a folder with recording.json and index/)"
+        )
     if _is_recording(item):
         return [item]
     found = sorted(root for root, dirs, _ in os.walk(item) if _is_recording(root))
@@ -124,8 +128,10 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) 
             empty.append(rec.path)
         out.extend((rec, stream, seg, path) for stream, seg, path in files)
     if empty and (not skip_empty or not out):
-        raise RecordingError(f"recording(s) without any complete segment (no index/<stream>/NNNNNN.parquet): "
-                             f"{', '.join(empty)}" + ("" if skip_empty else " (skip them with skip_empty / --skip-empty)"))
+        raise RecordingError(
+            f"recording(s) without any complete segment (no index/<stream>/NNNNNN.parquet): "
+            f"{', '.join(empty)}" + ("" if skip_empty else " (skip them with skip_empty / --skip-empty)")
+        )
     if validate:
         for _, _, _, path in out:
             check_index_file(path)
@@ -145,12 +151,15 @@ def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = 
 
     recs = _recordings(recordings)
     files = index_files(recs, skip_empty=skip_empty, validate=validate)
-    owners = spark.createDataFrame([(rec.recording_id, rec.path, path) for rec, _, _, path in files],
-                                   "recording_id string, recording_path string, _file string")
+    owners = spark.createDataFrame(
+        [(rec.recording_id, rec.path, path) for rec, _, _, path in files],
+        "recording_id string, recording_path string, _file string",
+    )
     df = spark.read.schema(INDEX_SPARK_SCHEMA).parquet(*[path for _, _, _, path in files])
     # _metadata.file_path is a percent-encoded URI ('+' stays literal, url_decode would make it a space)
-    df = df.withColumn("_file", F.expr(
-        "url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B'))"))
+    df = df.withColumn(
+        "_file", F.expr("url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B'))")
+    )
     return df.join(F.broadcast(owners), "_file").drop("_file")
 
 
@@ -169,8 +178,9 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
     def read(item):
         rec, _, _, path = item
         t = pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=names)
-        return (t.append_column("recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t)))
-                 .append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t))))
+        return t.append_column(
+            "recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t))
+        ).append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t)))
 
     with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
         tables = list(pool.map(read, files))  # in file order

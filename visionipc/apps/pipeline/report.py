@@ -40,7 +40,9 @@ def _plot_timeline(plt, timeline, health, drops, path):
     ax.set_title("Frame rate over time")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _plot_latency(plt, hist, path):
@@ -51,8 +53,11 @@ def _plot_latency(plt, hist, path):
     ax.set_xlabel("latency receive - eof (ms; the last bin holds everything above)")
     ax.set_ylabel("frames")
     ax.set_title("Latency histogram")
-    ax.grid(alpha=0.3); ax.legend(fontsize=7)
-    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _plot_drops(plt, health, drops, path):
@@ -67,7 +72,9 @@ def _plot_drops(plt, health, drops, path):
     ax.set_yticks(range(len(keys)), keys, fontsize=7)
     ax.set_xlabel("seconds since the stream's first frame (red: a gap in frame_id, bigger = more frames)")
     ax.set_title("Drop timeline")
-    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _plot_metrics(plt, sample, path):
@@ -78,9 +85,12 @@ def _plot_metrics(plt, sample, path):
             values = s[name].dropna()
             if len(values):
                 ax.hist(values, bins=40, histtype="step", label=stream)
-        ax.set_title(name); ax.grid(alpha=0.3)
+        ax.set_title(name)
+        ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.tight_layout(); fig.savefig(path, dpi=90); plt.close(fig)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
 
 
 def _table(df, max_rows: int = 200) -> str:
@@ -93,19 +103,45 @@ def _table(df, max_rows: int = 200) -> str:
         return html.escape(str(v))
 
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join("<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
-                   for row in df.head(max_rows).itertuples(index=False))
+    body = "".join(
+        "<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+        for row in df.head(max_rows).itertuples(index=False)
+    )
     more = f"<p>... {len(df) - max_rows} more rows in the Parquet results.</p>" if len(df) > max_rows else ""
     return f"<table><tr>{head}</tr>{body}</table>{more}"
 
 
-HEALTH_SHOWN = ["recording_id", "stream", "frames", "duration_s", "fps", "fps_min", "dropped", "dropped_frame_ids",
-                "latency_p50_ms", "latency_p95_ms", "latency_p99_ms", "latency_max_ms", "jitter_ms", "longest_stall_ms",
-                "stall_before_frame_id"]
+HEALTH_SHOWN = [
+    "recording_id",
+    "stream",
+    "frames",
+    "duration_s",
+    "fps",
+    "fps_min",
+    "dropped",
+    "dropped_frame_ids",
+    "latency_p50_ms",
+    "latency_p95_ms",
+    "latency_p99_ms",
+    "latency_max_ms",
+    "jitter_ms",
+    "longest_stall_ms",
+    "stall_before_frame_id",
+]
 
 
-def write_report(out_dir, *, health=None, drops=None, timeline=None, latency_hist=None,
-                 metrics_summary=None, metrics_sample=None, manifest=None, title="vipc-analyze report") -> str:
+def write_report(
+    out_dir,
+    *,
+    health=None,
+    drops=None,
+    timeline=None,
+    latency_hist=None,
+    metrics_summary=None,
+    metrics_sample=None,
+    manifest=None,
+    title="vipc-analyze report",
+) -> str:
     """Write ``out_dir/report.html`` (+ ``out_dir/plots/*.png``) and return its path."""
     import matplotlib
 
@@ -118,13 +154,18 @@ def write_report(out_dir, *, health=None, drops=None, timeline=None, latency_his
 
     def figure(name, caption, draw, *args):
         draw(plt, *args, os.path.join(plots, name))
-        parts.append(f"<figure><img src='plots/{name}' alt='{html.escape(caption)}'><figcaption>{html.escape(caption)}</figcaption></figure>")
+        parts.append(
+            f"<figure><img src='plots/{name}' alt='{html.escape(caption)}'>"
+            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+        )
 
     if health is not None:
         parts.append(f"<h2>Stream health ({len(health)} recording x stream)</h2>")
         parts.append(_table(health[[c for c in HEALTH_SHOWN if c in health.columns]]))
         if timeline is not None and len(timeline):
-            figure("fps_over_time.png", "frames per second over time, per stream", _plot_timeline, timeline, health, drops)
+            figure(
+                "fps_over_time.png", "frames per second over time, per stream", _plot_timeline, timeline, health, drops
+            )
         if latency_hist is not None and len(latency_hist):
             figure("latency_histogram.png", "latency (receive - eof) histogram", _plot_latency, latency_hist)
         if drops is not None and len(health):
@@ -136,10 +177,14 @@ def write_report(out_dir, *, health=None, drops=None, timeline=None, latency_his
             figure("metric_distributions.png", "distributions of the per-frame metrics", _plot_metrics, metrics_sample)
     if manifest is not None:
         parts.append(f"<h2>Export ({len(manifest)} frames)</h2>" + _table(manifest, 50))
-    style = ("body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}")
+    style = (
+        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
+    )
     path = os.path.join(out_dir, "report.html")
     with open(path, "w") as f:
-        f.write(f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-                f"<style>{style}</style></head><body>{''.join(parts)}</body></html>")
+        f.write(
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
+        )
     return path

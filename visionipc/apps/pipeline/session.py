@@ -33,9 +33,16 @@ def master_cores(master: str) -> int:
     return 1 if m.group(1) is None else max(1, int(m.group(1)))
 
 
-def spark_session(master: str | None = None, app_name: str = "vipc-analyze", *, ui: bool = False,
-                  progress: bool = False, shuffle_partitions: int | None = None,
-                  java_options: str = FAST_START_JAVA_OPTIONS, conf: dict | None = None):
+def spark_session(
+    master: str | None = None,
+    app_name: str = "vipc-analyze",
+    *,
+    ui: bool = False,
+    progress: bool = False,
+    shuffle_partitions: int | None = None,
+    java_options: str = FAST_START_JAVA_OPTIONS,
+    conf: dict | None = None,
+):
     """Start (or get) a SparkSession.
 
     ``master``: a Spark master URL (``local[*]`` by default, ``spark://host:7077``, ``yarn``...).
@@ -46,26 +53,30 @@ def spark_session(master: str | None = None, app_name: str = "vipc-analyze", *, 
     try:
         from pyspark.sql import SparkSession
     except ImportError as e:  # optional dependency
-        raise ImportError("the Spark pipeline needs PySpark: pip install 'visionipc[spark]' "
-                          "(and a Java 17+ runtime)") from e
+        raise ImportError(
+            "the Spark pipeline needs PySpark: pip install 'visionipc[spark]' (and a Java 17+ runtime)"
+        ) from e
     master = master or "local[*]"
     local = master.startswith("local")
     if local or "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     cores = master_cores(master)
-    builder = (SparkSession.builder.master(master).appName(app_name)
-               .config("spark.ui.enabled", str(bool(ui)).lower())
-               .config("spark.ui.showConsoleProgress", str(bool(progress)).lower())
-               .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
-               .config("spark.default.parallelism", str(cores))
-               .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-               .config("spark.sql.session.timeZone", "UTC")
-               .config("spark.sql.adaptive.enabled", "true")
-               .config("spark.python.worker.reuse", "true")
-               .config("spark.sql.debug.maxToStringFields", "200")
-               # workers import installed packages, never a source tree that happens to be their cwd
-               .config("spark.executorEnv.PYTHONSAFEPATH", "1"))
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", str(bool(ui)).lower())
+        .config("spark.ui.showConsoleProgress", str(bool(progress)).lower())
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
+        .config("spark.default.parallelism", str(cores))
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.sql.adaptive.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.sql.debug.maxToStringFields", "200")
+        # workers import installed packages, never a source tree that happens to be their cwd
+        .config("spark.executorEnv.PYTHONSAFEPATH", "1")
+    )
     for key, value in WORKER_MALLOC_ENV.items():
         builder = builder.config(f"spark.executorEnv.{key}", os.environ.get(key, value))
     if java_options:

@@ -12,7 +12,6 @@ import os
 
 import numpy as np
 
-
 FPS_NS = 1_000_000_000
 
 
@@ -24,7 +23,7 @@ def pattern(frame_id: int, width: int, height: int, *, blur: int = 0) -> np.ndar
     shift = 3 * frame_id
     board = ((((x + shift) // 8) + (y // 8)) % 2 * 160 + 40).astype(np.uint8)
     bar = (frame_id * 7) % max(1, width - 16)
-    board[:, bar:bar + 16] = 250
+    board[:, bar : bar + 16] = 250
     if blur:
         board = cv2.GaussianBlur(board, (0, 0), blur)
     return board
@@ -56,8 +55,16 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
 
     os.makedirs(path, exist_ok=True)
     start_clock = index.clock_now()
-    meta = {"format_version": index.FORMAT_VERSION, "name": name, "streams": {}, "topics": [],
-            "clock": "CLOCK_MONOTONIC", "start": start_clock, "stop": start_clock, "status": status}
+    meta = {
+        "format_version": index.FORMAT_VERSION,
+        "name": name,
+        "streams": {},
+        "topics": [],
+        "clock": "CLOCK_MONOTONIC",
+        "start": start_clock,
+        "stop": start_clock,
+        "status": status,
+    }
     for stream, spec in streams.items():
         w, h, fmt = spec["width"], spec["height"], spec.get("format", "nv12")
         period = FPS_NS // spec.get("fps", 30)
@@ -86,20 +93,43 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
             stored = _planes(gray, fmt)
             if storage.kind == "bgr":  # what the lossy recorder stores for YUV formats
                 stored = to_bgr(stored, "planes", fmt, h)
-            writer.add(stored, {"frame_id": fid, "timestamp_sof": eof - period // 2, "timestamp_eof": eof,
-                                            "publish_time": publish,
-                                            "receive_time": publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000})
+            writer.add(
+                stored,
+                {
+                    "frame_id": fid,
+                    "timestamp_sof": eof - period // 2,
+                    "timestamp_eof": eof,
+                    "publish_time": publish,
+                    "receive_time": publish + int(spec.get("latency_ms", 2) * 1e6) - 100_000,
+                },
+            )
             kept += 1
         writer.close_segment()
-        meta["streams"][stream] = {"width": w, "height": h, "format": fmt, **storage.describe(),
-                                   "segments": writer.segments, "frames": writer.frames, "missed": 0,
-                                   "gaps": len(drop & set(range(spec["frames"])))}
+        meta["streams"][stream] = {
+            "width": w,
+            "height": h,
+            "format": fmt,
+            **storage.describe(),
+            "segments": writer.segments,
+            "frames": writer.frames,
+            "missed": 0,
+            "gaps": len(drop & set(range(spec["frames"]))),
+        }
     index.write_json(os.path.join(path, "recording.json"), meta)
     return str(path)
 
 
-def write_index(path, *, recordings: int, streams: int, frames: int, fps: int = 30,
-                drop_every: int = 997, segment_frames: int = 1200, seed: int = 0) -> list:
+def write_index(
+    path,
+    *,
+    recordings: int,
+    streams: int,
+    frames: int,
+    fps: int = 30,
+    drop_every: int = 997,
+    segment_frames: int = 1200,
+    seed: int = 0,
+) -> list:
     """Index-only recordings (no video) for benchmarks of the index jobs: ``recordings`` folders
     with ``streams`` streams of ``frames`` frames each; every ``drop_every``-th frame id is missing.
     Returns the recording paths."""
@@ -119,17 +149,27 @@ def write_index(path, *, recordings: int, streams: int, frames: int, fps: int = 
             stream = f"cam{s}"
             os.makedirs(os.path.join(rec, "index", stream), exist_ok=True)
             for seg, lo in enumerate(range(0, len(ids_all), segment_frames)):
-                ids = ids_all[lo:lo + segment_frames]
+                ids = ids_all[lo : lo + segment_frames]
                 n = len(ids)
                 eof = 10**12 + ids * period + rng.integers(0, 200_000, n)
                 recv = eof + rng.gamma(2.0, 1_500_000, n).astype(np.int64)
-                table = pa.table({"stream": [stream] * n, "frame_id": ids, "timestamp_sof": eof - period // 2,
-                                  "timestamp_eof": eof, "publish_time": recv - 50_000, "receive_time": recv,
-                                  "width": np.full(n, 1280, np.int32), "height": np.full(n, 720, np.int32),
-                                  "format": ["nv12"] * n, "segment": np.full(n, seg, np.int32),
-                                  "position": np.arange(n, dtype=np.int32),
-                                  "segment_file": [f"frames/{stream}/{seg:06d}.mkv"] * n},
-                                 schema=index_schema())
+                table = pa.table(
+                    {
+                        "stream": [stream] * n,
+                        "frame_id": ids,
+                        "timestamp_sof": eof - period // 2,
+                        "timestamp_eof": eof,
+                        "publish_time": recv - 50_000,
+                        "receive_time": recv,
+                        "width": np.full(n, 1280, np.int32),
+                        "height": np.full(n, 720, np.int32),
+                        "format": ["nv12"] * n,
+                        "segment": np.full(n, seg, np.int32),
+                        "position": np.arange(n, dtype=np.int32),
+                        "segment_file": [f"frames/{stream}/{seg:06d}.mkv"] * n,
+                    },
+                    schema=index_schema(),
+                )
                 pq.write_table(table, os.path.join(rec, "index", stream, f"{seg:06d}.parquet"))
         with open(os.path.join(rec, "recording.json"), "w") as f:
             json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)

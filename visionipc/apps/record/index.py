@@ -14,8 +14,20 @@ import time
 from visionipc.apps._cli import UsageError, need
 
 FORMAT_VERSION = 1
-INDEX_COLUMNS = ("stream", "frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time",
-                 "width", "height", "format", "segment", "position", "segment_file")
+INDEX_COLUMNS = (
+    "stream",
+    "frame_id",
+    "timestamp_sof",
+    "timestamp_eof",
+    "publish_time",
+    "receive_time",
+    "width",
+    "height",
+    "format",
+    "segment",
+    "position",
+    "segment_file",
+)
 TOPIC_COLUMNS = ("topic", "seq", "receive_time", "data", "segment")
 
 
@@ -25,16 +37,35 @@ def pa():
 
 def index_schema():
     p = pa()
-    return p.schema([("stream", p.string()), ("frame_id", p.int64()), ("timestamp_sof", p.int64()),
-                     ("timestamp_eof", p.int64()), ("publish_time", p.int64()), ("receive_time", p.int64()),
-                     ("width", p.int32()), ("height", p.int32()), ("format", p.string()),
-                     ("segment", p.int32()), ("position", p.int32()), ("segment_file", p.string())])
+    return p.schema(
+        [
+            ("stream", p.string()),
+            ("frame_id", p.int64()),
+            ("timestamp_sof", p.int64()),
+            ("timestamp_eof", p.int64()),
+            ("publish_time", p.int64()),
+            ("receive_time", p.int64()),
+            ("width", p.int32()),
+            ("height", p.int32()),
+            ("format", p.string()),
+            ("segment", p.int32()),
+            ("position", p.int32()),
+            ("segment_file", p.string()),
+        ]
+    )
 
 
 def topic_schema():
     p = pa()
-    return p.schema([("topic", p.string()), ("seq", p.int64()), ("receive_time", p.int64()),
-                     ("data", p.binary()), ("segment", p.int32())])
+    return p.schema(
+        [
+            ("topic", p.string()),
+            ("seq", p.int64()),
+            ("receive_time", p.int64()),
+            ("data", p.binary()),
+            ("segment", p.int32()),
+        ]
+    )
 
 
 def segment_name(segment: int, ext: str) -> str:

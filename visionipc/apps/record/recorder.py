@@ -35,9 +35,13 @@ overwritten before it was copied) are counted and printed, as are gaps in frame 
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, description="Record VisionIPC streams and msgq topics into a folder "
-                                "of video segments with a Parquet frame index.", epilog=EPILOG,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Record VisionIPC streams and msgq topics into a folder "
+        "of video segments with a Parquet frame index.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--name", required=True, help="VisionIPC server name")
     p.add_argument("--stream", action="append", help="stream to record; repeat for more (default: every stream)")
     p.add_argument("--topic", action="append", default=[], help="msgq topic to record beside the frames; repeatable")
@@ -101,9 +105,13 @@ class StreamRecorder:
                 if self.last_id is not None and frame.frame_id > self.last_id + 1:
                     self.gaps += frame.frame_id - self.last_id - 1
                 self.last_id = frame.frame_id
-                meta = dict(frame_id=frame.frame_id, timestamp_sof=frame.timestamp_sof,
-                            timestamp_eof=frame.timestamp_eof, publish_time=frame.timestamp_publish,
-                            receive_time=frame.timestamp_recv)
+                meta = dict(
+                    frame_id=frame.frame_id,
+                    timestamp_sof=frame.timestamp_sof,
+                    timestamp_eof=frame.timestamp_eof,
+                    publish_time=frame.timestamp_publish,
+                    receive_time=frame.timestamp_recv,
+                )
                 try:
                     self.queue.put_nowait((image, meta))
                     self.received += 1
@@ -133,8 +141,12 @@ class StreamRecorder:
         self.client.close()
 
     def summary(self) -> dict:
-        return {"frames": self.writer.frames, "segments": self.writer.segments,
-                "missed": self.missed_invalid + self.missed_queue + self.missed_geometry, "gaps": self.gaps}
+        return {
+            "frames": self.writer.frames,
+            "segments": self.writer.segments,
+            "missed": self.missed_invalid + self.missed_queue + self.missed_geometry,
+            "gaps": self.gaps,
+        }
 
 
 class TopicRecorder(threading.Thread):
@@ -165,7 +177,9 @@ class TopicRecorder(threading.Thread):
                     continue
                 if rows is None:
                     rows, start = {k: [] for k in index.TOPIC_COLUMNS}, now
-                for key, value in zip(index.TOPIC_COLUMNS, (self.topic, self.messages, now, bytes(data), self.segments)):
+                for key, value in zip(
+                    index.TOPIC_COLUMNS, (self.topic, self.messages, now, bytes(data), self.segments)
+                ):
                     rows[key].append(value)
                 self.messages += 1
             if rows is not None:
@@ -176,7 +190,9 @@ class TopicRecorder(threading.Thread):
             self.sock.close()
 
     def _flush(self, rows):
-        index.write_table(rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet")))
+        index.write_table(
+            rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet"))
+        )
         self.segments += 1
 
 
@@ -189,15 +205,18 @@ def _connect(name, streams, timeout, stop):
         if offered:
             break
         if time.monotonic() > deadline:
-            raise UsageError(f"no VisionIPC server {name!r} answered within {timeout:g} s (is vipc-camera running, "
-                             f"under the same MSGQ_PREFIX?)")
+            raise UsageError(
+                f"no VisionIPC server {name!r} answered within {timeout:g} s (is vipc-camera running, "
+                f"under the same MSGQ_PREFIX?)"
+            )
         if stop.wait(0.02):
             return []
     streams = streams or sorted(offered)
     unknown = [s for s in streams if s not in offered]
     if unknown:
-        raise UsageError(f"server {name!r} has no stream {', '.join(map(repr, unknown))} "
-                         f"(it has: {', '.join(sorted(offered))})")
+        raise UsageError(
+            f"server {name!r} has no stream {', '.join(map(repr, unknown))} (it has: {', '.join(sorted(offered))})"
+        )
     clients = []
     for s in streams:
         client = VisionIpcClient(name, s)
@@ -222,8 +241,12 @@ def _prepare_out(out):
 
 
 def _check_args(args):
-    for flag, value in (("--duration", args.duration), ("--segment-seconds", args.segment_seconds),
-                        ("--idle-timeout", args.idle_timeout), ("--connect-timeout", args.connect_timeout)):
+    for flag, value in (
+        ("--duration", args.duration),
+        ("--segment-seconds", args.segment_seconds),
+        ("--idle-timeout", args.idle_timeout),
+        ("--connect-timeout", args.connect_timeout),
+    ):
         if value is not None and not value >= 0:
             raise UsageError(f"{flag} must be >= 0, got {value}")
     if args.frames < 0:
@@ -248,15 +271,29 @@ def run(args) -> int:
             topics = [TopicRecorder(args.out, t, args.segment_seconds, stop) for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
-        manifest = {"format_version": index.FORMAT_VERSION, "name": args.name, "streams": {}, "topics": args.topic,
-                    "clock": "CLOCK_MONOTONIC", "start": index.clock_now(), "stop": None, "status": "recording"}
+        manifest = {
+            "format_version": index.FORMAT_VERSION,
+            "name": args.name,
+            "streams": {},
+            "topics": args.topic,
+            "clock": "CLOCK_MONOTONIC",
+            "start": index.clock_now(),
+            "stop": None,
+            "status": "recording",
+        }
         for client in clients:
             fmt, w, h = client.format, client.width, client.height
             storage = Storage(cv2, fmt, w, h, args.lossless)
             writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds)
             recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
-            manifest["streams"][str(client.stream)] = {"width": w, "height": h, "format": fmt, **storage.describe(),
-                                                       "segments": 0, "frames": 0}
+            manifest["streams"][str(client.stream)] = {
+                "width": w,
+                "height": h,
+                "format": fmt,
+                **storage.describe(),
+                "segments": 0,
+                "frames": 0,
+            }
         index.write_json(os.path.join(args.out, "recording.json"), manifest)
         for r in recorders + topics:
             r.start()
@@ -283,9 +320,11 @@ def run(args) -> int:
             print(f"{PROG}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
         if not args.quiet:
             for s, info in manifest["streams"].items():
-                print(f"{PROG}: {s}: {info['frames']} frames in {info['segments']} segment(s), "
-                      f"{info['missed']} missed by the recorder, {info['gaps']} missing frame ids",
-                      file=sys.stderr)
+                print(
+                    f"{PROG}: {s}: {info['frames']} frames in {info['segments']} segment(s), "
+                    f"{info['missed']} missed by the recorder, {info['gaps']} missing frame ids",
+                    file=sys.stderr,
+                )
             for t in topics:
                 print(f"{PROG}: topic {t.topic}: {t.messages} messages", file=sys.stderr)
         return 1 if failed else 0

@@ -32,16 +32,25 @@ same frame ids. SIGINT/SIGTERM stop cleanly (exit 0).
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog=PROG, description="Replay a vipc-record recording into a VisionIPC server.",
-                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="Replay a vipc-record recording into a VisionIPC server.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("dir", help="recording folder")
     p.add_argument("--name", required=True, help="name of the VisionIPC server to create")
     p.add_argument("--rate", default="1.0", help="speed factor (1.0 as recorded, 2.0 twice as fast) or max")
     p.add_argument("--loop", action="store_true", help="start over at the end, until stopped")
     p.add_argument("--stream", action="append", help="replay only these streams (repeatable; default: all)")
     p.add_argument("--no-topics", action="store_true", help="do not publish the recorded msgq topics")
-    p.add_argument("--wait-clients", type=int, default=0, metavar="N",
-                   help="before the first frame, wait until every stream has N clients")
+    p.add_argument(
+        "--wait-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the first frame, wait until every stream has N clients",
+    )
     p.add_argument("--original-timestamps", action="store_true", help="publish timestamps exactly as recorded")
     p.add_argument("--buffers", type=int, default=8, help="buffers per stream (default 8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary")
@@ -66,7 +75,14 @@ class Decoder(threading.Thread):
 
     def __init__(self, cv2, folder, stream, rows, storage, stop):
         super().__init__(daemon=True)
-        self.cv2, self.folder, self.stream, self.rows, self.storage, self.stop = cv2, folder, stream, rows, storage, stop
+        self.cv2, self.folder, self.stream, self.rows, self.storage, self.stop = (
+            cv2,
+            folder,
+            stream,
+            rows,
+            storage,
+            stop,
+        )
         self.frames = queue.Queue(DECODE_AHEAD)
         self.error = None
 
@@ -112,8 +128,15 @@ def _timeline(folder, manifest, streams, topics):
         tables[s] = table
         cols = table.to_pydict()
         for i in range(table.num_rows):
-            events.append((cols["publish_time"][i], 0, s, cols["frame_id"][i],
-                           (cols["timestamp_sof"][i], cols["timestamp_eof"][i])))
+            events.append(
+                (
+                    cols["publish_time"][i],
+                    0,
+                    s,
+                    cols["frame_id"][i],
+                    (cols["timestamp_sof"][i], cols["timestamp_eof"][i]),
+                )
+            )
     for t in topics:
         cols = index.read_topic(folder, t).to_pydict()
         for i in range(len(cols["seq"])):
@@ -131,7 +154,9 @@ def run(args) -> int:
     streams = args.stream or sorted(recorded)
     unknown = [s for s in streams if s not in recorded]
     if unknown:
-        raise UsageError(f"the recording has no stream {', '.join(map(repr, unknown))} (it has: {', '.join(sorted(recorded))})")
+        raise UsageError(
+            f"the recording has no stream {', '.join(map(repr, unknown))} (it has: {', '.join(sorted(recorded))})"
+        )
     topics = [] if args.no_topics else list(manifest.get("topics", []))
     events, tables = _timeline(args.dir, manifest, streams, topics)
     from visionipc import VisionIpcServer
@@ -162,9 +187,17 @@ def run(args) -> int:
             stop.wait(0.1)  # the last client finishes subscribing
         passes = sent = 0
         while not stop.is_set():
-            decoders = {s: Decoder(cv2, args.dir, s, list(zip(tables[s].column("segment_file").to_pylist(),
-                                                                tables[s].column("position").to_pylist())),
-                                   storages[s], stop) for s in streams}
+            decoders = {
+                s: Decoder(
+                    cv2,
+                    args.dir,
+                    s,
+                    list(zip(tables[s].column("segment_file").to_pylist(), tables[s].column("position").to_pylist())),
+                    storages[s],
+                    stop,
+                )
+                for s in streams
+            }
             for d in decoders.values():
                 d.start()
             sent += _play(events, server, storages, decoders, pubs, rate, args.original_timestamps, stop)

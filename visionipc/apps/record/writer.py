@@ -54,8 +54,14 @@ class StreamWriter:
         self._tmp = index.partial_path(self._final)
         # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
         fps = float(min(max(round(fps), 1), 1000))
-        self._video = cv2.VideoWriter(self._tmp, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*storage.codec), fps,
-                                      storage.image_size, storage.writer_params())
+        self._video = cv2.VideoWriter(
+            self._tmp,
+            cv2.CAP_FFMPEG,
+            cv2.VideoWriter_fourcc(*storage.codec),
+            fps,
+            storage.image_size,
+            storage.writer_params(),
+        )
         if not self._video.isOpened():
             raise RuntimeError(f"OpenCV cannot write {storage.codec} video to {self._tmp}")
         held, self._held = self._held, None
@@ -84,8 +90,9 @@ class StreamWriter:
         if not os.path.exists(self._tmp):
             raise RuntimeError(f"OpenCV did not write {self._tmp} ({self.storage.codec}); see its messages above")
         os.replace(self._tmp, self._final)
-        index.write_table(self._rows, index.index_schema(),
-                          os.path.join(self.index_dir, index.segment_name(self.segments, "parquet")))
+        index.write_table(
+            self._rows, index.index_schema(), os.path.join(self.index_dir, index.segment_name(self.segments, "parquet"))
+        )
         self.frames += len(self._rows["stream"])
         self.segments += 1
         self._rows = None

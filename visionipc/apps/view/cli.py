@@ -41,18 +41,32 @@ def parse_http(text: str):
 
 def _parser():
     p = argparse.ArgumentParser(
-        prog="vipc-view", description="Live preview of VisionIPC streams in a browser (and an OpenCV window).",
-        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+        prog="vipc-view",
+        description="Live preview of VisionIPC streams in a browser (and an OpenCV window).",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--name", required=True, help="the VisionIPC server name (VisionIpcServer(name))")
-    p.add_argument("--stream", action="append", default=[], metavar="S",
-                   help="a stream to show (repeat for more); default: every stream of the server, "
-                        "including ones that appear later")
-    p.add_argument("--http", default=DEFAULT_HTTP, metavar="HOST:PORT",
-                   help=f"where to serve the page (default {DEFAULT_HTTP}; port 0 picks a free one, "
-                        "printed at start)")
+    p.add_argument(
+        "--stream",
+        action="append",
+        default=[],
+        metavar="S",
+        help="a stream to show (repeat for more); default: every stream of the server, "
+        "including ones that appear later",
+    )
+    p.add_argument(
+        "--http",
+        default=DEFAULT_HTTP,
+        metavar="HOST:PORT",
+        help=f"where to serve the page (default {DEFAULT_HTTP}; port 0 picks a free one, printed at start)",
+    )
     p.add_argument("--quality", type=int, default=80, help="JPEG quality 1-100 (default 80)")
-    p.add_argument("--window", action="store_true",
-                   help="also show the streams in OpenCV windows (needs a display and opencv-python)")
+    p.add_argument(
+        "--window",
+        action="store_true",
+        help="also show the streams in OpenCV windows (needs a display and opencv-python)",
+    )
     return p
 
 
@@ -113,8 +127,11 @@ async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=
             return 1
         bound = runner.addresses[0][1]
         shown = f"[{host}]" if ":" in host else host
-        print(f"vipc-view: serving http://{shown}:{bound}/ (VisionIPC server {name!r}, "
-              f"streams: {', '.join(streams) or 'all'}); Ctrl-C stops", flush=True)
+        print(
+            f"vipc-view: serving http://{shown}:{bound}/ (VisionIPC server {name!r}, "
+            f"streams: {', '.join(streams) or 'all'}); Ctrl-C stops",
+            flush=True,
+        )
         if on_started is not None:
             on_started(loop, stop, view)
         await stop.wait()

@@ -26,8 +26,8 @@ from typing import NamedTuple
 
 import cv2
 
-from visionipc.client import VisionIpcClient
 from visionipc.apps.view.stats import StreamStats
+from visionipc.client import VisionIpcClient
 
 BOUNDARY = "vipcframe"  # of the MJPEG multipart responses
 RECV_TIMEOUT_MS = 100  # how often the worker looks at its stop flag
@@ -35,15 +35,14 @@ ERROR_BACKOFF_S = 1.0
 
 
 class Encoded(NamedTuple):
-    seq: int            # 1, 2, ... per feed: order of encoding
+    seq: int  # 1, 2, ... per feed: order of encoding
     frame_id: int
     jpeg: bytes
-    part: bytes         # the jpeg as one part of a multipart/x-mixed-replace (MJPEG) response
+    part: bytes  # the jpeg as one part of a multipart/x-mixed-replace (MJPEG) response
 
 
 def mjpeg_part(frame_id: int, jpeg: bytes) -> bytes:
-    head = (f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\n"
-            f"X-Frame-Id: {frame_id}\r\n\r\n")
+    head = f"--{BOUNDARY}\r\nContent-Type: image/jpeg\r\nContent-Length: {len(jpeg)}\r\nX-Frame-Id: {frame_id}\r\n\r\n"
     return head.encode() + jpeg + b"\r\n"
 
 

@@ -19,11 +19,11 @@ class StreamStats:
         self.frame_id = None
         self.frames_received = 0
         self.frames_encoded = 0
-        self.frames_torn = 0      # overwritten while we converted them; never shown
-        self.drops = 0            # frame ids we never saw (gaps), over the whole run
-        self.restarts = 0         # frame ids that went backwards: a restarted producer
+        self.frames_torn = 0  # overwritten while we converted them; never shown
+        self.drops = 0  # frame ids we never saw (gaps), over the whole run
+        self.restarts = 0  # frame ids that went backwards: a restarted producer
         self.encode_ms = None
-        self.geometry = None      # (width, height, format) of the newest frame
+        self.geometry = None  # (width, height, format) of the newest frame
 
     def received(self, frame):
         """Count one frame (a VisionBuf just returned by recv)."""

@@ -17,12 +17,12 @@ import time
 
 from aiohttp import web
 
-from visionipc.client import available_streams
 from visionipc.apps.view.feed import BOUNDARY, StreamFeed
+from visionipc.client import available_streams
 
 DISCOVERY_INTERVAL_S = 0.5  # how often a viewer of "every stream" asks the server for new ones
-SNAPSHOT_WAIT_S = 1.0       # a snapshot waits this long for a fresh frame, then takes the newest it has
-KEEPALIVE_S = 1.0           # MJPEG handlers look at the stop flag at least this often
+SNAPSHOT_WAIT_S = 1.0  # a snapshot waits this long for a fresh frame, then takes the newest it has
+KEEPALIVE_S = 1.0  # MJPEG handlers look at the stop flag at least this often
 # Kernel send buffer of an MJPEG viewer's socket. Linux would grow it to megabytes,
 # i.e. seconds of stale video queued for a slow viewer; this small one makes its
 # write wait early, so it skips to the newest frame instead (the kernel doubles it).
@@ -48,12 +48,14 @@ class ViewServer:
         self.started = time.monotonic()
         self._discovery = None
         self.app = web.Application()
-        self.app.add_routes([
-            web.get("/", self.page),
-            web.get("/stats", self.stats),
-            web.get("/stream/{stream}.mjpg", self.mjpeg),
-            web.get("/snapshot/{stream}.jpg", self.snapshot),
-        ])
+        self.app.add_routes(
+            [
+                web.get("/", self.page),
+                web.get("/stats", self.stats),
+                web.get("/stream/{stream}.mjpg", self.mjpeg),
+                web.get("/snapshot/{stream}.jpg", self.snapshot),
+            ]
+        )
         self.app.on_startup.append(self._start)
         self.app.on_shutdown.append(self._stop)
 
@@ -96,8 +98,9 @@ class ViewServer:
         feed = self.feeds.get(stream)
         if feed is None:
             known = ", ".join(sorted(self.feeds)) or "none yet"
-            raise web.HTTPNotFound(text=f"unknown stream {stream!r} of VisionIPC server {self.name!r} "
-                                        f"(streams: {known})\n")
+            raise web.HTTPNotFound(
+                text=f"unknown stream {stream!r} of VisionIPC server {self.name!r} (streams: {known})\n"
+            )
         return feed
 
     # -- handlers -----------------------------------------------------------------
@@ -123,17 +126,24 @@ class ViewServer:
             feed.snapshot_waiters -= 1
         frame = fresh or feed.latest
         if frame is None:
-            raise web.HTTPServiceUnavailable(text=f"no frame from stream {feed.stream!r} of VisionIPC server "
-                                                  f"{self.name!r} yet (is the producer running?)\n")
-        return web.Response(body=frame.jpeg, content_type="image/jpeg",
-                            headers={"X-Frame-Id": str(frame.frame_id), "Cache-Control": "no-store"})
+            raise web.HTTPServiceUnavailable(
+                text=f"no frame from stream {feed.stream!r} of VisionIPC server "
+                f"{self.name!r} yet (is the producer running?)\n"
+            )
+        return web.Response(
+            body=frame.jpeg,
+            content_type="image/jpeg",
+            headers={"X-Frame-Id": str(frame.frame_id), "Cache-Control": "no-store"},
+        )
 
     async def mjpeg(self, request):
         feed = self._feed(request)
-        response = web.StreamResponse(headers={
-            "Content-Type": f"multipart/x-mixed-replace; boundary={BOUNDARY}",
-            "Cache-Control": "no-store",
-        })
+        response = web.StreamResponse(
+            headers={
+                "Content-Type": f"multipart/x-mixed-replace; boundary={BOUNDARY}",
+                "Cache-Control": "no-store",
+            }
+        )
         sock = request.transport.get_extra_info("socket") if request.transport else None
         if sock is not None:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)

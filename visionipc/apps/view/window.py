@@ -23,15 +23,19 @@ class WindowError(RuntimeError):
 def check_window_support():
     """Raise WindowError with what to do if OpenCV windows cannot open here."""
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
-        raise WindowError("--window needs a display, and neither DISPLAY nor WAYLAND_DISPLAY is set; "
-                          "use the browser view (--http) instead")
+        raise WindowError(
+            "--window needs a display, and neither DISPLAY nor WAYLAND_DISPLAY is set; "
+            "use the browser view (--http) instead"
+        )
     import cv2
 
     for line in cv2.getBuildInformation().splitlines():
         if line.strip().startswith("GUI:") and line.split(":", 1)[1].strip().upper() == "NONE":
-            raise WindowError("--window needs OpenCV with GUI support, but this OpenCV has none "
-                              "(opencv-python-headless); install opencv-python instead, "
-                              "or use the browser view (--http)")
+            raise WindowError(
+                "--window needs OpenCV with GUI support, but this OpenCV has none "
+                "(opencv-python-headless); install opencv-python instead, "
+                "or use the browser view (--http)"
+            )
 
 
 def run_with_windows(serve, settings) -> int:
@@ -41,8 +45,12 @@ def run_with_windows(serve, settings) -> int:
     import cv2
 
     started, result = queue.Queue(), []
-    http = threading.Thread(target=lambda: result.append(asyncio.run(
-        serve(**settings, keep_bgr=True, on_started=lambda *hooks: started.put(hooks)))), name="vipc-view:http")
+    http = threading.Thread(
+        target=lambda: result.append(
+            asyncio.run(serve(**settings, keep_bgr=True, on_started=lambda *hooks: started.put(hooks)))
+        ),
+        name="vipc-view:http",
+    )
     quit_requested = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: quit_requested.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     http.start()

@@ -44,6 +44,7 @@ DONE_TIMEOUT = 120.0
 
 # ------------------------------------------------------------------ the plain chunk ring in pure Python
 
+
 class SeedRing:
     """A polling ShmRingBuffer in pure Python: chunk i
     has metadata [written, read_0 .. read_{n-1}] (one byte each) and a data
@@ -63,11 +64,11 @@ class SeedRing:
         return (self.n_readers, self.chunk_bytes, self.n_chunks, self.shm.name)
 
     def meta(self, i):
-        return self.shm.buf[i * self.meta_bytes:(i + 1) * self.meta_bytes]
+        return self.shm.buf[i * self.meta_bytes : (i + 1) * self.meta_bytes]
 
     def chunk(self, i):
         start = self.data_offset + i * self.chunk_bytes
-        return self.shm.buf[start:start + self.chunk_bytes]
+        return self.shm.buf[start : start + self.chunk_bytes]
 
     def enqueue(self, obj, deadline):
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
@@ -80,7 +81,7 @@ class SeedRing:
         chunk = self.chunk(self.index)
         chunk[0] = 0
         chunk[1:5] = struct.pack("<I", len(data))
-        chunk[5:5 + len(data)] = data
+        chunk[5 : 5 + len(data)] = data
         meta[1:] = bytes(self.n_readers)
         meta[0] = 1
         self.index = (self.index + 1) % self.n_chunks
@@ -93,7 +94,7 @@ class SeedRing:
             os.sched_yield()
         chunk = self.chunk(self.index)
         (n,) = struct.unpack("<I", chunk[1:5])
-        obj = pickle.loads(chunk[5:5 + n])
+        obj = pickle.loads(chunk[5 : 5 + n])
         meta[1 + rank] = 1
         self.index = (self.index + 1) % self.n_chunks
         return obj
@@ -105,6 +106,7 @@ class SeedRing:
 
 
 # ------------------------------------------------------------------ readers (child processes)
+
 
 def _reader(kind, endpoint, rank, count, ready, results, record_latency):
     if kind == "msgq":
@@ -134,6 +136,7 @@ def _reader(kind, endpoint, rank, count, ready, results, record_latency):
 
 # ------------------------------------------------------------------ one run
 
+
 def run(kind, n_readers, count, size, record_latency, interval_us):
     payload = os.urandom(size)
     ready, results = SPAWN.Queue(), SPAWN.Queue()
@@ -151,8 +154,11 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
         def send(obj):
             for q in endpoint:
                 q.put(obj)
-    procs = [SPAWN.Process(target=_reader, args=(kind, endpoint, r, count, ready, results, record_latency))
-             for r in range(n_readers)]
+
+    procs = [
+        SPAWN.Process(target=_reader, args=(kind, endpoint, r, count, ready, results, record_latency))
+        for r in range(n_readers)
+    ]
     for p in procs:
         p.start()
     try:
@@ -182,8 +188,12 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
     ok = all(r[2] for r in reports)
     lat = [x for r in reports for x in r[3]]
     cpu = writer_cpu + sum(r[4] for r in reports)
-    return {"rate": count / ((end - start) / 1e9), "ok": ok, "cpu_us": cpu / count * 1e6,
-            "latency": latency_stats(lat) if lat else None}
+    return {
+        "rate": count / ((end - start) / 1e9),
+        "ok": ok,
+        "cpu_us": cpu / count * 1e6,
+        "latency": latency_stats(lat) if lat else None,
+    }
 
 
 KINDS = ("msgq", "seed-py", "mp.Queue")
@@ -193,16 +203,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--size", type=int, default=1024, help="payload bytes per object (default 1024)")
-    ap.add_argument("--messages", type=int, default=100000,
-                    help="objects per throughput run (100 k: at ~150 k/s a shorter run is over in a scheduler tick or two)")
+    ap.add_argument(
+        "--messages",
+        type=int,
+        default=100000,
+        help="objects per throughput run (100 k: at ~150 k/s a shorter run is over in a scheduler tick or two)",
+    )
     ap.add_argument("--latency-messages", type=int, default=1000)
     ap.add_argument("--interval-us", type=int, default=500, help="pacing of the latency run")
     add_common_flags(ap, rounds=(3, None), quick="small counts, one round", json="write every number to this file")
     args = ap.parse_args(argv)
     if args.quick:
         args.messages, args.latency_messages, args.rounds = 2000, 200, 1
-    print(f"# {args.readers} readers, {args.size} B payload objects, {os.cpu_count()} CPUs, "
-          f"load average {read_loadavg()}")
+    print(
+        f"# {args.readers} readers, {args.size} B payload objects, {os.cpu_count()} CPUs, load average {read_loadavg()}"
+    )
     rates = {k: [] for k in KINDS}
     cpus = {k: [] for k in KINDS}
     lats = {k: [] for k in KINDS}
@@ -224,17 +239,17 @@ def main(argv=None) -> int:
         p50 = median([x["p50"] for x in lats[kind]])
         p99 = median([x["p99"] for x in lats[kind]])
         cpu = median(cpus[kind])
-        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu,
-                         "rates": rates[kind]}
+        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu, "rates": rates[kind]}
         rows.append([kind, fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}"])
-    print(format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"],
-                                rows))
+    print(format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"], rows))
     base = summary["msgq"]
     for other in ("seed-py", "mp.Queue"):
         o = summary[other]
-        print(f"msgq / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
-              f"CPU per message x{o['cpu_us_per_msg'] / base['cpu_us_per_msg']:.1f} lower, "
-              f"latency p50 x{o['p50_us'] / base['p50_us']:.1f} lower")
+        print(
+            f"msgq / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
+            f"CPU per message x{o['cpu_us_per_msg'] / base['cpu_us_per_msg']:.1f} lower, "
+            f"latency p50 x{o['p50_us'] / base['p50_us']:.1f} lower"
+        )
     if args.json:
         write_json(args.json, {"args": vars(args), "summary": summary, "load": read_loadavg()}, indent=1)
     return 0

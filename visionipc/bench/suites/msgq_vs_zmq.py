@@ -180,8 +180,14 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
         cs1 = _ctx_switches()
     # Context switches of the whole subscriber process (pyzmq's I/O thread too):
     # involuntary ones are preemptions by other work on its CPU.
-    return {"samples": lat[warmup:], "ended": how, "resets": resets, "voluntary_cs": cs1[0] - cs0[0],
-            "involuntary_cs": cs1[1] - cs0[1], "run_delay_ms": (cs1[2] - cs0[2]) * 1e-6 if cs0[2] >= 0 else None}
+    return {
+        "samples": lat[warmup:],
+        "ended": how,
+        "resets": resets,
+        "voluntary_cs": cs1[0] - cs0[0],
+        "involuntary_cs": cs1[1] - cs0[1],
+        "run_delay_ms": (cs1[2] - cs0[2]) * 1e-6 if cs0[2] >= 0 else None,
+    }
 
 
 def task_rtt_ping(ctl, state, transport, size, segment_size, count, warmup, tag):
@@ -262,8 +268,13 @@ def task_thr_send(ctl, state, transport, topic, size, segment_size, count, credi
             # The receiver stops at the first end marker it sees; a lossy
             # transport may drop some, so send a few.
             send_end_markers(send, b"\xff", 20, 0.005)
-    return {"sent": count, "send_s": send_s, "stalls": stalls, "voluntary_cs": cs1[0] - cs0[0],
-            "involuntary_cs": cs1[1] - cs0[1]}
+    return {
+        "sent": count,
+        "send_s": send_s,
+        "stalls": stalls,
+        "voluntary_cs": cs1[0] - cs0[0],
+        "involuntary_cs": cs1[1] - cs0[1],
+    }
 
 
 def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credit_window, lossy, batch_receive):
@@ -354,9 +365,16 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
         t.close(sub, ack_pub)
     span = (t_last - t_first) * 1e-9 if t_first and t_last else float("nan")
     rate = (got - first) / span if span and span > 0 and got > first else float("nan")
-    return {"received": got, "rate": rate, "span_s": span, "resets": resets, "timed_out": timed_out,
-            "voluntary_cs": cs1[0] - cs0[0], "involuntary_cs": cs1[1] - cs0[1],
-            "run_delay_ms": (cs1[2] - cs0[2]) * 1e-6 if cs0[2] >= 0 else None}
+    return {
+        "received": got,
+        "rate": rate,
+        "span_s": span,
+        "resets": resets,
+        "timed_out": timed_out,
+        "voluntary_cs": cs1[0] - cs0[0],
+        "involuntary_cs": cs1[1] - cs0[1],
+        "run_delay_ms": (cs1[2] - cs0[2]) * 1e-6 if cs0[2] >= 0 else None,
+    }
 
 
 def task_idle_pub(ctl, state, transport, topic, warm_messages):
@@ -460,7 +478,9 @@ class Runner:
         except BenchError as e:
             record["error"] = str(e)
             self.errors.append(record)
-            self.log(f"  ERROR in {record['kind']} {record['variant']} {fmt_size(record['size'])}: {str(e).splitlines()[-1]}")
+            self.log(
+                f"  ERROR in {record['kind']} {record['variant']} {fmt_size(record['size'])}: {str(e).splitlines()[-1]}"
+            )
             return None
         record["wall_s"] = time.monotonic() - t0
         return res
@@ -471,24 +491,60 @@ class Runner:
         warmup = max(20, count // 50)
         seg = p.lat_segment(size)
         topic = self._topic("lat")
-        rec = {"kind": "latency", "mode": "busy" if busy else "blocking", "variant": variant, "transport": spec["kind"],
-               "size": size, "round": rnd, "count": count, "interval_us": interval, "segment_size": seg}
+        rec = {
+            "kind": "latency",
+            "mode": "busy" if busy else "blocking",
+            "variant": variant,
+            "transport": spec["kind"],
+            "size": size,
+            "round": rnd,
+            "count": count,
+            "interval_us": interval,
+            "segment_size": seg,
+        }
         timeout = 60 + (warmup + count) * (interval * 3e-6 + 0.001)
-        res = self._run(rec, [
-            (task_latency_pub, dict(transport=spec, topic=topic, size=size, segment_size=seg, count=count, warmup=warmup, interval_us=interval)),
-            (task_latency_sub, dict(transport=spec, topic=topic, size=size, segment_size=seg, busy=busy, warmup=warmup)),
-        ], timeout)
+        res = self._run(
+            rec,
+            [
+                (
+                    task_latency_pub,
+                    dict(
+                        transport=spec,
+                        topic=topic,
+                        size=size,
+                        segment_size=seg,
+                        count=count,
+                        warmup=warmup,
+                        interval_us=interval,
+                    ),
+                ),
+                (
+                    task_latency_sub,
+                    dict(transport=spec, topic=topic, size=size, segment_size=seg, busy=busy, warmup=warmup),
+                ),
+            ],
+            timeout,
+        )
         if res is None:
             return
         sub = res[1]
-        rec.update(samples_ns=sub["samples"], ended=sub["ended"], resets=sub["resets"], stats=latency_stats(sub["samples"]),
-                   voluntary_cs=sub["voluntary_cs"], involuntary_cs=sub["involuntary_cs"], run_delay_ms=sub["run_delay_ms"])
+        rec.update(
+            samples_ns=sub["samples"],
+            ended=sub["ended"],
+            resets=sub["resets"],
+            stats=latency_stats(sub["samples"]),
+            voluntary_cs=sub["voluntary_cs"],
+            involuntary_cs=sub["involuntary_cs"],
+            run_delay_ms=sub["run_delay_ms"],
+        )
         self.results.append(rec)
         s = rec["stats"]
-        self.log(f"  latency {rec['mode']:8s} {variant:12s} {fmt_size(size):>6s}: p50 {s.get('p50', float('nan')):8.1f} µs  "
-                 f"p99 {s.get('p99', float('nan')):8.1f}  p99.9 {s.get('p99.9', float('nan')):8.1f}  n={s['n']}  "
-                 f"cs {sub['voluntary_cs']}/{sub['involuntary_cs']} waited for CPU {sub['run_delay_ms'] or 0:.0f} ms"
-                 + ("" if sub["ended"] == "end" else f"  [{sub['ended']}]"))
+        self.log(
+            f"  latency {rec['mode']:8s} {variant:12s} {fmt_size(size):>6s}: p50 {s.get('p50', float('nan')):8.1f} µs  "
+            f"p99 {s.get('p99', float('nan')):8.1f}  p99.9 {s.get('p99.9', float('nan')):8.1f}  n={s['n']}  "
+            f"cs {sub['voluntary_cs']}/{sub['involuntary_cs']} waited for CPU {sub['run_delay_ms'] or 0:.0f} ms"
+            + ("" if sub["ended"] == "end" else f"  [{sub['ended']}]")
+        )
 
     def rtt(self, variant, spec, size, rnd):
         p = self.plan
@@ -496,25 +552,42 @@ class Runner:
         warmup = max(20, count // 50)
         seg = p.lat_segment(size)
         tag = self._topic("rtt")
-        rec = {"kind": "rtt", "mode": "blocking", "variant": variant, "transport": spec["kind"], "size": size, "round": rnd,
-               "count": count, "segment_size": seg}
-        res = self._run(rec, [
-            (task_rtt_ping, dict(transport=spec, size=size, segment_size=seg, count=count, warmup=warmup, tag=tag)),
-            (task_rtt_echo, dict(transport=spec, size=size, segment_size=seg, tag=tag)),
-        ], 60 + count * 0.005)
+        rec = {
+            "kind": "rtt",
+            "mode": "blocking",
+            "variant": variant,
+            "transport": spec["kind"],
+            "size": size,
+            "round": rnd,
+            "count": count,
+            "segment_size": seg,
+        }
+        res = self._run(
+            rec,
+            [
+                (task_rtt_ping, dict(transport=spec, size=size, segment_size=seg, count=count, warmup=warmup, tag=tag)),
+                (task_rtt_echo, dict(transport=spec, size=size, segment_size=seg, tag=tag)),
+            ],
+            60 + count * 0.005,
+        )
         if res is None:
             return
         rec.update(samples_ns=res[0]["samples"], stats=latency_stats(res[0]["samples"]))
         self.results.append(rec)
         s = rec["stats"]
-        self.log(f"  rtt      blocking {variant:12s} {fmt_size(size):>6s}: p50 {s['p50']:8.1f} µs  p99 {s['p99']:8.1f}  n={s['n']}")
+        self.log(
+            f"  rtt      blocking {variant:12s} {fmt_size(size):>6s}: "
+            f"p50 {s['p50']:8.1f} µs  p99 {s['p99']:8.1f}  n={s['n']}"
+        )
 
     def throughput(self, variant, spec, size, rnd, credit, lossy, batch_receive):
         p = self.plan
         key = (variant, size)
         if key not in self._send_rate:
             # Calibrate: a short run tells how many messages make ~thr_seconds().
-            rec = self._throughput(variant, spec, size, rnd, credit, lossy, batch_receive, p.thr_probe_count(size), True)
+            rec = self._throughput(
+                variant, spec, size, rnd, credit, lossy, batch_receive, p.thr_probe_count(size), True
+            )
             rate = rec.get("send_rate") if rec else None
             self._send_rate[key] = rate if rate and rate == rate else None
         rate = self._send_rate[key]
@@ -528,48 +601,116 @@ class Runner:
         if credit:
             window = max(2, min(1 << 16, (seg // 2) // _slot_bytes(size)))
         topic = self._topic("thr")
-        rec = {"kind": "throughput", "variant": variant, "transport": spec["kind"], "size": size, "round": rnd,
-               "count": count, "segment_size": seg if spec["kind"] == "msgq" else None, "credit_window": window,
-               "lossy": lossy, "batch_receive": batch_receive, "calibration": calibration}
-        res = self._run(rec, [
-            (task_thr_send, dict(transport=spec, topic=topic, size=size, segment_size=seg, count=count, credit_window=window, lossy=lossy)),
-            (task_thr_recv, dict(transport=spec, topic=topic, size=size, segment_size=seg, count=count, credit_window=window,
-                                 lossy=lossy, batch_receive=batch_receive)),
-        ], 120 + count * size * 2e-9 + count * 5e-6)
+        rec = {
+            "kind": "throughput",
+            "variant": variant,
+            "transport": spec["kind"],
+            "size": size,
+            "round": rnd,
+            "count": count,
+            "segment_size": seg if spec["kind"] == "msgq" else None,
+            "credit_window": window,
+            "lossy": lossy,
+            "batch_receive": batch_receive,
+            "calibration": calibration,
+        }
+        res = self._run(
+            rec,
+            [
+                (
+                    task_thr_send,
+                    dict(
+                        transport=spec,
+                        topic=topic,
+                        size=size,
+                        segment_size=seg,
+                        count=count,
+                        credit_window=window,
+                        lossy=lossy,
+                    ),
+                ),
+                (
+                    task_thr_recv,
+                    dict(
+                        transport=spec,
+                        topic=topic,
+                        size=size,
+                        segment_size=seg,
+                        count=count,
+                        credit_window=window,
+                        lossy=lossy,
+                        batch_receive=batch_receive,
+                    ),
+                ),
+            ],
+            120 + count * size * 2e-9 + count * 5e-6,
+        )
         if res is None:
             return None
         snd, rcv = res
-        rec.update(sent=snd["sent"], send_s=snd["send_s"], send_rate=snd["sent"] / snd["send_s"] if snd["send_s"] else None,
-                   stalls=snd["stalls"], received=rcv["received"], rate=rcv["rate"], span_s=rcv["span_s"],
-                   resets=rcv["resets"], timed_out=rcv["timed_out"],
-                   sender_cs=(snd["voluntary_cs"], snd["involuntary_cs"]),
-                   receiver_cs=(rcv["voluntary_cs"], rcv["involuntary_cs"]), receiver_run_delay_ms=rcv["run_delay_ms"])
+        rec.update(
+            sent=snd["sent"],
+            send_s=snd["send_s"],
+            send_rate=snd["sent"] / snd["send_s"] if snd["send_s"] else None,
+            stalls=snd["stalls"],
+            received=rcv["received"],
+            rate=rcv["rate"],
+            span_s=rcv["span_s"],
+            resets=rcv["resets"],
+            timed_out=rcv["timed_out"],
+            sender_cs=(snd["voluntary_cs"], snd["involuntary_cs"]),
+            receiver_cs=(rcv["voluntary_cs"], rcv["involuntary_cs"]),
+            receiver_run_delay_ms=rcv["run_delay_ms"],
+        )
         rec["lost"] = rec["sent"] - rec["received"]
         rec["mb_s"] = rec["rate"] * size / 1e6 if rec["rate"] == rec["rate"] else float("nan")
         if calibration:
             self.calibrations.append(rec)
             return rec
         self.results.append(rec)
-        self.log(f"  thr      {variant:24s} {fmt_size(size):>6s}: {fmt_rate(rec['rate']):>10s} {rec['mb_s']:9.1f} MB/s  "
-                 f"received {rec['received']}/{rec['sent']}" + (f"  resets {rec['resets']}" if rec["resets"] else "")
-                 + ("  [timed out]" if rec["timed_out"] else "") + f"  ({rec['span_s']:.2f} s)"
-                 + f"  cs send {rec['sender_cs'][0]}/{rec['sender_cs'][1]} recv {rec['receiver_cs'][0]}/{rec['receiver_cs'][1]}")
+        self.log(
+            f"  thr      {variant:24s} {fmt_size(size):>6s}: {fmt_rate(rec['rate']):>10s} {rec['mb_s']:9.1f} MB/s  "
+            f"received {rec['received']}/{rec['sent']}"
+            + (f"  resets {rec['resets']}" if rec["resets"] else "")
+            + ("  [timed out]" if rec["timed_out"] else "")
+            + f"  ({rec['span_s']:.2f} s)"
+            + f"  cs send {rec['sender_cs'][0]}/{rec['sender_cs'][1]}"
+            + f" recv {rec['receiver_cs'][0]}/{rec['receiver_cs'][1]}"
+        )
         return rec
 
     def idle(self, variant, spec, rnd, idle_ms):
         topic = self._topic("idle")
-        rec = {"kind": "idle", "variant": variant, "transport": spec["kind"], "size": 64, "round": rnd, "idle_ms": idle_ms}
-        res = self._run(rec, [
-            (task_idle_pub, dict(transport=spec, topic=topic, warm_messages=200)),
-            (task_idle_sub, dict(transport=spec, topic=topic, warm_messages=200, idle_ms=idle_ms)),
-        ], 60)
+        rec = {
+            "kind": "idle",
+            "variant": variant,
+            "transport": spec["kind"],
+            "size": 64,
+            "round": rnd,
+            "idle_ms": idle_ms,
+        }
+        res = self._run(
+            rec,
+            [
+                (task_idle_pub, dict(transport=spec, topic=topic, warm_messages=200)),
+                (task_idle_sub, dict(transport=spec, topic=topic, warm_messages=200, idle_ms=idle_ms)),
+            ],
+            60,
+        )
         if res is None:
             return
         sub = res[1]
-        rec.update(cpu_s=sub["cpu_s"], wall_s_idle=sub["wall_s"], cpu_pct=100 * sub["cpu_s"] / sub["wall_s"],
-                   got_message=sub["got_message"])
+        rec.update(
+            cpu_s=sub["cpu_s"],
+            wall_s_idle=sub["wall_s"],
+            cpu_pct=100 * sub["cpu_s"] / sub["wall_s"],
+            got_message=sub["got_message"],
+        )
         self.results.append(rec)
-        self.log(f"  idle     {variant:12s}: {rec['cpu_s'] * 1e3:.2f} ms CPU in {rec['wall_s_idle']:.2f} s = {rec['cpu_pct']:.3f} %")
+        self.log(
+            f"  idle     {variant:12s}: {rec['cpu_s'] * 1e3:.2f} ms CPU in {rec['wall_s_idle']:.2f} s"
+            f" = {rec['cpu_pct']:.3f} %"
+        )
 
     def run_all(self):
         p = self.plan
@@ -618,7 +759,12 @@ class Runner:
 def _pool_samples(results, kind, variant, size, mode=None):
     samples = []
     for r in results:
-        if r["kind"] == kind and r["variant"] == variant and r["size"] == size and (mode is None or r.get("mode") == mode):
+        if (
+            r["kind"] == kind
+            and r["variant"] == variant
+            and r["size"] == size
+            and (mode is None or r.get("mode") == mode)
+        ):
             samples.extend(r["samples_ns"])
     return latency_stats(samples) if samples else None
 
@@ -647,8 +793,20 @@ def summarize(results, sizes):
         met = None
         if target is not None and adv is not None:
             met = adv >= target
-        rows.append({"metric": metric, "size": size, "msgq": m, "pyzmq": z, "unit": unit, "higher_is_better": higher_better,
-                     "advantage": adv, "target": target, "met": met, "note": note})
+        rows.append(
+            {
+                "metric": metric,
+                "size": size,
+                "msgq": m,
+                "pyzmq": z,
+                "unit": unit,
+                "higher_is_better": higher_better,
+                "advantage": adv,
+                "target": target,
+                "met": met,
+                "note": note,
+            }
+        )
 
     for size in sizes:
         m = _pool_samples(results, "rtt", "msgq", size)
@@ -666,8 +824,14 @@ def summarize(results, sizes):
             z = _pool_samples(results, "latency", "pyzmq", size, mode)
             if not (m and z):
                 continue
-            waits = [sum(r.get("run_delay_ms") or 0 for r in results if r["kind"] == "latency" and r["variant"] == v
-                         and r["size"] == size and r["mode"] == mode) for v in ("msgq", "pyzmq")]
+            waits = [
+                sum(
+                    r.get("run_delay_ms") or 0
+                    for r in results
+                    if r["kind"] == "latency" and r["variant"] == v and r["size"] == size and r["mode"] == mode
+                )
+                for v in ("msgq", "pyzmq")
+            ]
             for pct in ("p50", "p99", "p99.9"):
                 target = 2.0 if (size == 64 and mode == "blocking" and pct == "p50") else None
                 note = f"subscriber waited for a CPU {waits[0]:.0f} / {waits[1]:.0f} ms" if pct == "p99.9" else ""
@@ -675,25 +839,62 @@ def summarize(results, sizes):
             if size == 64 and mode == "blocking":
                 ns = _pool_samples(results, "latency", "msgq-nospin", size, mode)
                 if ns:
-                    add("one-way blocking p50, msgq spin_us=0", size, ns["p50"], z["p50"], "µs", False, note="diagnostic")
+                    add(
+                        "one-way blocking p50, msgq spin_us=0",
+                        size,
+                        ns["p50"],
+                        z["p50"],
+                        "µs",
+                        False,
+                        note="diagnostic",
+                    )
     for size in sizes:
         m, z = _thr(results, "msgq", size), _thr(results, "pyzmq", size)
         if m is not None and z is not None:
             ok = _thr_lossless_ok(results, "msgq", size) and _thr_lossless_ok(results, "pyzmq", size)
             note = "all received" if ok else "LOSS/timeout (see raw)"
-            add("throughput lossless msg/s (msgq receive_batch)", size, m, z, "msg/s", True, 1.5 if size == 64 else None, note)
+            add(
+                "throughput lossless msg/s (msgq receive_batch)",
+                size,
+                m,
+                z,
+                "msg/s",
+                True,
+                1.5 if size == 64 else None,
+                note,
+            )
             add("throughput lossless MB/s (msgq receive_batch)", size, m * size / 1e6, z * size / 1e6, "MB/s", True)
         r1 = _thr(results, "msgq-recv1", size)
         if r1 is not None and z is not None:
             ok = _thr_lossless_ok(results, "msgq-recv1", size) and _thr_lossless_ok(results, "pyzmq", size)
-            add("throughput lossless msg/s (msgq receive())", size, r1, z, "msg/s", True, 1.5 if size == 64 else None,
-                "all received" if ok else "LOSS/timeout (see raw)")
+            add(
+                "throughput lossless msg/s (msgq receive())",
+                size,
+                r1,
+                z,
+                "msg/s",
+                True,
+                1.5 if size == 64 else None,
+                "all received" if ok else "LOSS/timeout (see raw)",
+            )
     mi = [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == "msgq"]
     zi = [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == "pyzmq"]
     if mi and zi:
         m, z = median(mi), median(zi)
-        rows.append({"metric": "idle subscriber CPU (blocked in receive)", "size": 64, "msgq": m, "pyzmq": z, "unit": "% of a core",
-                     "higher_is_better": False, "advantage": None, "target": "≈0 % (<1 %)", "met": m < 1.0, "note": ""})
+        rows.append(
+            {
+                "metric": "idle subscriber CPU (blocked in receive)",
+                "size": 64,
+                "msgq": m,
+                "pyzmq": z,
+                "unit": "% of a core",
+                "higher_is_better": False,
+                "advantage": None,
+                "target": "≈0 % (<1 %)",
+                "met": m < 1.0,
+                "note": "",
+            }
+        )
     return rows
 
 
@@ -706,10 +907,18 @@ def lossy_rows(results, sizes):
                 continue
             sent = sum(r["sent"] for r in rs)
             recv = sum(r["received"] for r in rs)
-            out.append([variant, fmt_size(size), fmt_rate(median([r["send_rate"] for r in rs])),
-                        fmt_rate(median([r["rate"] for r in rs])), f"{median([r['mb_s'] for r in rs]):.1f}",
-                        f"{recv}/{sent}", f"{100 * (sent - recv) / sent:.2f} %" if sent else "-",
-                        str(sum(r["resets"] for r in rs))])
+            out.append(
+                [
+                    variant,
+                    fmt_size(size),
+                    fmt_rate(median([r["send_rate"] for r in rs])),
+                    fmt_rate(median([r["rate"] for r in rs])),
+                    f"{median([r['mb_s'] for r in rs]):.1f}",
+                    f"{recv}/{sent}",
+                    f"{100 * (sent - recv) / sent:.2f} %" if sent else "-",
+                    str(sum(r["resets"] for r in rs)),
+                ]
+            )
     return out
 
 
@@ -737,10 +946,19 @@ def render(rows):
             target = f">= {r['target']:g}x"
         met = "" if r["met"] is None else ("MET" if r["met"] else "NOT MET")
         unit = r["unit"]
-        table.append([r["metric"], fmt_size(r["size"]), _fmt_val(r["msgq"], unit), _fmt_val(r["pyzmq"], unit),
-                      "µs" if unit == "µs" else ("" if unit in ("msg/s",) else unit), adv, target, met])
-    return format_table(["metric", "size", "msgq", "pyzmq", "unit", "msgq better by", "target", ""], table,
-                                 "llrrlrll")
+        table.append(
+            [
+                r["metric"],
+                fmt_size(r["size"]),
+                _fmt_val(r["msgq"], unit),
+                _fmt_val(r["pyzmq"], unit),
+                "µs" if unit == "µs" else ("" if unit in ("msg/s",) else unit),
+                adv,
+                target,
+                met,
+            ]
+        )
+    return format_table(["metric", "size", "msgq", "pyzmq", "unit", "msgq better by", "target", ""], table, "llrrlrll")
 
 
 def plot(results, sizes, path):
@@ -767,8 +985,14 @@ def plot(results, sizes, path):
                     if not st:
                         continue
                     for k, (pct, alpha) in enumerate((("p50", 1.0), ("p99", 0.6), ("p99.9", 0.3))):
-                        ax.bar(x + j * 0.4 + k * 0.13 - 0.13, st[pct], width=0.13, color=colors[tr], alpha=alpha,
-                               label=f"{tr} {pct}" if not labels and size == sizes[0] else None)
+                        ax.bar(
+                            x + j * 0.4 + k * 0.13 - 0.13,
+                            st[pct],
+                            width=0.13,
+                            color=colors[tr],
+                            alpha=alpha,
+                            label=f"{tr} {pct}" if not labels and size == sizes[0] else None,
+                        )
                 labels.append((x + 0.2, f"{mode + ' ' if mode else ''}{fmt_size(size)}"))
                 x += 1
         ax.set_xticks([p for p, _ in labels], [t for _, t in labels], rotation=30, ha="right")
@@ -808,14 +1032,21 @@ def meta(plan, cpus, pinned):
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="msgq vs pyzmq ipc:// PUB/SUB: latency, round trip, throughput, idle CPU.")
-    add_common_flags(ap, quick="short smoke run (~20-30 s)",
-                     rounds=(0, "alternating rounds per measurement (default 2, --quick 1)"))
+    add_common_flags(
+        ap, quick="short smoke run (~20-30 s)", rounds=(0, "alternating rounds per measurement (default 2, --quick 1)")
+    )
     ap.add_argument("--sizes", default="64,4096,1MiB", help="message sizes, comma separated (default 64,4096,1MiB)")
     ap.add_argument("--only", default="", help="comma list of: latency,rtt,throughput,idle (default all)")
     add_common_flags(ap, json="write raw results (every sample) as JSON")
-    ap.add_argument("--plot", metavar="PATH", help="write a PNG of latency percentiles and throughput (needs matplotlib)")
-    add_common_flags(ap, no_pin="do not pin publisher and subscriber to different CPUs",
-                     check="exit 1 if a target is not met", quiet=True)
+    ap.add_argument(
+        "--plot", metavar="PATH", help="write a PNG of latency percentiles and throughput (needs matplotlib)"
+    )
+    add_common_flags(
+        ap,
+        no_pin="do not pin publisher and subscriber to different CPUs",
+        check="exit 1 if a target is not met",
+        quiet=True,
+    )
     args = ap.parse_args(argv)
 
     sizes = parse_sizes(args.sizes)
@@ -827,13 +1058,17 @@ def main(argv=None) -> int:
     cpus, pinned = placement(2, args.no_pin)
     started = time.monotonic()
     # the shared-memory ring, whatever the caller's environment says
-    with tempfile.TemporaryDirectory(prefix="bench_zmq_") as ipc_dir, \
-            scoped_env(MSGQ_PREFIX=prefix, MSGQ_BACKEND="msgq", OPENPILOT_PREFIX=None, BENCH_IPC_DIR=ipc_dir):
+    with (
+        tempfile.TemporaryDirectory(prefix="bench_zmq_") as ipc_dir,
+        scoped_env(MSGQ_PREFIX=prefix, MSGQ_BACKEND="msgq", OPENPILOT_PREFIX=None, BENCH_IPC_DIR=ipc_dir),
+    ):
         try:
             info = meta(plan, cpus, pinned)
-            log(f"msgq vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}), MSGQ_PREFIX={prefix}, cpus={cpus}, "
+            log(
+                f"msgq vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}), MSGQ_PREFIX={prefix}, cpus={cpus}, "
                 f"publisher on {pinned[0]}, subscriber on {pinned[1]}, load {info['loadavg_start']}"
-                + (f", MSGQ_SPIN_US={os.environ['MSGQ_SPIN_US']}" if os.environ.get("MSGQ_SPIN_US") else ""))
+                + (f", MSGQ_SPIN_US={os.environ['MSGQ_SPIN_US']}" if os.environ.get("MSGQ_SPIN_US") else "")
+            )
             runner = run_in_pool(pinned, lambda pool: Runner(pool, plan, log), log, worker_setup, worker_teardown)
         finally:
             left = segments(prefix)
@@ -848,24 +1083,43 @@ def main(argv=None) -> int:
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
     print()
-    print(run_line("msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run;", plan.rounds, elapsed,
-                   info["loadavg_start"]))
-    print("latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
-          "received msg/s at the subscriber")
+    print(
+        run_line(
+            "msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run;", plan.rounds, elapsed, info["loadavg_start"]
+        )
+    )
+    print(
+        "latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
+        "received msg/s at the subscriber"
+    )
     print(render(rows))
     lr = lossy_rows(runner.results, sizes)
     if lr:
         print()
-        print("throughput detail (flat-out sender; msgq lossless = credit window of half a ring, pyzmq lossless = XPUB_NODROP):")
-        print(format_table(["variant", "size", "sent/s", "received/s", "MB/s", "received", "lost", "resets"], lr,
-                           "llrrrrrr"))
+        print(
+            "throughput detail (flat-out sender; msgq lossless = credit window of half a ring, "
+            "pyzmq lossless = XPUB_NODROP):"
+        )
+        print(
+            format_table(
+                ["variant", "size", "sent/s", "received/s", "MB/s", "received", "lost", "resets"], lr, "llrrrrrr"
+            )
+        )
     print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
 
     if args.json:
         info["loadavg_end"] = read_loadavg()
         info["elapsed_s"] = elapsed
-        write_json(args.json, {"meta": info, "summary": rows, "results": runner.results,
-                               "calibrations": runner.calibrations, "errors": runner.errors})
+        write_json(
+            args.json,
+            {
+                "meta": info,
+                "summary": rows,
+                "results": runner.results,
+                "calibrations": runner.calibrations,
+                "errors": runner.errors,
+            },
+        )
         log(f"raw results: {args.json}")
     if args.plot and plot(runner.results, sizes, args.plot):
         log(f"plot: {args.plot}")

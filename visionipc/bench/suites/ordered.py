@@ -113,12 +113,13 @@ def main(argv=None) -> int:
     with isolated_prefix():
         for _ in range(args.rounds):
             for p in args.producers:
-                for mode, total, work in (("work", args.work_messages, args.work_us),
-                                          ("publish", args.publish_messages, 0)):
+                for mode, total, work in (
+                    ("work", args.work_messages, args.work_us),
+                    ("publish", args.publish_messages, 0),
+                ):
                     r = run(p, total, work)
                     if not r["ok"]:
-                        print(f"{mode} x{p}: the sequential reader did not get every id in order: {r}",
-                              file=sys.stderr)
+                        print(f"{mode} x{p}: the sequential reader did not get every id in order: {r}", file=sys.stderr)
                         return 1
                     results[mode][p].append(r["rate"])
                     cpus[mode][p].append(r["cpu_us"])
@@ -131,13 +132,39 @@ def main(argv=None) -> int:
             cpu = median(cpus[mode][p])
             # What P producers could publish on min(P, CPUs) idle cores at this CPU cost per message.
             cores = min(p, os.cpu_count() or 1)
-            summary.setdefault(mode, {})[p] = {"msgs_per_s": rate, "ratio": rate / base, "cpu_us_per_msg": cpu,
-                                               "cpu_ratio": cpu / base_cpu, "rates": results[mode][p]}
+            summary.setdefault(mode, {})[p] = {
+                "msgs_per_s": rate,
+                "ratio": rate / base,
+                "cpu_us_per_msg": cpu,
+                "cpu_ratio": cpu / base_cpu,
+                "rates": results[mode][p],
+            }
             label = f"{args.work_us:g} µs work" if mode == "work" else "publish only"
-            rows.append([label, str(p), fmt_rate(rate), f"x{rate / base:.2f}", f"{cpu:.1f}",
-                         f"x{base_cpu / cpu:.2f}", fmt_rate(cores / cpu * 1e6)])
-    print(format_table(["mode", "producers", "msgs/s", f"vs {args.producers[0]}", "producer CPU µs/msg",
-                                 "CPU efficiency vs 1", "msgs/s on idle cores (from CPU)"], rows))
+            rows.append(
+                [
+                    label,
+                    str(p),
+                    fmt_rate(rate),
+                    f"x{rate / base:.2f}",
+                    f"{cpu:.1f}",
+                    f"x{base_cpu / cpu:.2f}",
+                    fmt_rate(cores / cpu * 1e6),
+                ]
+            )
+    print(
+        format_table(
+            [
+                "mode",
+                "producers",
+                "msgs/s",
+                f"vs {args.producers[0]}",
+                "producer CPU µs/msg",
+                "CPU efficiency vs 1",
+                "msgs/s on idle cores (from CPU)",
+            ],
+            rows,
+        )
+    )
     if args.json:
         write_json(args.json, {"args": vars(args), "summary": summary, "load": read_loadavg()}, indent=1)
     return 0

@@ -50,14 +50,16 @@ def make_video(data, frames, segment_frames=126):
     root = os.path.join(data, f"video_{frames}")
     if not os.path.isdir(root):
         t = time.monotonic()
-        synthetic.write_recording(root + ".tmp", {"road": dict(frames=frames, width=1280, height=720,
-                                                               segment_frames=segment_frames)})
+        synthetic.write_recording(
+            root + ".tmp", {"road": dict(frames=frames, width=1280, height=720, segment_frames=segment_frames)}
+        )
         os.rename(root + ".tmp", root)
         print(f"  wrote {frames} 1280x720 frames in {time.monotonic() - t:.0f} s: {root}", file=sys.stderr)
     return root
 
 
 # ---------------------------------------------------------------- children (one measurement each)
+
 
 def child_health_spark(root, master, from_files=False):
     t0 = time.monotonic()
@@ -74,8 +76,14 @@ def child_health_spark(root, master, from_files=False):
     done = time.monotonic()
     frames = int(rows["frames"].sum())
     spark.stop()
-    return {"total_s": done - t0, "session_s": started - t0, "job_s": done - started, "rows": frames,
-            "streams": len(rows), "dropped": int(rows["dropped"].sum())}
+    return {
+        "total_s": done - t0,
+        "session_s": started - t0,
+        "job_s": done - started,
+        "rows": frames,
+        "streams": len(rows),
+        "dropped": int(rows["dropped"].sum()),
+    }
 
 
 def child_health_pandas(root):
@@ -107,8 +115,7 @@ def child_metrics_spark(root, master):
         t = time.monotonic()
         agg = metrics.metrics_job(segments).agg(F.count("*").alias("n"), F.sum("sharpness").alias("s")).first()
         elapsed = time.monotonic() - t
-        out[run] = {"frames": int(agg["n"]), "seconds": elapsed, "fps": agg["n"] / elapsed,
-                    "sharpness_sum": agg["s"]}
+        out[run] = {"frames": int(agg["n"]), "seconds": elapsed, "fps": agg["n"] / elapsed, "sharpness_sum": agg["s"]}
     spark.stop()
     return out
 
@@ -125,14 +132,22 @@ def child_metrics_pool(root, processes):
         for run in ("cold", "warm"):
             m = metrics.metrics_pandas([root], pool=pool)
             elapsed = time.monotonic() - t
-            out[run] = {"frames": len(m), "seconds": elapsed, "fps": len(m) / elapsed,
-                        "sharpness_sum": float(m["sharpness"].sum())}
+            out[run] = {
+                "frames": len(m),
+                "seconds": elapsed,
+                "fps": len(m) / elapsed,
+                "sharpness_sum": float(m["sharpness"].sum()),
+            }
             t = time.monotonic()
     return out
 
 
-CHILDREN = {"health_spark": child_health_spark, "health_pandas": child_health_pandas,
-            "metrics_spark": child_metrics_spark, "metrics_pool": child_metrics_pool}
+CHILDREN = {
+    "health_spark": child_health_spark,
+    "health_pandas": child_health_pandas,
+    "metrics_spark": child_metrics_spark,
+    "metrics_pool": child_metrics_pool,
+}
 
 
 def in_child(name, *args):
@@ -147,8 +162,11 @@ def main(argv=None):
     p.add_argument("--part", choices=("health", "metrics", "all"), default="all")
     p.add_argument("--rows", type=int, default=10_000_000, help="index rows for the health part")
     p.add_argument("--frames", type=int, default=2016, help="decoded 1280x720 frames for the metrics part")
-    p.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "vipc-bench-pipeline"),
-                   help="where the synthetic inputs are kept (made once, reused)")
+    p.add_argument(
+        "--data",
+        default=os.path.join(tempfile.gettempdir(), "vipc-bench-pipeline"),
+        help="where the synthetic inputs are kept (made once, reused)",
+    )
     add_common_flags(p, rounds=(1, "repeat each measurement, report the best"), json="write the results here too")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -169,38 +187,79 @@ def main(argv=None):
         f = best("total_s", "health_spark", root, "local[2]", True)
         pd_ = best("total_s", "health_pandas", root)
         results["health"] = {"spark_local2": s, "spark_local2_from_files": f, "pandas": pd_}
-        print(format_table(["health job", "index rows", "total s", "session start s", "job s", "target"], [
-            ["Spark local[2], health_job (index DataFrame)", s["rows"], f"{s['total_s']:.1f}", f"{s['session_s']:.1f}",
-             f"{s['job_s']:.1f}", "< 30 s: " + ("met" if s["total_s"] < 30 else "MISSED")],
-            ["Spark local[2], health_from_files", f["rows"], f"{f['total_s']:.1f}", f"{f['session_s']:.1f}",
-             f"{f['job_s']:.1f}", "< 30 s: " + ("met" if f["total_s"] < 30 else "MISSED")],
-            ["pandas, 1 process", pd_["rows"], f"{pd_['total_s']:.1f}", "-", f"{pd_['job_s']:.1f} (+{pd_['read_s']:.1f} read)", ""],
-        ]))
+        print(
+            format_table(
+                ["health job", "index rows", "total s", "session start s", "job s", "target"],
+                [
+                    [
+                        "Spark local[2], health_job (index DataFrame)",
+                        s["rows"],
+                        f"{s['total_s']:.1f}",
+                        f"{s['session_s']:.1f}",
+                        f"{s['job_s']:.1f}",
+                        "< 30 s: " + ("met" if s["total_s"] < 30 else "MISSED"),
+                    ],
+                    [
+                        "Spark local[2], health_from_files",
+                        f["rows"],
+                        f"{f['total_s']:.1f}",
+                        f"{f['session_s']:.1f}",
+                        f"{f['job_s']:.1f}",
+                        "< 30 s: " + ("met" if f["total_s"] < 30 else "MISSED"),
+                    ],
+                    [
+                        "pandas, 1 process",
+                        pd_["rows"],
+                        f"{pd_['total_s']:.1f}",
+                        "-",
+                        f"{pd_['job_s']:.1f} (+{pd_['read_s']:.1f} read)",
+                        "",
+                    ],
+                ],
+            )
+        )
         print()
     if args.part in ("metrics", "all"):
         root = make_video(args.data, args.frames)
-        runs = {"spark_local2": [in_child("metrics_spark", root, "local[2]") for _ in range(args.rounds)],
-                "spark_local1": [in_child("metrics_spark", root, "local[1]") for _ in range(args.rounds)],
-                "pool2": [in_child("metrics_pool", root, 2) for _ in range(args.rounds)]}
+        runs = {
+            "spark_local2": [in_child("metrics_spark", root, "local[2]") for _ in range(args.rounds)],
+            "spark_local1": [in_child("metrics_spark", root, "local[1]") for _ in range(args.rounds)],
+            "pool2": [in_child("metrics_pool", root, 2) for _ in range(args.rounds)],
+        }
         results["metrics"] = runs
         rows, sums, frames = [], [], set()
         for run in ("cold", "warm"):
-            two, one, pool = (max((r[run] for r in runs[k]), key=lambda r: r["fps"])
-                              for k in ("spark_local2", "spark_local1", "pool2"))
+            two, one, pool = (
+                max((r[run] for r in runs[k]), key=lambda r: r["fps"])
+                for k in ("spark_local2", "spark_local1", "pool2")
+            )
             r1, rp = two["fps"] / one["fps"], two["fps"] / pool["fps"]
             rows += [
                 [f"{run}: Spark local[2]", two["frames"], f"{two['seconds']:.1f}", f"{two['fps']:.1f}", "1.00x"],
-                [f"{run}: Spark local[1]", one["frames"], f"{one['seconds']:.1f}", f"{one['fps']:.1f}",
-                 f"{r1:.2f}x (target >= 1.5x: {'met' if r1 >= 1.5 else 'MISSED'})"],
-                [f"{run}: multiprocessing pool, 2 processes", pool["frames"], f"{pool['seconds']:.1f}",
-                 f"{pool['fps']:.1f}", f"{rp:.2f}x (target >= 0.9x: {'met' if rp >= 0.9 else 'MISSED'})"],
+                [
+                    f"{run}: Spark local[1]",
+                    one["frames"],
+                    f"{one['seconds']:.1f}",
+                    f"{one['fps']:.1f}",
+                    f"{r1:.2f}x (target >= 1.5x: {'met' if r1 >= 1.5 else 'MISSED'})",
+                ],
+                [
+                    f"{run}: multiprocessing pool, 2 processes",
+                    pool["frames"],
+                    f"{pool['seconds']:.1f}",
+                    f"{pool['fps']:.1f}",
+                    f"{rp:.2f}x (target >= 0.9x: {'met' if rp >= 0.9 else 'MISSED'})",
+                ],
             ]
             sums += [r["sharpness_sum"] for r in (two, one, pool)]
             frames |= {two["frames"], one["frames"], pool["frames"]}
-        print(format_table(["metrics (1280x720 NV12, FFV1)", "frames", "seconds", "frames/s", "local[2] vs this"],
-                           rows))
-        print("cold: the first job (Spark: Python workers start and import in it; pool: process start and "
-              "imports included); warm: the same job again at once")
+        print(
+            format_table(["metrics (1280x720 NV12, FFV1)", "frames", "seconds", "frames/s", "local[2] vs this"], rows)
+        )
+        print(
+            "cold: the first job (Spark: Python workers start and import in it; pool: process start and "
+            "imports included); warm: the same job again at once"
+        )
         agree = all(math.isclose(x, sums[0], rel_tol=1e-9) for x in sums) and len(frames) == 1
         print("all runs computed the same metrics" if agree else f"WARNING: the runs disagree: {sums}")
     results["loadavg_end"] = read_loadavg()

@@ -24,8 +24,9 @@ from visionipc.bench.workers import read_loadavg
 
 
 def _spawn(module, *args):
-    return subprocess.Popen([sys.executable, "-P", "-m", module, *map(str, args)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-P", "-m", module, *map(str, args)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+    )
 
 
 def _cpu_s(proc):
@@ -37,24 +38,57 @@ def _cpu_s(proc):
 def run_one(width, height, fps, seconds, lossless, folder):
     name, frames = f"bench{os.getpid()}", int(fps * seconds)
     out = os.path.join(folder, f"{width}x{height}-{'lossless' if lossless else 'lossy'}")
-    camera = _spawn("visionipc.apps.camera.daemon", "-q", "--name", name, "--stream", "road", "--width", width,
-                    "--height", height, "--fps", fps, "--frames", frames, "--wait-clients", 1)
-    recorder = _spawn("visionipc.apps.record.recorder", "-q", "--name", name, "--out", out, "--idle-timeout", 1,
-                      *(["--lossless"] if lossless else []))
+    camera = _spawn(
+        "visionipc.apps.camera.daemon",
+        "-q",
+        "--name",
+        name,
+        "--stream",
+        "road",
+        "--width",
+        width,
+        "--height",
+        height,
+        "--fps",
+        fps,
+        "--frames",
+        frames,
+        "--wait-clients",
+        1,
+    )
+    recorder = _spawn(
+        "visionipc.apps.record.recorder",
+        "-q",
+        "--name",
+        name,
+        "--out",
+        out,
+        "--idle-timeout",
+        1,
+        *(["--lossless"] if lossless else []),
+    )
     camera_cpu = _cpu_s(camera)
     recorder_cpu = _cpu_s(recorder)
     if camera.returncode or recorder.returncode:
-        raise SystemExit(f"a process failed: camera {camera.returncode}, recorder {recorder.returncode}: "
-                         f"{recorder.stderr.read().decode()}")
+        raise SystemExit(
+            f"a process failed: camera {camera.returncode}, recorder {recorder.returncode}: "
+            f"{recorder.stderr.read().decode()}"
+        )
     info = json.load(open(os.path.join(out, "recording.json")))["streams"]["road"]
     sof = np.array(read_index(out, "road").column("timestamp_sof").to_pylist(), np.int64)
     slots = (sof - sof[0]) * fps / 1e9
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(out, "frames")) for f in fs)
-    return {"size": f"{width}x{height}", "mode": "lossless FFV1" if lossless else "lossy mp4v",
-            "published": frames, "recorded": info["frames"], "missed": info["missed"] + info["gaps"],
-            "rec_ms": recorder_cpu / max(1, info["frames"]) * 1e3, "cam_ms": camera_cpu / frames * 1e3,
-            "kib": size / max(1, info["frames"]) / 1024,
-            "sched_err_ns": float(np.abs(slots - np.round(slots)).max() * 1e9 / fps)}
+    return {
+        "size": f"{width}x{height}",
+        "mode": "lossless FFV1" if lossless else "lossy mp4v",
+        "published": frames,
+        "recorded": info["frames"],
+        "missed": info["missed"] + info["gaps"],
+        "rec_ms": recorder_cpu / max(1, info["frames"]) * 1e3,
+        "cam_ms": camera_cpu / frames * 1e3,
+        "kib": size / max(1, info["frames"]) / 1024,
+        "sched_err_ns": float(np.abs(slots - np.round(slots)).max() * 1e9 / fps),
+    }
 
 
 def main(argv=None):
@@ -72,14 +106,42 @@ def main(argv=None):
         for w, h in sizes:
             for lossless in (False, True):
                 rows.append(run_one(w, h, args.fps, seconds, lossless, folder))
-    print(format_table(["size", "mode", "published", "recorded", "missed", "recorder CPU ms/frame",
-                        "camera CPU ms/frame", "KiB/frame", "max |sof - schedule| ns"],
-                       [[r["size"], r["mode"], r["published"], r["recorded"], r["missed"], f"{r['rec_ms']:.2f}",
-                         f"{r['cam_ms']:.2f}", f"{r['kib']:.1f}", f"{r['sched_err_ns']:.1f}"] for r in rows], "llrrrrrrr"))
+    print(
+        format_table(
+            [
+                "size",
+                "mode",
+                "published",
+                "recorded",
+                "missed",
+                "recorder CPU ms/frame",
+                "camera CPU ms/frame",
+                "KiB/frame",
+                "max |sof - schedule| ns",
+            ],
+            [
+                [
+                    r["size"],
+                    r["mode"],
+                    r["published"],
+                    r["recorded"],
+                    r["missed"],
+                    f"{r['rec_ms']:.2f}",
+                    f"{r['cam_ms']:.2f}",
+                    f"{r['kib']:.1f}",
+                    f"{r['sched_err_ns']:.1f}",
+                ]
+                for r in rows
+            ],
+            "llrrrrrrr",
+        )
+    )
     for i in range(0, len(rows), 2):
         lossy, exact = rows[i], rows[i + 1]
-        print(f"{lossy['size']}: lossless / lossy: recorder CPU x{exact['rec_ms'] / lossy['rec_ms']:.2f}, "
-              f"bytes x{exact['kib'] / lossy['kib']:.1f}")
+        print(
+            f"{lossy['size']}: lossless / lossy: recorder CPU x{exact['rec_ms'] / lossy['rec_ms']:.2f}, "
+            f"bytes x{exact['kib'] / lossy['kib']:.1f}"
+        )
     print(f"load average at end: {read_loadavg()}")
     return 0
 

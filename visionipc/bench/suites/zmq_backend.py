@@ -345,48 +345,90 @@ class Runner:
         topic = _topic("lat")
         record = {"kind": "latency", "variant": kind, "size": size, "round": rnd}
         budget = 60 + (p.lat_count + p.lat_warmup) * p.interval_us * 4e-6
-        res = self._run(record, [(task_latency_send, dict(kind=kind, topic=topic, size=size, count=p.lat_count,
-                                                          warmup=p.lat_warmup, interval_us=p.interval_us)),
-                                 (task_latency_recv, dict(kind=kind, topic=topic, warmup=p.lat_warmup))], budget)
+        res = self._run(
+            record,
+            [
+                (
+                    task_latency_send,
+                    dict(
+                        kind=kind,
+                        topic=topic,
+                        size=size,
+                        count=p.lat_count,
+                        warmup=p.lat_warmup,
+                        interval_us=p.interval_us,
+                    ),
+                ),
+                (task_latency_recv, dict(kind=kind, topic=topic, warmup=p.lat_warmup)),
+            ],
+            budget,
+        )
         if res:
             s = latency_stats(res[1]["samples"])
-            self.log(f"  latency {kind:9} {fmt_size(size):>6} round {rnd}: p50 {s.get('p50', float('nan')):7.1f} µs "
-                     f"p99 {s.get('p99', float('nan')):7.1f} µs  ({s['n']} samples, {res[1]['ended']})")
+            self.log(
+                f"  latency {kind:9} {fmt_size(size):>6} round {rnd}: p50 {s.get('p50', float('nan')):7.1f} µs "
+                f"p99 {s.get('p99', float('nan')):7.1f} µs  ({s['n']} samples, {res[1]['ended']})"
+            )
 
     def throughput(self, kind, size, rnd):
         count = self.plan.thr_count(size)
         topic = _topic("thr")
         record = {"kind": "throughput", "variant": kind, "size": size, "round": rnd}
-        res = self._run(record, [(task_thr_send, dict(kind=kind, topic=topic, size=size, count=count)),
-                                 (task_thr_recv, dict(kind=kind, topic=topic))], 120)
+        res = self._run(
+            record,
+            [
+                (task_thr_send, dict(kind=kind, topic=topic, size=size, count=count)),
+                (task_thr_recv, dict(kind=kind, topic=topic)),
+            ],
+            120,
+        )
         if res:
-            self.log(f"  throughput {kind:9} {fmt_size(size):>6} round {rnd}: received {fmt_rate(res[1]['rate'])} "
-                     f"({res[1]['received']}/{count}), sent {fmt_rate(count / res[0]['send_s'])}")
+            self.log(
+                f"  throughput {kind:9} {fmt_size(size):>6} round {rnd}: received {fmt_rate(res[1]['rate'])} "
+                f"({res[1]['received']}/{count}), sent {fmt_rate(count / res[0]['send_s'])}"
+            )
 
     def credit(self, kind, size, rnd):
         count = self.plan.thr_count(size) // ACK_EVERY * ACK_EVERY
         topic = _topic("cred")
         record = {"kind": "credit", "variant": kind, "size": size, "round": rnd}
-        res = self._run(record, [(task_credit_send, dict(kind=kind, topic=topic, size=size, count=count)),
-                                 (task_credit_recv, dict(kind=kind, topic=topic, count=count))], 180)
+        res = self._run(
+            record,
+            [
+                (task_credit_send, dict(kind=kind, topic=topic, size=size, count=count)),
+                (task_credit_recv, dict(kind=kind, topic=topic, count=count)),
+            ],
+            180,
+        )
         if res:
-            self.log(f"  credit     {kind:9} {fmt_size(size):>6} round {rnd}: delivered "
-                     f"{fmt_rate(count / res[0]['seconds'])} ({res[1]['received']}/{count}, {res[0]['stalls']} stalls)")
+            self.log(
+                f"  credit     {kind:9} {fmt_size(size):>6} round {rnd}: delivered "
+                f"{fmt_rate(count / res[0]['seconds'])} ({res[1]['received']}/{count}, {res[0]['stalls']} stalls)"
+            )
 
     def call_cost(self, kind, size, rnd):
         record = {"kind": "call_cost", "variant": kind, "size": size, "round": rnd}
         count = 20_000 if self.plan.quick else 50_000
-        res = self._run(record, [(task_call_cost, dict(kind=kind, topic=_topic("cc"), size=size,
-                                                       count=count, rounds=15)), None], 300)
+        res = self._run(
+            record,
+            [(task_call_cost, dict(kind=kind, topic=_topic("cc"), size=size, count=count, rounds=15)), None],
+            300,
+        )
         if res:
-            self.log(f"  call cost {kind:9} {fmt_size(size):>6} round {rnd}: send {res[0]['send_us']:.3f} µs, "
-                     f"receive {res[0]['receive_us']:.3f} µs")
+            self.log(
+                f"  call cost {kind:9} {fmt_size(size):>6} round {rnd}: send {res[0]['send_us']:.3f} µs, "
+                f"receive {res[0]['receive_us']:.3f} µs"
+            )
 
     def run_all(self):
         for rnd in range(1, self.plan.rounds + 1):
             order = (OURS, RAW) if rnd % 2 else (RAW, OURS)
-            for part, measure in (("latency", self.latency), ("credit", self.credit), ("lossy", self.throughput),
-                                  ("calls", self.call_cost)):
+            for part, measure in (
+                ("latency", self.latency),
+                ("credit", self.credit),
+                ("lossy", self.throughput),
+                ("calls", self.call_cost),
+            ):
                 if part in self.plan.only:
                     for size in self.plan.sizes:
                         for kind in order:
@@ -413,29 +455,63 @@ def summarize(results, sizes):
     def add(size, metric, ours, raw, higher_better, target, spread=None):
         ok = ours is not None and raw is not None and ours == ours and raw == raw and ours > 0 and raw > 0
         over = (raw / ours - 1 if higher_better else ours / raw - 1) if ok else float("nan")
-        rows.append({"size": size, "metric": metric, "ours": ours, "raw": raw, "overhead": over, "target": target,
-                     "spread": spread})
+        rows.append(
+            {
+                "size": size,
+                "metric": metric,
+                "ours": ours,
+                "raw": raw,
+                "overhead": over,
+                "target": target,
+                "spread": spread,
+            }
+        )
 
     def spread(values):
         values = [v for v in values if v == v]
         return (min(values), max(values)) if len(values) > 1 else None
 
     for size in sizes:
-        lat = {v: latency_stats([x for r in _pooled(results, "latency", v, size) for x in r["receiver"]["samples"]])
-               for v in (OURS, RAW)}
+        lat = {
+            v: latency_stats([x for r in _pooled(results, "latency", v, size) for x in r["receiver"]["samples"]])
+            for v in (OURS, RAW)
+        }
         for pct in ("p50", "p99"):
             add(size, f"latency {pct} (µs)", lat[OURS].get(pct), lat[RAW].get(pct), False, True)
-        cred = {v: [r["sender"]["delivered"] / r["sender"]["seconds"] for r in _pooled(results, "credit", v, size)]
-                for v in (OURS, RAW)}
-        add(size, "delivered/s, credit window", median(cred[OURS]), median(cred[RAW]), True, True,
-            (spread(cred[OURS]), spread(cred[RAW])))
+        cred = {
+            v: [r["sender"]["delivered"] / r["sender"]["seconds"] for r in _pooled(results, "credit", v, size)]
+            for v in (OURS, RAW)
+        }
+        add(
+            size,
+            "delivered/s, credit window",
+            median(cred[OURS]),
+            median(cred[RAW]),
+            True,
+            True,
+            (spread(cred[OURS]), spread(cred[RAW])),
+        )
         thr = {v: _pooled(results, "throughput", v, size) for v in (OURS, RAW)}
         rate = {v: [r["receiver"]["rate"] for r in thr[v]] for v in (OURS, RAW)}
-        add(size, "received/s, flat out lossy", median(rate[OURS]), median(rate[RAW]), True, False,
-            (spread(rate[OURS]), spread(rate[RAW])))
+        add(
+            size,
+            "received/s, flat out lossy",
+            median(rate[OURS]),
+            median(rate[RAW]),
+            True,
+            False,
+            (spread(rate[OURS]), spread(rate[RAW])),
+        )
         sent = {v: [r["sender"]["sent"] / r["sender"]["send_s"] for r in thr[v]] for v in (OURS, RAW)}
-        add(size, "sent/s, flat out lossy", median(sent[OURS]), median(sent[RAW]), True, False,
-            (spread(sent[OURS]), spread(sent[RAW])))
+        add(
+            size,
+            "sent/s, flat out lossy",
+            median(sent[OURS]),
+            median(sent[RAW]),
+            True,
+            False,
+            (spread(sent[OURS]), spread(sent[RAW])),
+        )
         cost = {v: _pooled(results, "call_cost", v, size) for v in (OURS, RAW)}
         for what in ("send", "receive"):
             c = {v: median([r["sender"][f"{what}_us"] for r in cost[v]]) for v in (OURS, RAW)}
@@ -464,10 +540,20 @@ def render(rows):
         if row.get("spread") and all(row["spread"]):
             (a, b), (c, d) = row["spread"]
             rng = f"{a / 1e3:.0f}-{b / 1e3:.0f}k / {c / 1e3:.0f}-{d / 1e3:.0f}k"
-        table.append([fmt_size(row["size"]), row["metric"], val(row, row["ours"]), val(row, row["raw"]),
-                      "-" if over != over else f"{over * 100:+.1f} %", verdict, rng])
-    return format_table(["size", "metric", OURS, RAW, "overhead", f"< {TARGET:.0%}", "rounds: ours / raw"],
-                                 table, "llrrrll")
+        table.append(
+            [
+                fmt_size(row["size"]),
+                row["metric"],
+                val(row, row["ours"]),
+                val(row, row["raw"]),
+                "-" if over != over else f"{over * 100:+.1f} %",
+                verdict,
+                rng,
+            ]
+        )
+    return format_table(
+        ["size", "metric", OURS, RAW, "overhead", f"< {TARGET:.0%}", "rounds: ours / raw"], table, "llrrrll"
+    )
 
 
 def meta(plan, cpus, pinned):
@@ -481,14 +567,23 @@ def meta(plan, cpus, pinned):
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: latency and throughput.")
-    harness.add_common_flags(ap, quick="short smoke run (well under a minute)",
-                     rounds=(0, "alternating rounds per measurement (default 5, --quick 1)"))
+    ap = argparse.ArgumentParser(
+        description="msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: latency and throughput."
+    )
+    harness.add_common_flags(
+        ap,
+        quick="short smoke run (well under a minute)",
+        rounds=(0, "alternating rounds per measurement (default 5, --quick 1)"),
+    )
     ap.add_argument("--sizes", default="64,4096", help="message sizes, comma separated (default 64,4096)")
     ap.add_argument("--interval-us", type=int, default=500, help="latency: time between two sends (default 500 µs)")
     ap.add_argument("--only", default="", help=f"comma list of: {','.join(PARTS)} (default all)")
-    harness.add_common_flags(ap, json="write the raw results (every latency sample) as JSON",
-                     no_pin="do not pin sender and receiver to different CPUs", quiet=True)
+    harness.add_common_flags(
+        ap,
+        json="write the raw results (every latency sample) as JSON",
+        no_pin="do not pin sender and receiver to different CPUs",
+        quiet=True,
+    )
     args = ap.parse_args(argv)
 
     sizes = harness.parse_sizes(args.sizes)
@@ -503,8 +598,10 @@ def main(argv=None) -> int:
     # ports of this run only
     with harness.scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
         info = meta(plan, cpus, pinned)
-        log(f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
-            f"sender on cpu {pinned[0]}, receiver on cpu {pinned[1]}, load {info['loadavg_start']}")
+        log(
+            f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
+            f"sender on cpu {pinned[0]}, receiver on cpu {pinned[1]}, load {info['loadavg_start']}"
+        )
         runner = harness.run_in_pool(pinned, lambda pool: Runner(pool, plan, log), log)
     if runner is None:
         return 130
@@ -512,17 +609,26 @@ def main(argv=None) -> int:
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
     print()
-    print(harness.run_line("msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:", plan.rounds, elapsed,
-                           info["loadavg_start"]))
-    print(f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over rounds; "
-          f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds.")
-    print("(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
-          "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
-          "methods in one process (send with no subscriber, receive of a waiting message).")
+    print(
+        harness.run_line(
+            "msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:", plan.rounds, elapsed, info["loadavg_start"]
+        )
+    )
+    print(
+        f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over rounds; "
+        f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds."
+    )
+    print(
+        "(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
+        "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
+        "methods in one process (send with no subscriber, receive of a waiting message)."
+    )
     print(render(rows))
     harness.print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
     if args.json:
-        harness.write_json(args.json, {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows})
+        harness.write_json(
+            args.json, {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows}
+        )
     return 1 if runner.errors else 0
 
 

@@ -30,14 +30,27 @@ RECV_TIMEOUT_MS = 5000  # only there so that a lost frame cannot hang a run
 
 # name -> (module, what it is, the package it needs)
 TRANSPORTS = {
-    "visionipc": ("vipc", "visionipc: server.get_buffer() written in place, server.send(buf), client.recv().array", None),
+    "visionipc": (
+        "vipc",
+        "visionipc: server.get_buffer() written in place, server.send(buf), client.recv().array",
+        None,
+    ),
     "pyzmq": ("zmq_bytes", "pyzmq ipc:// XPUB_NODROP sending the frame bytes (copy=False), np.frombuffer", "zmq"),
-    "shm+pipe": ("shm_pipe", "multiprocessing.shared_memory ring + slot index over a Unix socket pipe, no protection",
-                 None),
-    "futex": ("futex", "bare futex wake-up (ctypes syscall, shared mmap): the floor of a sleeping receiver; no frame",
-              None),
-    "iceoryx2": ("iox2", "iceoryx2 publish-subscribe Slice[c_uint8] loaned and written in place + Event wake-up",
-                 "iceoryx2"),
+    "shm+pipe": (
+        "shm_pipe",
+        "multiprocessing.shared_memory ring + slot index over a Unix socket pipe, no protection",
+        None,
+    ),
+    "futex": (
+        "futex",
+        "bare futex wake-up (ctypes syscall, shared mmap): the floor of a sleeping receiver; no frame",
+        None,
+    ),
+    "iceoryx2": (
+        "iox2",
+        "iceoryx2 publish-subscribe Slice[c_uint8] loaned and written in place + Event wake-up",
+        "iceoryx2",
+    ),
 }
 
 

@@ -35,8 +35,15 @@ class _Futex:
         libc = ctypes.CDLL(None, use_errno=True)
         self.syscall = libc.syscall
         self.syscall.restype = ctypes.c_long
-        self.syscall.argtypes = [ctypes.c_long, ctypes.c_void_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p,
-                                 ctypes.c_void_p, ctypes.c_int]
+        self.syscall.argtypes = [
+            ctypes.c_long,
+            ctypes.c_void_p,
+            ctypes.c_int,
+            ctypes.c_uint,
+            ctypes.c_void_p,
+            ctypes.c_void_p,
+            ctypes.c_int,
+        ]
         self.timeout = _Timespec(RECV_TIMEOUT_MS // 1000, 0)
         self.timeout_ptr = ctypes.addressof(self.timeout)
 

@@ -40,9 +40,16 @@ def _services(state, tag, nclients):
     iox2.set_log_level_from_env_or(iox2.LogLevel.Error)
     node = iox2.NodeBuilder.new().config(_config(state)).create(iox2.ServiceType.Ipc)
     name = iox2.ServiceName.new(f"vipcbench/{shm_name(tag)}")
-    pubsub = (node.service_builder(name).publish_subscribe(iox2.Slice[ctypes.c_uint8])
-              .max_publishers(1).max_subscribers(max(2, nclients)).subscriber_max_buffer_size(2).history_size(0)
-              .enable_safe_overflow(True).open_or_create())
+    pubsub = (
+        node.service_builder(name)
+        .publish_subscribe(iox2.Slice[ctypes.c_uint8])
+        .max_publishers(1)
+        .max_subscribers(max(2, nclients))
+        .subscriber_max_buffer_size(2)
+        .history_size(0)
+        .enable_safe_overflow(True)
+        .open_or_create()
+    )
     event = node.service_builder(name).event().max_listeners(max(2, nclients)).open_or_create()
     return iox2, node, pubsub, event
 

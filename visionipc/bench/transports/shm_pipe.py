@@ -13,9 +13,10 @@ MSG = struct.Struct("<qQQ")  # slot, frame id, send time (ns)
 
 class Producer:
     def __init__(self, state, tag, w, h, nbuf, nclients):
-        import numpy as np
         from multiprocessing import shared_memory
         from multiprocessing.connection import Listener
+
+        import numpy as np
 
         size, shape = nv12(w, h)
         self.slot = -(-size // 4096) * 4096
@@ -62,9 +63,10 @@ class Producer:
 
 class Consumer:
     def __init__(self, state, tag, w, h, conflate):
-        import numpy as np
         from multiprocessing import shared_memory
         from multiprocessing.connection import Client
+
+        import numpy as np
 
         self.np = np
         size, self.shape = nv12(w, h)
