@@ -32,6 +32,13 @@ def _entries():
 
 def pytest_sessionstart(session):
     session.config._vipc_entries_before = _entries()
+    # Spark's JVMs unpack native libraries (lz4-java) into java.io.tmpdir and
+    # leave them there: the suite's JVMs use a folder under pytest's basetemp.
+    if not hasattr(session.config, "workerinput"):
+        java_tmp = session.config._tmp_path_factory.getbasetemp() / "java-tmpdir"
+        java_tmp.mkdir(exist_ok=True)
+        option = f"-Djava.io.tmpdir={java_tmp}"
+        os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {option}".strip()
 
 
 def pytest_sessionfinish(session, exitstatus):
