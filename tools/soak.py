@@ -77,6 +77,15 @@ def _emit(record):
     sys.stdout.flush()
 
 
+def _emit_final(record, fds_before, errors=None):
+    """A role's last record, after it closed everything: the descriptors it
+    leaked and (for a receiving role) the first errors and their count."""
+    gc.collect()
+    if errors is not None:
+        record.update(errors=errors[:20], error_count=len(errors))
+    _emit({**record, "leaked_fds": sorted(_fds() - fds_before)})
+
+
 def role_publisher(spec):
     import msgq
 
@@ -102,16 +111,7 @@ def role_publisher(spec):
         time.sleep(rng.uniform(0, pause))
     readers = pub.num_readers  # subscribers have all left by now: dead slots reclaimed, live ones released
     pub.close()
-    gc.collect()
-    _emit(
-        {
-            "sent": seq,
-            "bytes": sent_bytes,
-            "epoch": epoch,
-            "readers_at_end": readers,
-            "leaked_fds": sorted(_fds() - fds_before),
-        }
-    )
+    _emit_final({"sent": seq, "bytes": sent_bytes, "epoch": epoch, "readers_at_end": readers}, fds_before)
     return 0
 
 
@@ -155,19 +155,8 @@ def role_subscriber(spec):
         nbytes += len(msg)
     resets = sub.resets
     sub.close()
-    gc.collect()
-    _emit(
-        {
-            "received": received,
-            "bytes": nbytes,
-            "resets": resets,
-            "skipped": gaps,
-            "epochs": epochs,
-            "errors": errors[:20],
-            "error_count": len(errors),
-            "leaked_fds": sorted(_fds() - fds_before),
-        }
-    )
+    record = {"received": received, "bytes": nbytes, "resets": resets, "skipped": gaps, "epochs": epochs}
+    _emit_final(record, fds_before, errors)
     return 0
 
 
@@ -251,17 +240,7 @@ def role_client(spec):
         last_frame = frame.frame_id
         frames += 1
     client.close()
-    gc.collect()
-    _emit(
-        {
-            "frames": frames,
-            "invalid": invalid,
-            "server_ids": server_ids,
-            "errors": errors[:20],
-            "error_count": len(errors),
-            "leaked_fds": sorted(_fds() - fds_before),
-        }
-    )
+    _emit_final({"frames": frames, "invalid": invalid, "server_ids": server_ids}, fds_before, errors)
     return 0
 
 

@@ -15,7 +15,6 @@ using common::fail;
 
 namespace {
 
-constexpr size_t kNameCapacity = 256;
 // How long a wait polls (yielding) before it sleeps on the futex: a steady
 // stream of messages then costs no sleep / wake-up per message.
 constexpr int64_t kPollNs = 100'000;
@@ -25,20 +24,14 @@ void check_sizes(const QueueSpec& s) {
     fail(ErrorKind::kInvalidArgument, "a broadcast queue has 1 to " + std::to_string(kMaxReaders) +
                                           " local readers, not " + std::to_string(s.n_readers));
   }
-  if (s.n_chunks < 1 || s.n_chunks > kMaxChunks) {
-    fail(ErrorKind::kInvalidArgument,
-         "max_chunks must be 1 to " + std::to_string(kMaxChunks) + ", not " + std::to_string(s.n_chunks));
-  }
-  if (s.chunk_bytes < kMinChunkBytes || s.chunk_bytes > kMaxChunkBytes) {
-    fail(ErrorKind::kInvalidArgument, "chunk_bytes must be " + std::to_string(kMinChunkBytes) + " to " +
-                                          std::to_string(kMaxChunkBytes) + ", not " + std::to_string(s.chunk_bytes));
-  }
+  common::check_range<uint64_t>("max_chunks", s.n_chunks, 1, kMaxChunks);
+  common::check_range<uint64_t>("chunk_bytes", s.chunk_bytes, kMinChunkBytes, kMaxChunkBytes);
 }
 
 }  // namespace
 
 std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
-  common::check_basename(spec.basename, kNameCapacity);
+  common::check_basename(spec.basename);
   check_sizes(spec);
   std::shared_ptr<QueueFile> q(new QueueFile());
   q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
@@ -67,7 +60,7 @@ std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
 }
 
 std::shared_ptr<QueueFile> QueueFile::open(const QueueSpec& spec) {
-  common::check_basename(spec.basename, kNameCapacity);
+  common::check_basename(spec.basename);
   std::shared_ptr<QueueFile> q(new QueueFile());
   q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   const size_t size = q->file_.size_at_open();

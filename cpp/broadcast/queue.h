@@ -20,10 +20,7 @@
 
 namespace vipc::broadcast {
 
-struct QueueSpec {
-  std::string dir = "/dev/shm";
-  std::string basename;
-  mode_t mode = 0600;
+struct QueueSpec : common::ShmFileSpec {
   // Creation only (the writer); readers take them from the header.
   uint32_t n_readers = 0;
   uint32_t n_chunks = 0;

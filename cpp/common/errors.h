@@ -41,4 +41,13 @@ class Error : public std::runtime_error {
   throw Error(kind, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");
 }
 
+// kInvalidArgument "<what> must be <lo> to <hi><unit>, not <value>" unless lo <= value <= hi.
+template <typename T>
+void check_range(const char* what, T value, T lo, T hi, const char* unit = "") {
+  if (value < lo || value > hi) {
+    fail(ErrorKind::kInvalidArgument, std::string(what) + " must be " + std::to_string(lo) + " to " +
+                                          std::to_string(hi) + unit + ", not " + std::to_string(value));
+  }
+}
+
 }  // namespace vipc::common

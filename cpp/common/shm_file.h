@@ -26,8 +26,20 @@ namespace vipc::common {
 inline constexpr off_t kLockInit = 0;
 inline constexpr off_t kLockPresence = 1;
 
-// Throws kInvalidArgument unless `basename` is a plain file name we may create.
-void check_basename(const std::string& basename, size_t capacity);
+// Longest file basename of a shared-memory file, NUL included.
+inline constexpr size_t kBasenameCapacity = 256;
+
+// Throws kInvalidArgument unless `basename` is a plain file name we may create
+// (shorter than `capacity`).
+void check_basename(const std::string& basename, size_t capacity = kBasenameCapacity);
+
+// Where a shared-memory file lives and the mode it is created with; the specs
+// of the broadcast queue and of ordered topics extend it with their sizes.
+struct ShmFileSpec {
+  std::string dir = "/dev/shm";
+  std::string basename;
+  mode_t mode = 0600;
+};
 
 class ShmFile {
  public:

@@ -17,7 +17,6 @@ using common::fail;
 
 namespace {
 
-constexpr size_t kNameCapacity = 256;
 // A sleep is cut into slices: the futex compares only the low 32 bits of the
 // availability word, so a change confined to its high bits (last moving by a
 // multiple of 65536 between our check and our sleep) is caught within one slice.
@@ -33,14 +32,10 @@ uint32_t id_bit(uint64_t id) { return uint32_t{1} << (id % 32); }
 // ------------------------------------------------------------------ topic
 
 std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
-  common::check_basename(spec.basename, kNameCapacity);
-  if (spec.capacity != 0 && (spec.capacity < kMinCapacity || spec.capacity > kMaxCapacity)) {
-    fail(ErrorKind::kInvalidArgument, "capacity must be " + std::to_string(kMinCapacity) + " to " +
-                                          std::to_string(kMaxCapacity) + " slots, not " + std::to_string(spec.capacity));
-  }
-  if (spec.capacity != 0 && (spec.slot_bytes < 1 || spec.slot_bytes > kMaxSlotBytes)) {
-    fail(ErrorKind::kInvalidArgument, "slot_bytes must be 1 to " + std::to_string(kMaxSlotBytes) + ", not " +
-                                          std::to_string(spec.slot_bytes));
+  common::check_basename(spec.basename);
+  if (spec.capacity != 0) {  // 0: take the existing topic's sizes
+    common::check_range<uint64_t>("capacity", spec.capacity, kMinCapacity, kMaxCapacity, " slots");
+    common::check_range<uint64_t>("slot_bytes", spec.slot_bytes, 1, kMaxSlotBytes);
   }
   std::shared_ptr<Topic> t(new Topic());
   t->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);

@@ -22,10 +22,7 @@
 
 namespace vipc::ordered {
 
-struct TopicSpec {
-  std::string dir = "/dev/shm";
-  std::string basename;
-  mode_t mode = 0600;
+struct TopicSpec : common::ShmFileSpec {
   // 0: take the existing topic's; required to create one. A non-zero value
   // that differs from an existing topic's is an error.
   uint32_t capacity = 0;

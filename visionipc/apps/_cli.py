@@ -49,3 +49,14 @@ def run_command(prog: str, parser, run, argv=None) -> int:
         return run(args)
     except UsageError as e:
         return error(prog, str(e))
+
+
+def add_wait_clients(parser) -> None:
+    """``--wait-clients N`` of the commands that publish frames (vipc-camera, vipc-replay)."""
+    parser.add_argument(
+        "--wait-clients",
+        type=int,
+        default=0,
+        metavar="N",
+        help="before the first frame, wait until every stream has N clients",
+    )

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from visionipc.apps._cli import Stopper, UsageError, run_command
+from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, run_command
 from visionipc.apps.camera.config import DEFAULT_FPS, build_streams, load_toml
 from visionipc.apps.camera.sources import open_source
 
@@ -78,13 +78,7 @@ def build_parser():
         default=DEFAULT_BUFFERS,
         help=f"buffers per stream (default {DEFAULT_BUFFERS}; more when --delay-frames needs them)",
     )
-    p.add_argument(
-        "--wait-clients",
-        type=int,
-        default=0,
-        metavar="N",
-        help="before the first frame, wait until every stream has N clients",
-    )
+    add_wait_clients(p)
     p.add_argument("--drop-frames", default="", metavar="ID,ID,...", help="frame ids never published")
     p.add_argument(
         "--delay-frames",

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 
-from visionipc.apps._cli import Stopper, UsageError, need, run_command
+from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, need, run_command
 from visionipc.apps.record import index
 from visionipc.apps.record.reader import iter_segment_frames
 from visionipc.apps.record.storage import Storage
@@ -44,13 +44,7 @@ def build_parser():
     p.add_argument("--loop", action="store_true", help="start over at the end, until stopped")
     p.add_argument("--stream", action="append", help="replay only these streams (repeatable; default: all)")
     p.add_argument("--no-topics", action="store_true", help="do not publish the recorded msgq topics")
-    p.add_argument(
-        "--wait-clients",
-        type=int,
-        default=0,
-        metavar="N",
-        help="before the first frame, wait until every stream has N clients",
-    )
+    add_wait_clients(p)
     p.add_argument("--original-timestamps", action="store_true", help="publish timestamps exactly as recorded")
     p.add_argument("--buffers", type=int, default=8, help="buffers per stream (default 8)")
     p.add_argument("-q", "--quiet", action="store_true", help="no summary")
