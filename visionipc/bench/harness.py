@@ -157,9 +157,13 @@ def git_rev():
         return None
 
 
-def run_line(what, rounds, elapsed, loadavg_start):
-    """The line that heads a report: what ran, how long, the load before and now."""
-    return f"{what} {rounds} round(s), {elapsed:.0f} s; load {loadavg_start} -> {read_loadavg()}"
+def print_report_head(what, rounds, elapsed, loadavg_start, *notes):
+    """The lines that head a report, after a blank one: what ran, how long, the load
+    before and now; then ``notes``, what the numbers are, one line each."""
+    print()
+    print(f"{what} {rounds} round(s), {elapsed:.0f} s; load {loadavg_start} -> {read_loadavg()}")
+    for note in notes:
+        print(note)
 
 
 def print_failures(errors, describe):

@@ -28,33 +28,20 @@ def write_png(summary, path, title=""):
     paced, flat = summary["paced"], summary["flat"]
     fig, axes = plt.subplots(2, 2, figsize=(14, 10))
     one = min([r["clients"] for r in paced + flat] or [1])
-    ax = axes[0][0]
-    for kind, c in COLORS.items():
-        xs, ys = _series(paced, "p50_us", "bytes", transport=kind, clients=one)
-        if xs:
-            ax.plot(xs, ys, "o-", color=c, label=f"{kind} p50")
-            ax.plot(*_series(paced, "p99_us", "bytes", transport=kind, clients=one), "x:", color=c, alpha=0.6)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="NV12 frame bytes",
-        ylabel="µs",
-        title=f"paced: send -> numpy view, {one} client (o p50, x p99)",
-    )
-    ax.legend(fontsize=8)
-    ax = axes[0][1]
-    for kind, c in COLORS.items():
-        xs, ys = _series(flat, "fps", "bytes", transport=kind, clients=one)
-        if xs:
-            ax.plot(xs, ys, "o-", color=c, label=kind)
-    ax.set(
-        xscale="log",
-        yscale="log",
-        xlabel="NV12 frame bytes",
-        ylabel="intact frames/s at the client",
-        title=f"flat out, {one} client",
-    )
-    ax.legend(fontsize=8)
+
+    def by_size(ax, rows, key, ylabel, heading, p99_key=None):
+        """``key`` against the frame size, a line per transport; with ``p99_key``, its p99 dotted beside it."""
+        for kind, c in COLORS.items():
+            xs, ys = _series(rows, key, "bytes", transport=kind, clients=one)
+            if xs:
+                ax.plot(xs, ys, "o-", color=c, label=f"{kind} p50" if p99_key else kind)
+                if p99_key:
+                    ax.plot(*_series(rows, p99_key, "bytes", transport=kind, clients=one), "x:", color=c, alpha=0.6)
+        ax.set(xscale="log", yscale="log", xlabel="NV12 frame bytes", ylabel=ylabel, title=heading)
+        ax.legend(fontsize=8)
+
+    by_size(axes[0][0], paced, "p50_us", "µs", f"paced: send -> numpy view, {one} client (o p50, x p99)", "p99_us")
+    by_size(axes[0][1], flat, "fps", "intact frames/s at the client", f"flat out, {one} client")
     focus = _focus_size(paced + flat)
     for ax, rows, label in ((axes[1][0], None, "server CPU per frame"), (axes[1][1], paced, "paced p50 latency")):
         if focus is None:

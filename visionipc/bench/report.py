@@ -13,50 +13,54 @@ def _group(results, mode):
     return groups
 
 
+def _row(cell, rs, **measured):
+    """A summary row for one cell's rounds ``rs``: its frame, clients and transport, then ``measured``,
+    then the CPU per frame (medians of the rounds) and the clients that timed out."""
+    w, h, n, kind = cell
+    return {
+        "transport": kind,
+        "frame": rs[0]["frame"],
+        "width": w,
+        "height": h,
+        "bytes": rs[0]["bytes"],
+        "clients": n,
+        **measured,
+        "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
+        "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
+        "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
+    }
+
+
 def summarize(results):
     """Rows pooled over rounds: latency percentiles pooled over every sample,
     rates and CPU per frame as medians of the rounds."""
     out = {"paced": [], "flat": []}
-    for (w, h, n, kind), rs in _group(results, "paced").items():
+    for cell, rs in _group(results, "paced").items():
         st = latency_stats([s for r in rs for s in r["samples_ns"]])
         out["paced"].append(
-            {
-                "transport": kind,
-                "frame": rs[0]["frame"],
-                "width": w,
-                "height": h,
-                "bytes": rs[0]["bytes"],
-                "clients": n,
-                "n": st["n"],
-                "p50_us": st.get("p50"),
-                "p90_us": st.get("p90"),
-                "p99_us": st.get("p99"),
-                "recv_p50_us": latency_stats([s for r in rs for s in r["recv_samples_ns"]]).get("p50"),
-                "send_call_p50_us": latency_stats([s for r in rs for s in r["send_call_ns"]]).get("p50"),
-                "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
-                "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
-                "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
-            }
+            _row(
+                cell,
+                rs,
+                n=st["n"],
+                p50_us=st.get("p50"),
+                p90_us=st.get("p90"),
+                p99_us=st.get("p99"),
+                recv_p50_us=latency_stats([s for r in rs for s in r["recv_samples_ns"]]).get("p50"),
+                send_call_p50_us=latency_stats([s for r in rs for s in r["send_call_ns"]]).get("p50"),
+            )
         )
-    for (w, h, n, kind), rs in _group(results, "flat").items():
+    for cell, rs in _group(results, "flat").items():
         received = sum(sum(r["received"]) for r in rs)
         intact = sum(sum(r["intact"]) for r in rs)
         out["flat"].append(
-            {
-                "transport": kind,
-                "frame": rs[0]["frame"],
-                "width": w,
-                "height": h,
-                "bytes": rs[0]["bytes"],
-                "clients": n,
-                "fps": median([median(r["client_rates"]) for r in rs]),
-                "fps_min_client": min(x for r in rs for x in r["client_rates"]),
-                "send_rate": median([r["send_rate"] for r in rs]),
-                "intact_pct": 100.0 * intact / received if received else None,
-                "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
-                "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
-                "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
-            }
+            _row(
+                cell,
+                rs,
+                fps=median([median(r["client_rates"]) for r in rs]),
+                fps_min_client=min(x for r in rs for x in r["client_rates"]),
+                send_rate=median([r["send_rate"] for r in rs]),
+                intact_pct=100.0 * intact / received if received else None,
+            )
         )
     for mode, key, better in (("paced", "p50_us", "lower"), ("flat", "fps", "higher")):
         index = {(r["width"], r["height"], r["clients"], r["transport"]): r for r in out[mode]}
@@ -173,89 +177,58 @@ def targets(out):
     return t
 
 
+# the columns of the paced and the flat-out tables after frame, clients and transport: (header, cell(row))
+PACED_COLUMNS = [
+    ("recv() p50", lambda r: fmt(r["recv_p50_us"])),
+    ("view p50", lambda r: fmt(r["p50_us"])),
+    ("p90", lambda r: fmt(r["p90_us"])),
+    ("p99", lambda r: fmt(r["p99_us"])),
+    ("server CPU", lambda r: fmt(r["server_cpu_us"])),
+    ("client CPU", lambda r: fmt(r["client_cpu_us"])),
+    ("view p50 / visionipc's", lambda r: fmt(r["vipc_advantage"], "{:.2f}x")),
+    ("samples", lambda r: r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)"),
+]
+FLAT_COLUMNS = [
+    ("frames/s", lambda r: fmt_rate(r["fps"])),
+    ("slowest client", lambda r: fmt_rate(r["fps_min_client"])),
+    ("sent/s", lambda r: fmt_rate(r["send_rate"])),
+    ("intact", lambda r: fmt(r["intact_pct"], "{:.1f}%")),
+    ("server CPU", lambda r: fmt(r["server_cpu_us"])),
+    ("client CPU", lambda r: fmt(r["client_cpu_us"])),
+    ("visionipc / this", lambda r: fmt(r["vipc_advantage"], "{:.1f}x")),
+]
+
+# the two tables: the summary's rows, the heading, the columns and the notes below the table
+TABLES = (
+    (
+        "paced",
+        "Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "
+        "µs; CPU per frame, µs",
+        PACED_COLUMNS,
+        ["  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view"],
+    ),
+    (
+        "flat",
+        "Flat out (producer as fast as it can): intact frames/s each client gets (median of clients), "
+        "CPU per frame, µs",
+        FLAT_COLUMNS,
+        [],
+    ),
+)
+
+
+def _frame_table(rows, columns):
+    """A line per row: its frame, clients and transport, then the (right-aligned) ``columns``."""
+    headers = ["frame", "clients", "transport"] + [header for header, _ in columns]
+    cells = [[r["frame"], r["clients"], r["transport"]] + [cell(r) for _, cell in columns] for r in rows]
+    return format_table(headers, cells, "lrl" + "r" * len(columns))
+
+
 def render(summary, skipped=()):
     lines = []
-    if summary["paced"]:
-        lines.append(
-            "Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "
-            "µs; CPU per frame, µs"
-        )
-        rows = [
-            [
-                r["frame"],
-                r["clients"],
-                r["transport"],
-                fmt(r["recv_p50_us"]),
-                fmt(r["p50_us"]),
-                fmt(r["p90_us"]),
-                fmt(r["p99_us"]),
-                fmt(r["server_cpu_us"]),
-                fmt(r["client_cpu_us"]),
-                fmt(r["vipc_advantage"], "{:.2f}x"),
-                r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)",
-            ]
-            for r in summary["paced"]
-        ]
-        lines.append(
-            format_table(
-                [
-                    "frame",
-                    "clients",
-                    "transport",
-                    "recv() p50",
-                    "view p50",
-                    "p90",
-                    "p99",
-                    "server CPU",
-                    "client CPU",
-                    "view p50 / visionipc's",
-                    "samples",
-                ],
-                rows,
-                "lrlrrrrrrrr",
-            )
-        )
-        lines.append("  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view")
-        lines.append("")
-    if summary["flat"]:
-        lines.append(
-            "Flat out (producer as fast as it can): intact frames/s each client gets (median of clients), "
-            "CPU per frame, µs"
-        )
-        rows = [
-            [
-                r["frame"],
-                r["clients"],
-                r["transport"],
-                fmt_rate(r["fps"]),
-                fmt_rate(r["fps_min_client"]),
-                fmt_rate(r["send_rate"]),
-                fmt(r["intact_pct"], "{:.1f}%"),
-                fmt(r["server_cpu_us"]),
-                fmt(r["client_cpu_us"]),
-                fmt(r["vipc_advantage"], "{:.1f}x"),
-            ]
-            for r in summary["flat"]
-        ]
-        lines.append(
-            format_table(
-                [
-                    "frame",
-                    "clients",
-                    "transport",
-                    "frames/s",
-                    "slowest client",
-                    "sent/s",
-                    "intact",
-                    "server CPU",
-                    "client CPU",
-                    "visionipc / this",
-                ],
-                rows,
-                "lrlrrrrrrr",
-            )
-        )
-        lines.append("")
+    for mode, heading, columns, notes in TABLES:
+        if summary[mode]:
+            lines += [heading, _frame_table(summary[mode], columns), *notes, ""]
     for name, why in skipped:
         lines.append(f"{name}: skipped ({why})")
     if skipped:

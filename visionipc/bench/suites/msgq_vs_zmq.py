@@ -45,8 +45,8 @@ from visionipc.bench.harness import (
     parse_sizes,
     placement,
     print_failures,
+    print_report_head,
     run_in_pool,
-    run_line,
     run_meta,
     scoped_env,
     write_json,
@@ -503,25 +503,12 @@ class Runner:
             "segment_size": seg,
         }
         timeout = 60 + (warmup + count) * (interval * 3e-6 + 0.001)
+        both = dict(transport=spec, topic=topic, size=size, segment_size=seg, warmup=warmup)
         res = self._run(
             rec,
             [
-                (
-                    task_latency_pub,
-                    dict(
-                        transport=spec,
-                        topic=topic,
-                        size=size,
-                        segment_size=seg,
-                        count=count,
-                        warmup=warmup,
-                        interval_us=interval,
-                    ),
-                ),
-                (
-                    task_latency_sub,
-                    dict(transport=spec, topic=topic, size=size, segment_size=seg, busy=busy, warmup=warmup),
-                ),
+                (task_latency_pub, {**both, "count": count, "interval_us": interval}),
+                (task_latency_sub, {**both, "busy": busy}),
             ],
             timeout,
         )
@@ -614,35 +601,13 @@ class Runner:
             "batch_receive": batch_receive,
             "calibration": calibration,
         }
+        # what both ends are told; the receiver also how to receive
+        both = dict(
+            transport=spec, topic=topic, size=size, segment_size=seg, count=count, credit_window=window, lossy=lossy
+        )
         res = self._run(
             rec,
-            [
-                (
-                    task_thr_send,
-                    dict(
-                        transport=spec,
-                        topic=topic,
-                        size=size,
-                        segment_size=seg,
-                        count=count,
-                        credit_window=window,
-                        lossy=lossy,
-                    ),
-                ),
-                (
-                    task_thr_recv,
-                    dict(
-                        transport=spec,
-                        topic=topic,
-                        size=size,
-                        segment_size=seg,
-                        count=count,
-                        credit_window=window,
-                        lossy=lossy,
-                        batch_receive=batch_receive,
-                    ),
-                ),
-            ],
+            [(task_thr_send, both), (task_thr_recv, {**both, "batch_receive": batch_receive})],
             120 + count * size * 2e-9 + count * 5e-6,
         )
         if res is None:
@@ -1082,15 +1047,13 @@ def main(argv=None) -> int:
 
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
-    print()
-    print(
-        run_line(
-            "msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run;", plan.rounds, elapsed, info["loadavg_start"]
-        )
-    )
-    print(
+    print_report_head(
+        "msgq vs pyzmq ipc:// (XPUB_NODROP for lossless), same run;",
+        plan.rounds,
+        elapsed,
+        info["loadavg_start"],
         "latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
-        "received msg/s at the subscriber"
+        "received msg/s at the subscriber",
     )
     print(render(rows))
     lr = lossy_rows(runner.results, sizes)

@@ -471,6 +471,11 @@ def summarize(results, sizes):
         values = [v for v in values if v == v]
         return (min(values), max(values)) if len(values) > 1 else None
 
+    def add_rounds(size, metric, per_round, higher_better, target):
+        """A row from one value per round for each variant: the medians, and the min-max of the rounds."""
+        ours, raw = per_round[OURS], per_round[RAW]
+        add(size, metric, median(ours), median(raw), higher_better, target, (spread(ours), spread(raw)))
+
     for size in sizes:
         lat = {
             v: latency_stats([x for r in _pooled(results, "latency", v, size) for x in r["receiver"]["samples"]])
@@ -482,36 +487,12 @@ def summarize(results, sizes):
             v: [r["sender"]["delivered"] / r["sender"]["seconds"] for r in _pooled(results, "credit", v, size)]
             for v in (OURS, RAW)
         }
-        add(
-            size,
-            "delivered/s, credit window",
-            median(cred[OURS]),
-            median(cred[RAW]),
-            True,
-            True,
-            (spread(cred[OURS]), spread(cred[RAW])),
-        )
+        add_rounds(size, "delivered/s, credit window", cred, True, True)
         thr = {v: _pooled(results, "throughput", v, size) for v in (OURS, RAW)}
         rate = {v: [r["receiver"]["rate"] for r in thr[v]] for v in (OURS, RAW)}
-        add(
-            size,
-            "received/s, flat out lossy",
-            median(rate[OURS]),
-            median(rate[RAW]),
-            True,
-            False,
-            (spread(rate[OURS]), spread(rate[RAW])),
-        )
+        add_rounds(size, "received/s, flat out lossy", rate, True, False)
         sent = {v: [r["sender"]["sent"] / r["sender"]["send_s"] for r in thr[v]] for v in (OURS, RAW)}
-        add(
-            size,
-            "sent/s, flat out lossy",
-            median(sent[OURS]),
-            median(sent[RAW]),
-            True,
-            False,
-            (spread(sent[OURS]), spread(sent[RAW])),
-        )
+        add_rounds(size, "sent/s, flat out lossy", sent, True, False)
         cost = {v: _pooled(results, "call_cost", v, size) for v in (OURS, RAW)}
         for what in ("send", "receive"):
             c = {v: median([r["sender"][f"{what}_us"] for r in cost[v]]) for v in (OURS, RAW)}
@@ -608,20 +589,16 @@ def main(argv=None) -> int:
 
     elapsed = time.monotonic() - started
     rows = summarize(runner.results, sizes)
-    print()
-    print(
-        harness.run_line(
-            "msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:", plan.rounds, elapsed, info["loadavg_start"]
-        )
-    )
-    print(
+    harness.print_report_head(
+        "msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:",
+        plan.rounds,
+        elapsed,
+        info["loadavg_start"],
         f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over rounds; "
-        f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds."
-    )
-    print(
+        f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds.",
         "(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
         "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
-        "methods in one process (send with no subscriber, receive of a waiting message)."
+        "methods in one process (send with no subscriber, receive of a waiting message).",
     )
     print(render(rows))
     harness.print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
