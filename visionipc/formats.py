@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import NamedTuple
 
+from msgq._shared import check_int
 from msgq.errors import InvalidArgumentError
 from visionipc import _visionipc
 
@@ -93,15 +94,8 @@ def normalize_format(fmt) -> str:
 
 
 def check_count(what: str, value) -> int:
-    """A positive int, else InvalidArgumentError (bool and floats are refused too)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
-    value = value.__index__()
-    if value <= 0:
-        raise InvalidArgumentError(f"{what} must be positive, got {value}")
-    if value >= 1 << 32:
-        raise InvalidArgumentError(f"{what} {value} is too large")
-    return value
+    """A positive int that fits 32 bits, else InvalidArgumentError (bool and floats are refused too)."""
+    return check_int(what, value, 1, (1 << 32) - 1)
 
 
 def layout(fmt: str, width: int, height: int) -> Geometry:

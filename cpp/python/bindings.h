@@ -16,7 +16,7 @@
 #include "common/errors.h"
 #include "common/wait_status.h"
 
-namespace pyipc {
+namespace vipc::python {
 
 namespace py = pybind11;
 
@@ -143,4 +143,4 @@ void bind_mapped_bytes(py::module_& m, const char* name) {
       .def("__len__", [](const MappedBytes<Owner>& b) { return b.size; });
 }
 
-}  // namespace pyipc
+}  // namespace vipc::python

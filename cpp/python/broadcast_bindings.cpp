@@ -123,7 +123,7 @@ py::object copy_out(const vipc::broadcast::Part& part, bool as_bytes) {
   PyObject* o = as_bytes ? PyBytes_FromStringAndSize(nullptr, n) : PyByteArray_FromStringAndSize(nullptr, n);
   if (o == nullptr) throw py::error_already_set();
   char* dst = as_bytes ? PyBytes_AS_STRING(o) : PyByteArray_AS_STRING(o);
-  if (n != 0) pyipc::copy_maybe_without_gil(part.size, [&] { std::memcpy(dst, part.data, part.size); });
+  if (n != 0) vipc::python::copy_maybe_without_gil(part.size, [&] { std::memcpy(dst, part.data, part.size); });
   return py::reinterpret_steal<py::object>(o);
 }
 
@@ -131,7 +131,7 @@ py::object copy_out(const vipc::broadcast::Part& part, bool as_bytes) {
 void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadcast::Part* parts, size_t n) {
   size_t total = 0;
   for (size_t i = 0; i < n; i++) total += parts[i].size;
-  pyipc::copy_maybe_without_gil(total, [&] { w.write(flags, parts, n); });
+  vipc::python::copy_maybe_without_gil(total, [&] { w.write(flags, parts, n); });
 }
 
 py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
@@ -174,7 +174,7 @@ py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::Chunk
 
 }  // namespace
 
-namespace pyipc {
+namespace vipc::python {
 
 void bind_broadcast(py::module_& m) {
   m.attr("FLAG_RAW") = vipc::broadcast::kFlagRaw;
@@ -216,8 +216,8 @@ void bind_broadcast(py::module_& m) {
           [](vipc::broadcast::Writer& w, uint32_t flags, const py::sequence& parts, std::optional<double> timeout_s) {
             Parts p(parts);
             if (!w.fits(p.parts().data(), p.parts().size())) return "too_large";
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
-            const vipc::common::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(deadline); });
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
+            const vipc::common::WaitStatus st = vipc::python::blocking([&] { return w.wait_writable(deadline); });
             if (st != vipc::common::WaitStatus::kReady) return vipc::common::wait_status_name(st);
             write_parts(w, flags, p.parts().data(), p.parts().size());
             return "ready";
@@ -227,7 +227,7 @@ void bind_broadcast(py::module_& m) {
       .def(
           "put",
           [](vipc::broadcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout, double cap_s) -> py::object {
-            const int64_t deadline = pyipc::deadline_from(pyipc::timeout_from_py(timeout));  // checked before pickling
+            const int64_t deadline = vipc::python::deadline_from(vipc::python::timeout_from_py(timeout));  // checked before pickling
             py::list parts;
             if (raw) {
               parts.append(obj);
@@ -256,8 +256,8 @@ void bind_broadcast(py::module_& m) {
               // Up to cap_s (the caller's warning interval), then the caller's
               // slow path warns and waits on until the deadline.
               const int64_t started = vipc::common::monotonic_ns();
-              const int64_t until = std::min(deadline, pyipc::deadline_from(cap_s));
-              const vipc::common::WaitStatus st = pyipc::blocking([&] { return w.wait_writable(until); });
+              const int64_t until = std::min(deadline, vipc::python::deadline_from(cap_s));
+              const vipc::common::WaitStatus st = vipc::python::blocking([&] { return w.wait_writable(until); });
               if (st != vipc::common::WaitStatus::kReady) return slow_path(vipc::common::wait_status_name(st), started);
             }
             write_parts(w, raw ? vipc::broadcast::kFlagRaw : 0, data, n);
@@ -312,8 +312,8 @@ void bind_broadcast(py::module_& m) {
       .def(
           "wait",
           [](vipc::broadcast::Reader& r, std::optional<double> timeout_s) {
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
-            return vipc::common::wait_status_name(pyipc::blocking([&] { return r.wait_readable(deadline); }));
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
+            return vipc::common::wait_status_name(vipc::python::blocking([&] { return r.wait_readable(deadline); }));
           },
           py::arg("timeout_s"))
       .def("peek_flags",
@@ -326,11 +326,11 @@ void bind_broadcast(py::module_& m) {
           "take",
           [](vipc::broadcast::Reader& r, const py::handle& timeout) -> py::object {
             thread_local vipc::broadcast::ChunkView v;  // keeps its capacity: no allocation per message
-            const std::optional<double> timeout_s = pyipc::timeout_from_py(timeout);  // checked even when a message waits
+            const std::optional<double> timeout_s = vipc::python::timeout_from_py(timeout);  // checked even when a message waits
             if (r.peek(v)) return take_message(r, v);
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
             for (;;) {
-              const vipc::common::WaitStatus st = pyipc::blocking([&] { return r.wait_readable(deadline); });
+              const vipc::common::WaitStatus st = vipc::python::blocking([&] { return r.wait_readable(deadline); });
               if (st != vipc::common::WaitStatus::kReady) return status_sentinel(st);
               if (r.peek(v)) return take_message(r, v);
             }
@@ -359,4 +359,4 @@ void bind_broadcast(py::module_& m) {
       .def("_forget_after_fork", &vipc::broadcast::Reader::forget_after_fork);
 }
 
-}  // namespace pyipc
+}  // namespace vipc::python

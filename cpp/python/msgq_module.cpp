@@ -86,7 +86,7 @@ class Payload {
 };
 
 // Writable view of a loaned ring area.
-using LoanBuffer = pyipc::MappedBytes<vipc::msgq::Segment>;
+using LoanBuffer = vipc::python::MappedBytes<vipc::msgq::Segment>;
 
 struct PySubscriber {
   std::shared_ptr<Subscriber> sub;
@@ -94,7 +94,7 @@ struct PySubscriber {
 
   // Wait with the GIL released, in slices broken only by signals.
   bool wait_until(int64_t deadline) {
-    const vipc::common::WaitStatus st = pyipc::blocking([&] { return sub->wait(deadline); });
+    const vipc::common::WaitStatus st = vipc::python::blocking([&] { return sub->wait(deadline); });
     if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "subscriber was closed while waiting");
     return st == vipc::common::WaitStatus::kReady;
   }
@@ -112,7 +112,7 @@ struct PySubscriber {
     BytesSink sink;
     if (sub->try_read(sink)) return sink.take();
     if (non_blocking || timeout_ms == 0) return py::none();
-    return receive_until(pyipc::deadline_from_ms(timeout_ms));
+    return receive_until(vipc::python::deadline_from_ms(timeout_ms));
   }
 
   // Up to max_messages, but stops once kBatchBytes have been received: holding
@@ -131,7 +131,7 @@ struct PySubscriber {
     };
     more();
     if (out.size() == 0 && timeout != 0) {
-      py::object first = receive_until(pyipc::deadline_from_ms(timeout));
+      py::object first = receive_until(vipc::python::deadline_from_ms(timeout));
       if (first.is_none()) return out;
       bytes += static_cast<size_t>(PyBytes_GET_SIZE(first.ptr()));
       out.append(first);
@@ -145,7 +145,7 @@ struct PySubscriber {
 
 PYBIND11_MODULE(_msgq, m) {
   m.doc() = "Native MSGQ ring (private: use the msgq package)";
-  pyipc::register_error_translator();
+  vipc::python::register_error_translator();
 
   m.attr("MAX_READERS") = vipc::msgq::kMaxReaders;
   m.attr("DEFAULT_SEGMENT_SIZE") = vipc::msgq::kDefaultDataSize;
@@ -155,7 +155,7 @@ PYBIND11_MODULE(_msgq, m) {
   m.attr("LAYOUT_VERSION") = vipc::msgq::kLayoutVersion;
   m.def("max_message_size", [](size_t segment_size) { return vipc::msgq::max_message_size(segment_size); });
 
-  pyipc::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
+  vipc::python::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
 
   py::class_<Publisher, std::shared_ptr<Publisher>>(m, "Publisher")
       .def(py::init([](const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
@@ -167,7 +167,7 @@ PYBIND11_MODULE(_msgq, m) {
       .def("send",
            [](Publisher& p, py::handle data) {
              Payload payload(data);
-             pyipc::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
+             vipc::python::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
            })
       .def("loan",
            [](Publisher& p, size_t n) {
@@ -221,8 +221,8 @@ PYBIND11_MODULE(_msgq, m) {
       .def("poll",
            [](vipc::msgq::Poller& p, int timeout_ms) {
              std::vector<size_t> ready;
-             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
-             pyipc::blocking([&] {
+             const int64_t deadline = vipc::python::deadline_from_ms(timeout_ms);
+             vipc::python::blocking([&] {
                const int64_t left = deadline == vipc::common::kNever ? -1 : std::max<int64_t>(0, deadline - vipc::common::monotonic_ns());
                return p.poll(left, ready);
              });

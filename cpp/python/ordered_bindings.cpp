@@ -19,7 +19,7 @@ namespace py = pybind11;
 namespace {
 
 // A view into a mapped slot.
-using SlotBuffer = pyipc::MappedBytes<vipc::ordered::Topic>;
+using SlotBuffer = vipc::python::MappedBytes<vipc::ordered::Topic>;
 
 vipc::ordered::TopicSpec topic_spec(const std::string& dir, const std::string& basename, uint32_t capacity,
                               uint64_t slot_bytes, unsigned mode) {
@@ -39,11 +39,11 @@ py::tuple availability_tuple(const vipc::ordered::Topic& t) {
 
 }  // namespace
 
-namespace pyipc {
+namespace vipc::python {
 
 void bind_ordered(py::module_& m) {
   m.attr("WINDOW") = vipc::ordered::kWindow;
-  pyipc::bind_mapped_bytes<vipc::ordered::Topic>(m, "SlotBuffer");
+  vipc::python::bind_mapped_bytes<vipc::ordered::Topic>(m, "SlotBuffer");
 
   py::class_<vipc::ordered::Producer, std::shared_ptr<vipc::ordered::Producer>>(m, "OrderedProducer")
       .def(py::init([](const std::string& dir, const std::string& basename, uint32_t capacity, uint64_t slot_bytes,
@@ -55,10 +55,10 @@ void bind_ordered(py::module_& m) {
       .def(
           "reserve",
           [](vipc::ordered::Producer& p, std::optional<uint64_t> id, std::optional<double> timeout_s) -> py::object {
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
             uint64_t got = id.value_or(0);
             const vipc::common::WaitStatus st =
-                pyipc::blocking([&] { return id ? p.reserve_id(*id, deadline) : p.reserve_next(deadline, &got); });
+                vipc::python::blocking([&] { return id ? p.reserve_id(*id, deadline) : p.reserve_next(deadline, &got); });
             if (st != vipc::common::WaitStatus::kReady) return py::str(vipc::common::wait_status_name(st));
             return py::int_(got);
           },
@@ -83,9 +83,9 @@ void bind_ordered(py::module_& m) {
                                                               " bytes does not fit in a " +
                                                               std::to_string(p.topic()->slot_bytes()) + "-byte slot");
             }
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
             uint64_t id = 0;
-            const vipc::common::WaitStatus st = pyipc::blocking([&] { return p.reserve_next(deadline, &id); });
+            const vipc::common::WaitStatus st = vipc::python::blocking([&] { return p.reserve_next(deadline, &id); });
             if (st != vipc::common::WaitStatus::kReady) return py::str(vipc::common::wait_status_name(st));
             if (size != 0) std::memcpy(p.slot(id), info.ptr, size);
             p.publish(id, size, t0, t1);
@@ -124,7 +124,7 @@ void bind_ordered(py::module_& m) {
             // (id, data, t0, t1[, stamp]) of the next message; data is bytes
             // (copied and checked), or with zero_copy a read-only view into the
             // slot plus its stamp for is_valid(). A str: the wait's status.
-            const int64_t deadline = pyipc::deadline_from(timeout_s);
+            const int64_t deadline = vipc::python::deadline_from(timeout_s);
             for (;;) {
               vipc::ordered::Message msg;
               while (r.next(&msg)) {
@@ -136,11 +136,11 @@ void bind_ordered(py::module_& m) {
                 if (o == nullptr) throw py::error_already_set();
                 py::object data = py::reinterpret_steal<py::object>(o);
                 if (msg.size != 0) {
-                  pyipc::copy_maybe_without_gil(msg.size, [&] { std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size); });
+                  vipc::python::copy_maybe_without_gil(msg.size, [&] { std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size); });
                 }
                 if (r.still_valid(msg)) return py::make_tuple(msg.id, data, msg.t0, msg.t1);
               }
-              const vipc::common::WaitStatus st = pyipc::blocking([&] { return r.wait(deadline); });
+              const vipc::common::WaitStatus st = vipc::python::blocking([&] { return r.wait(deadline); });
               if (st != vipc::common::WaitStatus::kReady) return py::str(vipc::common::wait_status_name(st));
             }
           },
@@ -163,4 +163,4 @@ void bind_ordered(py::module_& m) {
       .def("_forget_after_fork", &vipc::ordered::Reader::forget_after_fork);
 }
 
-}  // namespace pyipc
+}  // namespace vipc::python

@@ -3,9 +3,9 @@
 
 #include <pybind11/pybind11.h>
 
-namespace pyipc {
+namespace vipc::python {
 
 void bind_broadcast(pybind11::module_& m);  // broadcast_bindings.cpp
 void bind_ordered(pybind11::module_& m);    // ordered_bindings.cpp
 
-}  // namespace pyipc
+}  // namespace vipc::python

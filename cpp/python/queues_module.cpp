@@ -8,7 +8,7 @@
 
 PYBIND11_MODULE(_queues, m) {
   m.doc() = "Native broadcast queue and ordered topic (private: use msgq.broadcast / msgq.ordered)";
-  pyipc::register_error_translator();
-  pyipc::bind_broadcast(m);
-  pyipc::bind_ordered(m);
+  vipc::python::register_error_translator();
+  vipc::python::bind_broadcast(m);
+  vipc::python::bind_ordered(m);
 }

@@ -22,7 +22,7 @@ using vipc::visionipc::Server;
 namespace {
 
 // Bytes of one buffer in a pool.
-using View = pyipc::MappedBytes<vipc::visionipc::Mapping>;
+using View = vipc::python::MappedBytes<vipc::visionipc::Mapping>;
 
 // (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
 py::tuple geometry_tuple(const vipc::visionipc::Geometry& g) {
@@ -73,7 +73,7 @@ vipc::visionipc::Format parse(const std::string& name) {
 
 PYBIND11_MODULE(_visionipc, m) {
   m.doc() = "Native VisionIPC server and client (private: use the visionipc package)";
-  pyipc::register_error_translator();
+  vipc::python::register_error_translator();
   m.attr("STRIDE_ALIGN") = vipc::visionipc::kStrideAlign;
   m.attr("BUFFER_ALIGN") = vipc::visionipc::kBufferAlign;
   m.attr("MAX_BUFFERS") = vipc::visionipc::kMaxBuffers;
@@ -89,7 +89,7 @@ PYBIND11_MODULE(_visionipc, m) {
   m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::visionipc::make_geometry(parse(format), w, h)); });
   m.def("endpoint_name", &vipc::visionipc::endpoint_name);
 
-  pyipc::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
+  vipc::python::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
 
   py::class_<Server>(m, "Server")
       .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids) {
@@ -128,7 +128,7 @@ PYBIND11_MODULE(_visionipc, m) {
                                                                "' buffers are " + std::to_string(want));
              }
              const vipc::visionipc::Acquired a = s.get_buffer(stream);
-             pyipc::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, info.ptr, n); });
+             vipc::python::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, info.ptr, n); });
              s.send(stream, a.index, a.generation, frame_id, sof, eof);
              return a.index;
            })
@@ -162,9 +162,9 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("connected", &Client::connected)
       .def("recv",
            [](Client& c, int timeout_ms) -> py::object {
-             const int64_t deadline = pyipc::deadline_from_ms(timeout_ms);
+             const int64_t deadline = vipc::python::deadline_from_ms(timeout_ms);
              vipc::visionipc::Frame f;
-             const vipc::common::WaitStatus st = pyipc::blocking([&] { return c.recv(deadline, f); });
+             const vipc::common::WaitStatus st = vipc::python::blocking([&] { return c.recv(deadline, f); });
              if (st == vipc::common::WaitStatus::kReady) return received(f, c.epoch());
              if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
              return py::none();
