@@ -56,7 +56,9 @@ if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -f build/dev/build.ni
 else
   .venv/bin/python -m pip install -q --upgrade pip
   # build requirements in the venv: the editable build is reused (no isolation)
-  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12"
+  # (and setuptools + wheel: without isolation, sdist-only dependencies such as
+  # pyspark build their wheels with the venv's own setuptools)
+  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" setuptools wheel
   echo "setup: building and installing visionipc editable (C++ core + Python packages)"
   .venv/bin/python -m pip install -q --no-build-isolation \
     --config-settings=build-dir=build/dev --config-settings=cmake.build-type=Release \
