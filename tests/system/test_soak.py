@@ -1,4 +1,4 @@
-"""The fault-injection soak (tools/soak.py), short: ~45 s of SIGKILLs,
+"""The fault-injection soak (tools/soak.py, code in visionipc/apps/soak/), short: ~45 s of SIGKILLs,
 SIGSTOPs and restarts across msgq and VisionIPC processes, then every check
 of the full soak (integrity, order, losses only with counted resets, no hang,
 no crash, no leaked segment or fd, reader and lease slots reclaimed,
