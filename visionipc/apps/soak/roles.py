@@ -26,7 +26,8 @@ def _stop_requested(path):
     return os.path.exists(path)
 
 
-def _fds():
+def open_fds():
+    """The names of this process's open descriptors (leak checks at the end of a role and of the run)."""
     return set(os.listdir("/proc/self/fd"))
 
 
@@ -41,7 +42,7 @@ def _emit_final(record, fds_before, errors=None):
     gc.collect()
     if errors is not None:
         record.update(errors=errors[:20], error_count=len(errors))
-    _emit({**record, "leaked_fds": sorted(_fds() - fds_before)})
+    _emit({**record, "leaked_fds": sorted(open_fds() - fds_before)})
 
 
 def role_publisher(spec):
@@ -49,7 +50,7 @@ def role_publisher(spec):
 
     rng = random.Random(spec["seed"])
     segment_size, largest, pause = TOPICS[spec["topic"]]
-    fds_before = _fds()
+    fds_before = open_fds()
     pub = msgq.pub_sock(spec["topic"], segment_size=segment_size)
     largest = min(largest, pub.max_message_size - HEADER.size)
     epoch = rng.getrandbits(63)
@@ -77,7 +78,7 @@ def role_subscriber(spec):
     import msgq
 
     conflate = spec["conflate"]
-    fds_before = _fds()
+    fds_before = open_fds()
     sub = msgq.sub_sock(spec["topic"], timeout=100, conflate=conflate)
     _emit({"ready": True})
     errors, epochs = [], []
@@ -166,7 +167,7 @@ def role_server(spec):
 def role_client(spec):
     from visionipc import VisionIpcClient
 
-    fds_before = _fds()
+    fds_before = open_fds()
     client = VisionIpcClient(VIPC_SERVER, VIPC_STREAM, spec["conflate"])
     while not client.connect(False):
         if _stop_requested(spec["stop"]):

@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from .roles import ROLES, STOP_GRACE_S, TOPICS, _fds
+from .roles import ROLES, STOP_GRACE_S, TOPICS, open_fds
 
 # ------------------------------------------------------------- orchestrator
 
@@ -147,7 +147,7 @@ class Soak:
         return True
 
     def run(self):
-        fds_before = _fds()
+        fds_before = open_fds()
         for topic in TOPICS:
             self.start_publisher(topic)
             self.start_subscriber(topic)
@@ -191,7 +191,7 @@ class Soak:
             self.check_unexpected_deaths()
             time.sleep(0.02)
         self.shutdown()
-        leaked = sorted(_fds() - fds_before)
+        leaked = sorted(open_fds() - fds_before)
         if leaked:
             self.failures.append(f"the orchestrator leaked file descriptors {leaked}")
         return self.verdict()
