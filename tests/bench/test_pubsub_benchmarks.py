@@ -40,6 +40,8 @@ def test_bench_msgq_quick_measures_both_transports_and_reports_every_row(tmp_pat
         "throughput lossless msg/s (msgq receive_batch)",
         "throughput lossless msg/s (msgq receive())",
         "idle subscriber CPU (blocked in receive)",
+        "one-way p50 at 30 Hz (receiver idle between)",
+        "throughput lossy msg/s received (receive() each)",
     ):
         assert rows[metric]["msgq"] is not None and rows[metric]["pyzmq"] is not None, metric
         assert rows[metric]["msgq"] >= 0 and rows[metric]["pyzmq"] >= 0, metric
@@ -49,7 +51,7 @@ def test_bench_msgq_quick_measures_both_transports_and_reports_every_row(tmp_pat
     kinds = {(r["kind"], r["variant"]) for r in report["results"]}
     for variant in ("msgq", "pyzmq"):
         assert {("latency", variant), ("rtt", variant), ("throughput", variant), ("idle", variant)} <= kinds
-    for variant in ("msgq-recv1", "msgq-lossy", "pyzmq-lossy"):
+    for variant in ("msgq-recv1", "msgq-lossy", "msgq-lossy-recv1", "pyzmq-lossy"):
         assert ("throughput", variant) in kinds
     for r in report["results"]:
         if r["kind"] == "latency":

@@ -16,13 +16,17 @@ FRAMES = 4
 # Paced, these deliver every frame to every client: visionipc (conflate=False clients
 # read every announcement from the msgq ring), pyzmq (XPUB_NODROP), shm+pipe (the
 # pipe). The futex page and iceoryx2's 2-sample subscriber buffer keep only the newest.
-LOSSLESS = ("visionipc", "pyzmq", "shm+pipe")
+LOSSLESS = ("visionipc", "visionipc-copy", "pyzmq", "shm+pipe")
+BUILT_FROM_SOURCE = ("reference",)  # commaai/msgq: never installed by pip, so not required in CI
 
 
 def _installed():
     names = [n for n in transports.TRANSPORTS if transports.unavailable(n) is None]
     if os.environ.get("CI") == "true":  # CI installs the bench extra: every peer must run there
-        assert names == list(transports.TRANSPORTS), {n: transports.unavailable(n) for n in transports.TRANSPORTS}
+        want = [n for n in transports.TRANSPORTS if n not in BUILT_FROM_SOURCE]
+        assert [n for n in names if n not in BUILT_FROM_SOURCE] == want, {
+            n: transports.unavailable(n) for n in transports.TRANSPORTS
+        }
     return names
 
 
@@ -60,6 +64,9 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     assert set(os.listdir("/dev/shm")) - shm_before == set()
 
     paced = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["paced"]}
+    warm = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["warm"]}
+    assert warm.keys() == paced.keys()  # the producer that spins before each frame: a row per paced row
+    assert all(r["n"] > 0 and r["timeouts"] == 0 for r in warm.values()), warm
     flat = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["flat"]}
     for name in names:
         for w, h in SIZES:
@@ -86,6 +93,7 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     for name in names:
         assert f" {name} " in printed
     assert "Targets (issue 4)" in printed
+    assert "the producer sleeps between frames" in printed and "Paced, warm producer" in printed
     # the run lacks 8K and 8 clients: those targets say so instead of guessing
     verdicts = {t["measured"]: t["verdict"] for t in report["summary"]["targets"]}
     assert verdicts["visionipc paced p50, 8K / 64x64, 1 client"] == "n/a"
@@ -115,3 +123,19 @@ def test_vipc_bench_help_and_bad_arguments(capsys):
             main(bad)
         assert e.value.code == 2
         assert "error:" in capsys.readouterr().err
+
+
+def test_the_reference_is_a_transport_only_when_built(tmp_path, monkeypatch, capsys):
+    """commaai/msgq is never vendored: without a build named by VIPC_REFERENCE_MSGQ it is
+    skipped by default and refused, saying how to get it, when asked for by name."""
+    for value in (None, str(tmp_path)):  # unset; a folder without the reference's build
+        if value is None:
+            monkeypatch.delenv("VIPC_REFERENCE_MSGQ", raising=False)
+        else:
+            monkeypatch.setenv("VIPC_REFERENCE_MSGQ", value)
+        why = transports.unavailable("reference")
+        assert "VIPC_REFERENCE_MSGQ" in why and "docs/reference.md" in why
+        with pytest.raises(SystemExit) as e:
+            main(["--transports", "reference", "--sizes", "64x64", "--clients", "1"])
+        assert e.value.code == 2
+        assert "reference: " in capsys.readouterr().err

@@ -8,25 +8,37 @@ import sys
 import tempfile
 import time
 
-from visionipc.bench import transports
+from visionipc.bench import reference, transports
 from visionipc.bench.harness import add_common_flags, logger, placement, scoped_env, write_json
 from visionipc.bench.report import render, summarize
 from visionipc.bench.runner import Config, Runner
 from visionipc.bench.tasks import worker_setup, worker_teardown
 from visionipc.bench.workers import WorkerPool, read_loadavg
 
-FULL = dict(sizes="64x64,640x480,1920x1080,3840x2160,7680x4320", clients="1,2,4,8", paced_count=60, flat_seconds=1.0)
-QUICK = dict(sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=8, flat_seconds=0.15)
+FULL = dict(
+    sizes="64x64,640x480,1920x1080,3840x2160,7680x4320",
+    clients="1,2,4,8",
+    paced_count=60,
+    flat_seconds=1.0,
+    modes=["paced", "warm", "flat"],
+)
+QUICK = dict(
+    sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=8, flat_seconds=0.15, modes=["paced", "flat"]
+)
 
 DESCRIPTION = """\
-VisionIPC frame-rate benchmark: visionipc against pyzmq, multiprocessing.shared_memory
-+ a pipe, a bare futex wake-up and iceoryx2 (when installed), side by side in one run,
+VisionIPC frame-rate benchmark: visionipc against the reference commaai/msgq (when
+VIPC_REFERENCE_MSGQ names a build of it: docs/reference.md), pyzmq,
+multiprocessing.shared_memory + a pipe, a bare futex wake-up and iceoryx2 (when
+installed), side by side in one run,
 for every chosen frame size x client count x transport. NV12 frames; one producer
 process (pinned to the first CPU) and N client processes (on the other CPUs).
 
-paced     the producer sends --fps frames/s, the clients sleep between frames: handoff
-          latency percentiles, send -> the client holds a numpy view of the frame
-          (futex: -> the client is awake; the floor any sleeping receiver pays)
+paced     the producer sends --fps frames/s and sleeps between frames (as a camera
+          daemon does), the clients sleep too: handoff latency percentiles,
+          send -> the client holds a numpy view of the frame (futex: -> the client
+          is awake; the floor any sleeping receiver pays)
+warm      paced, but the producer spins the last 2 ms before each frame: it sends warm
 flat      the producer sends as fast as it can for --seconds: intact frames/s each
           client gets (visionipc clients conflate: they want the newest frame)
 both      server and client CPU time per frame (µs, every thread of the process)
@@ -94,7 +106,9 @@ def build_parser():
         help="comma-separated, from " + ", ".join(transports.TRANSPORTS) + " (default: all installed)",
     )
     ap.add_argument(
-        "--modes", type=_names(["paced", "flat"]), default=["paced", "flat"], help="paced,flat (default both)"
+        "--modes",
+        type=_names(["paced", "warm", "flat"]),
+        help="paced,warm,flat (default all three, --quick paced,flat)",
     )
     add_common_flags(ap, rounds=(1, "repeat the whole matrix, transports rotating (default 1)"))
     ap.add_argument("--fps", type=float, default=30.0, help="paced frame rate (default 30)")
@@ -131,7 +145,7 @@ def make_config(args, ap):
         sizes=args.sizes or _sizes(base["sizes"]),
         clients=args.clients or _ints(base["clients"]),
         transports=[n for n in names if not transports.unavailable(n)],
-        modes=args.modes,
+        modes=args.modes or base["modes"],
         rounds=args.rounds,
         paced_fps=args.fps,
         paced_count=args.frames or base["paced_count"],
@@ -162,6 +176,7 @@ def main(argv=None) -> int:
         "argv": sys.argv if argv is None else ["vipc-bench", *argv],
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.version.split()[0],
+        "reference": reference.describe() if "reference" in cfg.transports else None,
         "platform": platform.platform(),
         "cpus": cpus,
         "pinned": pinned,
@@ -202,6 +217,8 @@ def main(argv=None) -> int:
         f"vipc-bench: {meta['elapsed_s']:.0f} s, {cfg.rounds} round(s); load {meta['loadavg_start']} -> "
         f"{meta['loadavg_end']}; producer on CPU {pinned[0]}, clients on {sorted(set(pinned[1:]), key=str)}"
     )
+    if meta["reference"]:
+        print(f"reference: commaai/msgq {meta['reference']} ({reference.root()})")
     print(render(summary, skipped))
     print(f"/dev/shm after the run: {'clean' if not leftovers else 'LEFTOVERS (removed): ' + ', '.join(leftovers)}")
     for e in runner.errors:

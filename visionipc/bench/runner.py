@@ -17,17 +17,20 @@ def size_name(w, h):
     return SIZE_NAMES.get((w, h), f"{w}x{h}")
 
 
+PACED = ("paced", "warm")  # the modes that send at --fps and measure latency
+
+
 @dataclasses.dataclass
 class Config:
     sizes: list  # [(w, h)]
     clients: list  # [n]
     transports: list  # names from transports.TRANSPORTS that can run here
-    modes: list  # "paced", "flat"
+    modes: list  # "paced" (the producer sleeps between frames), "warm" (it spins before each), "flat"
     rounds: int = 1
     paced_fps: float = 30.0
     paced_count: int = 60  # measured frames per paced cell (after the warm-up)
     paced_warmup: int = 5
-    spin_us: int = 2000  # paced producer: spin (not sleep) this long before each frame
+    spin_us: int = 2000  # warm producer: spin (not sleep) this long before each frame
     flat_seconds: float = 1.0
     fill: bool = False  # flat out: write every byte of every frame (memset), not only the stamp
     extra_buffers: int = 4  # pool / ring = clients + this many frames
@@ -106,7 +109,7 @@ class Runner:
         }
         common = dict(kind=kind, tag=tag, w=w, h=h)
         nbuf = n + c.extra_buffers
-        if mode == "paced":
+        if mode in PACED:
             prod = dict(
                 common,
                 nbuf=nbuf,
@@ -116,7 +119,7 @@ class Runner:
                 fps=c.paced_fps,
                 count=c.paced_count,
                 warmup=c.paced_warmup,
-                spin_us=c.spin_us,
+                spin_us=c.spin_us if mode == "warm" else 0,  # "paced": asleep until the frame is due
             )
             cons = dict(common, conflate=False, warmup=c.paced_warmup, keep_samples=True)
             # a transport that copies the frame to every client (pyzmq) falls behind at 8K: allow
@@ -148,7 +151,7 @@ class Runner:
             client_sleeps=[x["sleeps"] for x in cs],
             server_preempted=p["preempted"],
         )
-        if mode == "paced":
+        if mode in PACED:
             rec["samples_ns"] = [s for x in cs for s in x["lat_view_ns"]]
             rec["recv_samples_ns"] = [s for x in cs for s in x["lat_recv_ns"]]
             rec["send_call_ns"] = p["send_call_ns"]

@@ -22,7 +22,8 @@ def task_producer(
     ctl, state, kind, tag, w, h, nbuf, nclients, fill, mode, fps=0.0, count=0, warmup=0, seconds=0.0, spin_us=0
 ):
     """``mode`` "paced": ``warmup + count`` frames at ``fps``; the producer sleeps until
-    ``spin_us`` before each frame's time and spins the rest, so it sends warm (only the
+    ``spin_us`` before each frame's time and spins the rest: with ``spin_us`` 0 it sleeps
+    between frames as a camera daemon does (sends cold); with 2000 it sends warm (only the
     clients have been asleep). "flat": as fast as it can for ``seconds``.
 
     CPU per frame: the process's CPU time over the measured frames (every thread:

@@ -37,6 +37,7 @@ from itertools import repeat
 
 from msgq.names import segment_dir
 from msgq.testing import segments
+from visionipc.bench import reference
 from visionipc.bench.harness import (
     add_common_flags,
     git_rev,
@@ -70,6 +71,7 @@ from visionipc.bench.workers import BenchError, read_loadavg
 MSGQ_TIMEOUT_MS = 5000  # receive timeouts: only there so that a lost message cannot hang a run
 
 SIZES = (64, 4096, 1 << 20)
+CAMERA_INTERVAL_US = 33_333  # "30hz" latency: a camera's pace, the receiver asleep in between
 
 
 # =========================================================================== transports
@@ -116,10 +118,54 @@ class ZmqTransport(ZmqSockets):
         sub.setsockopt(self.zmq.RCVTIMEO, ms)
 
 
+class ReferenceTransport:
+    """commaai/msgq's own Python sockets (the reference, built from source:
+    ``visionipc.bench.reference``), with the same segment sizes as ours. It counts no
+    readers: a subscriber is registered once its ``connect`` returned, which the "ready"
+    barrier orders before the first send. Its ``send`` takes ``bytes`` only."""
+
+    kind = "reference"
+
+    def __init__(self, state):
+        from visionipc.bench import reference
+
+        self.ipc = reference.load("ipc")
+        if "ref_ctx" not in state:
+            state["ref_ctx"] = self.ipc.Context()
+        self.ctx = state["ref_ctx"]
+
+    def pub(self, topic, segment_size):
+        s = self.ipc.PubSocket()
+        s.connect(self.ctx, topic, segment_size=segment_size)
+        return s
+
+    def sub(self, topic, segment_size):
+        s = self.ipc.SubSocket()
+        s.connect(self.ctx, topic, segment_size=segment_size)
+        s.setTimeout(MSGQ_TIMEOUT_MS)
+        return s
+
+    def set_timeout(self, sub, ms):
+        sub.setTimeout(ms)
+
+    def wait_subscribed(self, pub, timeout=20.0):
+        pass  # see the class: the barrier orders it
+
+    def close(self, *socks):
+        pass  # its sockets close when collected
+
+
+TRANSPORTS = {"msgq": MsgqTransport, "zmq": ZmqTransport, "reference": ReferenceTransport}
+
+
 def make_transport(state, spec):
     spec = dict(spec)
-    kind = spec.pop("kind")
-    return (MsgqTransport if kind == "msgq" else ZmqTransport)(state, **spec)
+    return TRANSPORTS[spec.pop("kind")](state, **spec)
+
+
+def _send_bytes(t, pub):
+    """``pub``'s send, for a buffer the task reuses (the reference's takes ``bytes`` only)."""
+    return (lambda b, send=pub.send: send(bytes(b))) if t.kind == "reference" else pub.send
 
 
 def worker_setup(state):
@@ -145,7 +191,7 @@ def _slot_bytes(size):
 def task_latency_pub(ctl, state, transport, topic, size, segment_size, count, warmup, interval_us):
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(topic, segment_size)) as (pub, _):
-        paced_send(pub.send, size, warmup + count, interval_us)
+        paced_send(_send_bytes(t, pub), size, warmup + count, interval_us)
     return {}
 
 
@@ -168,7 +214,7 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
     with subscribing(ctl, t, lambda: t.sub(topic, segment_size)) as sub:
         cs0 = _ctx_switches()
         lat = []
-        if t.kind == "msgq":
+        if t.kind != "zmq":
             recv, nonblocking, Again = sub.receive, True, ()
         else:
             recv, nonblocking, Again = sub.recv, t.zmq.NOBLOCK, t.zmq.Again
@@ -176,7 +222,7 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
             how = busy_latency_loop(recv, nonblocking, lat, MSGQ_TIMEOUT_MS, Again)
         else:
             how = latency_loop(recv, lat, Again)
-        resets = sub.resets if t.kind == "msgq" else 0
+        resets = getattr(sub, "resets", 0)  # the reference does not count them
         cs1 = _ctx_switches()
     # Context switches of the whole subscriber process (pyzmq's I/O thread too):
     # involuntary ones are preemptions by other work on its CPU.
@@ -194,10 +240,10 @@ def task_rtt_ping(ctl, state, transport, size, segment_size, count, warmup, tag)
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(f"{tag}ping", segment_size), lambda: t.sub(f"{tag}pong", segment_size)) as (pub, sub):
         buf = bytearray(size)
-        pack, unpack, send, now = _Q.pack_into, _Q.unpack_from, pub.send, time.monotonic_ns
+        pack, unpack, send, now = _Q.pack_into, _Q.unpack_from, _send_bytes(t, pub), time.monotonic_ns
         rtt = []
         app = rtt.append
-        recv = sub.receive if t.kind == "msgq" else sub.recv  # a pyzmq timeout raises zmq.Again
+        recv = sub.recv if t.kind == "zmq" else sub.receive  # a pyzmq timeout raises zmq.Again
         for _ in repeat(None, warmup + count):
             pack(buf, 0, now())
             send(buf)
@@ -216,7 +262,7 @@ def task_rtt_echo(ctl, state, transport, size, segment_size, tag):
     with publishing(ctl, t, t.pub(f"{tag}pong", segment_size), lambda: t.sub(f"{tag}ping", segment_size)) as (pub, sub):
         unpack, send = _Q.unpack_from, pub.send
         echoed = 0
-        recv, Again = (sub.receive, ()) if t.kind == "msgq" else (sub.recv, t.zmq.Again)
+        recv, Again = (sub.recv, t.zmq.Again) if t.kind == "zmq" else (sub.receive, ())
         try:
             while True:
                 m = recv()
@@ -292,7 +338,21 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
         got = first = 0
         t_first = t_last = None
         timed_out = False
-        if t.kind == "msgq":
+        if t.kind != "zmq" and lossy and not batch_receive:  # the reference's only way (no receive_batch)
+            recv = sub.receive
+            m = recv()
+            if m is None:
+                raise BenchError("nothing received")
+            t_first = now()
+            got = first = 1
+            while m is not None and len(m) != 1:
+                m = recv()
+                got += 1
+            timed_out = m is None
+            got -= 1  # the end marker, or the None of a timeout
+            t_last = now()
+            resets = getattr(sub, "resets", 0)
+        elif t.kind == "msgq":
             if batch_receive:
                 batch = sub.receive_batch
                 ack_every = max(1, credit_window // 4) if credit_window else 0
@@ -318,8 +378,6 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
                 t_last = now()
             else:
                 recv = sub.receive
-                if lossy:
-                    raise BenchError("lossy per-message msgq receive is not a measured variant")
                 ack_every = max(1, credit_window // 4)
                 pack = _Q.pack
                 if recv() is None:
@@ -390,7 +448,7 @@ def task_idle_pub(ctl, state, transport, topic, warm_messages):
 def task_idle_sub(ctl, state, transport, topic, warm_messages, idle_ms):
     t = make_transport(state, transport)
     with subscribing(ctl, t, lambda: t.sub(topic, 0)) as sub:
-        recv = sub.receive if t.kind == "msgq" else sub.recv
+        recv = sub.recv if t.kind == "zmq" else sub.receive
         for _ in range(warm_messages):
             if recv() is None:
                 break
@@ -411,10 +469,12 @@ MSGQ = {"kind": "msgq"}
 MSGQ_NOSPIN = {"kind": "msgq", "spin_us": 0}
 ZMQ = {"kind": "zmq", "nodrop": True}
 ZMQ_LOSSY = {"kind": "zmq", "nodrop": False}
+REFERENCE = {"kind": "reference"}
 
 
 class Plan:
-    def __init__(self, quick, rounds, sizes, only):
+    def __init__(self, quick, rounds, sizes, only, reference=False):
+        self.reference = reference  # commaai/msgq runs beside us (visionipc.bench.reference)
         self.quick = quick
         self.rounds = rounds if rounds else (1 if quick else 2)
         self.sizes = sizes
@@ -424,6 +484,9 @@ class Plan:
         if size >= 1 << 20:
             return 300 if self.quick else 1500
         return 2000 if self.quick else 10000
+
+    def camera_count(self):
+        return 30 if self.quick else 150
 
     def lat_interval_us(self, size):
         return 2000 if size >= 1 << 20 else 300
@@ -485,15 +548,19 @@ class Runner:
         record["wall_s"] = time.monotonic() - t0
         return res
 
-    def latency(self, variant, spec, size, busy, rnd):
+    def latency(self, variant, spec, size, busy, rnd, camera=False):
+        """One-way latency; ``camera``: one message every 33 ms (30 Hz), the receiver idle between."""
         p = self.plan
-        count, interval = p.lat_count(size), p.lat_interval_us(size)
-        warmup = max(20, count // 50)
+        if camera:
+            count, interval, warmup = p.camera_count(), CAMERA_INTERVAL_US, 3
+        else:
+            count, interval = p.lat_count(size), p.lat_interval_us(size)
+            warmup = max(20, count // 50)
         seg = p.lat_segment(size)
         topic = self._topic("lat")
         rec = {
             "kind": "latency",
-            "mode": "busy" if busy else "blocking",
+            "mode": "30hz" if camera else ("busy" if busy else "blocking"),
             "variant": variant,
             "transport": spec["kind"],
             "size": size,
@@ -682,7 +749,7 @@ class Runner:
         for rnd in range(p.rounds):
             self.log(f"round {rnd + 1}/{p.rounds}")
             # Alternate which transport goes first, so neither always gets the same slot.
-            order = [("msgq", MSGQ), ("pyzmq", ZMQ)]
+            order = [("msgq", MSGQ), ("pyzmq", ZMQ)] + ([("reference", REFERENCE)] if p.reference else [])
             if rnd % 2:
                 order.reverse()
             if p.wants("idle"):
@@ -701,6 +768,9 @@ class Runner:
                             self.latency(name, spec, size, busy, rnd)
                         if size == 64 and not busy:
                             self.latency("msgq-nospin", MSGQ_NOSPIN, size, busy, rnd)
+            if p.wants("camera"):
+                for name, spec in order:
+                    self.latency(name, spec, 64, False, rnd, camera=True)
             if p.wants("throughput"):
                 for size in p.sizes:
                     variants = [
@@ -712,8 +782,11 @@ class Runner:
                     variants += [
                         ("msgq-recv1", MSGQ, True, False, False),  # lossless, one receive() per message
                         ("msgq-lossy", MSGQ, False, True, True),
+                        ("msgq-lossy-recv1", MSGQ, False, True, False),  # as the reference receives
                         ("pyzmq-lossy", ZMQ_LOSSY, False, True, False),
                     ]
+                    if p.reference:
+                        variants.append(("reference-lossy", REFERENCE, False, True, False))
                     for name, spec, credit, lossy, batch in variants:
                         self.throughput(name, spec, size, rnd, credit, lossy, batch)
 
@@ -748,13 +821,15 @@ def summarize(results, sizes):
     """Rows: metric, size, msgq, pyzmq, unit, advantage (>1: msgq better), target, met."""
     rows = []
 
-    def add(metric, size, m, z, unit, higher_better, target=None, note=""):
+    def better_by(m, z, higher_better):
         if m is None or z is None:
-            adv = None
-        elif higher_better:
-            adv = m / z if z else None
-        else:
-            adv = z / m if m else None
+            return None
+        if higher_better:
+            return m / z if z else None
+        return z / m if m else None
+
+    def add(metric, size, m, z, unit, higher_better, target=None, note="", ref=None):
+        adv = better_by(m, z, higher_better)
         met = None
         if target is not None and adv is not None:
             met = adv >= target
@@ -767,18 +842,24 @@ def summarize(results, sizes):
                 "unit": unit,
                 "higher_is_better": higher_better,
                 "advantage": adv,
+                "reference": ref,
+                "reference_advantage": better_by(m, ref, higher_better),
                 "target": target,
                 "met": met,
                 "note": note,
             }
         )
 
+    def pct(stats, key):
+        return stats[key] if stats else None
+
     for size in sizes:
         m = _pool_samples(results, "rtt", "msgq", size)
         z = _pool_samples(results, "rtt", "pyzmq", size)
+        r = _pool_samples(results, "rtt", "reference", size)
         if m and z:
-            add("round trip p50", size, m["p50"], z["p50"], "µs", False, 5.0 if size == 64 else None)
-            add("round trip p99", size, m["p99"], z["p99"], "µs", False)
+            add("round trip p50", size, m["p50"], z["p50"], "µs", False, 5.0 if size == 64 else None, ref=pct(r, "p50"))
+            add("round trip p99", size, m["p99"], z["p99"], "µs", False, ref=pct(r, "p99"))
         if size == 64:
             ns = _pool_samples(results, "rtt", "msgq-nospin", size)
             if ns and z:
@@ -787,6 +868,7 @@ def summarize(results, sizes):
         for size in sizes:
             m = _pool_samples(results, "latency", "msgq", size, mode)
             z = _pool_samples(results, "latency", "pyzmq", size, mode)
+            r = _pool_samples(results, "latency", "reference", size, mode)
             if not (m and z):
                 continue
             waits = [
@@ -797,10 +879,10 @@ def summarize(results, sizes):
                 )
                 for v in ("msgq", "pyzmq")
             ]
-            for pct in ("p50", "p99", "p99.9"):
-                target = 2.0 if (size == 64 and mode == "blocking" and pct == "p50") else None
-                note = f"subscriber waited for a CPU {waits[0]:.0f} / {waits[1]:.0f} ms" if pct == "p99.9" else ""
-                add(f"one-way {mode} {pct}", size, m[pct], z[pct], "µs", False, target, note)
+            for key in ("p50", "p99", "p99.9"):
+                target = 2.0 if (size == 64 and mode == "blocking" and key == "p50") else None
+                note = f"subscriber waited for a CPU {waits[0]:.0f} / {waits[1]:.0f} ms" if key == "p99.9" else ""
+                add(f"one-way {mode} {key}", size, m[key], z[key], "µs", False, target, note, ref=pct(r, key))
             if size == 64 and mode == "blocking":
                 ns = _pool_samples(results, "latency", "msgq-nospin", size, mode)
                 if ns:
@@ -842,10 +924,23 @@ def summarize(results, sizes):
                 1.5 if size == 64 else None,
                 "all received" if ok else "LOSS/timeout (see raw)",
             )
-    mi = [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == "msgq"]
-    zi = [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == "pyzmq"]
-    if mi and zi:
-        m, z = median(mi), median(zi)
+    m = _pool_samples(results, "latency", "msgq", 64, "30hz")
+    z = _pool_samples(results, "latency", "pyzmq", 64, "30hz")
+    if m and z:
+        r = _pool_samples(results, "latency", "reference", 64, "30hz")
+        for key in ("p50", "p99"):
+            add(f"one-way {key} at 30 Hz (receiver idle between)", 64, m[key], z[key], "µs", False, ref=pct(r, key))
+    for size in sizes:
+        m, z = _thr(results, "msgq-lossy-recv1", size), _thr(results, "pyzmq-lossy", size)
+        if m is not None and z is not None:
+            ref = _thr(results, "reference-lossy", size)
+            add("throughput lossy msg/s received (receive() each)", size, m, z, "msg/s", True, ref=ref)
+    idle = {
+        v: [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == v]
+        for v in ("msgq", "pyzmq", "reference")
+    }
+    if idle["msgq"] and idle["pyzmq"]:
+        m, z = median(idle["msgq"]), median(idle["pyzmq"])
         rows.append(
             {
                 "metric": "idle subscriber CPU (blocked in receive)",
@@ -855,6 +950,8 @@ def summarize(results, sizes):
                 "unit": "% of a core",
                 "higher_is_better": False,
                 "advantage": None,
+                "reference": median(idle["reference"]) if idle["reference"] else None,
+                "reference_advantage": None,
                 "target": "≈0 % (<1 %)",
                 "met": m < 1.0,
                 "note": "",
@@ -863,10 +960,13 @@ def summarize(results, sizes):
     return rows
 
 
+LOSSY_VARIANTS = ("msgq-lossy", "msgq-lossy-recv1", "pyzmq-lossy", "reference-lossy")
+
+
 def lossy_rows(results, sizes):
     out = []
     for size in sizes:
-        for variant in ("msgq-lossy", "pyzmq-lossy", "msgq", "msgq-recv1", "pyzmq"):
+        for variant in LOSSY_VARIANTS + ("msgq", "msgq-recv1", "pyzmq"):
             rs = [r for r in results if r["kind"] == "throughput" and r["variant"] == variant and r["size"] == size]
             if not rs:
                 continue
@@ -900,9 +1000,15 @@ def _fmt_val(v, unit):
 
 
 def render(rows):
+    """The summary table; the reference's columns when it ran."""
+    with_ref = any(r.get("reference") is not None for r in rows)
     table = []
     for r in rows:
         adv = "-" if r["advantage"] is None else f"{r['advantage']:.2f}x"
+        ref = ref_adv = []
+        if with_ref:
+            ref = [_fmt_val(r.get("reference"), r["unit"])]
+            ref_adv = ["-" if r.get("reference_advantage") is None else f"{r['reference_advantage']:.2f}x"]
         if r["target"] is None:
             target = r["note"] or ""
         elif isinstance(r["target"], str):
@@ -917,13 +1023,18 @@ def render(rows):
                 fmt_size(r["size"]),
                 _fmt_val(r["msgq"], unit),
                 _fmt_val(r["pyzmq"], unit),
+                *ref,
                 "µs" if unit == "µs" else ("" if unit in ("msg/s",) else unit),
                 adv,
+                *ref_adv,
                 target,
                 met,
             ]
         )
-    return format_table(["metric", "size", "msgq", "pyzmq", "unit", "msgq better by", "target", ""], table, "llrrlrll")
+    r = "r" if with_ref else ""
+    headers = ["metric", "size", "msgq", "pyzmq", *(["reference"] if with_ref else []), "unit", "msgq better by"]
+    headers += ["vs reference"] if with_ref else []
+    return format_table(headers + ["target", ""], table, f"llrr{r}lr{r}ll")
 
 
 def plot(results, sizes, path):
@@ -989,6 +1100,7 @@ def meta(plan, cpus, pinned):
         "rounds": plan.rounds,
         "sizes": plan.sizes,
         "msgq_spin_us_default": os.environ.get("MSGQ_SPIN_US", "library default"),
+        "reference": reference.describe() if plan.reference else None,
     }
 
 
@@ -1001,7 +1113,14 @@ def main(argv=None) -> int:
         ap, quick="short smoke run (~20-30 s)", rounds=(0, "alternating rounds per measurement (default 2, --quick 1)")
     )
     ap.add_argument("--sizes", default="64,4096,1MiB", help="message sizes, comma separated (default 64,4096,1MiB)")
-    ap.add_argument("--only", default="", help="comma list of: latency,rtt,throughput,idle (default all)")
+    ap.add_argument("--only", default="", help="comma list of: latency,rtt,throughput,idle,camera (default all)")
+    ap.add_argument(
+        "--reference",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="run commaai/msgq beside us (VIPC_REFERENCE_MSGQ, docs/reference.md): "
+        "auto = when it is built (default), on = fail without it",
+    )
     add_common_flags(ap, json="write raw results (every sample) as JSON")
     ap.add_argument(
         "--plot", metavar="PATH", help="write a PNG of latency percentiles and throughput (needs matplotlib)"
@@ -1015,17 +1134,24 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sizes = parse_sizes(args.sizes)
-    only = parse_only(ap, args.only, ("latency", "rtt", "throughput", "idle"))
-    plan = Plan(args.quick, args.rounds, sizes, only)
+    only = parse_only(ap, args.only, ("latency", "rtt", "throughput", "idle", "camera"))
+    why_not = reference.unavailable()
+    if args.reference == "on" and why_not:
+        ap.error(f"--reference on: {why_not}")
+    plan = Plan(args.quick, args.rounds, sizes, only, reference=args.reference != "off" and not why_not)
+    if args.reference == "auto" and why_not:
+        print(f"reference: skipped ({why_not})", file=sys.stderr)
     log = logger(args.quiet)
 
     prefix = f"bench{os.getpid()}"
     cpus, pinned = placement(2, args.no_pin)
     started = time.monotonic()
-    # the shared-memory ring, whatever the caller's environment says
+    # the shared-memory ring, whatever the caller's environment says; the reference's
+    # topic files (it never removes them) go to a folder of this run's, removed at the end
     with (
         tempfile.TemporaryDirectory(prefix="bench_zmq_") as ipc_dir,
-        scoped_env(MSGQ_PREFIX=prefix, MSGQ_BACKEND="msgq", OPENPILOT_PREFIX=None, BENCH_IPC_DIR=ipc_dir),
+        reference.prefix_dir(prefix) as ref_prefix,
+        scoped_env(MSGQ_PREFIX=prefix, MSGQ_BACKEND="msgq", OPENPILOT_PREFIX=ref_prefix, BENCH_IPC_DIR=ipc_dir),
     ):
         try:
             info = meta(plan, cpus, pinned)
@@ -1055,6 +1181,8 @@ def main(argv=None) -> int:
         "latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
         "received msg/s at the subscriber",
     )
+    if info["reference"]:
+        print(f"reference: commaai/msgq {info['reference']} ({reference.root()})")
     print(render(rows))
     lr = lossy_rows(runner.results, sizes)
     if lr:

@@ -23,17 +23,29 @@ import importlib
 import os
 import struct
 
+from visionipc.bench import reference
+
 END = (1 << 63) - 1  # frame id of the end marker
 FID = struct.Struct("<Q")  # the stamp at the start of every frame's pixels
 HDR = struct.Struct("<QQ")  # frame id, send time (ns): pyzmq header part, futex page, iceoryx2 frame head
 RECV_TIMEOUT_MS = 5000  # only there so that a lost frame cannot hang a run
 
-# name -> (module, what it is, the package it needs)
+# name -> (module, what it is, the package it needs or a function saying why it cannot run)
 TRANSPORTS = {
     "visionipc": (
         "vipc",
         "visionipc: server.get_buffer() written in place, server.send(buf), client.recv().array",
         None,
+    ),
+    "visionipc-copy": (
+        "vipc_copy",
+        "visionipc, the reference's copying send: server.send(stream, frame) copies into a free buffer",
+        None,
+    ),
+    "reference": (
+        "reference",
+        "commaai/msgq VisionIPC (the reference, built from source, VIPC_REFERENCE_MSGQ): copying send",
+        reference.unavailable,
     ),
     "pyzmq": ("zmq_bytes", "pyzmq ipc:// XPUB_NODROP sending the frame bytes (copy=False), np.frombuffer", "zmq"),
     "shm+pipe": (
@@ -74,6 +86,8 @@ def unavailable(name):
     need = TRANSPORTS[name][2]
     if need is None:
         return None
+    if callable(need):
+        return need()
     try:
         importlib.import_module(need)
     except ImportError:
@@ -87,6 +101,13 @@ def nv12(w, h):
 
     g = layout("nv12", w, h)
     return g.size, (h * 3 // 2, g.stride)
+
+
+def stamp(frame, fid, fill):
+    """A camera's frame for a copying send: every byte written when ``fill``, then the stamp."""
+    if fill:
+        frame.fill(fid & 0xFF)
+    FID.pack_into(frame, 0, fid)
 
 
 def shm_name(tag):
