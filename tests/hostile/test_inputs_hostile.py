@@ -149,6 +149,25 @@ def test_replay_refuses_a_video_of_another_size_before_reserving_buffers(rec, pr
     assert "the video is 64x32, recording.json says 32x32" in one_line_error(capsys.readouterr().err)
 
 
+def test_replay_refuses_a_later_segment_of_another_size_and_leaves_nothing(tmp_path, capsys):
+    spec = {"road": dict(frames=4, width=32, height=32, format="gray8", segment_frames=2)}
+    rec = synthetic.write_recording(tmp_path / "rec", spec)
+    spec["road"]["width"] = 64
+    bigger = synthetic.write_recording(tmp_path / "big", spec)
+    shutil.copy(os.path.join(bigger, "frames/road/000001.mkv"), os.path.join(rec, "frames/road/000001.mkv"))
+    assert replay_main([rec, "--name", unique_name("replay"), "--rate", "max", "-q"]) == 2
+    err = one_line_error(capsys.readouterr().err)
+    assert "000001.mkv: the video is 64x32, recording.json says 32x32" in err  # the conftest checks /dev/shm
+
+
+def test_vipc_analyze_failing_to_write_its_results_is_one_line_and_status_1(rec, tmp_path, capsys):
+    # the same catch-all turns a report step that cannot write report.html into one line
+    # (tried in the RELIABILITY.md campaign; a Spark run is too slow for this suite)
+    (tmp_path / "out").write_text("a file where the results folder should be")
+    assert analyze_main([str(rec), "--out", str(tmp_path / "out"), "--jobs", "health", "-q"]) == 1
+    assert "FileExistsError" in one_line_error(capsys.readouterr().err)
+
+
 def test_null_values_in_the_index_are_refused(rec, capsys):
     path = os.path.join(rec, INDEX)
     table = pq.read_table(path)
@@ -166,6 +185,8 @@ def test_null_values_in_the_index_are_refused(rec, capsys):
         (lambda rec: _replace(rec / INDEX, HOSTILE_FILES["fifo"]), "not a regular file (a FIFO)"),
         (lambda rec: (rec / "recording.json").write_bytes(DEEP), "JSON nested deeper than 8"),
         (lambda rec: os.rename(rec / "index" / "road", rec / "index" / "ro\x1bad"), "ro\\x1bad"),
+        (lambda rec: _rewrite_index(rec, "segment_file", "../other/" + SEGMENT), "not a path inside the recording"),
+        (lambda rec: _rewrite_index(rec, "position", -1), "positions must be 0..3"),
     ],
 )
 def test_vipc_analyze_refuses_a_hostile_recording_before_writing_anything(rec, tmp_path, capsys, damage, message):

@@ -16,7 +16,14 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from msgq._printable import printable
-from visionipc.apps.record.checks import RecordingError, check_stream, open_file, parse_manifest, read_file
+from visionipc.apps.record.checks import (
+    RecordingError,
+    check_relpath,
+    check_stream,
+    open_file,
+    parse_manifest,
+    read_file,
+)
 from visionipc.apps.record.index import index_schema
 
 INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
@@ -125,13 +132,29 @@ def check_index_file(path: str, folder: str = None) -> None:
                 raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
         f.seek(0)
         try:
-            names = pq.read_table(f, columns=["stream"]).column("stream").unique().to_pylist()
+            table = pq.read_table(f, columns=["stream", "position", "segment_file"])
         except (OSError, pa.ArrowException) as e:
             raise RecordingError(f"corrupt index file {path}: {e}") from e
+    _check_index_rows(table, path, stream, folder)
+
+
+def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
+    """The columns that name things: one stream (the folder's), positions 0..rows-1, and
+    segment files that can only be inside the recording (opened later by checks.open_file)."""
+    import pyarrow.compute as pc
+
+    names = table.column("stream").unique().to_pylist()
     if names and names != [stream]:
         raise RecordingError(
             f"index file {path} names stream(s) {printable(repr(names[:3]))}, not only its folder's {stream!r}"
         )
+    positions = table.column("position")
+    if positions.null_count or (
+        len(table) and not (pc.min(positions).as_py() >= 0 and pc.max(positions).as_py() < len(table))
+    ):
+        raise RecordingError(f"index file {path}: positions must be 0..{len(table) - 1} (one per row)")
+    for segment_file in table.column("segment_file").unique().to_pylist():
+        check_relpath(segment_file, folder)
 
 
 def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:

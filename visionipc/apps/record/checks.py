@@ -47,6 +47,12 @@ def _parts(relpath, folder):
     return parts
 
 
+def check_relpath(relpath, folder) -> str:
+    """``relpath`` if it can name a file inside ``folder`` (relative, no ``..``), else RecordingError."""
+    _parts(relpath, folder)
+    return relpath
+
+
 def open_file(folder, relpath: str) -> int:
     """A descriptor (O_RDONLY, close-on-exec; the caller closes it) of the regular file
     ``relpath`` (``/``-separated) inside the recording ``folder``, or RecordingError."""

@@ -136,6 +136,7 @@ def complete_segments(folder: str, kind: str, name: str) -> list:
 
 
 def _read_tables(folder: str, kind: str, name: str, schema):
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from visionipc.apps.record.checks import RecordingError, check_stream, open_file
@@ -159,6 +160,8 @@ def _read_tables(folder: str, kind: str, name: str, schema):
         nulls = [c for c in schema.names if table.column(c).null_count]
         if nulls:
             raise RecordingError(f"{printable(path)}: empty (null) values in column(s) {', '.join(nulls)}")
+        if "frame_id" in schema.names and len(table) and pc.min(table.column("frame_id")).as_py() < 0:
+            raise RecordingError(f"{printable(path)}: negative frame_id (frame ids count up from 0)")
         tables.append(table)
     return pa().concat_tables(tables)
 
