@@ -253,10 +253,11 @@ def test_vipc_view_answers_only_its_own_host_names():
     with ViewProcess("--name", unique_name("cam"), "--allow-host", "cam.lan") as view:
         port = int(view.url.rsplit(":", 1)[1])
 
-        def get(host):
+        def get(*hosts):
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
             conn.putrequest("GET", "/stats", skip_host=True)
-            conn.putheader("Host", host)
+            for host in hosts:
+                conn.putheader("Host", host)
             conn.endheaders()
             r = conn.getresponse()
             body = r.read().decode()
@@ -270,5 +271,8 @@ def test_vipc_view_answers_only_its_own_host_names():
             assert status == 421 and "--allow-host" in body, (host, status, body)
         status, body = get("\x1b[2Jevil")
         assert status in (400, 421) and "\x1b" not in body
+        assert get(f"127.0.0.1:{port}", "evil.example")[0] == 400  # a duplicate Host
+        view.out.wait_for("Duplicate 'Host' header", 10)  # logged as one line, not a traceback
+        assert "Traceback" not in view.out.text()
     with pytest.raises(SystemExit):
         view_main(["--name", "cam", "--allow-host", "evil:80"])

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import logging
 import re
 import signal
 import sys
@@ -124,6 +125,23 @@ def main(argv=None) -> int:
     return asyncio.run(_serve(**settings))
 
 
+class _OneLineLog(logging.Handler):
+    """aiohttp's server log (a malformed request: duplicate or missing Host...) as one escaped
+    line on stderr, not a traceback per request a stranger sends."""
+
+    def emit(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        why = f": {' '.join(str(exc).split())}" if exc is not None else ""
+        print(f"vipc-view: {printable(record.getMessage() + why)}", file=sys.stderr, flush=True)
+
+
+def _quiet_server_log():
+    log = logging.getLogger("aiohttp.server")
+    if not any(isinstance(h, _OneLineLog) for h in log.handlers):
+        log.addHandler(_OneLineLog())
+    log.propagate = False
+
+
 async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=None, allow_hosts=()) -> int:
     """Serve until SIGINT/SIGTERM (in the main thread) or until the ``stop`` event passed
     to ``on_started(loop, stop, view)`` is set; 0 on a clean stop, 1 if the port is taken."""
@@ -136,6 +154,7 @@ async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
+    _quiet_server_log()
     view = ViewServer(name, streams, quality, keep_bgr=keep_bgr, hosts=HostCheck(host, allow_hosts))
     runner = web.AppRunner(view.app, access_log=None)
     await runner.setup()
