@@ -238,6 +238,14 @@ def test_msgq_top_escapes_other_users_file_names(tmp_path):
         assert "rtl\\u202eabc" in text
 
 
+def test_vipc_tool_messages_escape_names(tmp_path, capsys):
+    hostile = str(tmp_path / "rec\x1b[2J\nfake: ok")
+    assert replay_main([hostile, "--name", "x"]) == 2
+    assert "rec\\x1b[2J\\nfake: ok" in one_line_error(capsys.readouterr().err)
+    assert analyze_main([hostile, "--out", str(tmp_path / "out")]) == 2
+    assert "\x1b" not in one_line_error(capsys.readouterr().err)
+
+
 def test_printable_keeps_ordinary_names_and_escapes_the_rest():
     assert printable("cam_road-1.x:y") == "cam_road-1.x:y"
     assert printable("a\\b\r\n\x1b\u2028") == "a\\b\\r\\n\\x1b\\u2028"

@@ -43,7 +43,7 @@ def _parts(relpath, folder):
         raise _error(folder, f"a file name in the recording must be a str, not {type(relpath).__name__}")
     parts = relpath.split("/")
     if relpath.startswith("/") or "\0" in relpath or any(p in ("", ".", "..") for p in parts):
-        raise _error(folder, f"{printable(relpath)!r} is not a path inside the recording (absolute, '..' or empty)")
+        raise _error(folder, f"'{printable(relpath)}' is not a path inside the recording (absolute, '..' or empty)")
     return parts
 
 

@@ -114,9 +114,9 @@ def read_manifest(folder: str) -> dict:
     from visionipc.apps.record.checks import read_manifest_file
 
     if not os.path.isdir(folder):
-        raise UsageError(f"{printable(folder)!r} is not a folder")
+        raise UsageError(f"'{printable(folder)}' is not a folder")
     if not os.path.lexists(os.path.join(folder, "recording.json")):
-        raise UsageError(f"{printable(folder)!r} is not a recording (no recording.json)")
+        raise UsageError(f"'{printable(folder)}' is not a recording (no recording.json)")
     doc = read_manifest_file(folder)
     if doc.get("format_version") != FORMAT_VERSION:
         path = os.path.join(folder, "recording.json")

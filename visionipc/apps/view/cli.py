@@ -48,7 +48,7 @@ def parse_http(text: str):
 def check_host_name(text: str) -> str:
     """An --allow-host value: a DNS name or an IP address, without a port."""
     if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[?[0-9A-Fa-f:.]+\]?", text or ""):
-        raise ValueError(f"--allow-host wants a host name or address without a port, got {printable(text)!r}")
+        raise ValueError(f"--allow-host wants a host name or address without a port, got '{printable(text)}'")
     return text.strip("[]")
 
 
