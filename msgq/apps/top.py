@@ -17,6 +17,7 @@ import time
 from typing import Dict, List, Optional
 
 from msgq import _msgq
+from msgq._printable import printable
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
 
@@ -75,6 +76,9 @@ def snapshot(directory: str, prefix: Optional[str]) -> Dict[str, dict]:
     read as a segment maps to ``{"error": why}``."""
     taken = {}
     for name in list_segments(directory, prefix):
+        if not name.isascii():  # msgq names are ASCII: someone else's file (os.listdir kept its bytes)
+            taken[name] = {"error": "not a msgq segment name (not ASCII)", "_t": time.monotonic()}
+            continue
         try:
             stats = _msgq.segment_stats(directory, name)
         except (IpcError, OSError) as exc:
@@ -188,7 +192,7 @@ def render(report: dict, show_prefix: bool, header: str = "") -> str:
     for t in report["topics"]:
         label = _label(t, show_prefix)
         if "error" in t:
-            lines.append(f"{label:<{name_width}}  error: {t['error']}")
+            lines.append(f"{label:<{name_width}}  error: {printable(t['error'])}")
             continue
         state = "stale" if t["stale"] else "superseded" if t["superseded"] else ""
         pub = "-" if t["publisher_pid"] is None else str(t["publisher_pid"])
@@ -210,7 +214,8 @@ def render(report: dict, show_prefix: bool, header: str = "") -> str:
 
 
 def _label(topic: dict, show_prefix: bool) -> str:
-    return f"{topic['prefix']}@{topic['topic']}" if show_prefix and topic["prefix"] else topic["topic"]
+    """The topic's name as printed: escaped (file names in /dev/shm may be anyone's)."""
+    return printable(f"{topic['prefix']}@{topic['topic']}" if show_prefix and topic["prefix"] else topic["topic"])
 
 
 class _Keys:
@@ -313,7 +318,7 @@ def main(argv=None) -> int:
             from msgq.apps.diagnostics import problems
 
             found = problems(build_report({}, snapshot(directory, prefix)))
-            out.write("\n".join(found) + "\n" if found else "no problems\n")
+            out.write("\n".join(printable(line) for line in found) + "\n" if found else "no problems\n")
             out.flush()
             return 1 if found else 0
         if args.json or args.once:
@@ -330,8 +335,8 @@ def main(argv=None) -> int:
             while not keys.wait(args.interval or 1.0):
                 after = snapshot(directory, prefix)
                 title = (
-                    f"msgq-top  {time.strftime('%H:%M:%S')}  dir {directory}  "
-                    f"prefix {'(all)' if prefix is None else prefix or '(none)'}  "
+                    f"msgq-top  {time.strftime('%H:%M:%S')}  dir {printable(directory)}  "
+                    f"prefix {'(all)' if prefix is None else printable(prefix) or '(none)'}  "
                     f"every {args.interval or 1.0:g}s  q: quit"
                 )
                 out.write(CLEAR + render(build_report(before, after), show_prefix, title))

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 
+from msgq._printable import printable
 from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
 
 
@@ -37,7 +38,9 @@ class Stopper:
 
 
 def error(prog: str, message: str) -> int:
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    """``message`` as one escaped line (msgq._printable: names from files and other users'
+    processes may hold terminal escapes), exit status 2."""
+    print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     return 2
 
 

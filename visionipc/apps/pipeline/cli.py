@@ -92,10 +92,11 @@ def run(args, step) -> int:
 
     from visionipc.apps.pipeline import export, health, metrics, report
     from visionipc.apps.pipeline.frames import segments_df
-    from visionipc.apps.pipeline.read import find_recordings, read_index
+    from visionipc.apps.pipeline.read import find_recordings, index_files, read_index
     from visionipc.apps.pipeline.session import spark_session
 
     recs = find_recordings(args.recordings)
+    index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)
     step(f"{len(recs)} recording(s); starting Spark ({args.master or 'local[*]'})")
@@ -106,7 +107,7 @@ def run(args, step) -> int:
     if not args.verbose:  # failures are reported once, by main(), not as JVM stack traces
         spark.sparkContext.setLogLevel("OFF")
     try:
-        index = read_index(spark, recs, skip_empty=args.skip_empty)
+        index = read_index(spark, recs, skip_empty=args.skip_empty, validate=False)
         streams = health.streams_df(
             spark, recs, skip_empty=args.skip_empty, validate=False
         ).cache()  # no shuffle of the index
@@ -192,28 +193,31 @@ def _spark_message(exc) -> str:
 
 
 def main(argv=None) -> int:
+    """Exit status 0; 2 for bad input (a missing or hostile recording); 1 for a failure
+    (in Spark or writing the results): one line on stderr, never a traceback."""
+    from msgq._printable import printable
+
     args = parse_args(argv)
     step = Steps(args.quiet)
     from visionipc.apps.pipeline.read import RecordingError
 
+    def fail(message: str, status: int) -> int:
+        print(f"vipc-analyze: error: {printable(message)}", file=sys.stderr)
+        return status
+
     try:
         return run(args, step)
-    except (FileNotFoundError, RecordingError) as e:
-        print(f"vipc-analyze: error: {e}", file=sys.stderr)
-        return 2
-    except ImportError as e:
-        print(f"vipc-analyze: error: {e}", file=sys.stderr)
-        return 2
+    except (FileNotFoundError, RecordingError, ImportError) as e:
+        return fail(str(e), 2)
     except Exception as e:  # errors raised inside Spark tasks arrive wrapped
         try:
             from py4j.protocol import Py4JJavaError
             from pyspark.errors import PySparkException
         except ImportError:
-            raise e from None
+            PySparkException = Py4JJavaError = ()
         if isinstance(e, (PySparkException, Py4JJavaError)):
-            print(f"vipc-analyze: error: {_spark_message(e)}", file=sys.stderr)
-            return 1
-        raise
+            return fail(_spark_message(e), 1)
+        return fail(f"{type(e).__name__}: {e}", 1)
 
 
 if __name__ == "__main__":

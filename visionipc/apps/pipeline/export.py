@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from visionipc.apps.pipeline.frames import iter_segment, to_bgr
+from visionipc.apps.record.checks import RecordingError, check_stream
 
 KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
 MANIFEST_COLUMNS = [
@@ -71,8 +72,21 @@ def select_around_drops(index_df, drops_df, window: int = 2):
 
 
 def image_name(recording_id: str, stream: str, frame_id: int, image_format: str) -> str:
-    """Where a frame goes, relative to the export folder."""
-    return os.path.join(recording_id, stream, f"{frame_id:09d}.{image_format}")
+    """Where a frame goes, relative to the export folder (a stream name from a recording is
+    checked first: never ``/`` or ``..``; the recording id is a folder path found below the
+    common parent of the recordings, so it has no ``..``)."""
+    if os.path.isabs(recording_id) or ".." in recording_id.split(os.sep):
+        raise RecordingError(f"recording id {recording_id!r} is not a relative path")
+    return os.path.join(recording_id, check_stream(stream, recording_id), f"{frame_id:09d}.{image_format}")
+
+
+def inside(out_dir: str, rel: str) -> str:
+    """``out_dir/rel``, or RecordingError if it would resolve outside ``out_dir``."""
+    root = os.path.realpath(out_dir)
+    dest = os.path.realpath(os.path.join(root, rel))
+    if os.path.commonpath([root, dest]) != root:
+        raise RecordingError(f"{rel!r} would be written outside {out_dir!r}")
+    return dest
 
 
 def export_segment(selected, out_dir: str, image_format: str):
@@ -85,14 +99,17 @@ def export_segment(selected, out_dir: str, image_format: str):
         "recording_path": first["recording_path"],
         "segment": int(first["segment"]),
         "index_file": os.path.join(
-            first["recording_path"], "index", first["stream"], f"{int(first['segment']):06d}.parquet"
+            first["recording_path"],
+            "index",
+            check_stream(first["stream"], first["recording_path"]),
+            f"{int(first['segment']):06d}.parquet",
         ),
     }
     reasons = dict(zip(selected["position"].astype(int), selected["reason"]))
     rows = []
     for row, image, storage in iter_segment(segment, positions=reasons):
         rel = image_name(first["recording_id"], first["stream"], int(row["frame_id"]), image_format)
-        dest = os.path.join(out_dir, rel)
+        dest = inside(out_dir, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
         if not cv2.imwrite(dest, picture):

@@ -120,11 +120,19 @@ def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
 
 
-def read_segment_index(index_file: str):
-    """The index rows of one segment, in position order (pandas)."""
+def read_segment_index(index_file: str, recording_path: str = None):
+    """The index rows of one segment, in position order (pandas); the file is opened by
+    visionipc.apps.record.checks.open_file (a regular file inside the recording)."""
+    import os
+
     import pyarrow.parquet as pq
 
-    return pq.read_table(index_file, schema=INDEX_ARROW_SCHEMA).to_pandas().sort_values("position", ignore_index=True)
+    from visionipc.apps.record.checks import open_file
+
+    folder = recording_path or os.path.dirname(os.path.dirname(os.path.dirname(index_file)))
+    with os.fdopen(open_file(folder, os.path.relpath(index_file, folder).replace(os.sep, "/")), "rb") as f:
+        table = pq.read_table(f, schema=INDEX_ARROW_SCHEMA)
+    return table.to_pandas().sort_values("position", ignore_index=True)
 
 
 def iter_segment(segment: dict, positions=None):
@@ -134,7 +142,7 @@ def iter_segment(segment: dict, positions=None):
 
     from visionipc.apps.record.reader import iter_segment_frames
 
-    index = read_segment_index(segment["index_file"])
+    index = read_segment_index(segment["index_file"], segment["recording_path"])
     if positions is not None:
         index = index[index["position"].isin([int(p) for p in positions])]
     if len(index) == 0:

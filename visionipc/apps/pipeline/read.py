@@ -10,12 +10,20 @@ all of them as one Spark DataFrame (Spark's own Parquet reader, in parallel),
 from __future__ import annotations
 
 import glob
-import json
 import os
 from dataclasses import dataclass
 
 import pyarrow as pa
 
+from msgq._printable import printable
+from visionipc.apps.record.checks import (
+    RecordingError,
+    check_relpath,
+    check_stream,
+    open_file,
+    parse_manifest,
+    read_file,
+)
 from visionipc.apps.record.index import index_schema
 
 INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
@@ -23,10 +31,6 @@ INDEX_SPARK_SCHEMA = ", ".join(
     f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
     for f in INDEX_ARROW_SCHEMA
 )
-
-
-class RecordingError(ValueError):
-    """A recording that cannot be analysed: empty, or with a broken index file."""
 
 
 @dataclass(frozen=True)
@@ -92,30 +96,65 @@ def find_recordings(inputs) -> list:
 
 
 def recording_info(recording: Recording) -> dict:
-    """recording.json as a dict ({} when the recorder has not written one yet)."""
-    try:
-        with open(os.path.join(recording.path, "recording.json")) as f:
-            return json.load(f)
-    except FileNotFoundError:
+    """recording.json as a dict ({} when the recorder has not written one yet), read and
+    checked like every file a recording names (visionipc.apps.record.checks)."""
+    from visionipc.apps.record.checks import MAX_MANIFEST_BYTES
+
+    if not os.path.lexists(os.path.join(recording.path, "recording.json")):
         return {}
-    except (OSError, ValueError) as e:
-        raise RecordingError(f"{recording.path}/recording.json is unreadable: {e}") from e
+    where = os.path.join(recording.path, "recording.json")
+    return parse_manifest(read_file(recording.path, "recording.json", MAX_MANIFEST_BYTES), where)
 
 
-def check_index_file(path: str) -> None:
-    """Raise RecordingError unless ``path`` is a Parquet file with the index columns and types."""
+def _relative(folder: str, path: str) -> str:
+    return os.path.relpath(path, folder).replace(os.sep, "/")
+
+
+def check_index_file(path: str, folder: str = None) -> None:
+    """Raise RecordingError unless ``path`` (``folder/index/<stream>/NNNNNN.parquet``) is a
+    regular file inside the recording ``folder``, a Parquet file with the index columns and
+    types, whose ``stream`` column only names its own stream."""
     import pyarrow.parquet as pq
 
-    try:
-        schema = pq.read_schema(path)
-    except (OSError, pa.ArrowException) as e:
-        raise RecordingError(f"corrupt index file {path}: {e}") from e
-    for field in INDEX_ARROW_SCHEMA:
-        if field.name not in schema.names:
-            raise RecordingError(f"index file {path} has no column {field.name!r} (docs/recording-format.md)")
-        got = schema.field(field.name).type
-        if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
-            raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
+    folder = folder or os.path.dirname(os.path.dirname(os.path.dirname(path)))
+    stream = os.path.basename(os.path.dirname(path))
+    check_stream(stream, folder)
+    with os.fdopen(open_file(folder, _relative(folder, path)), "rb") as f:
+        try:
+            schema = pq.read_schema(f)
+        except (OSError, pa.ArrowException) as e:
+            raise RecordingError(f"corrupt index file {path}: {e}") from e
+        for field in INDEX_ARROW_SCHEMA:
+            if field.name not in schema.names:
+                raise RecordingError(f"index file {path} has no column {field.name!r} (docs/recording-format.md)")
+            got = schema.field(field.name).type
+            if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
+                raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
+        f.seek(0)
+        try:
+            table = pq.read_table(f, columns=["stream", "position", "segment_file"])
+        except (OSError, pa.ArrowException) as e:
+            raise RecordingError(f"corrupt index file {path}: {e}") from e
+    _check_index_rows(table, path, stream, folder)
+
+
+def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
+    """The columns that name things: one stream (the folder's), positions 0..rows-1, and
+    segment files that can only be inside the recording (opened later by checks.open_file)."""
+    import pyarrow.compute as pc
+
+    names = table.column("stream").unique().to_pylist()
+    if names and names != [stream]:
+        raise RecordingError(
+            f"index file {path} names stream(s) {printable(repr(names[:3]))}, not only its folder's {stream!r}"
+        )
+    positions = table.column("position")
+    if positions.null_count or (
+        len(table) and not (pc.min(positions).as_py() >= 0 and pc.max(positions).as_py() < len(table))
+    ):
+        raise RecordingError(f"index file {path}: positions must be 0..{len(table) - 1} (one per row)")
+    for segment_file in table.column("segment_file").unique().to_pylist():
+        check_relpath(segment_file, folder)
 
 
 def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
@@ -133,8 +172,10 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) 
             f"{', '.join(empty)}" + ("" if skip_empty else " (skip them with skip_empty / --skip-empty)")
         )
     if validate:
-        for _, _, _, path in out:
-            check_index_file(path)
+        for rec in recordings:
+            recording_info(rec)  # recording.json checked (visionipc.apps.record.checks)
+        for rec, _, _, path in out:
+            check_index_file(path, rec.path)
     return out
 
 

@@ -11,6 +11,7 @@ import json
 import os
 import time
 
+from msgq._printable import printable
 from visionipc.apps._cli import UsageError, need
 
 FORMAT_VERSION = 1
@@ -28,6 +29,7 @@ INDEX_COLUMNS = (
     "position",
     "segment_file",
 )
+MAX_ROWS = 10_000_000  # rows of one stream's index or one topic (about 4 days at 30 fps)
 TOPIC_COLUMNS = ("topic", "seq", "receive_time", "data", "segment")
 
 
@@ -107,18 +109,19 @@ def clock_now() -> dict:
 
 
 def read_manifest(folder: str) -> dict:
+    """recording.json, read safely and checked (checks.parse_manifest): RecordingError
+    (a UsageError) if it is missing, not a regular file inside ``folder``, or hostile."""
+    from visionipc.apps.record.checks import read_manifest_file
+
     if not os.path.isdir(folder):
-        raise UsageError(f"{folder!r} is not a folder")
-    path = os.path.join(folder, "recording.json")
-    try:
-        with open(path) as f:
-            doc = json.load(f)
-    except FileNotFoundError:
-        raise UsageError(f"{folder!r} is not a recording (no recording.json)") from None
-    except (OSError, ValueError) as e:
-        raise UsageError(f"cannot read {path}: {e}") from None
+        raise UsageError(f"'{printable(folder)}' is not a folder")
+    if not os.path.lexists(os.path.join(folder, "recording.json")):
+        raise UsageError(f"'{printable(folder)}' is not a recording (no recording.json)")
+    doc = read_manifest_file(folder)
     if doc.get("format_version") != FORMAT_VERSION:
-        raise UsageError(f"{path}: format_version {doc.get('format_version')!r} is not {FORMAT_VERSION}")
+        path = os.path.join(folder, "recording.json")
+        got = printable(repr(doc.get("format_version")))[:40]
+        raise UsageError(f"{printable(path)}: format_version {got} is not {FORMAT_VERSION}")
     return doc
 
 
@@ -132,20 +135,42 @@ def complete_segments(folder: str, kind: str, name: str) -> list:
     return [os.path.join(where, n) for n in names]
 
 
-def read_index(folder: str, stream: str):
-    """The whole frame index of one stream (a pyarrow Table, rows in recorded order)."""
+def _read_tables(folder: str, kind: str, name: str, schema):
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    paths = complete_segments(folder, "index", stream)
+    from visionipc.apps.record.checks import RecordingError, check_stream, open_file
+
+    check_stream(name, folder)
+    paths = complete_segments(folder, kind, name)
     if not paths:
-        return index_schema().empty_table()
-    return pa().concat_tables([pq.read_table(p, schema=index_schema()) for p in paths])
+        return schema.empty_table()
+    tables, rows = [], 0
+    for path in paths:
+        rel = os.path.relpath(path, folder).replace(os.sep, "/")
+        with os.fdopen(open_file(folder, rel), "rb") as f:
+            try:
+                rows += pq.ParquetFile(f).metadata.num_rows
+                if rows > MAX_ROWS:
+                    raise RecordingError(f"{printable(path)}: more than {MAX_ROWS} rows in {kind}/{name}")
+                f.seek(0)
+                table = pq.read_table(f, schema=schema)
+            except (OSError, pa().ArrowException) as e:
+                raise RecordingError(f"corrupt {kind} file {printable(path)}: {printable(str(e))}") from None
+        nulls = [c for c in schema.names if table.column(c).null_count]
+        if nulls:
+            raise RecordingError(f"{printable(path)}: empty (null) values in column(s) {', '.join(nulls)}")
+        if "frame_id" in schema.names and len(table) and pc.min(table.column("frame_id")).as_py() < 0:
+            raise RecordingError(f"{printable(path)}: negative frame_id (frame ids count up from 0)")
+        tables.append(table)
+    return pa().concat_tables(tables)
+
+
+def read_index(folder: str, stream: str):
+    """The whole frame index of one stream (a pyarrow Table, rows in recorded order);
+    every file opened by checks.open_file (a regular file inside ``folder``)."""
+    return _read_tables(folder, "index", stream, index_schema())
 
 
 def read_topic(folder: str, topic: str):
-    import pyarrow.parquet as pq
-
-    paths = complete_segments(folder, "topics", topic)
-    if not paths:
-        return topic_schema().empty_table()
-    return pa().concat_tables([pq.read_table(p, schema=topic_schema()) for p in paths])
+    return _read_tables(folder, "topics", topic, topic_schema())

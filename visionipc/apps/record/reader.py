@@ -11,43 +11,75 @@ ones a BGR image (GRAY8: gray).
 
 import os
 
+from msgq._printable import printable
 from visionipc.apps._cli import need
 from visionipc.apps.record import index
+from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path
 from visionipc.apps.record.storage import Storage
+
+
+def open_video(cv2, folder, segment_file, storage):
+    """An opened cv2.VideoCapture of ``segment_file`` (checks.open_file: a regular file
+    inside ``folder``; FFmpeg reads it through the checked descriptor), and that descriptor."""
+    fd = open_file(folder, segment_file)
+    try:
+        cap = cv2.VideoCapture(proc_path(fd), cv2.CAP_FFMPEG, storage.reader_params())
+        if not cap.isOpened():
+            raise RecordingError(
+                f"cannot open {printable(os.path.join(folder, segment_file))}: not a video OpenCV reads"
+            )
+        size = (int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)))
+        if size != tuple(storage.image_size):
+            cap.release()
+            raise RecordingError(
+                f"{printable(os.path.join(folder, segment_file))}: the video is {size[0]}x{size[1]}, "
+                f"recording.json says {storage.image_size[0]}x{storage.image_size[1]}"
+            )
+        return cap, fd
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def iter_segment_frames(cv2, folder, rows, storage):
     """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order)."""
-    cap, current, position = None, None, 0
+    cap, fd, current, position = None, None, None, 0
     try:
         for segment_file, want in rows:
             if segment_file != current:
                 if cap is not None:
                     cap.release()
-                path = os.path.join(folder, segment_file)
-                cap = cv2.VideoCapture(path, cv2.CAP_FFMPEG, storage.reader_params())
-                if not cap.isOpened():
-                    raise RuntimeError(f"cannot open {path}")
+                    os.close(fd)
+                    cap = None
+                cap, fd = open_video(cv2, folder, segment_file, storage)
                 current, position = segment_file, 0
             while True:
                 ok, image = cap.read()
                 if not ok:
-                    raise RuntimeError(f"{segment_file} ends before frame position {want}")
+                    raise RecordingError(f"{printable(segment_file)} ends before frame position {want}")
                 position += 1
                 if position - 1 == want:
                     break
+            if (image.shape[1], image.shape[0]) != tuple(storage.image_size):
+                raise RecordingError(
+                    f"{printable(segment_file)}: frame {want} is {image.shape[1]}x{image.shape[0]}, "
+                    f"recording.json says {storage.image_size[0]}x{storage.image_size[1]}"
+                )
             if not storage.is_color and image.ndim == 3:  # FFmpeg hands 8-bit gray back as BGR
                 image = image[..., 0].copy()
             yield image
     finally:
         if cap is not None:
             cap.release()
+            os.close(fd)
 
 
 def iter_frames(folder: str, stream: str):
     """``(row, image)`` for every frame of ``stream`` in the recording, in order."""
     cv2 = need("cv2", "record")
     manifest = index.read_manifest(folder)
+    if check_stream(stream, folder) not in manifest.get("streams", {}):
+        raise RecordingError(f"{printable(folder)}: no stream {stream!r} in recording.json")
     storage = Storage.from_manifest(cv2, manifest["streams"][stream])
     rows = index.read_index(folder, stream).to_pylist()
     images = iter_segment_frames(cv2, folder, [(r["segment_file"], r["position"]) for r in rows], storage)

@@ -2,14 +2,17 @@
 original frame ids and timing (intervals scaled by --rate), in a deterministic order."""
 
 import argparse
+import os
 import queue
 import sys
 import threading
 import time
 
+from msgq._printable import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, need, run_command
 from visionipc.apps.record import index
-from visionipc.apps.record.reader import iter_segment_frames
+from visionipc.apps.record.checks import RecordingError
+from visionipc.apps.record.reader import iter_segment_frames, open_video
 from visionipc.apps.record.storage import Storage
 
 PROG = "vipc-replay"
@@ -107,7 +110,8 @@ class Decoder(threading.Thread):
                     return None
                 continue
             if image is None:
-                raise RuntimeError(f"stream {self.stream}: {self.error}")
+                kind = RecordingError if isinstance(self.error, RecordingError) else RuntimeError
+                raise kind(f"stream {self.stream}: {self.error}")
             return image
 
 
@@ -139,6 +143,43 @@ def _timeline(folder, manifest, streams, topics):
     return events, tables
 
 
+def _memory_available() -> int:
+    """MemAvailable of /proc/meminfo in bytes (no limit known: a very large number)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 1 << 62
+
+
+def _storages(cv2, folder, recorded, streams, tables, buffers) -> dict:
+    """Each stream's Storage, once its first video is checked to have the size recording.json
+    says and its buffer pool is known to fit the available memory (before anything is reserved)."""
+    from visionipc.formats import layout
+
+    storages, pool_bytes = {}, 0
+    for s in streams:
+        info = recorded[s]
+        try:
+            storages[s] = Storage.from_manifest(cv2, info)
+        except ValueError as e:
+            raise RecordingError(f"{folder}/recording.json: stream {s!r}: {e}") from None
+        cap, fd = open_video(cv2, folder, tables[s].column("segment_file")[0].as_py(), storages[s])
+        cap.release()
+        os.close(fd)
+        pool_bytes += buffers * layout(info["format"], info["width"], info["height"]).size
+    available = _memory_available()
+    if pool_bytes > available // 2:
+        raise RecordingError(
+            f"replaying {', '.join(streams)} needs {pool_bytes >> 20} MiB of buffers, more than half the "
+            f"{available >> 20} MiB available: use fewer --buffers or --stream"
+        )
+    return storages
+
+
 def run(args) -> int:
     rate = _rate(args.rate)
     cv2 = need("cv2", "record")
@@ -158,6 +199,7 @@ def run(args) -> int:
 
     if not 1 <= args.buffers <= MAX_BUFFERS:
         raise UsageError(f"--buffers must be in 1..{MAX_BUFFERS}")
+    storages = _storages(cv2, args.dir, recorded, streams, tables, args.buffers)
     stopper = Stopper()
     stop = stopper.event
     server, pubs, decoders = None, {}, {}
@@ -166,11 +208,9 @@ def run(args) -> int:
             server = VisionIpcServer(args.name)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        storages = {}
         for s in streams:
             info = recorded[s]
             server.create_buffers(s, args.buffers, info["width"], info["height"], info["format"])
-            storages[s] = Storage.from_manifest(cv2, info)
         server.start_listener()
         import msgq
 
@@ -243,7 +283,11 @@ def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int
 
 
 def main(argv=None) -> int:
-    return run_command(PROG, build_parser(), run, argv)
+    try:
+        return run_command(PROG, build_parser(), run, argv)
+    except (RuntimeError, OSError) as e:  # a failure, not bad input: one line, exit 1
+        print(f"{PROG}: error: {printable(str(e))}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -1,0 +1,197 @@
+"""A recording is untrusted input: the checks every reader of one shares (the
+reader, vipc-replay, the Spark pipeline).
+
+- ``open_file(folder, relpath)``: a file the recording names, opened only if it is a
+  regular file inside ``folder``: the path is relative with no ``..``, no component is
+  a symlink (``O_NOFOLLOW`` on every step, each opened relative to the one before),
+  and the last step is opened ``O_NONBLOCK`` then ``fstat``-ed, so a FIFO, device,
+  socket or directory is refused instead of blocking the reader forever.
+- ``parse_manifest(data, where)``: recording.json's bytes -> a checked dict (size,
+  JSON nesting depth, stream names, formats, frame sizes).
+- ``check_stream(name, where)``: a stream name as every VisionIPC stream is named
+  (``visionipc._streams.stream_key``): never ``/``, ``..`` or a leading ``.``.
+
+Every failure is a ``RecordingError`` (a ``UsageError``: one line, exit status 2),
+whose text shows names escaped (``msgq.printable``).
+"""
+
+import errno
+import json
+import os
+import stat
+
+from msgq._printable import printable
+from msgq.errors import IpcError
+from visionipc._optional import UsageError
+
+MAX_MANIFEST_BYTES = 1 << 20  # recording.json is a few KiB
+MAX_JSON_DEPTH = 8  # recording.json nests 4 deep
+MAX_SIDE = 16384  # widest / tallest frame a recording may describe
+MAX_STREAMS = 256
+
+
+class RecordingError(UsageError, ValueError):
+    """A recording that cannot be read: missing, broken or hostile files in it."""
+
+
+def _error(where, what: str) -> RecordingError:
+    return RecordingError(f"{printable(os.fspath(where))}: {what}")
+
+
+def _parts(relpath, folder):
+    if not isinstance(relpath, str):
+        raise _error(folder, f"a file name in the recording must be a str, not {type(relpath).__name__}")
+    parts = relpath.split("/")
+    if relpath.startswith("/") or "\0" in relpath or any(p in ("", ".", "..") for p in parts):
+        raise _error(folder, f"'{printable(relpath)}' is not a path inside the recording (absolute, '..' or empty)")
+    return parts
+
+
+def check_relpath(relpath, folder) -> str:
+    """``relpath`` if it can name a file inside ``folder`` (relative, no ``..``), else RecordingError."""
+    _parts(relpath, folder)
+    return relpath
+
+
+def open_file(folder, relpath: str) -> int:
+    """A descriptor (O_RDONLY, close-on-exec; the caller closes it) of the regular file
+    ``relpath`` (``/``-separated) inside the recording ``folder``, or RecordingError."""
+    parts = _parts(relpath, folder)
+    shown = f"{printable(os.fspath(folder))}/{printable(relpath)}"
+    step = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = None
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            nxt = os.open(part, step | (os.O_NONBLOCK if last else os.O_DIRECTORY), dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise RecordingError(f"cannot open {shown}: not a regular file ({_kind(mode)})")
+        os.set_blocking(fd, True)
+        opened, fd = fd, None
+        return opened
+    except FileNotFoundError:
+        raise RecordingError(f"cannot open {shown}: no such file") from None
+    except OSError as e:  # ELOOP / ENOTDIR: a symlink or a non-folder on the way
+        why = (
+            "a symlink on the way"
+            if e.errno in (errno.ELOOP, errno.ENOTDIR)
+            else "not a regular file (a socket or a device)"
+            if e.errno in (errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP)
+            else e.strerror
+        )
+        raise RecordingError(f"cannot open {shown}: {why}") from None
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISDIR, "a folder"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+    ):
+        if test(mode):
+            return name
+    return "not a file"
+
+
+def read_file(folder, relpath: str, limit: int) -> bytes:
+    """The bytes of ``open_file(folder, relpath)``; larger than ``limit``: RecordingError."""
+    with os.fdopen(open_file(folder, relpath), "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _error(os.path.join(folder, relpath), f"larger than {limit} bytes: not a file this format writes")
+    return data
+
+
+def proc_path(fd: int) -> str:
+    """A path naming the open file ``fd`` itself (for libraries that want a path, such as
+    FFmpeg): opening it reaches the checked file, whatever is renamed meanwhile."""
+    return f"/proc/self/fd/{fd}"
+
+
+def check_stream(name, where) -> str:
+    from visionipc._streams import stream_key
+
+    try:
+        if not isinstance(name, str):
+            raise IpcError(f"a stream name is a str, not {type(name).__name__}")
+        return stream_key(name)
+    except IpcError as e:
+        raise _error(where, printable(str(e))) from None
+
+
+def _depth(doc) -> int:
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        node, depth = todo.pop()
+        deepest = max(deepest, depth)
+        if depth > MAX_JSON_DEPTH:
+            break
+        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+        todo.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def _side(info: dict, key: str, where) -> int:
+    value = info.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
+        raise _error(where, f"{key} {printable(repr(value))[:40]} is not an int in 1..{MAX_SIDE}")
+    return value
+
+
+def parse_manifest(data: bytes, where) -> dict:
+    """recording.json's bytes -> its dict, checked: at most MAX_MANIFEST_BYTES, nested at
+    most MAX_JSON_DEPTH deep, ``streams`` named like VisionIPC streams, each with a known
+    format and a width and height in 1..MAX_SIDE; ``topics`` a list of topic names."""
+    from msgq.names import validate_name
+    from visionipc.formats import FORMATS
+
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise _error(where, f"larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise _error(where, f"JSON nested deeper than {MAX_JSON_DEPTH}") from None
+    except ValueError as e:  # also UnicodeDecodeError
+        raise _error(where, f"not JSON ({printable(str(e))})") from None
+    if not isinstance(doc, dict):
+        raise _error(where, "not a JSON object")
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise _error(where, f"JSON nested deeper than {MAX_JSON_DEPTH}")
+    streams = doc.get("streams", {})
+    if not isinstance(streams, dict) or len(streams) > MAX_STREAMS:
+        raise _error(where, f"'streams' must be an object of at most {MAX_STREAMS} streams")
+    for name, info in streams.items():
+        check_stream(name, where)
+        if not isinstance(info, dict):
+            raise _error(where, f"stream {name!r} is not an object")
+        if info.get("format") not in FORMATS:
+            raise _error(
+                where, f"stream {name!r}: format {printable(repr(info.get('format')))[:40]} is not one of {FORMATS}"
+            )
+        _side(info, "width", where)
+        _side(info, "height", where)
+    topics = doc.get("topics", [])
+    if not isinstance(topics, list):
+        raise _error(where, "'topics' must be a list of topic names")
+    for topic in topics:
+        try:
+            validate_name(topic, "topic name")
+        except IpcError as e:
+            raise _error(where, printable(str(e))) from None
+    return doc
+
+
+def read_manifest_file(folder) -> dict:
+    """``folder/recording.json`` read safely and checked (``parse_manifest``)."""
+    return parse_manifest(
+        read_file(folder, "recording.json", MAX_MANIFEST_BYTES), os.path.join(folder, "recording.json")
+    )
