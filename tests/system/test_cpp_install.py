@@ -54,6 +54,7 @@ def installed():
             "project(visionipc_consumer LANGUAGES CXX)\n"
             f'add_subdirectory("{ROOT}/examples/cpp" examples)\n'
             f'add_subdirectory("{ROOT}/cpp/tests/compat" compat)\n'
+            f'add_subdirectory("{ROOT}/cpp/tests/api" api)\n'
         )
         gen = ["-G", "Ninja"] if shutil.which("ninja") else []
         _run(
@@ -110,6 +111,11 @@ def test_the_install_has_headers_both_libraries_a_cmake_package_and_pkg_config(i
 @pytest.mark.parametrize("suite", ["test_messaging", "test_poller", "test_visionipc"])
 def test_the_reference_test_scenarios_pass_in_cpp(installed, suite):
     out = _run([_find(installed, f"compat_{suite}")], timeout=60)
+    assert "test(s) passed" in out
+
+
+def test_the_native_api_topics_frames_errors_fds_and_leases(installed):
+    out = _run([_find(installed, "test_native_api")], timeout=60)
     assert "test(s) passed" in out
 
 
@@ -187,6 +193,30 @@ def test_cpp_daemon_frames_reach_a_python_client_intact(installed):
     assert daemon.returncode == 0, out
 
 
+def test_vipc_record_records_the_cpp_daemon_unchanged(installed, tmp_path):
+    from msgq.testing import unique_name
+    from visionipc.apps.record.reader import iter_frames
+
+    name = unique_name("cam")
+    daemon = subprocess.Popen(
+        [_find(installed, "vipc_camera_daemon"), "--name", name, "--fps", "50", "--width", "64", "--height", "48"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        recorder = os.path.join(os.path.dirname(sys.executable), "vipc-record")
+        out = tmp_path / "rec"
+        _run([recorder, "--name", name, "--stream", "0", "--out", out, "--frames", "5", "--lossless", "-q"], timeout=60)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=10)
+    frames = list(iter_frames(str(out), "0"))
+    assert len(frames) == 5
+    ids = [row["frame_id"] for row, _ in frames]
+    assert ids == list(range(ids[0], ids[0] + 5))
+
+
 def test_a_python_server_frames_reach_the_cpp_consumer_intact(installed):
     from msgq.testing import unique_name
     from visionipc import VisionIpcServer
@@ -239,4 +269,3 @@ def test_the_daemon_refuses_a_missing_v4l2_device_clearly(installed):
     )
     assert proc.returncode == 2
     assert "/dev/video-none-such" in proc.stdout and "No such file" in proc.stdout
-    assert sys.executable  # the daemon needs no Python

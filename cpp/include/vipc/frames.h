@@ -49,13 +49,13 @@ struct FrameInfo {
 
 struct ServerOptions {
   RunOptions run;
-  std::vector<unsigned> allowed_uids;  // users besides our own that may connect
+  std::vector<unsigned> allowed_uids = {};  // users besides our own that may connect
 };
 
 struct ClientOptions {
   RunOptions run;
   bool conflate = false;               // recv() skips to the newest frame
-  std::vector<unsigned> trusted_uids;  // server users trusted besides our own and root
+  std::vector<unsigned> trusted_uids = {};  // server users trusted besides our own and root
 };
 
 // One buffer checked out of a server's pool: fill data(), then FrameServer::send().
