@@ -52,8 +52,11 @@ class ShmSubSocket : public SubSocket {
       return -1;
     }
     sub_.reset();
-    vipc::TopicOptions options{vipc::RunOptions::from_environment(), segment_size, conflate};
-    return attempt(&why_, [&] { sub_.emplace(endpoint, options); }) ? 0 : -1;
+    return attempt(&why_, [&] {
+      const vipc::TopicOptions options{vipc::RunOptions::from_environment(), segment_size, conflate,
+                                       vipc::RunOptions::spin_from_environment()};
+      sub_.emplace(endpoint, options);
+    }) ? 0 : -1;
   }
   void setTimeout(int timeout) override { timeout_ms_ = timeout < 0 ? -1 : timeout; }
   Message* receive(bool non_blocking) override {

@@ -38,4 +38,15 @@ RunOptions RunOptions::from_environment() {
   return r;
 }
 
+std::chrono::microseconds RunOptions::spin_from_environment() {
+  const char* text = std::getenv("MSGQ_SPIN_US");
+  if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
+  char* end = nullptr;
+  const long long us = std::strtoll(text, &end, 10);
+  if (*end != '\0' || us < 0) {
+    throw Error(ErrorKind::invalid_argument, std::string("MSGQ_SPIN_US='") + text + "' must be a non-negative integer (microseconds)");
+  }
+  return std::chrono::microseconds(us);
+}
+
 }  // namespace vipc

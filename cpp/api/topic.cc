@@ -86,7 +86,9 @@ struct Subscriber::Impl {
 
 Subscriber::Subscriber(std::string_view topic, const TopicOptions& options)
     : impl_(api::guarded([&] {
-        return std::make_unique<Impl>(std::make_shared<msgq::Subscriber>(spec_for(topic, options), options.conflate));
+        auto sub = std::make_shared<msgq::Subscriber>(spec_for(topic, options), options.conflate);
+        sub->set_spin_limit_ns(std::chrono::nanoseconds(options.spin).count());
+        return std::make_unique<Impl>(std::move(sub));
       })) {}
 Subscriber::~Subscriber() = default;
 Subscriber::Subscriber(Subscriber&&) noexcept = default;

@@ -47,8 +47,11 @@ struct RunOptions {
   std::string shm_dir = "/dev/shm";  // MSGQ_SHM_DIR: the directory of the topic segments
 
   // MSGQ_PREFIX (or the reference's OPENPILOT_PREFIX) and MSGQ_SHM_DIR, as the
-  // Python package reads them. The only place the C++ API reads the environment.
+  // Python package reads them. With spin_from_environment(), the only places
+  // the C++ API reads the environment.
   static RunOptions from_environment();
+  // MSGQ_SPIN_US (a subscriber's busy-wait before sleeping; TopicOptions::spin), default 50 us.
+  static std::chrono::microseconds spin_from_environment();
 };
 
 }  // namespace vipc

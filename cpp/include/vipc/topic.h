@@ -20,6 +20,10 @@ struct TopicOptions {
   RunOptions run;
   std::size_t segment_size = 0;  // ring bytes; 0: the existing segment's, or the default (10 MiB)
   bool conflate = false;         // subscribers: keep only the newest message
+  // Subscribers: the longest busy-wait of a blocking receive before it sleeps
+  // on a futex (Python's spin_us, MSGQ_SPIN_US; 0 never spins). Spinning
+  // saves the wake-up on an idle core; on an oversubscribed machine it costs.
+  std::chrono::microseconds spin{50};
 };
 
 using Bytes = std::vector<std::byte>;
