@@ -217,6 +217,32 @@ def test_vipc_record_records_the_cpp_daemon_unchanged(installed, tmp_path):
     assert ids == list(range(ids[0], ids[0] + 5))
 
 
+def test_vipc_view_shows_the_cpp_daemon_unchanged(installed):
+    import cv2
+    from view_helpers import ViewProcess
+
+    from msgq.testing import unique_name
+
+    name = unique_name("cam")
+    daemon = subprocess.Popen(
+        [_find(installed, "vipc_camera_daemon"), "--name", name, "--fps", "30", "--width", "64", "--height", "48"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        with ViewProcess("--name", name) as view:
+            view.wait_for(lambda s: "0" in s["streams"] and s["streams"]["0"]["live"], what="stream 0 live")
+            status, headers, body = view.get("/snapshot/0.jpg")
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.communicate(timeout=10)
+    assert status == 200 and int(headers["X-Frame-Id"]) >= 1
+    img = cv2.imdecode(np.frombuffer(body, np.uint8), cv2.IMREAD_COLOR).astype(int)
+    assert img.shape == (48, 64, 3)
+    assert np.abs(img[..., 0] - img[..., 2]).mean() < 4, "the pattern's chroma is neutral: a grey image"
+
+
 def test_a_python_server_frames_reach_the_cpp_consumer_intact(installed):
     from msgq.testing import unique_name
     from visionipc import VisionIpcServer
