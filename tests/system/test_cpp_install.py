@@ -97,6 +97,10 @@ def test_the_install_has_headers_both_libraries_a_cmake_package_and_pkg_config(i
     shared = _find(PREFIX, "libvisionipc.so")
     assert os.path.realpath(shared).endswith(".so.0.1.0")
     assert "SONAME" in _run(["objdump", "-p", shared]) and "libvisionipc.so.0.1" in _run(["objdump", "-p", shared])
+    exported = _run(["nm", "-DC", "--defined-only", shared])
+    assert "vipc::Publisher::send" in exported and "VisionIpcClient::recv" in exported and "vipc::Error" in exported
+    for internal in ("vipc::common::", "vipc::msgq::", "vipc::visionipc::", "vipc::api::"):
+        assert internal not in exported, f"libvisionipc.so exports internals ({internal})"
     assert _find(PREFIX, "libvisionipc.a").is_file()
     assert _find(PREFIX, "visionipc-config.cmake").is_file()
     pc = _find(PREFIX, "visionipc.pc")

@@ -17,16 +17,18 @@
 #include <utility>
 #include <vector>
 
+#include "vipc/export.h"
+
 #define MSG_MULTIPLE_PUBLISHERS 100
 
-class Context {
+class VIPC_API Context {
  public:
   static Context* create();
   ~Context() {}
 };
 
 // A received (or to be sent) message; owns its bytes.
-class Message {
+class VIPC_API Message {
  private:
   char* data = nullptr;
   size_t size = 0;
@@ -41,7 +43,7 @@ class Message {
   ~Message();
 };
 
-class SubSocket {
+class VIPC_API SubSocket {
  public:
   // endpoint: the topic name; address must be "127.0.0.1" (shared memory is local).
   virtual int connect(Context* context, std::string endpoint, std::string address, bool conflate = false,
@@ -56,7 +58,7 @@ class SubSocket {
   virtual ~SubSocket() {}
 };
 
-class PubSocket {
+class VIPC_API PubSocket {
  private:
   struct Impl;
   Impl* impl = nullptr;
@@ -71,7 +73,7 @@ class PubSocket {
   ~PubSocket();
 };
 
-class Poller {
+class VIPC_API Poller {
  public:
   virtual void registerSocket(SubSocket* socket) = 0;
   // The registered sockets with a message waiting, after at most `timeout` ms (-1: no limit).

@@ -6,6 +6,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "vipc/export.h"
+
 namespace vipc {
 
 // The library's version; the shared library's soname is libvisionipc.so.MAJOR.MINOR
@@ -27,7 +29,7 @@ enum class ErrorKind {
   timeout,              // a bounded wait ran out where the call cannot return "nothing"
 };
 
-class Error : public std::runtime_error {
+class VIPC_API Error : public std::runtime_error {
  public:
   Error(ErrorKind kind, const std::string& what) : std::runtime_error(what), kind_(kind) {}
   ErrorKind kind() const noexcept { return kind_; }
@@ -42,7 +44,7 @@ inline constexpr Timeout kForever{-1};
 
 // Where a run's shared memory lives. Processes that talk share these: the
 // prefix isolates every segment and socket name of a run.
-struct RunOptions {
+struct VIPC_API RunOptions {
   std::string prefix;                // MSGQ_PREFIX; "" = no prefix
   std::string shm_dir = "/dev/shm";  // MSGQ_SHM_DIR: the directory of the topic segments
 

@@ -61,7 +61,7 @@ struct ClientOptions {
 // One buffer checked out of a server's pool: fill data(), then FrameServer::send().
 // Move-only; a buffer dropped unsent stays checked out until the pool runs out
 // of free buffers and recycles it.
-class WriteBuffer {
+class VIPC_API WriteBuffer {
  public:
   WriteBuffer() = default;
   std::span<std::byte> data() const { return data_; }
@@ -84,7 +84,7 @@ class WriteBuffer {
   std::shared_ptr<void> mapping_;  // keeps the pool mapped while the buffer is out
 };
 
-class FrameServer {
+class VIPC_API FrameServer {
  public:
   explicit FrameServer(std::string_view name, const ServerOptions& options = {});
   ~FrameServer();  // stops the listener; clients' mappings stay valid until they drop them
@@ -114,7 +114,7 @@ class FrameServer {
 };
 
 // A received frame: its buffer's bytes (zero copy) and what the server sent with it.
-class Frame {
+class VIPC_API Frame {
  public:
   std::span<const std::byte> data() const { return data_; }
   uint32_t index() const { return index_; }
@@ -133,7 +133,7 @@ class Frame {
   std::shared_ptr<void> owner_;  // the client state and the mapping the bytes live in
 };
 
-class FrameClient {
+class VIPC_API FrameClient {
  public:
   FrameClient(std::string_view name, std::string_view stream, const ClientOptions& options = {});
   ~FrameClient();

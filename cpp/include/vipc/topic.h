@@ -28,7 +28,7 @@ struct TopicOptions {
 
 using Bytes = std::vector<std::byte>;
 
-class Publisher {
+class VIPC_API Publisher {
  public:
   // Creates or takes over the topic; the previous publisher's next send throws
   // Error(multiple_publishers).
@@ -55,7 +55,7 @@ class Publisher {
   std::unique_ptr<Impl> impl_;
 };
 
-class Subscriber {
+class VIPC_API Subscriber {
  public:
   explicit Subscriber(std::string_view topic, const TopicOptions& options = {});
   ~Subscriber();
@@ -82,7 +82,7 @@ class Subscriber {
 };
 
 // Waits on several subscribers at once.
-class Poller {
+class VIPC_API Poller {
  public:
   Poller();
   ~Poller();

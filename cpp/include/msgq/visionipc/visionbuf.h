@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "msgq/visionipc/visionipc.h"
+#include "vipc/export.h"
 
 #define VISIONBUF_SYNC_FROM_DEVICE 0
 #define VISIONBUF_SYNC_TO_DEVICE 1
@@ -17,7 +18,7 @@ typedef uint32_t VisionStreamType;
 constexpr VisionStreamType VISION_STREAM_LIST = 0xffffffff;
 constexpr size_t VISIONIPC_MAX_STREAMS = 64;
 
-class VisionBuf {
+class VIPC_API VisionBuf {
  public:
   size_t len = 0;
   size_t mmap_len = 0;

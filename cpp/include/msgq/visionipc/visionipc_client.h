@@ -9,7 +9,7 @@
 #include "msgq/ipc.h"
 #include "msgq/visionipc/visionbuf.h"
 
-class VisionIpcClient {
+class VIPC_API VisionIpcClient {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl;

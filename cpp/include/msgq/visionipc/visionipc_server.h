@@ -14,11 +14,11 @@
 #include "msgq/visionipc/visionbuf.h"
 
 // The msgq topic a stream's frames are announced on.
-std::string get_endpoint_name(std::string name, VisionStreamType type);
+VIPC_API std::string get_endpoint_name(std::string name, VisionStreamType type);
 // Our servers listen on an abstract socket, so this is its name ("@..."), not a file.
-std::string get_ipc_path(const std::string& name);
+VIPC_API std::string get_ipc_path(const std::string& name);
 
-class VisionIpcServer {
+class VIPC_API VisionIpcServer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl;
