@@ -11,6 +11,7 @@ reference's public headers (they compile against commaai/msgq's own headers).
 
 import fcntl
 import os
+import pathlib
 import shutil
 import signal
 import subprocess
@@ -110,6 +111,17 @@ def test_the_install_has_headers_both_libraries_a_cmake_package_and_pkg_config(i
         os.path.realpath(f[2:]) == os.path.realpath(include) for f in flags if f.startswith("-I")
     )
     assert any(os.path.realpath(f[2:]) == os.path.realpath(shared.parent) for f in flags if f.startswith("-L"))
+
+
+def test_the_pip_install_ships_the_same_cmake_package_and_headers():
+    """pip users: -DCMAKE_PREFIX_PATH=<site-packages> finds <site-packages>/visionipc/lib/cmake/visionipc."""
+    import importlib.metadata
+
+    root = pathlib.Path(importlib.metadata.distribution("visionipc").locate_file("")) / "visionipc"
+    assert (root / "lib" / "cmake" / "visionipc" / "visionipc-config.cmake").is_file()
+    assert (root / "include" / "visionipc" / "vipc" / "vipc.h").is_file()
+    assert (root / "include" / "visionipc" / "msgq" / "ipc.h").is_file()
+    assert list((root / "lib").glob("libvisionipc.so.*")) and (root / "lib" / "libvisionipc.a").is_file()
 
 
 @pytest.mark.parametrize("suite", ["test_messaging", "test_poller", "test_visionipc"])
