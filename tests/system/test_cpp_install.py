@@ -16,6 +16,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -190,7 +191,10 @@ def test_cpp_daemon_frames_reach_a_python_client_intact(installed):
     )
     try:
         client = VisionIpcClient(name, 0, False)
-        assert client.connect(True)
+        deadline = time.monotonic() + 30
+        while not client.connect(False):
+            assert daemon.poll() is None and time.monotonic() < deadline, "the daemon did not come up"
+            time.sleep(0.02)
         ids, intact = [], 0
         while len(ids) < 25:
             buf = client.recv(timeout_ms=5000)
