@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "common/errors.h"
 #include "common/files.h"
 #include "common/wait_status.h"
 #include "msgq/subscriber.h"
@@ -67,6 +68,9 @@ class Client {
   // epoch belong to a mapping the client no longer uses (caches key on it).
   uint64_t epoch() const { return epoch_; }
   uint64_t dropped() const { return dropped_; }  // packets that failed validation
+  // The frame topic's wake descriptor for event loops (msgq::Subscriber::fileno / arm); once connected.
+  int fileno() { return connected_subscriber().fileno(); }
+  bool arm() { return connected_subscriber().arm(); }
   void close();
 
   // Stream names a server offers (one attempt); nullopt if no server answers.
@@ -77,6 +81,10 @@ class Client {
   bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
   void ensure_subscriber();
+  msgq::Subscriber& connected_subscriber() {
+    if (!sub_) common::fail(common::ErrorKind::kInvalidArgument, "connect() first: the frame topic comes with the connection");
+    return *sub_;
+  }
   const BufferMeta& meta(uint32_t i) const { return reinterpret_cast<const BufferMeta*>(pool_->data())[i]; }
 
   std::string name_, stream_;

@@ -1,0 +1,120 @@
+// The native C++ API (vipc/vipc.h) against an installed visionipc: topics,
+// zero copy both ways, the error model, fds for event loops, leases.
+#include <poll.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <vipc/vipc.h>
+
+#include "../compat/compat_check.h"
+
+static vipc::TopicOptions topic_options(bool conflate = false) {
+  return {.run = vipc::RunOptions::from_environment(), .conflate = conflate};
+}
+
+template <class F>
+static vipc::ErrorKind error_of(F&& f) {
+  try {
+    f();
+  } catch (const vipc::Error& e) {
+    return e.kind();
+  }
+  CHECK(!"no vipc::Error thrown");
+  return vipc::ErrorKind::ipc;
+}
+
+static std::string text(const vipc::Bytes& b) { return std::string(reinterpret_cast<const char*>(b.data()), b.size()); }
+
+TEST(test_publish_receive_and_zero_copy_loan) {
+  const std::string topic = random_sock();
+  vipc::Publisher pub(topic, topic_options());
+  vipc::Subscriber sub(topic, topic_options());
+  pub.send(std::string_view("hello"));
+  std::span<std::byte> room = pub.loan(16);
+  std::memcpy(room.data(), "in place", 8);
+  pub.commit(8);
+  CHECK(text(*sub.receive(vipc::Timeout(1000))) == "hello");
+  CHECK(text(*sub.receive(vipc::Timeout(1000))) == "in place");
+  CHECK(!sub.receive(vipc::Timeout(0)));
+  CHECK(pub.num_readers() == 1);
+}
+
+TEST(test_errors_are_one_exception_type_with_a_kind) {
+  const std::string topic = random_sock();
+  CHECK(error_of([] { vipc::Publisher bad("no/slash"); }) == vipc::ErrorKind::invalid_argument);
+  vipc::Publisher first(topic, topic_options());
+  vipc::Publisher second(topic, topic_options());
+  CHECK(error_of([&] { first.send(std::string_view("x")); }) == vipc::ErrorKind::multiple_publishers);
+  CHECK(error_of([&] { second.send(vipc::Bytes(second.max_message_size() + 1)); }) == vipc::ErrorKind::message_too_large);
+  vipc::Publisher moved = std::move(second);
+  CHECK(error_of([&] { second.send(std::string_view("x")); }) == vipc::ErrorKind::closed);
+}
+
+TEST(test_the_fd_wakes_an_event_loop_and_the_poller_reports_ready_subscribers) {
+  const std::string topic = random_sock(), other = random_sock();
+  vipc::Publisher pub(topic, topic_options());
+  vipc::Subscriber sub(topic, topic_options()), idle(other, topic_options());
+  CHECK(!sub.arm());  // nothing waiting: armed
+  std::thread writer([&] { pub.send(std::string_view("wake")); });
+  pollfd p{sub.fd(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 5000) == 1);
+  writer.join();
+  sub.disarm();
+  CHECK(text(*sub.receive(vipc::Timeout(0))) == "wake");
+  vipc::Poller poller;
+  poller.add(idle);
+  poller.add(sub);
+  CHECK(poller.poll(vipc::Timeout(0)).empty());
+  pub.send(std::string_view("again"));
+  CHECK(poller.poll(vipc::Timeout(1000)) == std::vector<std::size_t>{1});
+}
+
+TEST(test_close_from_another_thread_ends_a_blocking_receive) {
+  vipc::Subscriber sub(random_sock(), topic_options());
+  std::thread closer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    sub.close();
+  });
+  CHECK(error_of([&] { sub.receive(); }) == vipc::ErrorKind::closed);
+  closer.join();
+}
+
+TEST(test_frames_zero_copy_with_leases_and_generations) {
+  const std::string name = random_sock();
+  vipc::FrameServer server(name, {.run = vipc::RunOptions::from_environment()});
+  server.create_buffers("road", 1, 64, 48, vipc::PixelFormat::gray8);
+  server.start_listener();
+  vipc::FrameClient client(name, "road", {.run = vipc::RunOptions::from_environment()});
+  CHECK(client.connect(vipc::Timeout(5000)));
+  const vipc::Geometry g = client.geometry();
+  CHECK(g.format == vipc::PixelFormat::gray8 && g.width == 64 && g.stride == 64 && client.num_buffers() == 1);
+  CHECK(!client.arm());
+  vipc::WriteBuffer buf = server.get_buffer("road");
+  CHECK(buf.generation() % 2 == 1 && buf.data().size() == g.size);
+  std::memset(buf.data().data(), 7, g.size);
+  server.send(std::move(buf), {.frame_id = 1});
+  CHECK(!buf);
+  CHECK(error_of([&] { server.send(std::move(buf), {}); }) == vipc::ErrorKind::invalid_argument);
+  pollfd p{client.fd(), POLLIN, 0};
+  CHECK(::poll(&p, 1, 5000) == 1);
+  std::optional<vipc::Frame> f = client.recv(vipc::Timeout(0));
+  CHECK(f && f->info().frame_id == 1 && f->data()[g.size - 1] == std::byte{7} && f->valid());
+  // The only buffer is leased: the next get_buffer() must recycle it, and the
+  // frame the client holds says so instead of showing torn pixels.
+  vipc::WriteBuffer again = server.get_buffer("road");
+  CHECK(!f->valid());
+  std::memset(again.data().data(), 2, g.size);
+  server.send(std::move(again), {.frame_id = 2});
+  std::optional<vipc::Frame> last = client.recv(vipc::Timeout(1000));
+  CHECK(last && last->info().frame_id == 2 && last->valid() && last->data()[0] == std::byte{2});
+  CHECK(vipc::FrameClient::available_streams(name, {.run = vipc::RunOptions::from_environment()}) ==
+        std::vector<std::string>{"road"});
+  client.close();
+  CHECK(last->data()[0] == std::byte{2});  // the frame keeps its mapping
+  CHECK(error_of([&] { server.create_buffers("bad", 0, 64, 48); }) == vipc::ErrorKind::invalid_argument);
+}
+
+int main() { return run_compat_tests(); }
