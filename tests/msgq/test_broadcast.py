@@ -257,3 +257,26 @@ def test_a_reader_that_comes_back_under_its_rank_continues_where_it_stopped():
     assert [reader.dequeue(timeout=1) for _ in range(3)] == [1, 2, 3]
     reader.close()
     queue.close()
+
+
+def test_remote_readers_with_curve_need_an_authorized_key(tmp_path):
+    pytest.importorskip("zmq")
+    from msgq import curve
+
+    keys, other = curve.create_keys(str(tmp_path / "keys")), curve.create_keys(str(tmp_path / "other"))
+    queue = msgq.BroadcastQueue(
+        n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1", curve_dir=keys
+    )
+    with pytest.raises(InvalidArgumentError, match="CURVE"):
+        msgq.BroadcastQueue.create_from_handle(queue.handle, 0)  # no key: refused at once
+    intruder = msgq.BroadcastQueue.create_from_handle(queue.handle, 0, curve_dir=other)  # a key not authorized
+    with pytest.raises(TimeoutError, match=r"readers \[0\]"):
+        queue.wait_until_ready(timeout=0.5)  # its handshake never completes: it never subscribes
+    good = msgq.BroadcastQueue.create_from_handle(queue.handle, 0, curve_dir=keys)
+    queue.wait_until_ready(timeout=10)
+    queue.enqueue({"secret": 1})
+    assert good.dequeue(timeout=5) == {"secret": 1}
+    with pytest.raises(TimeoutError):
+        intruder.dequeue(timeout=0.2)
+    for q in (good, intruder, queue):
+        q.close()
