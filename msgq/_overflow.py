@@ -25,6 +25,7 @@ reader maps it copy-on-write, so out-of-band buffers (numpy arrays) come
 back writable without a copy.
 """
 
+import contextlib
 import errno
 import mmap
 import os
@@ -140,7 +141,7 @@ class OverflowDir:
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-                raise IpcPermissionError(f"{path} is not a regular file of ours: refusing to read it")
+                raise IpcPermissionError(f"overflow file {path} is not a regular file of ours: refusing to read it")
             if st.st_size < _HEADER.size:
                 raise IpcError(f"overflow file {path} is truncated")
             try:
@@ -180,6 +181,9 @@ class OverflowDir:
                 for name in os.listdir(fd):  # (itself needs a descriptor more)
                     try:
                         os.unlink(name, dir_fd=fd)
+                    except IsADirectoryError:  # not ours to make, but ours to remove (if empty)
+                        with contextlib.suppress(OSError):
+                            os.rmdir(name, dir_fd=fd)
                     except OSError:
                         pass
             except OSError:

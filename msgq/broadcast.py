@@ -35,7 +35,7 @@ from typing import Optional, Sequence
 
 from msgq import _queues
 from msgq import curve as msgq_curve
-from msgq._descriptors import ensure_descriptors
+from msgq._descriptors import DescriptorsExhaustedError, ensure_descriptors
 from msgq._overflow import OverflowDir
 from msgq._shared import Closeable, check_int
 from msgq._shared import deadline as _deadline
@@ -563,8 +563,8 @@ class BroadcastQueue(Closeable):
     def _take_overflow(self):
         """The message whose chunk (not yet consumed) says it is in an overflow
         file: read the file, then consume the chunk (BR3); the last reader
-        unlinks the file (msgq/_overflow.py). A file that is gone is an error,
-        and the message is spent (waiting would never bring it back)."""
+        unlinks the file (msgq/_overflow.py). A file that is gone, malformed
+        or not ours is an error, and the message is spent."""
         seq = self._seq
         try:
             if self._overflow is None:
@@ -573,9 +573,9 @@ class BroadcastQueue(Closeable):
                     f"but the handle names no overflow directory"
                 )
             got = self._overflow.read(seq)
-        except (NoSpaceError, OSError):  # out of memory / descriptors: the message stays for a retry
+        except (NoSpaceError, DescriptorsExhaustedError):  # out of memory / descriptors: it stays for a retry
             raise
-        except IpcError:  # gone or malformed: spent
+        except IpcError:  # gone, malformed or not ours: spent (waiting would not bring it back)
             self._consume_overflow(seq)
             raise
         self._consume_overflow(seq)

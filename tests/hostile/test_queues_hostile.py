@@ -14,6 +14,7 @@ real descriptor limits:
 import errno
 import json
 import os
+import pickle
 import pwd
 import resource
 import signal
@@ -176,6 +177,60 @@ def test_a_writer_killed_mid_overflow_leaves_nothing_once_the_name_is_reused():
     assert shm_names(queue_name) == ours  # the dead writer's directory was swept
     again.close()
     assert shm_names(queue_name) == []
+
+
+def test_readers_drain_every_large_message_of_a_killed_writer_and_the_last_one_cleans_up():
+    handles = []
+
+    def writer_that_dies():
+        q = msgq.BroadcastQueue(n_readers=2, chunk_bytes=CHUNK, max_chunks=RING)
+        for seq in range(3):
+            q.enqueue_bytes(payload(seq, 5 * CHUNK))
+        os.write(w, pickle.dumps(q.handle))
+        os.close(w)
+        os.kill(os.getpid(), signal.SIGKILL)  # nobody ever detaches: the ring and the files stay
+
+    r, w = os.pipe()
+    status, _ = run_child(writer_that_dies)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        handles.append(pickle.loads(f.read()))
+    handle = handles[0]
+    assert os.WIFSIGNALED(status)
+    # Readers that attach after the writer died (before any sweep of stale rings) get every message.
+    readers = [msgq.BroadcastQueue.create_from_handle(handle, rank) for rank in range(2)]
+    for reader in readers:
+        assert [reader.dequeue_bytes(timeout=5) for _ in range(3)] == [payload(s, 5 * CHUNK) for s in range(3)]
+    assert os.listdir(handle.overflow_dir) == []  # the last reader of each message unlinked it
+    for reader in readers:
+        reader.close()
+    assert shm_names(handle.name) == []
+
+
+@pytest.mark.parametrize("damage", ["removed", "truncated", "garbage", "replaced_by_a_directory"])
+def test_a_damaged_overflow_file_is_a_clear_error_and_the_next_message_still_comes(damage):
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=CHUNK, max_chunks=RING)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue_bytes(payload(0, 3 * CHUNK))
+    queue.enqueue({"next": 1})
+    path = os.path.join(queue.handle.overflow_dir, "0")
+    if damage == "truncated":
+        os.truncate(path, 100)
+    elif damage == "garbage":
+        with open(path, "r+b") as f:
+            f.write(os.urandom(64))
+    else:
+        os.unlink(path)
+        if damage == "replaced_by_a_directory":
+            os.mkdir(path)
+    with pytest.raises(IpcError, match="overflow file"):
+        reader.dequeue_bytes(timeout=5)
+    assert reader.dequeue(timeout=5) == {"next": 1}  # spent, not stuck on it
+    if damage == "replaced_by_a_directory":
+        os.rmdir(path)
+    reader.close()
+    queue.close()
+    assert shm_names(queue.name) == []
 
 
 # ---------------------------------------------------------------- item 10: exhaustion is an exception
