@@ -34,7 +34,6 @@ import time
 from typing import Optional, Sequence
 
 from msgq import _queues
-from msgq import curve as msgq_curve
 from msgq._descriptors import DescriptorsExhaustedError, ensure_descriptors
 from msgq._overflow import OverflowDir
 from msgq._shared import Closeable, check_int
@@ -112,6 +111,13 @@ def _zmq():
     return zmq
 
 
+def _curve():
+    """msgq.curve, imported on first use (``python -m msgq.curve`` imports msgq first)."""
+    from msgq import curve
+
+    return curve
+
+
 def _default_ip() -> str:
     """This host's address on its default route (no packet is sent), else 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -186,7 +192,7 @@ class BroadcastQueue(Closeable):
                 host = remote_host or _default_ip()
                 self._remote_sock = self._xpub(hwm=_REMOTE_HWM, curve_dir=curve_dir)
                 if curve_dir is not None:
-                    curve_key = msgq_curve.server_public_key(curve_dir).decode()
+                    curve_key = _curve().server_public_key(curve_dir).decode()
                 port = self._remote_sock.bind_to_random_port(f"tcp://{remote_bind}")
                 remote_addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         except BaseException:
@@ -234,7 +240,7 @@ class BroadcastQueue(Closeable):
             sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
             sock.setsockopt(zmq.SNDHWM, hwm)
             if curve_dir is not None:
-                msgq_curve.make_server(sock, curve_dir)
+                _curve().make_server(sock, curve_dir)
         except BaseException:
             sock.close(linger=0)
             raise
@@ -293,7 +299,7 @@ class BroadcastQueue(Closeable):
             if addr.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
             if curve_dir is not None:
-                msgq_curve.make_client(sock, curve_dir, self.handle.curve_server_key)
+                _curve().make_client(sock, curve_dir, self.handle.curve_server_key)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
             sock.setsockopt(zmq.SUBSCRIBE, _HELLO + str(self.rank).encode())
             sock.connect(addr)
