@@ -358,6 +358,30 @@ def test_curve_bridge_admits_only_authorized_subscribers(tmp_path):
         ctx.destroy(linger=0)
 
 
+def test_curve_bridge_in_reaches_an_authenticated_publisher(tmp_path):
+    from msgq import curve
+
+    keys = curve.create_keys(str(tmp_path / "keys"))
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        curve.make_server(remote, keys)  # admits only DIR/authorized: the bridge's client key
+        remote.bind(endpoint(topic))
+        with msgq.sub_sock(topic) as sub, bridge(tmp_path, "in", topic, "--from", "127.0.0.1", "--curve", keys) as proc:
+            receive = msgq_receiver(sub)
+            warm_up(remote.send, receive, proc)
+            expected = payloads(50, seed=4)
+            for msg in expected:
+                remote.send(msg)
+            receive_exactly(receive, expected)
+        remote.close()
+    finally:
+        curve.stop_authenticator(ctx)
+        ctx.destroy(linger=0)
+
+
 def test_curve_keys_directory_is_checked_before_starting(tmp_path, capsys):
     from msgq.apps import bridge as tool
 

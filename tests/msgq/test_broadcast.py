@@ -193,7 +193,7 @@ def test_the_one_call_hot_path_keeps_every_message_and_every_error():
     with pytest.raises(pickle.UnpicklingError):
         reader.dequeue(timeout=1)
     assert reader.dequeue(timeout=1) == "next"
-    assert reader._seq == reader._reader.consumed == 8  # in step: the side channel checks it
+    assert reader._seq == reader._reader.consumed == 8  # in step: an overflow file is found by _seq
     queue.close()
     with pytest.raises(QueueShutdownError):
         reader.dequeue(timeout=1)
