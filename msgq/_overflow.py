@@ -53,11 +53,16 @@ def dir_mode(segment_mode: int) -> int:
 
 def no_space(what: str, err: OSError) -> IpcError:
     """The exception for ``err`` (an OSError) while ``what``: exhaustion is named as such."""
-    if err.errno in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM, errno.EDQUOT):
-        return NoSpaceError(
-            f"{what}: {os.strerror(err.errno)} (the shared-memory filesystem is full or the process may not "
-            f"use more: free space, raise the limit, e.g. docker --shm-size, or send smaller messages)"
-        )
+    advice = {
+        errno.ENOSPC: "the shared-memory filesystem is full: free space, enlarge it (docker --shm-size), "
+        "or send smaller messages",
+        errno.EDQUOT: "over the disk quota of the shared-memory filesystem",
+        errno.EFBIG: "over the file size limit (ulimit -f)",
+        errno.ENOMEM: "out of memory, or over the process's memory limit (ulimit -v, a cgroup): "
+        "the message stays for a retry",
+    }.get(err.errno)
+    if advice:
+        return NoSpaceError(f"{what}: {os.strerror(err.errno)} ({advice})")
     if err.errno in (errno.EMFILE, errno.ENFILE):
         return DescriptorsExhaustedError(
             f"{what}: out of file descriptors ({os.strerror(err.errno)}): raise `ulimit -n`"

@@ -325,9 +325,35 @@ def test_shared_memory_exhaustion_raises_no_space_and_leaves_nothing():
 
     status, out = run_child(body)
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
-    assert out["result"]["raised"] and "full" in out["result"]["raised"]
+    assert out["result"]["raised"] and "file size limit" in out["result"]["raised"]
     assert out["result"]["left"] == [] and out["result"]["ok"]
     assert shm_names(name) == []
+
+
+def test_a_reader_out_of_memory_keeps_the_large_message_for_a_retry():
+    def body():
+        q = msgq.BroadcastQueue(n_readers=1, chunk_bytes=CHUNK, max_chunks=RING)
+        r = msgq.BroadcastQueue.create_from_handle(q.handle, 0)
+        big = b"m" * (32 << 20)
+        q.enqueue_bytes(big)
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmSize"))
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (8 << 20), hard))  # too little to map the message
+        try:
+            r.dequeue_bytes(timeout=1)
+            raised = None
+        except NoSpaceError as e:
+            raised = str(e)
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        ok = r.dequeue_bytes(timeout=1) == big
+        r.close()
+        q.close()
+        return {"raised": raised, "ok": ok, "left": shm_names(q.name)}
+
+    status, out = run_child(body)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, out
+    assert "memory" in out["result"]["raised"] and out["result"]["ok"] and out["result"]["left"] == []
 
 
 # ---------------------------------------------------------------- item 11: nothing reachable by another user
