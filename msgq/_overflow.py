@@ -34,7 +34,7 @@ import stat
 import struct
 
 from msgq._descriptors import DescriptorsExhaustedError
-from msgq.errors import IpcError, IpcPermissionError, NoSpaceError
+from msgq.errors import InvalidArgumentError, IpcError, IpcPermissionError, NoSpaceError
 
 _HEADER = struct.Struct("<8sII")  # magic, kind, number of parts
 _MAGIC = b"MSGQOVF1"
@@ -95,6 +95,22 @@ class OverflowDir:
             os.chmod(path, dir_mode(segment_mode))  # mkdir's mode is masked by the umask
         except OSError as e:
             raise no_space(f"cannot create the overflow directory {path}", e) from None
+        return cls(path)
+
+    @classmethod
+    def named(cls, path: str, shm_dir: str, ring_basename: str) -> "OverflowDir":
+        """A reader's: ``path`` (from a handle) must be this queue's directory
+        name, ``SHM_DIR/<ring>~<16 hex digits>``: a handle cannot point a reader
+        (who removes the directory when it leaves last) anywhere else."""
+        name = os.path.basename(path)
+        token = name[len(ring_basename) + 1 :]
+        if (
+            os.path.dirname(path) != shm_dir
+            or not name.startswith(ring_basename + "~")
+            or len(token) != 16
+            or token.strip("0123456789abcdef")
+        ):
+            raise InvalidArgumentError(f"{path!r} is not the overflow directory of {ring_basename!r}")
         return cls(path)
 
     def _file(self, seq: int) -> str:

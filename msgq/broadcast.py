@@ -274,7 +274,9 @@ class BroadcastQueue(Closeable):
                 )
                 self._seq = self._reader.consumed
                 if handle.overflow_dir:
-                    self._overflow = OverflowDir(handle.overflow_dir)
+                    self._overflow = OverflowDir.named(
+                        handle.overflow_dir, handle.shm_dir, queue_basename(handle.name, handle.prefix)
+                    )
             else:
                 if handle.curve_server_key and curve_dir is None:
                     raise InvalidArgumentError(

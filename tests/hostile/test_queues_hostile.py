@@ -11,6 +11,7 @@ real descriptor limits:
   test drops a forked child to ``nobody``), and it opens no socket.
 """
 
+import dataclasses
 import errno
 import json
 import os
@@ -26,7 +27,7 @@ import pytest
 import msgq
 from msgq import _overflow, _queues
 from msgq.backends.shm import remove_stale_segments
-from msgq.errors import IpcError, NoSpaceError
+from msgq.errors import InvalidArgumentError, IpcError, NoSpaceError
 from msgq.names import segment_dir
 
 CHUNK = 1024
@@ -231,6 +232,19 @@ def test_a_damaged_overflow_file_is_a_clear_error_and_the_next_message_still_com
     reader.close()
     queue.close()
     assert shm_names(queue.name) == []
+
+
+def test_a_handle_cannot_point_a_reader_at_another_directory(tmp_path):
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=CHUNK, max_chunks=RING)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "0").write_bytes(b"keep me")
+    for bad in (str(victim), queue.handle.overflow_dir + "/..", queue.handle.overflow_dir[:-1] + "g"):
+        hostile = dataclasses.replace(queue.handle, overflow_dir=bad)
+        with pytest.raises(InvalidArgumentError, match="not the overflow directory"):
+            msgq.BroadcastQueue.create_from_handle(hostile, 0)
+    assert (victim / "0").read_bytes() == b"keep me"
+    queue.close()
 
 
 # ---------------------------------------------------------------- item 10: exhaustion is an exception
