@@ -278,6 +278,9 @@ class BroadcastQueue(Closeable):
                         handle.overflow_dir, handle.shm_dir, queue_basename(handle.name, handle.prefix)
                     )
             else:
+                # Set by the first message: a remote reader that comes back under its
+                # rank gets what the writer sends from then on (ZeroMQ has no replay).
+                self._seq = None
                 if handle.curve_server_key and curve_dir is None:
                     raise InvalidArgumentError(
                         f"broadcast queue {handle.name!r} admits only CURVE-authenticated remote readers: "
@@ -600,10 +603,13 @@ class BroadcastQueue(Closeable):
         if kind == _KIND_SHUTDOWN:
             self._stash = (kind, parts)  # stays shut down
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
-        if seq != self._seq:
+        if self._seq is None:  # our first message: a reader that (re)joins starts where the writer is
+            self._seq = seq
+        if seq != self._seq:  # a gap: say so once, then go on from there (the message is kept)
+            expected, self._seq, self._stash = self._seq, seq + 1, (kind, parts)
             raise IpcError(
                 f"broadcast queue {self.name!r}: remote reader {self.rank} got message {seq}, "
-                f"expected {self._seq}: messages were lost"
+                f"expected {expected}: messages {expected}..{seq - 1} were lost; the next dequeue returns {seq}"
             )
         self._seq += 1
         return kind, parts

@@ -280,3 +280,20 @@ def test_remote_readers_with_curve_need_an_authorized_key(tmp_path):
         intruder.dequeue(timeout=0.2)
     for q in (good, intruder, queue):
         q.close()
+
+
+def test_a_remote_reader_that_comes_back_under_its_rank_gets_what_is_sent_from_then_on():
+    pytest.importorskip("zmq")
+    queue = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    first = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.wait_until_ready(timeout=10)
+    queue.enqueue(0)
+    assert first.dequeue(timeout=5) == 0
+    first.close()
+    again = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue(1, timeout=10)  # waits until the new reader has subscribed
+    assert again.dequeue(timeout=5) == 1  # not "expected message 0: messages were lost", forever
+    queue.enqueue(2, timeout=10)
+    assert again.dequeue(timeout=5) == 2
+    again.close()
+    queue.close()
