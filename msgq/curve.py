@@ -100,8 +100,10 @@ def stop_authenticator(ctx) -> None:
 
 @atexit.register
 def _stop_all():
-    for ctx, _, _ in list(_authenticators.values()):
-        stop_authenticator(ctx)
+    # Only this process's: a forked child must not touch its parent's threads' sockets.
+    for (pid, _), (ctx, _, _) in list(_authenticators.items()):
+        if pid == os.getpid():
+            stop_authenticator(ctx)
 
 
 def check_server_dir(directory) -> None:
