@@ -95,7 +95,10 @@ def stop_authenticator(ctx) -> None:
     with _lock:
         entry = _authenticators.pop((os.getpid(), id(ctx)), None)
     if entry is not None:
-        entry[1].stop()
+        try:
+            entry[1].stop()
+        except Exception:  # the context is terminated already: the thread has ended with it
+            pass
 
 
 @atexit.register
