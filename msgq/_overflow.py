@@ -105,7 +105,7 @@ class OverflowDir:
         name = os.path.basename(path)
         token = name[len(ring_basename) + 1 :]
         if (
-            os.path.dirname(path) != shm_dir
+            os.path.normpath(os.path.dirname(path)) != os.path.normpath(shm_dir)
             or not name.startswith(ring_basename + "~")
             or len(token) != 16
             or token.strip("0123456789abcdef")
