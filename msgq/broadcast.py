@@ -3,9 +3,12 @@
 Every reader gets every message, in order, exactly once. Messages travel
 through a shared-memory ring of chunks (``cpp/broadcast``): the writer reuses
 a chunk only after every reader has consumed it, so a slow reader slows the
-writer down instead of losing messages. A message larger than a chunk takes
-a ZeroMQ side channel, transparently; readers on other hosts get every
-message over ZeroMQ TCP. Readers find the queue through a small picklable
+writer down instead of losing messages. A message larger than a chunk
+travels in an overflow file of its own (``msgq/_overflow.py``: an
+owner-only directory, kept until every reader has it, so a reader that dies
+and comes back under its rank loses nothing whatever the size); readers on
+other hosts get every message over ZeroMQ TCP (optionally authenticated and
+encrypted with CURVE: :mod:`msgq.curve`). Readers find the queue through a small picklable
 :class:`BroadcastHandle`::
 
     q = BroadcastQueue(n_readers=2)                  # the writer
@@ -31,6 +34,8 @@ import time
 from typing import Optional, Sequence
 
 from msgq import _queues
+from msgq._descriptors import DescriptorsExhaustedError, ensure_descriptors
+from msgq._overflow import OverflowDir
 from msgq._shared import Closeable, check_int
 from msgq._shared import deadline as _deadline
 from msgq._shared import expired as _expired
@@ -41,6 +46,7 @@ from msgq.errors import (
     InvalidArgumentError,
     IpcError,
     IpcTimeoutError,
+    NoSpaceError,
     QueueShutdownError,
 )
 from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
@@ -78,7 +84,9 @@ def queue_basename(name: str, prefix: str) -> str:
 class BroadcastHandle:
     """Everything a reader needs to find the queue; small and picklable.
     Readers ``0 .. n_readers-1`` are local (shared memory), the next
-    ``n_remote_readers`` ranks are remote (ZeroMQ TCP)."""
+    ``n_remote_readers`` ranks are remote (ZeroMQ TCP). ``local_addr`` is
+    no longer used (messages larger than a chunk travel in files in
+    ``overflow_dir`` now, not over a socket) and always None."""
 
     name: str
     prefix: str
@@ -89,6 +97,8 @@ class BroadcastHandle:
     max_chunks: int
     local_addr: Optional[str]
     remote_addr: Optional[str]
+    overflow_dir: Optional[str] = None
+    curve_server_key: Optional[str] = None  # the writer's CURVE public key (z85) if remote readers must use CURVE
 
 
 def _zmq():
@@ -99,6 +109,13 @@ def _zmq():
             "messages larger than a chunk and remote readers need pyzmq: pip install 'visionipc[zmq]'"
         ) from e
     return zmq
+
+
+def _curve():
+    """msgq.curve, imported on first use (``python -m msgq.curve`` imports msgq first)."""
+    from msgq import curve
+
+    return curve
 
 
 def _default_ip() -> str:
@@ -131,6 +148,8 @@ class BroadcastQueue(Closeable):
     the writer may be ahead of the slowest reader. ``remote_host`` is the
     address remote readers connect to (default: this host's address on its
     default route), ``remote_bind`` the interface the writer listens on.
+    ``curve_dir``: a CURVE keys directory (:mod:`msgq.curve`); remote readers
+    must then present an authorized key, and everything is encrypted.
     """
 
     def __init__(
@@ -143,6 +162,7 @@ class BroadcastQueue(Closeable):
         remote_host: Optional[str] = None,
         remote_bind: str = "*",
         warn_interval: float = DEFAULT_WARN_INTERVAL,
+        curve_dir: Optional[str] = None,
     ):
         n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
         n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
@@ -157,31 +177,39 @@ class BroadcastQueue(Closeable):
         self._is_writer = True
         self.warn_interval = float(warn_interval)
         prefix, shm_dir = current_prefix(), segment_dir()
-        self._writer = None
-        self._local_sock = self._remote_sock = None
         self._subscribed = {}  # socket -> ranks whose hello arrived
-        local_addr = remote_addr = None
+        self._mode = _mode()
+        remote_addr = overflow_dir = curve_key = None
+        basename = queue_basename(self.name, prefix)
+        self._ring_path = os.path.join(shm_dir, basename)
         if n_readers:
-            self._writer = _queues.BroadcastWriter(
-                shm_dir, queue_basename(self.name, prefix), n_readers, max_chunks, chunk_bytes, _mode()
-            )
-            local_addr = f"ipc://@msgq-broadcast-{os.getpid()}-{secrets.token_hex(8)}"
+            self._writer = _queues.BroadcastWriter(shm_dir, basename, n_readers, max_chunks, chunk_bytes, self._mode)
         try:
             if n_readers:
-                try:
-                    self._local_sock = self._xpub(local_addr, hwm=0)
-                except ImportError:
-                    local_addr = None  # no pyzmq: messages must fit in a chunk
+                self._overflow = OverflowDir.create(shm_dir, basename, self._mode)
+                overflow_dir = self._overflow.path
             if n_remote_readers:
                 host = remote_host or _default_ip()
-                self._remote_sock = self._xpub(None, hwm=_REMOTE_HWM)
+                self._remote_sock = self._xpub(hwm=_REMOTE_HWM, curve_dir=curve_dir)
+                if curve_dir is not None:
+                    curve_key = _curve().server_public_key(curve_dir).decode()
                 port = self._remote_sock.bind_to_random_port(f"tcp://{remote_bind}")
                 remote_addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         except BaseException:
             self.close()
             raise
         self.handle = BroadcastHandle(
-            self.name, prefix, shm_dir, n_readers, n_remote_readers, chunk_bytes, max_chunks, local_addr, remote_addr
+            self.name,
+            prefix,
+            shm_dir,
+            n_readers,
+            n_remote_readers,
+            chunk_bytes,
+            max_chunks,
+            None,
+            remote_addr,
+            overflow_dir,
+            curve_key,
         )
 
     def _init_common(self, n_total):
@@ -189,28 +217,45 @@ class BroadcastQueue(Closeable):
         self._generation = _fork_generation
         self._seq = 0  # sequence number of the next message
         self._writer = self._reader = None
-        self._local_sock = self._remote_sock = None
-        self._pending_overflow = None  # local reader: the overflow message it consumed a chunk for
+        self._remote_sock = None
+        self._overflow = None  # local side: the overflow directory (msgq/_overflow.py)
+        self._in_overflow = []  # writer: sequence numbers whose overflow file may still exist
         self._stash = None  # a message dequeue_bytes refused, kept for the next dequeue
         self._n_total = n_total
 
-    def _xpub(self, addr, hwm):
+    def _socket(self, kind, what):
+        """A ZeroMQ socket of ``kind`` (a name: "XPUB"; LINGER 0), once enough
+        descriptors are left (checked before pyzmq is even imported)."""
+        ensure_descriptors(f"broadcast queue {self.name!r}: {what}")
         zmq = _zmq()
-        sock = zmq.Context.instance().socket(zmq.XPUB)
+        sock = zmq.Context.instance().socket(getattr(zmq, kind))
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
-        sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
-        sock.setsockopt(zmq.SNDHWM, hwm)
-        if addr:
-            sock.bind(addr)
+        return sock
+
+    def _xpub(self, hwm, curve_dir):
+        sock = self._socket("XPUB", "the remote readers' socket")
+        zmq = _zmq()
+        try:
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
+            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
+            sock.setsockopt(zmq.SNDHWM, hwm)
+            if curve_dir is not None:
+                _curve().make_server(sock, curve_dir)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         self._subscribed[sock] = set()
         return sock
 
     # ---------------------------------------------------------------- readers
 
     @classmethod
-    def create_from_handle(cls, handle: BroadcastHandle, rank: int) -> "BroadcastQueue":
-        """Reader ``rank`` of the queue ``handle`` describes (local ranks first, then remote)."""
+    def create_from_handle(
+        cls, handle: BroadcastHandle, rank: int, curve_dir: Optional[str] = None
+    ) -> "BroadcastQueue":
+        """Reader ``rank`` of the queue ``handle`` describes (local ranks first,
+        then remote). A remote reader of a queue made with ``curve_dir`` needs
+        a keys directory with an authorized client key pair (:mod:`msgq.curve`)."""
         if not isinstance(handle, BroadcastHandle):
             raise InvalidArgumentError(f"expected a BroadcastHandle, not {type(handle).__name__}")
         rank = check_int("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
@@ -219,6 +264,7 @@ class BroadcastQueue(Closeable):
         self._init_common(handle.n_readers + handle.n_remote_readers)
         self._is_writer = False
         self.handle = handle
+        self._ring_path = os.path.join(handle.shm_dir, queue_basename(handle.name, handle.prefix))
         self.rank = rank
         self._sub = None
         try:
@@ -227,25 +273,44 @@ class BroadcastQueue(Closeable):
                     handle.shm_dir, queue_basename(handle.name, handle.prefix), rank, _mode()
                 )
                 self._seq = self._reader.consumed
-                if handle.local_addr:
-                    self._sub = self._subscribe(handle.local_addr)
+                if handle.overflow_dir:
+                    self._overflow = OverflowDir.named(
+                        handle.overflow_dir, handle.shm_dir, queue_basename(handle.name, handle.prefix)
+                    )
             else:
-                self._sub = self._subscribe(handle.remote_addr)
+                # Set by the first message: a remote reader that comes back under its
+                # rank gets what the writer sends from then on (ZeroMQ has no replay).
+                self._seq = None
+                if handle.curve_server_key and curve_dir is None:
+                    raise InvalidArgumentError(
+                        f"broadcast queue {handle.name!r} admits only CURVE-authenticated remote readers: "
+                        f"pass curve_dir= (a keys directory with an authorized client key, see msgq.curve)"
+                    )
+                if curve_dir is not None and not handle.curve_server_key:
+                    raise InvalidArgumentError(
+                        f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
+                    )
+                self._sub = self._subscribe(handle.remote_addr, curve_dir)
         except BaseException:
             self.close()
             raise
         return self
 
-    def _subscribe(self, addr):
+    def _subscribe(self, addr, curve_dir):
+        sock = self._socket("SUB", f"remote reader {self.rank}'s socket")
         zmq = _zmq()
-        sock = zmq.Context.instance().socket(zmq.SUB)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
-        if addr.startswith("tcp://["):
-            sock.setsockopt(zmq.IPV6, 1)
-        sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.setsockopt(zmq.SUBSCRIBE, _HELLO + str(self.rank).encode())
-        sock.connect(addr)
+        try:
+            sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
+            if addr.startswith("tcp://["):
+                sock.setsockopt(zmq.IPV6, 1)
+            if curve_dir is not None:
+                _curve().make_client(sock, curve_dir, self.handle.curve_server_key)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.setsockopt(zmq.SUBSCRIBE, _HELLO + str(self.rank).encode())
+            sock.connect(addr)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         return sock
 
     # ---------------------------------------------------------------- writing
@@ -303,10 +368,7 @@ class BroadcastQueue(Closeable):
         if self._writer is not None:
             flags = _queues.FLAG_RAW if kind == _KIND_RAW else 0
             if not self._write_chunk(flags, parts, deadline, status, started):
-                if self._local_sock is None:
-                    _zmq()  # explains what to install
-                self._write_chunk(flags | _queues.FLAG_OVERFLOW, [], deadline)
-                self._zmq_send(self._local_sock, range(self.handle.n_readers), kind, seq, parts, deadline)
+                self._write_overflow(seq, kind, flags, parts, deadline)
         if self._remote_sock is not None:
             first = self.handle.n_readers
             self._zmq_send(
@@ -349,6 +411,28 @@ class BroadcastQueue(Closeable):
                 self._seq - self._writer.n_chunks,
             )
             status = None
+
+    def _write_overflow(self, seq: int, kind: int, flags: int, parts: list, deadline: Optional[float]) -> None:
+        """Message ``seq``, larger than a chunk: its file first, then the
+        chunk that says so (msgq/_overflow.py); nothing is left if either fails."""
+        self._drop_consumed_overflow()
+        self._overflow.write(seq, kind, parts, self._mode)
+        try:
+            self._write_chunk(flags | _queues.FLAG_OVERFLOW, [], deadline)
+        except BaseException:
+            self._overflow.remove(seq)
+            raise
+        self._in_overflow.append(seq)
+
+    def _drop_consumed_overflow(self) -> None:
+        """Unlink the overflow files every reader has consumed (normally their last reader did)."""
+        keep = []
+        for seq in self._in_overflow:
+            if self._writer.consumed_by_all(seq):
+                self._overflow.remove(seq)
+            else:
+                keep.append(seq)
+        self._in_overflow = keep
 
     def _describe_readers(self, ranks) -> str:
         out = []
@@ -421,12 +505,7 @@ class BroadcastQueue(Closeable):
         :class:`~msgq.errors.QueueShutdownError` once the queue was shut down
         and everything before it was read."""
         reader = self._reader
-        if (
-            reader is None
-            or self._stash is not None
-            or self._pending_overflow is not None
-            or self._generation != _fork_generation
-        ):
+        if reader is None or self._stash is not None or self._generation != _fork_generation:
             return _decode(*self._next(_deadline(timeout)))  # remote, or what the hot path leaves; checks the state
         # The hot path: one native call checks the timeout (as _deadline
         # does), waits, unpickles in place and consumes.
@@ -437,9 +516,7 @@ class BroadcastQueue(Closeable):
             raise
         if got.__class__ is object:  # one of the native layer's sentinels (or a plain object() sent)
             if got is _queues.OVERFLOW:
-                self._pending_overflow = self._seq
-                self._seq += 1
-                return _decode(*self._recv_overflow(_deadline(timeout)))
+                return _decode(*self._take_overflow())
             if got is _queues.TIMEOUT:
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
             if got is _queues.SHUTDOWN or got is _queues.CLOSED:
@@ -471,16 +548,13 @@ class BroadcastQueue(Closeable):
             return got
         if self._reader is None:
             return self._recv_remote(deadline)
-        if self._pending_overflow is not None:
-            return self._recv_overflow(deadline)
         while True:
             got = self._reader.read()
             if got is not None:
                 flags, parts = got
-                seq, self._seq = self._seq, self._seq + 1
                 if flags & _queues.FLAG_OVERFLOW:
-                    self._pending_overflow = seq
-                    return self._recv_overflow(deadline)
+                    return self._take_overflow()
+                self._seq += 1
                 return (_KIND_RAW if flags & _queues.FLAG_RAW else _KIND_PICKLE), parts
             status = self._reader.wait(_left(deadline))
             if status == "timeout":
@@ -497,27 +571,45 @@ class BroadcastQueue(Closeable):
         kind, seq = _FRAME.unpack(frames[0].bytes)
         return kind, seq, [f.buffer for f in frames[1:]]
 
-    def _recv_overflow(self, deadline):
-        if self._sub is None:
-            _zmq()
-            raise IpcError("a message larger than a chunk came, but this reader has no side channel")
-        kind, seq, parts = self._recv_frames(deadline)
-        if seq != self._pending_overflow:
-            raise IpcError(
-                f"broadcast queue {self.name!r}: side channel sent message {seq}, expected {self._pending_overflow}"
-            )
-        self._pending_overflow = None
-        return kind, parts
+    def _take_overflow(self):
+        """The message whose chunk (not yet consumed) says it is in an overflow
+        file: read the file, then consume the chunk (BR3); the last reader
+        unlinks the file (msgq/_overflow.py). A file that is gone, malformed
+        or not ours is an error, and the message is spent."""
+        seq = self._seq
+        try:
+            if self._overflow is None:
+                raise IpcError(
+                    f"broadcast queue {self.name!r}: message {seq} is larger than a chunk, "
+                    f"but the handle names no overflow directory"
+                )
+            got = self._overflow.read(seq)
+        except (NoSpaceError, DescriptorsExhaustedError):  # out of memory / descriptors: it stays for a retry
+            raise
+        except IpcError:  # gone, malformed or not ours: spent (waiting would not bring it back)
+            self._consume_overflow(seq)
+            raise
+        self._consume_overflow(seq)
+        return got
+
+    def _consume_overflow(self, seq: int) -> None:
+        last = self._reader.consume()  # BR3, after the copy-on-write mapping of the file was made
+        self._seq = self._reader.consumed
+        if last and self._overflow is not None:
+            self._overflow.remove(seq)
 
     def _recv_remote(self, deadline):
         kind, seq, parts = self._recv_frames(deadline)
         if kind == _KIND_SHUTDOWN:
             self._stash = (kind, parts)  # stays shut down
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
-        if seq != self._seq:
+        if self._seq is None:  # our first message: a reader that (re)joins starts where the writer is
+            self._seq = seq
+        if seq != self._seq:  # a gap: say so once, then go on from there (the message is kept)
+            expected, self._seq, self._stash = self._seq, seq + 1, (kind, parts)
             raise IpcError(
                 f"broadcast queue {self.name!r}: remote reader {self.rank} got message {seq}, "
-                f"expected {self._seq}: messages were lost"
+                f"expected {expected}: messages {expected}..{seq - 1} were lost; the next dequeue returns {seq}"
             )
         self._seq += 1
         return kind, parts
@@ -525,21 +617,18 @@ class BroadcastQueue(Closeable):
     # ---------------------------------------------------------------- lifecycle
 
     def wait_until_ready(self, timeout: Optional[float] = None) -> None:
-        """Writer: wait until every reader has attached (local: shared memory
-        and side channel; remote: its TCP subscription)."""
+        """Writer: wait until every reader has attached (local: shared memory;
+        remote: its TCP subscription)."""
         self._check_writer()
         deadline = _deadline(timeout)
         while True:
             missing = []
             if self._writer is not None:
                 missing += [r for r in range(self.handle.n_readers) if not self._writer.reader_attached(r)]
-            for sock, ranks in (
-                (self._local_sock, range(self.handle.n_readers)),
-                (self._remote_sock, range(self.handle.n_readers, self._n_total)),
-            ):
-                if sock is not None:
-                    self._drain_subscriptions(sock)
-                    missing += [r for r in ranks if r not in self._subscribed[sock]]
+            sock = self._remote_sock
+            if sock is not None:
+                self._drain_subscriptions(sock)
+                missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in self._subscribed[sock]]
             if not missing:
                 return
             if _expired(deadline):
@@ -563,21 +652,30 @@ class BroadcastQueue(Closeable):
     def close(self) -> None:
         """Leave the queue. The writer's close shuts the queue down (readers
         drain what was written, then get QueueShutdownError); the shared memory
-        goes once every reader has left too. Safe to call twice."""
-        if self._is_writer and self._pid == os.getpid() and not self.closed:
+        goes once every reader has left too, and with it the overflow
+        directory (by whoever leaves last). Safe to call twice."""
+        ours = self._pid == os.getpid()
+        if self._is_writer and ours and not self.closed:
             try:
                 self.shutdown()
             except Exception:  # closing must not fail: a remote socket may be gone already
                 pass
+            if self._writer is not None and self._overflow is not None:
+                self._drop_consumed_overflow()
+        left = False
         for attr in ("_writer", "_reader"):
             native = getattr(self, attr, None)
             setattr(self, attr, None)
             if native is not None:
-                if self._pid == os.getpid():
+                left = ours
+                if ours:
                     native.close()
                 else:
                     native._forget_after_fork()
-        for attr in ("_local_sock", "_remote_sock", "_sub"):
+        overflow, self._overflow = getattr(self, "_overflow", None), None
+        if left and overflow is not None and not os.path.exists(self._ring_path):
+            overflow.remove_all()  # we were the last to leave (the ring goes with the last detach)
+        for attr in ("_remote_sock", "_sub"):
             sock = getattr(self, attr, None)
             setattr(self, attr, None)
             if sock is not None and self._pid == os.getpid():

@@ -18,6 +18,7 @@ import contextlib
 import gc
 import os
 import secrets
+import shutil
 import time
 
 from msgq.names import run_segment_prefix, segment_dir, zmq_port
@@ -104,8 +105,12 @@ def isolated_prefix(prefix: str = None, check_leaks: bool = True):
     finally:
         left = wait_until_gone(prefix, timeout=5.0 if check_leaks and not failed else 0.0)
         for name in left:
+            path = os.path.join(segment_dir(), name)
             with contextlib.suppress(FileNotFoundError):
-                os.unlink(os.path.join(segment_dir(), name))
+                if os.path.isdir(path) and not os.path.islink(path):  # a BroadcastQueue's overflow directory
+                    shutil.rmtree(path)
+                else:
+                    os.unlink(path)
         for key, value in saved.items():
             if value is None:
                 os.environ.pop(key, None)

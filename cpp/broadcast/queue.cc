@@ -144,6 +144,7 @@ uint64_t Writer::pending_readers() const {
 }
 
 bool Writer::consumed_by_all(uint64_t seq) const {
+  if (closed()) return false;
   // Message seq's chunk now holds a later message, or every reader's bit.
   const ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq % file_->n_chunks()));
   if (m.written.load(std::memory_order_relaxed) != seq + 1) return true;
@@ -323,9 +324,9 @@ bool Reader::peek(ChunkView& view) {
   return true;
 }
 
-void Reader::consume() {
+bool Reader::consume() {
   if (closed()) fail(ErrorKind::kClosed, "broadcast queue reader is closed");
-  if (!readable()) return;
+  if (!readable()) return false;
   QueueHeader& h = file_->header();
   ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq_ % file_->n_chunks()));
   // BR3. SYNC: release orders our copy out of the chunk before the writer's
@@ -340,11 +341,10 @@ void Reader::consume() {
   // consumed (the others would wake it for nothing, a system call each).
   // The seq_cst fence in notify_all_if pairs with the writer's sleeper
   // registration, which follows its store of space_wanted.
-  if ((before | bit) == file_->all_readers()) {
-    const uint64_t done = seq_;  // messages 0 .. seq_ - 1 consumed by this reader
-    common::notify_all_if(h.space_free,
-                       [&] { return done >= h.space_wanted.load(std::memory_order_relaxed); });
-  }
+  if ((before | bit) != file_->all_readers()) return false;
+  const uint64_t done = seq_;  // messages 0 .. seq_ - 1 consumed by this reader
+  common::notify_all_if(h.space_free, [&] { return done >= h.space_wanted.load(std::memory_order_relaxed); });
+  return true;
 }
 
 }  // namespace vipc::broadcast

@@ -80,6 +80,9 @@ class Writer {
   // BW2 + BW3: copy the parts into the next chunk and publish it. Call after
   // wait_writable() returned kReady. kMessageTooLarge if it does not fit.
   void write(uint32_t flags, const Part* parts, size_t n);
+  // Every reader consumed message seq (or its chunk already holds a later
+  // one): the writer may drop what it keeps for it (an overflow file).
+  bool consumed_by_all(uint64_t seq) const;
 
   void shutdown();
   uint64_t written() const { return seq_; }
@@ -90,7 +93,6 @@ class Writer {
 
  private:
   bool writable() const;
-  bool consumed_by_all(uint64_t seq) const;
   std::shared_ptr<QueueFile> file_;
   uint64_t seq_ = 0;  // sequence number of the next message
   common::UseGate gate_;
@@ -115,8 +117,9 @@ class Reader {
   // BR1 + BR2: the next message, in place (valid until consume()), or false.
   // A frame that does not fit its chunk (a corrupt peer) throws kSegment.
   bool peek(ChunkView& view);
-  // BR3: hand the chunk back to the writer and move on.
-  void consume();
+  // BR3: hand the chunk back to the writer and move on. True if this
+  // reader's bit completed the chunk's mask (every reader has consumed it).
+  bool consume();
   // Readers may shut the queue down too (the flag is shared).
   void shutdown();
 

@@ -115,7 +115,8 @@ py::object status_sentinel(vipc::common::WaitStatus st) {
 // The message v (peeked from r), decoded, then handed back (BR3; the steps are in cpp/broadcast/README.md): raw bytes
 // as bytes; a pickle stream unpickled in place from the chunk, its
 // out-of-band buffers copied into bytearrays first (the chunk is reused once
-// consumed); an overflow marker as OVERFLOW (the payload is on the side channel).
+// consumed); an overflow marker as OVERFLOW, not consumed (the payload is in
+// an overflow file: msgq/_overflow.py; the caller consumes once it has it).
 // One part copied out of a chunk: bytes (as_bytes) or a writable bytearray
 // (out-of-band buffers); large copies run without the GIL.
 py::object copy_out(const vipc::broadcast::Part& part, bool as_bytes) {
@@ -135,6 +136,9 @@ void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadca
 }
 
 py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
+  // An overflow marker stays unconsumed until the caller has read the
+  // payload's file: a reader that dies before then finds it again.
+  if (v.flags & vipc::broadcast::kFlagOverflow) return sentinels().overflow;
   struct ConsumeOnExit {  // BR3 even if unpickling raises: the message is spent either way
     vipc::broadcast::Reader& r;
     ~ConsumeOnExit() {
@@ -144,7 +148,6 @@ py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::Chunk
       }
     }
   } consume{r};
-  if (v.flags & vipc::broadcast::kFlagOverflow) return sentinels().overflow;
   if (v.parts.empty()) vipc::common::fail(vipc::common::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
   if (v.flags & vipc::broadcast::kFlagRaw) return copy_out(v.parts[0], true);
   py::object buffers;  // out-of-band buffers, if any (most messages have none)
@@ -290,6 +293,8 @@ void bind_broadcast(py::module_& m) {
         if (w.closed() || r >= w.file()->n_readers()) return uint64_t{0};
         return w.file()->header().readers[r].consumed.load(std::memory_order_relaxed);
       })
+      .def("consumed_by_all", &vipc::broadcast::Writer::consumed_by_all, py::arg("seq"),
+           "Every reader consumed message seq (its chunk is free, or holds a later message).")
       .def("shutdown", &vipc::broadcast::Writer::shutdown)
       .def_property_readonly("written", &vipc::broadcast::Writer::written)
       .def_property_readonly("chunk_bytes", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
@@ -338,19 +343,22 @@ void bind_broadcast(py::module_& m) {
           py::arg("timeout"),
           "The hot path in one call: wait up to timeout s (None: no limit; a bad one raises\n"
           "InvalidArgumentError) for the next message, decode it (unpickled in place, or bytes if raw),\n"
-          "consume it. OVERFLOW for a message on the side channel; TIMEOUT, SHUTDOWN or CLOSED when there is none.")
+          "consume it. OVERFLOW (not consumed) for a message in an overflow file; TIMEOUT, SHUTDOWN or CLOSED when there is none.")
       .def("read",
            [](vipc::broadcast::Reader& r) -> py::object {
              // The next message, copied out: (flags, [first part as bytes,
              // further parts as writable bytearrays]); then BR3. None if there is none.
+             // An overflow marker: (flags, []), not consumed (see take_message).
              vipc::broadcast::ChunkView v;
              if (!r.peek(v)) return py::none();
+             if (v.flags & vipc::broadcast::kFlagOverflow) return py::make_tuple(v.flags, py::list());
              py::list parts;
              for (size_t i = 0; i < v.parts.size(); i++) parts.append(copy_out(v.parts[i], i == 0));
              r.consume();
              return py::make_tuple(v.flags, parts);
            })
-      .def("consume", &vipc::broadcast::Reader::consume)
+      .def("consume", &vipc::broadcast::Reader::consume,
+           "BR3 for the message peeked; True if every reader has now consumed it.")
       .def("shutdown", &vipc::broadcast::Reader::shutdown)
       .def_property_readonly("rank", &vipc::broadcast::Reader::rank)
       .def_property_readonly("consumed", &vipc::broadcast::Reader::consumed)

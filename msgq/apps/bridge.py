@@ -24,7 +24,9 @@ import signal
 import sys
 import time
 
+from msgq import curve as msgq_curve
 from msgq import sockets
+from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
 
@@ -41,8 +43,10 @@ examples:
   msgq-bridge in carState gpsLocation --from machine-a.local
 
 Ports are zmq_port(TOPIC) (msgq.names), which depends on MSGQ_PREFIX: both
-machines must use the same prefix. The stream is not encrypted or
-authenticated: bind to a trusted interface.
+machines must use the same prefix. Without --curve the stream is not
+encrypted or authenticated: bind to a trusted interface. With --curve DIR
+(a keys directory: python -m msgq.curve DIR) `out` admits only the client
+keys in DIR/authorized and `in` presents DIR's client key; all encrypted.
 """
 
 
@@ -126,10 +130,22 @@ class _Reporter:
         self.next_at = now + self.every
 
 
-def run_out(topics, bind, hwm, verbose_every, stopper, log) -> int:
-    """Local shared-memory topics -> ZeroMQ PUB sockets."""
+def _context(n_sockets):
+    """``(zmq, a new context)``. libzmq aborts the process when it runs out of
+    descriptors: refused first, before pyzmq is even imported."""
+    ensure_descriptors(f"msgq-bridge: {n_sockets} ZeroMQ sockets", ZMQ_HEADROOM + 2 * n_sockets)
     zmq = _zmq()
-    ctx = zmq.Context()
+    return zmq, zmq.Context()
+
+
+def _close_context(ctx):
+    msgq_curve.stop_authenticator(ctx)
+    ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
+
+
+def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
+    """Local shared-memory topics -> ZeroMQ PUB sockets."""
+    zmq, ctx = _context(len(topics))
     ctx_msgq = sockets.Context(backend="msgq")  # the local side is shared memory, whatever MSGQ_BACKEND says
     poller = sockets.Poller()
     routes = []  # (subscriber, zmq socket, stats)
@@ -142,6 +158,8 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log) -> int:
             # passed up, so the bridge knows how many remote subscribers it has.
             pub.setsockopt(zmq.XPUB_NODROP, 1)
             pub.setsockopt(zmq.XPUB_VERBOSER, 1)
+            if curve:
+                msgq_curve.make_server(pub, curve)
             endpoint = f"tcp://{bind}:{zmq_port(topic)}"
             try:
                 pub.bind(endpoint)
@@ -176,7 +194,7 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log) -> int:
         for sub, pub, _ in routes:
             sub.close()
             pub.close(0)
-        ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
+        _close_context(ctx)
 
 
 def _count_subscriptions(zmq, pub, stats):
@@ -191,10 +209,9 @@ def _count_subscriptions(zmq, pub, stats):
             stats.subscribers = max(0, stats.subscribers - 1)
 
 
-def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log) -> int:
+def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=None) -> int:
     """ZeroMQ SUB sockets -> local shared-memory topics."""
-    zmq = _zmq()
-    ctx = zmq.Context()
+    zmq, ctx = _context(len(topics))
     ctx_msgq = sockets.Context(backend="msgq")
     poller = zmq.Poller()
     routes = {}  # zmq socket -> (publisher, stats)
@@ -204,6 +221,8 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log) -> int:
             sub = ctx.socket(zmq.SUB)
             _tune(zmq, sub, hwm)
             sub.setsockopt(zmq.SUBSCRIBE, b"")
+            if curve:
+                msgq_curve.make_client(sub, curve)
             endpoint = f"tcp://{host}:{zmq_port(topic)}"
             sub.connect(endpoint)  # never fails for a host that is down: ZeroMQ keeps retrying
             pub = sockets.PubSocket()
@@ -250,7 +269,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log) -> int:
         for sub, (pub, _) in routes.items():
             sub.close(0)
             pub.close()
-        ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
+        _close_context(ctx)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -266,6 +285,11 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("topics", nargs="+", metavar="TOPIC", help="topic names")
     common.add_argument(
         "--hwm", type=int, default=1000, help="messages queued per remote peer before dropping (default: 1000)"
+    )
+    common.add_argument(
+        "--curve",
+        metavar="DIR",
+        help="authenticate and encrypt with ZeroMQ CURVE using the keys directory DIR (python -m msgq.curve DIR)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="print statistics to stderr periodically")
     common.add_argument(
@@ -310,6 +334,14 @@ def main(argv=None) -> int:
         parser.error(str(exc))
     if args.hwm < 1:
         parser.error("--hwm must be at least 1")
+    if args.curve:
+        try:  # the keys this side needs, checked before anything starts
+            if args.direction == "out":
+                msgq_curve.check_server_dir(args.curve)
+            else:
+                msgq_curve.check_client_dir(args.curve)
+        except (IpcError, ImportError) as exc:
+            parser.error(str(exc))
     every = args.stats_interval if args.verbose else 0
 
     def log(text):
@@ -319,8 +351,8 @@ def main(argv=None) -> int:
     stopper = _Stopper()  # before any socket exists, so a stop request never leaves a segment behind
     try:
         if args.direction == "out":
-            return run_out(topics, args.bind, args.hwm, every, stopper, log)
-        return run_in(topics, args.host, args.hwm, args.segment_size, every, stopper, log)
+            return run_out(topics, args.bind, args.hwm, every, stopper, log, args.curve)
+        return run_in(topics, args.host, args.hwm, args.segment_size, every, stopper, log, args.curve)
     except KeyboardInterrupt:
         return 0
     except IpcError as exc:

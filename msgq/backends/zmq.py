@@ -18,7 +18,7 @@ Wire format and addresses
 Publisher
     An ``XPUB`` bound to ``tcp://BIND:PORT``, BIND from ``MSGQ_ZMQ_BIND``
     (default ``*``: every interface, as the reference did, so anyone who can
-    reach the port can subscribe: there is no authentication; set
+    reach the port can subscribe unless CURVE is on, see below; set
     ``MSGQ_ZMQ_BIND=127.0.0.1`` to keep topics on this host, or the address
     of one interface). ``XPUB_VERBOSER`` reports every subscribe and
     unsubscribe, which is how ``num_readers()`` counts subscribers (the
@@ -46,6 +46,19 @@ Subscriber
     the publisher (ZeroMQ's "slow joiner"); ``pub.wait_for_readers()``
     waits for it. A subscriber reconnects on its own to a restarted
     publisher (it re-subscribes when it next receives or polls).
+
+Authentication and encryption (off by default)
+    ``MSGQ_ZMQ_CURVE_DIR=DIR`` (a keys directory, ``python -m msgq.curve
+    DIR``): publishers are CURVE servers admitting only the client keys in
+    ``DIR/authorized``, subscribers CURVE clients with ``DIR``'s client key
+    pair trusting ``DIR/server.key``; all traffic is encrypted. A
+    subscriber without an admitted key receives nothing. (A plain pyzmq
+    SUB then needs the same CURVE options.)
+
+Descriptors
+    A publisher or subscriber is refused with ``DescriptorsExhaustedError``
+    (an :class:`IpcError`) when fewer than ``msgq._descriptors.ZMQ_HEADROOM``
+    descriptors are left: libzmq would abort the process instead.
 
 Differences from the shared-memory backend, all inherent to ZeroMQ:
 ``all_readers_updated()`` is an approximation (True once at least one
@@ -82,6 +95,8 @@ import weakref
 
 import zmq
 
+from msgq import curve as msgq_curve
+from msgq._descriptors import ensure_descriptors
 from msgq._shared import Closeable
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import zmq_port
@@ -165,6 +180,18 @@ def _host(address, what):
     if ipv6 and not host.startswith("["):
         host = f"[{host}]"
     return host, ipv6
+
+
+def _curve_dir():
+    """``MSGQ_ZMQ_CURVE_DIR``: a CURVE keys directory (msgq.curve), or None (no CURVE)."""
+    return os.environ.get("MSGQ_ZMQ_CURVE_DIR") or None
+
+
+def _new_socket(kind, what):
+    """A socket of the process's context, once enough descriptors are left
+    (libzmq aborts the process when it runs out)."""
+    ensure_descriptors(what)
+    return _zmq_context().socket(kind)
 
 
 def _hwm():
@@ -372,13 +399,15 @@ class Publisher(_Guarded):
         host, ipv6 = _host(os.environ.get("MSGQ_ZMQ_BIND", "*"), "MSGQ_ZMQ_BIND")
         self.endpoint, self.port = endpoint, port
         self.url = f"tcp://{host}:{port}"
-        sock = _zmq_context().socket(zmq.XPUB)
+        sock = _new_socket(zmq.XPUB, f"topic {endpoint!r}: publisher")
         try:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, _hwm())
             sock.setsockopt(zmq.XPUB_VERBOSER, 1)  # every subscribe and unsubscribe, not only the first and last
             if ipv6:
                 sock.setsockopt(zmq.IPV6, 1)
+            if _curve_dir():
+                msgq_curve.make_server(sock, _curve_dir())
             self._bind(sock, port)
         except BaseException:
             sock.close(linger=0)
@@ -618,9 +647,12 @@ class Subscriber(_Guarded):
         self._segment_size = _segment_size(segment_size)
         self.endpoint, self.url = endpoint, f"tcp://{host}:{port}"
         self._conflate = bool(conflate)
-        ctx = _zmq_context()
-        sock = ctx.socket(zmq.SUB)
-        wake = ctx.socket(zmq.XPUB)
+        sock = _new_socket(zmq.SUB, f"topic {endpoint!r}: subscriber")
+        try:
+            wake = _zmq_context().socket(zmq.XPUB)
+        except BaseException:
+            sock.close(linger=0)
+            raise
         try:
             for s in (sock, wake):
                 s.setsockopt(zmq.LINGER, 0)
@@ -637,6 +669,8 @@ class Subscriber(_Guarded):
             # The XPUB has the SUB's subscription (so a wake-up cannot be dropped) once it hands it out.
             wake.setsockopt(zmq.RCVTIMEO, 5000)
             wake.recv()
+            if _curve_dir():  # after the inproc wake-up connection, which stays unauthenticated
+                msgq_curve.make_client(sock, _curve_dir())
             sock.connect(self.url)
         except _ZMQError as e:
             sock.close(linger=0)

@@ -323,3 +323,70 @@ def test_setup_failures_exit_one_and_leave_nothing(capsys):
         assert "cannot bind" in capsys.readouterr().err
     finally:
         ctx.destroy(linger=0)
+
+
+def test_curve_bridge_admits_only_authorized_subscribers(tmp_path):
+    from msgq import curve
+
+    keys, other = curve.create_keys(str(tmp_path / "keys")), curve.create_keys(str(tmp_path / "other"))
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        with (
+            msgq.pub_sock(topic) as pub,
+            bridge(tmp_path, "out", topic, "--bind", "127.0.0.1", "--curve", keys) as proc,
+        ):
+            socks = {}
+            for name, key_dir in (("authorized", keys), ("wrong_key", other), ("plain", None)):
+                sock = ctx.socket(zmq.SUB)
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SUBSCRIBE, b"")
+                if key_dir:
+                    curve.make_client(sock, key_dir, curve.server_public_key(keys))
+                sock.connect(endpoint(topic))
+                socks[name] = sock
+            receive = zmq_receiver(socks["authorized"])
+            warm_up(pub.send, receive, proc)
+            expected = payloads(50, seed=3)
+            for msg in expected:
+                pub.send(msg)
+            receive_exactly(receive, expected)
+            assert not socks["wrong_key"].poll(100) and not socks["plain"].poll(100)  # nothing at all
+            for sock in socks.values():
+                sock.close()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_curve_bridge_in_reaches_an_authenticated_publisher(tmp_path):
+    from msgq import curve
+
+    keys = curve.create_keys(str(tmp_path / "keys"))
+    topic = unique_topic()
+    ctx = zmq.Context()
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        curve.make_server(remote, keys)  # admits only DIR/authorized: the bridge's client key
+        remote.bind(endpoint(topic))
+        with msgq.sub_sock(topic) as sub, bridge(tmp_path, "in", topic, "--from", "127.0.0.1", "--curve", keys) as proc:
+            receive = msgq_receiver(sub)
+            warm_up(remote.send, receive, proc)
+            expected = payloads(50, seed=4)
+            for msg in expected:
+                remote.send(msg)
+            receive_exactly(receive, expected)
+        remote.close()
+    finally:
+        curve.stop_authenticator(ctx)
+        ctx.destroy(linger=0)
+
+
+def test_curve_keys_directory_is_checked_before_starting(tmp_path, capsys):
+    from msgq.apps import bridge as tool
+
+    for direction in (["out", "t"], ["in", "t", "--from", "127.0.0.1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            tool.main([*direction, "--curve", str(tmp_path / "missing")])
+        assert exit_info.value.code == 2
+        assert "CURVE keys directory" in capsys.readouterr().err

@@ -193,7 +193,7 @@ def test_the_one_call_hot_path_keeps_every_message_and_every_error():
     with pytest.raises(pickle.UnpicklingError):
         reader.dequeue(timeout=1)
     assert reader.dequeue(timeout=1) == "next"
-    assert reader._seq == reader._reader.consumed == 8  # in step: the side channel checks it
+    assert reader._seq == reader._reader.consumed == 8  # in step: an overflow file is found by _seq
     queue.close()
     with pytest.raises(QueueShutdownError):
         reader.dequeue(timeout=1)
@@ -256,4 +256,50 @@ def test_a_reader_that_comes_back_under_its_rank_continues_where_it_stopped():
     reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
     assert [reader.dequeue(timeout=1) for _ in range(3)] == [1, 2, 3]
     reader.close()
+    queue.close()
+
+
+def test_remote_readers_with_curve_need_an_authorized_key(tmp_path):
+    pytest.importorskip("zmq")
+    from msgq import curve
+
+    keys, other = curve.create_keys(str(tmp_path / "keys")), curve.create_keys(str(tmp_path / "other"))
+    queue = msgq.BroadcastQueue(
+        n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1", curve_dir=keys
+    )
+    with pytest.raises(InvalidArgumentError, match="CURVE"):
+        msgq.BroadcastQueue.create_from_handle(queue.handle, 0)  # no key: refused at once
+    intruder = msgq.BroadcastQueue.create_from_handle(queue.handle, 0, curve_dir=other)  # a key not authorized
+    with pytest.raises(TimeoutError, match=r"readers \[0\]"):
+        queue.wait_until_ready(timeout=0.5)  # its handshake never completes: it never subscribes
+    good = msgq.BroadcastQueue.create_from_handle(queue.handle, 0, curve_dir=keys)
+    queue.wait_until_ready(timeout=10)
+    queue.enqueue({"secret": 1})
+    assert good.dequeue(timeout=5) == {"secret": 1}
+    with pytest.raises(TimeoutError):
+        intruder.dequeue(timeout=0.2)
+    for q in (good, intruder, queue):
+        q.close()
+
+
+def test_a_remote_reader_that_comes_back_under_its_rank_gets_what_is_sent_from_then_on():
+    pytest.importorskip("zmq")
+    queue = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    first = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.wait_until_ready(timeout=10)
+    queue.enqueue(0)
+    assert first.dequeue(timeout=5) == 0
+    first.close()
+    # What the writer sends before it has seen the reader leave goes to the dead connection
+    # (ZeroMQ has no replay): wait until it has, so that the test is deterministic.
+    sock, deadline = queue._remote_sock, time.monotonic() + 10
+    while 0 in queue._subscribed[sock] and time.monotonic() < deadline:
+        queue._drain_subscriptions(sock)
+        time.sleep(0.01)
+    again = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    queue.enqueue(1, timeout=10)  # waits until the new reader has subscribed
+    assert again.dequeue(timeout=5) == 1  # not "expected message 0: messages were lost", forever
+    queue.enqueue(2, timeout=10)
+    assert again.dequeue(timeout=5) == 2
+    again.close()
     queue.close()

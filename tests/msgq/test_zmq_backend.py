@@ -826,3 +826,27 @@ def test_a_subscriber_on_another_host_receives_the_exact_messages():
 @pytest.mark.timeout(120)
 def test_a_subscriber_reaches_a_publisher_bound_on_another_loopback_address():
     run_across([], [], "127.0.0.2", free_topic())
+
+
+def test_curve_admits_only_authorized_subscribers_and_encrypts(monkeypatch, tmp_path, zctx):
+    from msgq import curve
+
+    keys, other = curve.create_keys(str(tmp_path / "keys")), curve.create_keys(str(tmp_path / "other"))
+    monkeypatch.setenv("MSGQ_ZMQ_CURVE_DIR", keys)
+    topic = free_topic("curve")
+    pub, (sub,) = connected(topic)  # an authorized subscriber: counted, and receives
+    plain = zctx.socket(zmq.SUB)  # no CURVE at all
+    wrong = zctx.socket(zmq.SUB)  # a client key pair the publisher does not admit
+    curve.make_client(wrong, other, curve.server_public_key(keys))
+    for s in (plain, wrong):
+        s.setsockopt(zmq.LINGER, 0)
+        s.subscribe(b"")
+        s.connect(f"tcp://127.0.0.1:{zmq_port(topic)}")
+    time.sleep(0.2)  # give the intruders time to try their handshakes
+    assert pub.num_readers == 1  # the intruders never got as far as subscribing
+    for i in range(20):
+        pub.send(b"secret %d" % i)
+    assert [sub.receive() for _ in range(20)] == [b"secret %d" % i for i in range(20)]
+    assert not plain.poll(200) and not wrong.poll(50)  # neither got anything
+    for s in (plain, wrong, sub, pub):
+        s.close()

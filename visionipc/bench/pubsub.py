@@ -11,6 +11,7 @@ import struct
 import time
 from itertools import repeat
 
+from msgq._descriptors import ensure_descriptors
 from visionipc.bench.workers import BenchError
 
 STAMP = struct.Struct("<q")
@@ -49,6 +50,7 @@ class ZmqSockets:
         raise NotImplementedError
 
     def pub(self, topic, *_):
+        ensure_descriptors("benchmark ZeroMQ publisher")  # libzmq aborts when it runs out
         s = self.ctx.socket(self.zmq.XPUB)
         s.setsockopt(self.zmq.LINGER, 0)
         if self.hwm is not None:
@@ -59,6 +61,7 @@ class ZmqSockets:
         return s
 
     def sub(self, topic, *_):
+        ensure_descriptors("benchmark ZeroMQ subscriber")
         s = self.ctx.socket(self.zmq.SUB)
         s.setsockopt(self.zmq.LINGER, 0)
         if self.hwm is not None:

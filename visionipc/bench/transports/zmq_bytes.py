@@ -4,6 +4,7 @@ through the socket), the stamp in a 16-byte header part; SUB makes ``np.frombuff
 
 import time
 
+from msgq._descriptors import ensure_descriptors
 from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12
 from visionipc.bench.workers import BenchError
 
@@ -12,6 +13,8 @@ HWM = 2
 
 def _context(state):
     import zmq
+
+    ensure_descriptors("pyzmq benchmark transport")  # libzmq aborts the process when it runs out
 
     if "zmq_ctx" not in state:
         state["zmq_ctx"] = zmq.Context()
