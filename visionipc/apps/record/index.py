@@ -13,7 +13,8 @@ import time
 
 from visionipc.apps._cli import UsageError, need
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: PyAV codecs (recording.json's codec h264/hevc/av1/ffv1/*_nvenc, .mkv)
+READABLE_VERSIONS = (1, 2)  # 1: OpenCV mp4v/FFV1, still read
 INDEX_COLUMNS = (
     "stream",
     "frame_id",
@@ -117,8 +118,8 @@ def read_manifest(folder: str) -> dict:
         raise UsageError(f"{folder!r} is not a recording (no recording.json)") from None
     except (OSError, ValueError) as e:
         raise UsageError(f"cannot read {path}: {e}") from None
-    if doc.get("format_version") != FORMAT_VERSION:
-        raise UsageError(f"{path}: format_version {doc.get('format_version')!r} is not {FORMAT_VERSION}")
+    if doc.get("format_version") not in READABLE_VERSIONS:
+        raise UsageError(f"{path}: format_version {doc.get('format_version')!r} is not one of {READABLE_VERSIONS}")
     return doc
 
 

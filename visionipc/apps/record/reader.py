@@ -5,19 +5,23 @@
         ...   # row: the index row (dict); image: the stored image (see storage.py)
 
 For lossless recordings the image is the frame's compact image: NV12/I420 the
-``(h*3/2, w)`` plane image, GRAY8/RGB8/BGR8 as is, RAW16 uint16; for lossy
-ones a BGR image (GRAY8: gray).
+``(h*3/2, w)`` plane image, GRAY8/RGB8/BGR8 as is, RAW16 uint16; so for the lossy
+PyAV codecs (H.264, HEVC, AV1: decoded pixels of the same layout). Lossy OpenCV (mp4v)
+recordings give a BGR image (GRAY8: gray).
 """
 
 import os
 
 from visionipc.apps._cli import need
-from visionipc.apps.record import index
+from visionipc.apps.record import codecs, index
 from visionipc.apps.record.storage import Storage
 
 
 def iter_segment_frames(cv2, folder, rows, storage):
     """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order)."""
+    if storage.uses_av:
+        yield from codecs.iter_decoded(folder, rows, storage)
+        return
     cap, current, position = None, None, 0
     try:
         for segment_file, want in rows:
