@@ -130,7 +130,7 @@ def run_one(label, codec, crf, images, width, height, folder):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_common_flags(p, quick="1080p 20 frames, 4K 6 frames")
+    add_common_flags(p, quick="1080p 20 frames, 4K 6 frames", quiet=True)
     p.add_argument("--frames", type=int, default=60, help="frames at 1080p (4K: a third of them)")
     p.add_argument("--codec", action="append", help="only these runs (label prefix, e.g. h264); repeatable")
     args = p.parse_args(argv)
