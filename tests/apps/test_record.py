@@ -324,7 +324,7 @@ def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
     rc, _, err = finish(recorder)
     pub.close()
     assert rc == 0, err
-    sub = msgq.sub_sock(topic, timeout=3000)  # before the replayer publishes
+    sub = msgq.sub_sock(topic, timeout=10000)  # before the replayer publishes (its start-up: seconds under load)
     replay = start(REPLAY, out, "--name", unique_name("replay"), "--wait-clients", 0, "--rate", 4)
     got = [sub.receive() for _ in range(3)]
     sub.close()
