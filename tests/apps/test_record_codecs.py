@@ -70,9 +70,10 @@ def test_ffv1_stores_every_pixel_format_bit_exactly(fmt, tmp_path):
 
 
 @pytest.mark.parametrize("codec", ["h264", "hevc", "av1"])
-def test_lossy_codecs_give_the_streams_own_layout_back_closely(codec, tmp_path):
-    storage = codecs.AvStorage("nv12", W, H, codec, crf=20)
-    images = _smooth("nv12", 6)
+@pytest.mark.parametrize("fmt", ["nv12", "gray8"])
+def test_lossy_codecs_give_the_streams_own_layout_back_closely(codec, fmt, tmp_path):
+    storage = codecs.AvStorage(fmt, W, H, codec, crf=20)
+    images = _smooth(fmt, 6)
     rows = _write(tmp_path, storage, images)
     back = _decode(tmp_path, storage, rows)
     assert len(back) == 6

@@ -17,6 +17,8 @@ far ahead (the segment's packets give each frame's position).
 import os
 from fractions import Fraction
 
+import numpy as np
+
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 
@@ -32,8 +34,8 @@ CODECS = {
 }
 EXT = "mkv"  # Matroska holds every codec above
 DEFAULT_CRF = {"h264": 23, "hevc": 28, "av1": 35, "h264_nvenc": 23, "hevc_nvenc": 28, "av1_nvenc": 35}
-DEFAULT_PRESET = {"h264": "veryfast", "hevc": "veryfast", "av1": "10", "h264_nvenc": "p4", "hevc_nvenc": "p4"}
-DEFAULT_PRESET["av1_nvenc"] = "p4"
+DEFAULT_PRESET = {"h264": "veryfast", "hevc": "veryfast", "av1": "10"}
+DEFAULT_PRESET.update(dict.fromkeys(("h264_nvenc", "hevc_nvenc", "av1_nvenc"), "p4"))
 GOP_SECONDS = 2  # --gop 0: a keyframe every 2 s of frames
 SEEK_GAP = 32  # a wanted frame this far ahead is reached by seeking, not by decoding the frames between
 
@@ -56,10 +58,6 @@ LOSSY_FALLBACK = ("yuv420p", "nv12")
 
 def av():
     return need("av", "record")
-
-
-def codec_names() -> list:
-    return list(CODECS)
 
 
 def _codec(encoder: str):
@@ -176,9 +174,12 @@ class AvEncoder:
         self.stream, self.pts = stream, 0
 
     def write(self, image):
-        frame = av().VideoFrame.from_ndarray(image, format=self.storage.src_format)
-        if frame.format.name != self.storage.pix_fmt:
-            frame = frame.reformat(format=self.storage.pix_fmt)
+        src, dst = self.storage.src_format, self.storage.pix_fmt
+        if src == "gray" and dst == "yuv420p":  # Y as is, flat chroma (FFmpeg's conversion rescales the range)
+            image, src = np.vstack([image, np.full((image.shape[0] // 2, image.shape[1]), 128, np.uint8)]), dst
+        frame = av().VideoFrame.from_ndarray(image, format=src)
+        if frame.format.name != dst:
+            frame = frame.reformat(format=dst)
         frame.pts = self.pts
         self.pts += 1
         self.container.mux(self.stream.encode(frame))
@@ -258,6 +259,8 @@ class _Segment:
 
 
 def _to_image(frame, src_format):
+    if src_format == "gray" and frame.format.name in ("yuv420p", "yuvj420p", "nv12"):
+        return frame.to_ndarray()[: frame.height].copy()  # the Y plane as stored (no range conversion)
     if frame.format.name != src_format:
         frame = frame.reformat(format=src_format)
     return frame.to_ndarray(format=src_format)
