@@ -131,7 +131,8 @@ def test_codec_options_and_missing_hardware_are_clear_errors(tmp_path, capsys):
     finish(camera)
 
 
-CODECS = ("h264", "hevc", "av1", "ffv1", "mp4v")
+RECORDINGS = {c: ["--codec", c] for c in ("h264", "hevc", "av1", "ffv1", "mp4v")}
+RECORDINGS["mcap"] = ["--codec", "h264", "--format", "mcap"]  # MCAP segments (test_record_mcap.py)
 FRAMES = 10
 
 
@@ -141,17 +142,17 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
     name = unique_name("cam")
     camera = start(
         CAMERA, "--name", name, "--stream", "road", "--width", 96, "--height", 64, "--fps", 30,
-        "--frames", FRAMES, "--wait-clients", len(CODECS),
+        "--frames", FRAMES, "--wait-clients", len(RECORDINGS),
     )  # fmt: skip
-    outs = {c: str(tmp_path / c) for c in CODECS}
-    recorders = [start(RECORD, "--name", name, "--out", outs[c], "--codec", c, "--frames", FRAMES) for c in CODECS]
+    outs = {c: str(tmp_path / c) for c in RECORDINGS}
+    recorders = [start(RECORD, "--name", name, "--out", outs[c], *RECORDINGS[c], "--frames", FRAMES) for c in outs]
     for r in recorders:
         rc, _, err = finish(r)
         assert rc == 0, err
     assert finish(camera)[0] == 0
     for codec, out in outs.items():
         info = json.load(open(os.path.join(out, "recording.json")))
-        assert info["streams"]["road"]["codec"] == codec and info["streams"]["road"]["frames"] == FRAMES
+        assert info["streams"]["road"]["codec"] == RECORDINGS[codec][1] and info["streams"]["road"]["frames"] == FRAMES
         assert info["format_version"] == index.FORMAT_VERSION
         if codec == "mp4v":  # a format_version 1 recording (OpenCV, BGR) stays readable
             info["format_version"] = 1
@@ -169,6 +170,6 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
     import pandas as pd
 
     health = pd.read_parquet(report / "health.parquet")
-    assert sorted(health["recording_id"]) == sorted(CODECS)
+    assert sorted(health["recording_id"]) == sorted(RECORDINGS)
     assert set(health["frames"]) == {FRAMES}
-    assert len(pd.read_parquet(report / "metrics.parquet")) == FRAMES * len(CODECS)
+    assert len(pd.read_parquet(report / "metrics.parquet")) == FRAMES * len(RECORDINGS)

@@ -95,9 +95,10 @@ class AvStorage:
     """How one stream is stored with a PyAV codec (see the module doc)."""
 
     uses_av = True
-    ext = EXT
 
-    def __init__(self, fmt, width, height, codec="h264", crf=None, preset=None, gop=0, threads=1, pix_fmt=None):
+    def __init__(
+        self, fmt, width, height, codec="h264", crf=None, preset=None, gop=0, threads=1, pix_fmt=None, container=EXT
+    ):
         av()  # imported now, not in the first decoder or encoder call (a replay's clock runs by then)
         if codec not in CODECS:
             raise UsageError(f"unknown codec {codec!r} (choose from {', '.join(CODECS)})")
@@ -110,6 +111,9 @@ class AvStorage:
         self.crf = None if self.lossless else (DEFAULT_CRF[codec] if crf is None else crf)
         self.preset = None if self.lossless else (preset or DEFAULT_PRESET.get(codec))
         self.gop, self.threads = gop, threads
+        if container not in (EXT, "mcap"):
+            raise ValueError(f"container {container!r} is not {EXT} or mcap")
+        self.ext = container  # mkv, or mcap (mcap_io.py)
         self.pix_fmt = pix_fmt or encoder_pix_fmt(self.encoder, self.src_format, self.lossless)
         shape = pixels.compact_shape(fmt, width, height)
         self.image_size = (shape[1], shape[0])
@@ -118,7 +122,7 @@ class AvStorage:
 
     def describe(self) -> dict:
         out = {"codec": self.codec, "encoder": self.encoder, "lossless": self.lossless, "stored_as": self.kind}
-        out["pix_fmt"] = self.pix_fmt
+        out["pix_fmt"], out["container"] = self.pix_fmt, self.ext
         if not self.lossless:
             out.update(crf=self.crf, preset=self.preset)
         return out
@@ -134,6 +138,10 @@ class AvStorage:
         return opts
 
     def open_writer(self, path: str, fps: float):
+        if self.ext == "mcap":
+            from visionipc.apps.record.mcap_io import McapWriter
+
+            return McapWriter(path, self, fps, os.path.basename(os.path.dirname(path)))  # frames/<stream>/
         return AvEncoder(path, self, fps)
 
     def capture(self, frame):
@@ -144,7 +152,10 @@ class AvStorage:
 
     @classmethod
     def from_manifest(cls, info: dict):
-        storage = cls(info["format"], info["width"], info["height"], info["codec"], pix_fmt=info.get("pix_fmt"))
+        storage = cls(
+            info["format"], info["width"], info["height"], info["codec"],
+            pix_fmt=info.get("pix_fmt"), container=info.get("container", EXT),
+        )  # fmt: skip
         if storage.kind != info.get("stored_as", storage.kind):
             raise ValueError(f"stored_as {info.get('stored_as')!r} does not match format {info['format']}")
         return storage
@@ -268,6 +279,11 @@ def _to_image(frame, src_format):
 
 def iter_decoded(folder: str, rows, storage):
     """Decoded compact images for ``rows`` ((segment_file, position) pairs, in index order)."""
+    if storage.ext == "mcap":
+        from visionipc.apps.record import mcap_io
+
+        yield from mcap_io.iter_decoded(folder, rows, storage)
+        return
     mod = av()
     segment, current = None, None
     try:
@@ -299,6 +315,12 @@ def add_codec_args(p):
     p.add_argument("--crf", type=int, help="lossy quality, lower is better (default h264 23, hevc 28, av1 35)")
     p.add_argument("--preset", help="encoder speed preset (default h264/hevc veryfast, av1 10, nvenc p4)")
     p.add_argument("--gop", type=int, default=0, help="frames between keyframes (default: 2 s of frames)")
+    p.add_argument(
+        "--format",
+        choices=("folder", "mcap"),
+        default="folder",
+        help="segment files: Matroska (folder, default) or MCAP (Foxglove's CompressedVideo/RawImage messages)",
+    )
     p.add_argument("--hwaccel", action="store_true", help="encode on the GPU (NVENC); an error where there is none")
     p.add_argument(
         "--encoder-threads", type=int, default=1, help="FFmpeg threads per stream's encoder (default 1; 0: auto)"
@@ -327,6 +349,12 @@ def check_args(args) -> str:
     codec = chosen_codec(args)
     if codec != LEGACY:
         check_encoder(CODECS[codec][0])
+    if args.format == "mcap":
+        if codec == LEGACY:
+            raise UsageError("--format mcap stores PyAV codecs, not mp4v")
+        from visionipc.apps.record import mcap_io
+
+        mcap_io.check(codec, CODECS[codec][1])
     return codec
 
 
@@ -337,4 +365,5 @@ def storage_for(args, cv2, fmt, width, height):
         from visionipc.apps.record.storage import Storage
 
         return Storage(cv2, fmt, width, height, False)
-    return AvStorage(fmt, width, height, codec, args.crf, args.preset, args.gop, args.encoder_threads)
+    container = "mcap" if args.format == "mcap" else EXT
+    return AvStorage(fmt, width, height, codec, args.crf, args.preset, args.gop, args.encoder_threads, None, container)

@@ -57,7 +57,10 @@ class StreamWriter:
         self._write(*held)
 
     def _write(self, image, meta):
-        self._video.write(image)
+        if getattr(self._video, "wants_meta", False):  # an MCAP segment logs each frame with its times
+            self._video.write(image, meta)
+        else:
+            self._video.write(image)
         rows = self._rows
         for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
             rows[key].append(meta[key])
