@@ -51,6 +51,35 @@ def _nv12_to_i420(image, width, height):
     return np.vstack([y, np.concatenate([uv[:, 0], uv[:, 1]]).reshape(height // 2, width)])
 
 
+def open_video_encoder(storage, fps: float, live: bool = False):
+    """An FFmpeg encoder for Foxglove's CompressedVideo: no B-frames (one access unit out per
+    frame in, in order), parameter sets on every keyframe, a keyframe every --gop frames;
+    ``live``: no lookahead either (each frame's packet comes out at once)."""
+    mod = need("av", "record")
+    rate = Fraction(max(1, int(fps)), 1)
+    ctx = mod.codec.CodecContext.create(storage.encoder, "w")
+    ctx.width, ctx.height, ctx.pix_fmt = storage.width, storage.height, storage.pix_fmt
+    ctx.time_base, ctx.framerate = 1 / rate, rate
+    ctx.gop_size = storage.gop or max(1, 2 * int(fps))
+    ctx.max_b_frames = 0
+    ctx.thread_count = storage.threads
+    options = storage.options()
+    if storage.encoder == "libx265":
+        options["x265-params"] += ":bframes=0:repeat-headers=1"
+    elif storage.encoder == "libx264":
+        options["x264-params"] = "repeat-headers=1"
+        if live:
+            options["tune"] = "zerolatency"
+    ctx.options = options
+    return ctx
+
+
+def video_frame(storage, image):
+    """A compact image -> an FFmpeg frame in the pixel format the encoder takes."""
+    frame = need("av", "record").VideoFrame.from_ndarray(image, format=storage.src_format)
+    return frame if frame.format.name == storage.pix_fmt else frame.reformat(format=storage.pix_fmt)
+
+
 class McapWriter:
     """One segment's MCAP file: ``write(compact_image, meta)`` per frame, ``release()``
     at the end (the interface writer.StreamWriter uses; ``wants_meta``: with the frame's
@@ -75,29 +104,13 @@ class McapWriter:
         self.writer.add_metadata(METADATA, info)
         self.ctx, self.metas, self.seq = None, {}, 0
         if not lossless:
-            mod = need("av", "record")
-            rate = Fraction(int(fps), 1)
-            ctx = mod.codec.CodecContext.create(storage.encoder, "w")
-            ctx.width, ctx.height, ctx.pix_fmt = storage.width, storage.height, storage.pix_fmt
-            ctx.time_base, ctx.framerate = 1 / rate, rate
-            ctx.gop_size = storage.gop or max(1, 2 * int(fps))
-            ctx.max_b_frames = 0  # Foxglove plays no B-frames; one access unit per frame, in order
-            ctx.thread_count = storage.threads
-            options = storage.options()
-            if storage.encoder == "libx265":
-                options["x265-params"] += ":bframes=0:repeat-headers=1"
-            elif storage.encoder == "libx264":
-                options["x264-params"] = "repeat-headers=1"
-            ctx.options = options
-            self.ctx = ctx
+            self.ctx = open_video_encoder(storage, fps)
 
     def write(self, image, meta):
         if self.ctx is None:
             self._log(self._raw(image, meta), meta)
             return
-        frame = need("av", "record").VideoFrame.from_ndarray(image, format=self.storage.src_format)
-        if frame.format.name != self.storage.pix_fmt:
-            frame = frame.reformat(format=self.storage.pix_fmt)
+        frame = video_frame(self.storage, image)
         frame.pts = self.seq
         self.metas[self.seq] = meta
         self.seq += 1

@@ -230,6 +230,9 @@ def _connect(name, streams, timeout, stop):
     return clients
 
 
+connect_streams = _connect  # (name, streams, timeout, stop) -> connected clients; vipc-foxglove's too
+
+
 def _prepare_out(out):
     if os.path.exists(out):
         if not os.path.isdir(out):
