@@ -3,12 +3,18 @@ that decode with Foxglove's schemas (foxglove.RawImage / foxglove.CompressedVide
 times in each message, a per-stream metadata record, bit-exact lossless storage of every
 pixel format, and clear errors. Record -> replay -> analyse: test_record_codecs.py."""
 
+import os
+import time
+
 import numpy as np
 import pytest
+from camera_helpers import CAMERA, RECORD, finish, reap, start
 from mcap.reader import make_reader
 from mcap_protobuf.decoder import DecoderFactory
 from test_record_codecs import FORMATS, H, W, _decode, _noise, _smooth, _write
 
+import msgq
+from msgq.testing import unique_name, unique_topic
 from visionipc.apps.record import codecs
 from visionipc.apps.record.recorder import main as record_main
 
@@ -68,3 +74,32 @@ def test_mcap_format_errors_are_clear(tmp_path, capsys):
     assert record_main(args + ["--codec", "mp4v"]) == 2
     assert "--format mcap stores PyAV codecs, not mp4v" in capsys.readouterr().err
     assert not (tmp_path / "a").exists()
+
+
+def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
+    name, topic, out = unique_name("cam"), unique_topic("events"), tmp_path / "rec"
+    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 96, "--height", 64, "--fps", 20)
+    pub = msgq.pub_sock(topic)
+    recorder = start(RECORD, "--name", name, "--out", out, "--format", "mcap", "--topic", topic, "--idle-timeout", 30)
+    try:
+        deadline = time.monotonic() + 20
+        while not os.path.exists(out / "recording.json"):
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        time.sleep(0.3)  # the topic's subscriber is up
+        for i in range(3):
+            pub.send(b"m%d" % i)
+            time.sleep(0.05)
+        recorder.terminate()
+        rc, _, err = finish(recorder)
+        assert rc == 0, err
+    finally:
+        pub.close()
+        camera.terminate()
+        finish(camera)
+        reap()
+    with open(out / "topics" / topic / "000000.mcap", "rb") as f:
+        reader = make_reader(f)
+        messages = [(c.topic, c.message_encoding, m.data) for _, c, m in reader.iter_messages()]
+    assert messages == [(f"/{topic}", "msgq", b"m%d" % i) for i in range(3)]
+    assert sorted(os.listdir(out / "frames" / "s"))[0] == "000000.mcap"

@@ -10,8 +10,11 @@ protobuf-encoded with Foxglove's own schemas (the ``foxglove-sdk`` package). Eac
 log time is the frame's receive time, its publish time the server's publish time, its
 ``timestamp`` field the frame's timestamp_eof, and the frame id its sequence number; a
 ``visionipc.stream`` metadata record names the stream, its format, size and codec.
+msgq topics get MCAP segments of their own (``topics/<topic>/NNNNNN.mcap``, channel
+``/<topic>``, beside their Parquet files; ``write_topic``).
 """
 
+import os
 from fractions import Fraction
 
 import numpy as np
@@ -154,6 +157,24 @@ class McapWriter:
             self.file.close()
 
 
+def write_topic(rows: dict, path: str):
+    """One topic segment's messages (recorder's TopicRecorder rows) as an MCAP file: channel
+    ``/<topic>`` of the raw msgq bytes (no schema), logged at their receive time."""
+    from mcap.writer import Writer
+
+    from visionipc.apps.record.index import partial_path
+
+    tmp = partial_path(path)
+    with open(tmp, "wb") as f:
+        writer = Writer(f)
+        writer.start(profile="", library="visionipc")
+        channel = writer.register_channel(f"/{rows['topic'][0]}", "msgq", 0)
+        for seq, when, data in zip(rows["seq"], rows["receive_time"], rows["data"]):
+            writer.add_message(channel, log_time=when, data=data, publish_time=when, sequence=seq & 0xFFFFFFFF)
+        writer.finish()
+    os.replace(tmp, path)
+
+
 def _read_messages(path):
     need("mcap_protobuf", "record")
     from mcap.reader import make_reader
@@ -192,8 +213,6 @@ def _frames(path, storage):
 
 def iter_decoded(folder: str, rows, storage):
     """Decoded compact images for ``rows`` ((segment_file, position) pairs, in index order)."""
-    import os
-
     current, frames, position = None, None, 0
     for segment_file, want in rows:
         if segment_file != current or want < position:

@@ -22,6 +22,7 @@ examples:
   vipc-record --name camd --stream road --stream wide --topic events --out rec2 --segment-seconds 10
   vipc-record --name camd --out rec3 --lossless          # every stream of camd, bit-exact (FFV1)
   vipc-record --name camd --out rec4 --codec hevc --crf 26 --preset fast
+  vipc-record --name camd --out rec5 --format mcap       # segments as MCAP files (Foxglove, Lichtblick)
 
 Layout (docs/recording-format.md): DIR/recording.json, DIR/frames/<stream>/<NNNNNN>.mkv,
 DIR/index/<stream>/<NNNNNN>.parquet (one row per frame: ids, timestamps, segment, position),
@@ -154,8 +155,9 @@ class StreamRecorder:
 class TopicRecorder(threading.Thread):
     """Messages of one msgq topic, with their receive time, into Parquet segments."""
 
-    def __init__(self, folder, topic, segment_seconds, stop):
+    def __init__(self, folder, topic, segment_seconds, stop, mcap=False):
         super().__init__(daemon=True)
+        self.mcap = mcap  # --format mcap: each segment as MCAP too (mcap_io.write_topic)
         import msgq
 
         self.topic, self.stop = topic, stop
@@ -195,6 +197,10 @@ class TopicRecorder(threading.Thread):
         index.write_table(
             rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet"))
         )
+        if self.mcap:
+            from visionipc.apps.record import mcap_io
+
+            mcap_io.write_topic(rows, os.path.join(self.dir, index.segment_name(self.segments, "mcap")))
         self.segments += 1
 
 
@@ -275,7 +281,7 @@ def run(args) -> int:
         storages = [codecs.storage_for(args, cv2, c.format, c.width, c.height) for c in clients]
         _prepare_out(args.out)
         try:
-            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop) for t in args.topic]
+            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == "mcap") for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
         manifest = {
