@@ -140,14 +140,15 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
     """One camera, one recorder per codec at once; each recording replays with its frame ids
     and readable stamps, and vipc-analyze reads them all in one run."""
     name = unique_name("cam")
+    # 16 buffers: no frame is overwritten while a loaded machine starts six recorders
     camera = start(
         CAMERA, "--name", name, "--stream", "road", "--width", 96, "--height", 64, "--fps", 30,
-        "--frames", FRAMES, "--wait-clients", len(RECORDINGS),
+        "--frames", FRAMES, "--wait-clients", len(RECORDINGS), "--buffers", 16,
     )  # fmt: skip
     outs = {c: str(tmp_path / c) for c in RECORDINGS}
     recorders = [start(RECORD, "--name", name, "--out", outs[c], *RECORDINGS[c], "--frames", FRAMES) for c in outs]
     for r in recorders:
-        rc, _, err = finish(r)
+        rc, _, err = finish(r, timeout=90)
         assert rc == 0, err
     assert finish(camera)[0] == 0
     for codec, out in outs.items():
