@@ -1,6 +1,7 @@
-"""How a stream's frames are stored in video segments, both ways.
+"""How a stream's frames are stored in video segments by OpenCV, both ways: the format_version 1
+codecs (still read, and written by --codec mp4v; the PyAV codecs are in codecs.py).
 
-| format | --lossless (FFV1 in .mkv) | default (mp4v in .mp4) |
+| format | lossless (FFV1 in .mkv) | lossy (mp4v in .mp4) |
 |---|---|---|
 | nv12, i420 | ``planes``: the compact ``(h*3/2, w)`` plane image as 8-bit gray | ``bgr``: converted to BGR |
 | gray8 | ``gray``: 8-bit gray | ``gray`` (lossy) |
