@@ -7,6 +7,7 @@ Starts three processes under one run prefix (MSGQ_PREFIX; a fresh one unless set
   camera    vipc-camera --source synthetic (a moving test pattern, frame id burned in)
   consumer  examples/opencv_consumer.py: Canny edges + motion on every frame, zero-copy
   view      vipc-view: the live stream with fps / latency / drops, in the browser
+  foxglove  vipc-foxglove: the same stream for Foxglove / Lichtblick (ws://127.0.0.1:8765)
 Their output is shown with a [name] prefix. Ctrl-C (or SIGTERM, or --seconds) stops
 the viewers first and the camera last, waits for each, and checks that no process
 and no shared-memory segment of the run is left. Exit status 0 only if all of that holds.
@@ -104,6 +105,11 @@ def main(argv=None) -> int:
                 flush=True,
             )
 
+    def foxglove_line(line):
+        if "serving " in line and "ws://" in line:
+            url = line.split(" on ", 1)[1].split()[0]
+            print(f"\ndemo: Foxglove / Lichtblick: open connection -> Foxglove WebSocket -> {url}\n", flush=True)
+
     size = ["--width", str(args.width), "--height", str(args.height), "--fps", f"{args.fps:g}"]
     children = [
         Child(
@@ -129,6 +135,13 @@ def main(argv=None) -> int:
             "view",
             [os.path.join(BIN, "vipc-view"), "--name", SERVER, "--http", f"127.0.0.1:{args.port}"],
             on_line=view_line,
+        )
+    )
+    children.append(
+        Child(
+            "foxglove",
+            [os.path.join(BIN, "vipc-foxglove"), "--name", SERVER, "--port", "0" if args.port == 0 else "8765"],
+            on_line=foxglove_line,
         )
     )
 

@@ -66,6 +66,8 @@ def test_duration_and_segments_give_the_documented_files_and_columns(tmp_path):
         1.6,
         "--segment-seconds",
         0.5,
+        "--codec",
+        "mp4v",  # the OpenCV format (the PyAV codecs: test_record_codecs.py)
     )
     _wait_for(lambda: os.path.exists(os.path.join(out, "recording.json")))
     for i in range(5):
@@ -264,7 +266,7 @@ def test_missing_record_extra_names_it(blocked, tmp_path):
 
 def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
     out = _recorded(tmp_path, frames=10, size=("--width", 160, "--height", 96), mode="-q")
-    assert json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]["stored_as"] == "bgr"
+    assert json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]["stored_as"] == "planes"  # H.264
     name = unique_name("replay")
     replay = start(REPLAY, out, "--name", name, "--wait-clients", 1)
     frames = receive(name, "s", count=10)
@@ -322,7 +324,7 @@ def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
     rc, _, err = finish(recorder)
     pub.close()
     assert rc == 0, err
-    sub = msgq.sub_sock(topic, timeout=3000)  # before the replayer publishes
+    sub = msgq.sub_sock(topic, timeout=10000)  # before the replayer publishes (its start-up: seconds under load)
     replay = start(REPLAY, out, "--name", unique_name("replay"), "--wait-clients", 0, "--rate", 4)
     got = [sub.receive() for _ in range(3)]
     sub.close()

@@ -58,11 +58,14 @@ def assert_ran_and_stopped_cleanly(demo, code):
     out = demo.out.text()
     assert code == 0, out
     assert "demo: stopped cleanly" in out, out
-    assert "{'view': 0, 'consumer': 0, 'camera': 0}" in out, out
+    assert "{'foxglove': 0, 'view': 0, 'consumer': 0, 'camera': 0}" in out, out
+    assert re.search(
+        r"demo: Foxglove / Lichtblick: open connection -> Foxglove WebSocket -> ws://127\.0\.0\.1:\d+", out
+    ), out
     processed = int(re.search(r"\[consumer\] consumer: processed (\d+) frames", out).group(1))
     assert processed > 0, out
     assert re.search(r"\[consumer\] consumer: +[\d.]+ fps  frame +\d+", out), out
-    assert len(demo.pids()) == 3
+    assert len(demo.pids()) == 4  # camera, consumer, vipc-view, vipc-foxglove
     for pid in demo.pids():
         assert not os.path.exists(f"/proc/{pid}"), f"process {pid} of the demo is still there"
 

@@ -65,6 +65,8 @@ def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
 class _OneThreadStorage:
     """vipc-record's Storage, decoding on one thread (Spark already runs one task per core)."""
 
+    decode_threads = 1  # PyAV codecs (record/codecs.py)
+
     def __init__(self, storage):
         self._storage = storage
 

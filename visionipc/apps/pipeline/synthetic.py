@@ -44,7 +44,7 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
     ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency; later frames
     queue behind it}), ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids
     shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
-    ``lossless`` (True: FFV1; False: the recorder's lossy mp4v, NV12 stored as BGR).
+    ``lossless`` (True: FFV1; False: OpenCV's lossy mp4v (vipc-record --codec mp4v), NV12 stored as BGR).
     """
     import cv2
 

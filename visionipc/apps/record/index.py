@@ -14,7 +14,8 @@ import time
 from msgq._printable import printable
 from visionipc.apps._cli import UsageError, need
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: PyAV codecs (recording.json's codec h264/hevc/av1/ffv1/*_nvenc, .mkv)
+READABLE_VERSIONS = (1, 2)  # 1: OpenCV mp4v/FFV1, still read
 INDEX_COLUMNS = (
     "stream",
     "frame_id",
@@ -118,10 +119,10 @@ def read_manifest(folder: str) -> dict:
     if not os.path.lexists(os.path.join(folder, "recording.json")):
         raise UsageError(f"'{printable(folder)}' is not a recording (no recording.json)")
     doc = read_manifest_file(folder)
-    if doc.get("format_version") != FORMAT_VERSION:
+    if doc.get("format_version") not in READABLE_VERSIONS:
         path = os.path.join(folder, "recording.json")
         got = printable(repr(doc.get("format_version")))[:40]
-        raise UsageError(f"{printable(path)}: format_version {got} is not {FORMAT_VERSION}")
+        raise UsageError(f"{printable(path)}: format_version {got} is not one of {READABLE_VERSIONS}")
     return doc
 
 

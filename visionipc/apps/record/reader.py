@@ -5,15 +5,16 @@
         ...   # row: the index row (dict); image: the stored image (see storage.py)
 
 For lossless recordings the image is the frame's compact image: NV12/I420 the
-``(h*3/2, w)`` plane image, GRAY8/RGB8/BGR8 as is, RAW16 uint16; for lossy
-ones a BGR image (GRAY8: gray).
+``(h*3/2, w)`` plane image, GRAY8/RGB8/BGR8 as is, RAW16 uint16; so for the lossy
+PyAV codecs (H.264, HEVC, AV1: decoded pixels of the same layout). Lossy OpenCV (mp4v)
+recordings give a BGR image (GRAY8: gray).
 """
 
 import os
 
 from msgq._printable import printable
 from visionipc.apps._cli import need
-from visionipc.apps.record import index
+from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path
 from visionipc.apps.record.storage import Storage
 
@@ -43,6 +44,9 @@ def open_video(cv2, folder, segment_file, storage):
 
 def iter_segment_frames(cv2, folder, rows, storage):
     """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order)."""
+    if storage.uses_av:
+        yield from codecs.iter_decoded(folder, rows, storage)
+        return
     cap, fd, current, position = None, None, None, 0
     try:
         for segment_file, want in rows:

@@ -9,8 +9,7 @@ import threading
 import time
 
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
-from visionipc.apps.record import index
-from visionipc.apps.record.storage import Storage
+from visionipc.apps.record import codecs, index
 from visionipc.apps.record.writer import StreamWriter
 
 PROG = "vipc-record"
@@ -22,13 +21,16 @@ examples:
   vipc-record --name camd --stream road --out rec1 --duration 30
   vipc-record --name camd --stream road --stream wide --topic events --out rec2 --segment-seconds 10
   vipc-record --name camd --out rec3 --lossless          # every stream of camd, bit-exact (FFV1)
+  vipc-record --name camd --out rec4 --codec hevc --crf 26 --preset fast
+  vipc-record --name camd --out rec5 --format mcap       # segments as MCAP files (Foxglove, Lichtblick)
 
-Layout (docs/recording-format.md): DIR/recording.json, DIR/frames/<stream>/<NNNNNN>.mkv|mp4,
+Layout (docs/recording-format.md): DIR/recording.json, DIR/frames/<stream>/<NNNNNN>.mkv,
 DIR/index/<stream>/<NNNNNN>.parquet (one row per frame: ids, timestamps, segment, position),
 DIR/topics/<topic>/<NNNNNN>.parquet. A segment is written under a hidden .partial name and
 renamed when complete, so stopping (SIGINT/SIGTERM, --duration, --frames, --idle-timeout)
 never leaves a corrupt segment, and SIGKILL leaves at most hidden .partial files.
-Default storage is lossy (mp4v); --lossless stores the exact pixels (FFV1; raw16 is always
+Default storage is lossy H.264 (--codec: hevc, av1, NVENC; FFmpeg through PyAV, fed the
+stream's own YUV/gray planes); --lossless stores the exact pixels (FFV1; raw16 is always
 lossless). Frames the recorder could not keep (its encoder fell behind, or a frame was
 overwritten before it was copied) are counted and printed, as are gaps in frame ids.
 """
@@ -48,7 +50,8 @@ def build_parser():
     p.add_argument("--out", required=True, help="recording folder to create (must not hold files yet)")
     p.add_argument("--duration", type=float, help="stop after SEC seconds")
     p.add_argument("--segment-seconds", type=float, default=60.0, help="start a new segment every N s (default 60)")
-    p.add_argument("--lossless", action="store_true", help="bit-exact pixels (FFV1) instead of lossy mp4v")
+    p.add_argument("--lossless", action="store_true", help="bit-exact pixels (FFV1) instead of lossy H.264")
+    codecs.add_codec_args(p)
     p.add_argument("--frames", type=int, default=0, help="stop each stream after N frames")
     p.add_argument("--idle-timeout", type=float, default=0, help="stop once no frame arrived for SEC s")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="how long to wait for the server (default 10 s)")
@@ -152,8 +155,9 @@ class StreamRecorder:
 class TopicRecorder(threading.Thread):
     """Messages of one msgq topic, with their receive time, into Parquet segments."""
 
-    def __init__(self, folder, topic, segment_seconds, stop):
+    def __init__(self, folder, topic, segment_seconds, stop, mcap=False):
         super().__init__(daemon=True)
+        self.mcap = mcap  # --format mcap: each segment as MCAP too (mcap_io.write_topic)
         import msgq
 
         self.topic, self.stop = topic, stop
@@ -193,6 +197,10 @@ class TopicRecorder(threading.Thread):
         index.write_table(
             rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet"))
         )
+        if self.mcap:
+            from visionipc.apps.record import mcap_io
+
+            mcap_io.write_topic(rows, os.path.join(self.dir, index.segment_name(self.segments, "mcap")))
         self.segments += 1
 
 
@@ -228,6 +236,9 @@ def _connect(name, streams, timeout, stop):
     return clients
 
 
+connect_streams = _connect  # (name, streams, timeout, stop) -> connected clients; vipc-foxglove's too
+
+
 def _prepare_out(out):
     if os.path.exists(out):
         if not os.path.isdir(out):
@@ -258,6 +269,7 @@ def _check_args(args):
 def run(args) -> int:
     _check_args(args)
     cv2 = need("cv2", "record")
+    codecs.check_args(args)
     index.pa()
     stopper = Stopper()
     stop = stopper.event
@@ -266,9 +278,10 @@ def run(args) -> int:
         clients = _connect(args.name, args.stream, args.connect_timeout, stop)
         if stop.is_set():
             return 0
+        storages = [codecs.storage_for(args, cv2, c.format, c.width, c.height) for c in clients]
         _prepare_out(args.out)
         try:
-            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop) for t in args.topic]
+            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == "mcap") for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
         manifest = {
@@ -281,9 +294,8 @@ def run(args) -> int:
             "stop": None,
             "status": "recording",
         }
-        for client in clients:
+        for client, storage in zip(clients, storages):
             fmt, w, h = client.format, client.width, client.height
-            storage = Storage(cv2, fmt, w, h, args.lossless)
             writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds)
             recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
             manifest["streams"][str(client.stream)] = {

@@ -10,7 +10,7 @@ import time
 
 from msgq._printable import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, need, run_command
-from visionipc.apps.record import index
+from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError
 from visionipc.apps.record.reader import iter_segment_frames, open_video
 from visionipc.apps.record.storage import Storage
@@ -23,6 +23,7 @@ examples:
   vipc-replay rec1 --name camd                     # as recorded
   vipc-replay rec1 --name camd --rate 2.0 --loop   # twice as fast, forever
   vipc-replay rec1 --name camd --rate max --stream road --wait-clients 1
+  vipc-replay bag.mcap --name camd --topic-map /camera/image_raw=road   # a ROS 2 bag
 
 Every frame is published with its recorded frame id, in the order it was first
 published (publish_time, then stream name, then frame id; the same order on every run),
@@ -31,6 +32,10 @@ timestamp_sof/eof keep their recorded spacing, moved so the first frame is publi
 now (--original-timestamps: exactly as recorded). Recorded msgq topics are published
 at their recorded times too (--no-topics: not). --loop starts over at the end, with the
 same frame ids. SIGINT/SIGTERM stop cleanly (exit 0).
+
+A ROS 2 bag (MCAP) replays its sensor_msgs/msg/Image (mono8, mono16, rgb8, bgr8, nv12)
+and sensor_msgs/msg/CompressedImage (JPEG, PNG) topics: frame ids count from 0 per
+stream, timestamp_sof/eof are the header stamps, spacing is the messages' log times.
 """
 
 
@@ -41,7 +46,7 @@ def build_parser():
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("dir", help="recording folder")
+    p.add_argument("dir", help="recording folder, or a ROS 2 bag (.mcap file)")
     p.add_argument("--name", required=True, help="name of the VisionIPC server to create")
     p.add_argument("--rate", default="1.0", help="speed factor (1.0 as recorded, 2.0 twice as fast) or max")
     p.add_argument("--loop", action="store_true", help="start over at the end, until stopped")
@@ -50,6 +55,13 @@ def build_parser():
     add_wait_clients(p)
     p.add_argument("--original-timestamps", action="store_true", help="publish timestamps exactly as recorded")
     p.add_argument("--buffers", type=int, default=8, help="buffers per stream (default 8)")
+    p.add_argument(
+        "--topic-map",
+        action="append",
+        default=[],
+        metavar="TOPIC=STREAM",
+        help="ROS 2 bag: publish image TOPIC as STREAM (repeatable; default: every image topic, named after it)",
+    )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary")
     return p
 
@@ -83,9 +95,13 @@ class Decoder(threading.Thread):
         self.frames = queue.Queue(DECODE_AHEAD)
         self.error = None
 
+    def images(self):
+        """The stream's images in publishing order (a ROS 2 bag's decoder overrides this)."""
+        return iter_segment_frames(self.cv2, self.folder, self.rows, self.storage)
+
     def run(self):
         try:
-            for image in iter_segment_frames(self.cv2, self.folder, self.rows, self.storage):
+            for image in self.images():
                 if not self._put(image):
                     return
         except BaseException as e:
@@ -167,9 +183,13 @@ def _storages(cv2, folder, recorded, streams, tables, buffers) -> dict:
             storages[s] = Storage.from_manifest(cv2, info)
         except ValueError as e:
             raise RecordingError(f"{folder}/recording.json: stream {s!r}: {e}") from None
-        cap, fd = open_video(cv2, folder, tables[s].column("segment_file")[0].as_py(), storages[s])
-        cap.release()
-        os.close(fd)
+        first = tables[s].column("segment_file")[0].as_py()
+        if storages[s].uses_av:  # its first frame decodes to the size recording.json gives
+            next(codecs.iter_decoded(folder, [(first, 0)], storages[s]))
+        else:
+            cap, fd = open_video(cv2, folder, first, storages[s])
+            cap.release()
+            os.close(fd)
         pool_bytes += buffers * layout(info["format"], info["width"], info["height"]).size
     available = _memory_available()
     if pool_bytes > available // 2:
@@ -182,6 +202,12 @@ def _storages(cv2, folder, recorded, streams, tables, buffers) -> dict:
 
 def run(args) -> int:
     rate = _rate(args.rate)
+    if os.path.isfile(args.dir):  # a ROS 2 bag (MCAP)
+        from visionipc.apps.record import ros2bag
+
+        return ros2bag.replay(args, rate)
+    if args.topic_map:
+        raise UsageError("--topic-map is for ROS 2 bags (an .mcap file), not a recording folder")
     cv2 = need("cv2", "record")
     index.pa()
     manifest = index.read_manifest(args.dir)
@@ -194,12 +220,33 @@ def run(args) -> int:
         )
     topics = [] if args.no_topics else list(manifest.get("topics", []))
     events, tables = _timeline(args.dir, manifest, streams, topics)
+    storages = _storages(cv2, args.dir, recorded, streams, tables, args.buffers)
+
+    def decoders(stop):
+        return {
+            s: Decoder(
+                cv2,
+                args.dir,
+                s,
+                list(zip(tables[s].column("segment_file").to_pylist(), tables[s].column("position").to_pylist())),
+                storages[s],
+                stop,
+            )
+            for s in streams
+        }
+
+    return serve(args, rate, {s: recorded[s] for s in streams}, storages, events, topics, decoders)
+
+
+def serve(args, rate, geometry, storages, events, topics, make_decoders) -> int:
+    """Create the server (``geometry``: stream -> dict of width, height, format), then publish
+    ``events`` (see _timeline) with ``make_decoders(stop)``'s images, once or --loop."""
     from visionipc import VisionIpcServer
     from visionipc.formats import MAX_BUFFERS
 
+    streams = list(geometry)
     if not 1 <= args.buffers <= MAX_BUFFERS:
         raise UsageError(f"--buffers must be in 1..{MAX_BUFFERS}")
-    storages = _storages(cv2, args.dir, recorded, streams, tables, args.buffers)
     stopper = Stopper()
     stop = stopper.event
     server, pubs, decoders = None, {}, {}
@@ -208,8 +255,7 @@ def run(args) -> int:
             server = VisionIpcServer(args.name)
         except ValueError as e:
             raise UsageError(str(e)) from None
-        for s in streams:
-            info = recorded[s]
+        for s, info in geometry.items():
             server.create_buffers(s, args.buffers, info["width"], info["height"], info["format"])
         server.start_listener()
         import msgq
@@ -221,17 +267,7 @@ def run(args) -> int:
             stop.wait(0.1)  # the last client finishes subscribing
         passes = sent = 0
         while not stop.is_set():
-            decoders = {
-                s: Decoder(
-                    cv2,
-                    args.dir,
-                    s,
-                    list(zip(tables[s].column("segment_file").to_pylist(), tables[s].column("position").to_pylist())),
-                    storages[s],
-                    stop,
-                )
-                for s in streams
-            }
+            decoders = make_decoders(stop)
             for d in decoders.values():
                 d.start()
             sent += _play(events, server, storages, decoders, pubs, rate, args.original_timestamps, stop)
@@ -276,7 +312,7 @@ def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int
             break
         buf = server.get_buffer(name)
         storages[name].restore(image, buf)
-        sof, eof = (int(first + shift + (t - first) * scale) for t in payload)
+        sof, eof = (first + shift + round((t - first) * scale) for t in payload)  # exact for epoch-ns stamps
         server.send(buf, frame_id=seq, timestamp_sof=max(0, sof), timestamp_eof=max(0, eof))
         sent += 1
     return sent

@@ -1,6 +1,7 @@
-"""How a stream's frames are stored in video segments, both ways.
+"""How a stream's frames are stored in video segments by OpenCV, both ways: the format_version 1
+codecs (still read, and written by --codec mp4v; the PyAV codecs are in codecs.py).
 
-| format | --lossless (FFV1 in .mkv) | default (mp4v in .mp4) |
+| format | lossless (FFV1 in .mkv) | lossy (mp4v in .mp4) |
 |---|---|---|
 | nv12, i420 | ``planes``: the compact ``(h*3/2, w)`` plane image as 8-bit gray | ``bgr``: converted to BGR |
 | gray8 | ``gray``: 8-bit gray | ``gray`` (lossy) |
@@ -21,6 +22,10 @@ LOSSY = ("mp4v", "mp4")
 
 
 class Storage:
+    """The OpenCV format (format_version 1, and --codec mp4v)."""
+
+    uses_av = False
+
     def __init__(self, cv2, fmt: str, width: int, height: int, lossless: bool):
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
         self.lossless = lossless or fmt == "raw16"
@@ -40,6 +45,15 @@ class Storage:
 
     def describe(self) -> dict:
         return {"codec": self.codec, "lossless": self.lossless, "stored_as": self.kind}
+
+    def open_writer(self, path: str, fps: float):
+        cv2 = self.cv2
+        video = cv2.VideoWriter(
+            path, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*self.codec), fps, self.image_size, self.writer_params()
+        )
+        if not video.isOpened():
+            raise RuntimeError(f"OpenCV cannot write {self.codec} video to {path}")
+        return video
 
     def writer_params(self) -> list:
         cv2 = self.cv2
@@ -69,6 +83,11 @@ class Storage:
 
     @classmethod
     def from_manifest(cls, cv2, info: dict):
+        """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage."""
+        from visionipc.apps.record import codecs
+
+        if info.get("codec") in codecs.CODECS:
+            return codecs.AvStorage.from_manifest(info)
         storage = cls(cv2, info["format"], info["width"], info["height"], info.get("lossless", False))
         if storage.kind != info.get("stored_as", storage.kind):
             raise ValueError(f"stored_as {info.get('stored_as')!r} does not match format {info['format']}")

@@ -25,7 +25,7 @@ class StreamWriter:
         os.makedirs(self.index_dir, exist_ok=True)
         self.segments = 0  # complete segments
         self.frames = 0  # frames in complete segments
-        self._video = None  # the open cv2.VideoWriter
+        self._video = None  # the open segment writer (Storage.open_writer)
         self._held = None  # the segment's first frame, until the second one gives the frame rate
         self._start_ns = 0  # receive time of the segment's first frame
         self._rows = None
@@ -49,26 +49,18 @@ class StreamWriter:
         self._write(image, meta)
 
     def _open(self, fps):
-        cv2, storage = self.cv2, self.storage
         self._final = os.path.join(self.folder, self._relative())
         self._tmp = index.partial_path(self._final)
         # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
-        fps = float(min(max(round(fps), 1), 1000))
-        self._video = cv2.VideoWriter(
-            self._tmp,
-            cv2.CAP_FFMPEG,
-            cv2.VideoWriter_fourcc(*storage.codec),
-            fps,
-            storage.image_size,
-            storage.writer_params(),
-        )
-        if not self._video.isOpened():
-            raise RuntimeError(f"OpenCV cannot write {storage.codec} video to {self._tmp}")
+        self._video = self.storage.open_writer(self._tmp, float(min(max(round(fps), 1), 1000)))
         held, self._held = self._held, None
         self._write(*held)
 
     def _write(self, image, meta):
-        self._video.write(image)
+        if getattr(self._video, "wants_meta", False):  # an MCAP segment logs each frame with its times
+            self._video.write(image, meta)
+        else:
+            self._video.write(image)
         rows = self._rows
         for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
             rows[key].append(meta[key])
@@ -88,7 +80,7 @@ class StreamWriter:
         self._video.release()
         self._video = None
         if not os.path.exists(self._tmp):
-            raise RuntimeError(f"OpenCV did not write {self._tmp} ({self.storage.codec}); see its messages above")
+            raise RuntimeError(f"the encoder did not write {self._tmp} ({self.storage.codec}); see its messages above")
         os.replace(self._tmp, self._final)
         index.write_table(
             self._rows, index.index_schema(), os.path.join(self.index_dir, index.segment_name(self.segments, "parquet"))

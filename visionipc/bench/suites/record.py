@@ -1,5 +1,5 @@
 """Camera + recorder throughput: vipc-camera publishing at a fixed rate and
-vipc-record keeping up, lossless (FFV1) side by side with lossy (mp4v), per
+vipc-record keeping up, lossless (FFV1) side by side with lossy (H.264, the default), per
 resolution. Prints, per run: frames recorded and missed, recorder and camera
 CPU per frame, bytes per frame, and how far the camera's timestamp_sof strayed
 from its absolute schedule; then the lossless / lossy ratios.
@@ -80,7 +80,7 @@ def run_one(width, height, fps, seconds, lossless, folder):
     size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(out, "frames")) for f in fs)
     return {
         "size": f"{width}x{height}",
-        "mode": "lossless FFV1" if lossless else "lossy mp4v",
+        "mode": "lossless FFV1" if lossless else "lossy H.264",
         "published": frames,
         "recorded": info["frames"],
         "missed": info["missed"] + info["gaps"],

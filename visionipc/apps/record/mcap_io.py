@@ -1,0 +1,231 @@
+"""MCAP segments (``vipc-record --format mcap``): each segment of a stream is one MCAP file
+that Foxglove / Lichtblick open directly, beside the usual Parquet index (so vipc-replay
+and vipc-analyze read it like the Matroska segments).
+
+In the file: one channel ``/<stream>`` of ``foxglove.CompressedVideo`` (lossy codecs: H.264
+as ``h264``, HEVC as ``h265``, AV1 as ``av1``; one access unit per message, no B-frames, a
+keyframe with its parameter sets every --gop frames) or ``foxglove.RawImage`` (lossless:
+``mono8``, ``mono16``, ``rgb8``, ``bgr8``, ``nv12``; I420 is stored as NV12, exactly),
+protobuf-encoded with Foxglove's own schemas (the ``foxglove-sdk`` package). Each message's
+log time is the frame's receive time, its publish time the server's publish time, its
+``timestamp`` field the frame's timestamp_eof, and the frame id its sequence number; a
+``visionipc.stream`` metadata record names the stream, its format, size and codec.
+msgq topics get MCAP segments of their own (``topics/<topic>/NNNNNN.mcap``, channel
+``/<topic>``, beside their Parquet files; ``write_topic``).
+"""
+
+import os
+from fractions import Fraction
+
+import numpy as np
+
+from visionipc import pixels
+from visionipc.apps._cli import UsageError, need
+
+FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
+DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
+RAW_ENCODING = {"gray8": "mono8", "raw16": "mono16", "rgb8": "rgb8", "bgr8": "bgr8", "nv12": "nv12", "i420": "nv12"}
+METADATA = "visionipc.stream"
+
+
+def _messages():
+    need("foxglove", "record")
+    import foxglove.messages as messages
+
+    return messages
+
+
+def check(codec: str, lossless: bool):
+    """UsageError when ``codec`` cannot be written as MCAP (or its packages are missing)."""
+    if not lossless and codec not in FOXGLOVE_FORMAT:
+        raise UsageError(f"--format mcap stores h264, hevc or av1 video (Foxglove plays these), not {codec}")
+    _messages()
+    need("mcap", "record")
+
+
+def _i420_to_nv12(image, width, height):
+    y, rest = image[:height], image[height:].reshape(-1)
+    u, v = rest[: rest.size // 2], rest[rest.size // 2 :]
+    return np.vstack([y, np.stack([u, v], axis=1).reshape(height // 2, width)])
+
+
+def _nv12_to_i420(image, width, height):
+    y, uv = image[:height], image[height:].reshape(-1, 2)
+    return np.vstack([y, np.concatenate([uv[:, 0], uv[:, 1]]).reshape(height // 2, width)])
+
+
+def open_video_encoder(storage, fps: float, live: bool = False):
+    """An FFmpeg encoder for Foxglove's CompressedVideo: no B-frames (one access unit out per
+    frame in, in order), parameter sets on every keyframe, a keyframe every --gop frames;
+    ``live``: no lookahead either (each frame's packet comes out at once)."""
+    mod = need("av", "record")
+    rate = Fraction(max(1, int(fps)), 1)
+    ctx = mod.codec.CodecContext.create(storage.encoder, "w")
+    ctx.width, ctx.height, ctx.pix_fmt = storage.width, storage.height, storage.pix_fmt
+    ctx.time_base, ctx.framerate = 1 / rate, rate
+    ctx.gop_size = storage.gop or max(1, 2 * int(fps))
+    ctx.max_b_frames = 0
+    ctx.thread_count = storage.threads
+    options = storage.options()
+    if storage.encoder == "libx265":
+        options["x265-params"] += ":bframes=0:repeat-headers=1"
+    elif storage.encoder == "libx264":
+        options["x264-params"] = "repeat-headers=1"
+        if live:
+            options["tune"] = "zerolatency"
+    ctx.options = options
+    return ctx
+
+
+def video_frame(storage, image):
+    """A compact image -> an FFmpeg frame in the pixel format the encoder takes."""
+    frame = need("av", "record").VideoFrame.from_ndarray(image, format=storage.src_format)
+    return frame if frame.format.name == storage.pix_fmt else frame.reformat(format=storage.pix_fmt)
+
+
+class McapWriter:
+    """One segment's MCAP file: ``write(compact_image, meta)`` per frame, ``release()``
+    at the end (the interface writer.StreamWriter uses; ``wants_meta``: with the frame's
+    index row)."""
+
+    wants_meta = True
+
+    def __init__(self, path: str, storage, fps: float, stream: str):
+        from mcap.writer import Writer
+
+        self.messages, self.storage, self.stream = _messages(), storage, stream
+        lossless = storage.lossless
+        schema_type = self.messages.RawImage if lossless else self.messages.CompressedVideo
+        schema = schema_type.get_schema()
+        self.file = open(path, "wb")
+        self.writer = Writer(self.file)
+        self.writer.start(profile="", library="visionipc")
+        schema_id = self.writer.register_schema(schema.name, schema.encoding, schema.data)
+        self.channel = self.writer.register_channel(f"/{stream}", "protobuf", schema_id)
+        info = {"stream": stream, "format": storage.fmt, "width": str(storage.width), "height": str(storage.height)}
+        info["codec"] = storage.codec
+        self.writer.add_metadata(METADATA, info)
+        self.ctx, self.metas, self.seq = None, {}, 0
+        if not lossless:
+            self.ctx = open_video_encoder(storage, fps)
+
+    def write(self, image, meta):
+        if self.ctx is None:
+            self._log(self._raw(image, meta), meta)
+            return
+        frame = video_frame(self.storage, image)
+        frame.pts = self.seq
+        self.metas[self.seq] = meta
+        self.seq += 1
+        self._packets(self.ctx.encode(frame))
+
+    def _packets(self, packets):
+        for packet in packets:
+            meta = self.metas.pop(packet.pts)
+            msg = self.messages.CompressedVideo(
+                timestamp=self._stamp(meta), frame_id=self.stream, data=bytes(packet),
+                format=FOXGLOVE_FORMAT[self.storage.codec],
+            )  # fmt: skip
+            self._log(msg, meta)
+
+    def _stamp(self, meta):
+        return self.messages.Timestamp(sec=meta["timestamp_eof"] // 10**9, nsec=meta["timestamp_eof"] % 10**9)
+
+    def _raw(self, image, meta):
+        s = self.storage
+        if s.fmt == "i420":
+            image = _i420_to_nv12(image, s.width, s.height)
+        data = np.ascontiguousarray(image, dtype=image.dtype.newbyteorder("<")).tobytes()
+        step = s.width * (2 if s.fmt == "raw16" else 3 if s.is_color else 1)
+        return self.messages.RawImage(
+            timestamp=self._stamp(meta), frame_id=self.stream, width=s.width, height=s.height,
+            encoding=RAW_ENCODING[s.fmt], step=step, data=data,
+        )  # fmt: skip
+
+    def _log(self, msg, meta):
+        self.writer.add_message(
+            self.channel, log_time=meta["receive_time"], data=msg.encode(), publish_time=meta["publish_time"],
+            sequence=meta["frame_id"] & 0xFFFFFFFF,
+        )  # fmt: skip
+
+    def release(self):
+        try:
+            if self.ctx is not None:
+                self._packets(self.ctx.encode(None))
+            self.writer.finish()
+        finally:
+            self.file.close()
+
+
+def write_topic(rows: dict, path: str):
+    """One topic segment's messages (recorder's TopicRecorder rows) as an MCAP file: channel
+    ``/<topic>`` of the raw msgq bytes (no schema), logged at their receive time."""
+    from mcap.writer import Writer
+
+    from visionipc.apps.record.index import partial_path
+
+    tmp = partial_path(path)
+    with open(tmp, "wb") as f:
+        writer = Writer(f)
+        writer.start(profile="", library="visionipc")
+        channel = writer.register_channel(f"/{rows['topic'][0]}", "msgq", 0)
+        for seq, when, data in zip(rows["seq"], rows["receive_time"], rows["data"]):
+            writer.add_message(channel, log_time=when, data=data, publish_time=when, sequence=seq & 0xFFFFFFFF)
+        writer.finish()
+    os.replace(tmp, path)
+
+
+def _read_messages(source):
+    """The decoded messages of an MCAP file: ``source`` is its path or an open descriptor
+    (closed here)."""
+    need("mcap_protobuf", "record")
+    from mcap.reader import make_reader
+    from mcap_protobuf.decoder import DecoderFactory
+
+    with open(source, "rb") as f:
+        reader = make_reader(f, decoder_factories=[DecoderFactory()])
+        for _, _, _, msg in reader.iter_decoded_messages(log_time_order=False):
+            yield msg
+
+
+def _frames(path, storage):
+    """The segment's compact images, in order."""
+    s = storage
+    if s.lossless:
+        for msg in _read_messages(path):
+            dtype = pixels.compact_dtype(s.fmt).newbyteorder("<")
+            image = np.frombuffer(msg.data, dtype).astype(pixels.compact_dtype(s.fmt))
+            image = image.reshape(pixels.compact_shape(s.fmt, s.width, s.height))
+            yield _nv12_to_i420(image, s.width, s.height) if s.fmt == "i420" else image
+        return
+    from visionipc.apps.record.codecs import _to_image
+
+    mod = need("av", "record")
+    ctx = None
+    for msg in _read_messages(path):
+        if ctx is None:
+            ctx = mod.codec.CodecContext.create(DECODER[msg.format], "r")
+            ctx.thread_type, ctx.thread_count = "AUTO", s.decode_threads
+        for frame in ctx.decode(mod.Packet(msg.data)):
+            yield _to_image(frame, s.src_format)
+    if ctx is not None:
+        for frame in ctx.decode(None):
+            yield _to_image(frame, s.src_format)
+
+
+def iter_decoded(folder: str, rows, storage):
+    """(segment_file, decoded compact image) for ``rows`` ((segment_file, position) pairs, in
+    index order); each segment opened through checks.open_file."""
+    from visionipc.apps.record.checks import open_file
+
+    current, frames, position = None, None, 0
+    for segment_file, want in rows:
+        if segment_file != current or want < position:
+            frames, current, position = _frames(open_file(folder, segment_file), storage), segment_file, 0
+        for image in frames:
+            position += 1
+            if position - 1 == want:
+                yield segment_file, image
+                break
+        else:
+            raise RuntimeError(f"{segment_file} ends before frame position {want}")

@@ -1,0 +1,171 @@
+"""vipc-replay of a ROS 2 bag (an MCAP file, ROS 2's default bag format): its
+``sensor_msgs/msg/Image`` and ``sensor_msgs/msg/CompressedImage`` topics become VisionIPC
+streams (``--topic-map /camera/image_raw=road``; default: every image topic, named after
+it). Frame ids count from 0 per stream; timestamp_sof/eof are the message's header stamp
+(its log time when the stamp is 0); frames are spaced by the messages' log times.
+
+Reads with the ``mcap`` and ``mcap-ros2-support`` packages (the ``record`` extra).
+"""
+
+import struct
+
+import numpy as np
+
+from visionipc import pixels
+from visionipc.apps._cli import UsageError, need
+from visionipc.apps.record import replay as folder_replay
+
+IMAGE, COMPRESSED = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
+# sensor_msgs/Image encoding -> (stream format, channels)
+ENCODINGS = {
+    "mono8": ("gray8", 1),
+    "8UC1": ("gray8", 1),
+    "mono16": ("raw16", 1),
+    "16UC1": ("raw16", 1),
+    "rgb8": ("rgb8", 3),
+    "bgr8": ("bgr8", 3),
+    "nv12": ("nv12", 1),
+}
+
+
+def _readers():
+    need("mcap", "record")
+    need("mcap_ros2", "record")
+    from mcap.reader import make_reader
+    from mcap_ros2.decoder import DecoderFactory
+
+    return make_reader, DecoderFactory
+
+
+def _stamp(data: bytes, log_time: int) -> int:
+    """The header stamp (ns) of a CDR-encoded message that starts with std_msgs/Header."""
+    if len(data) < 12:
+        return log_time
+    order = "<" if data[1] & 1 else ">"  # the encapsulation kind: CDR_LE or CDR_BE
+    sec, nsec = struct.unpack_from(order + "iI", data, 4)
+    stamp = sec * 1_000_000_000 + nsec
+    return stamp if stamp > 0 else log_time
+
+
+def to_image(schema_name: str, msg):
+    """A decoded message -> (stream format, compact image)."""
+    if schema_name == COMPRESSED:
+        cv2 = need("cv2", "record")
+        image = cv2.imdecode(np.frombuffer(msg.data, np.uint8), cv2.IMREAD_UNCHANGED)
+        if image is None:
+            raise ValueError(f"cannot decode a {msg.format!r} CompressedImage")
+        if image.ndim == 3 and image.shape[2] == 4:
+            image = image[..., :3]
+        fmt = "bgr8" if image.ndim == 3 else ("raw16" if image.dtype == np.uint16 else "gray8")
+        return fmt, np.ascontiguousarray(image)
+    if msg.encoding not in ENCODINGS:
+        raise ValueError(f"image encoding {msg.encoding!r} is not one of {', '.join(ENCODINGS)}")
+    fmt, channels = ENCODINGS[msg.encoding]
+    dtype = np.dtype(">u2" if msg.is_bigendian else "<u2") if fmt == "raw16" else np.dtype(np.uint8)
+    rows = msg.height * 3 // 2 if fmt == "nv12" else msg.height
+    row_items = msg.step // dtype.itemsize
+    data = np.frombuffer(msg.data, dtype)
+    if msg.step < msg.width * channels * dtype.itemsize or data.size < rows * row_items:
+        raise ValueError(f"a {msg.width}x{msg.height} {msg.encoding} image with step {msg.step} has too few bytes")
+    image = data[: rows * row_items].reshape(rows, row_items)[:, : msg.width * channels]
+    shape = pixels.compact_shape(fmt, msg.width, msg.height)
+    return fmt, np.ascontiguousarray(image.reshape(shape), dtype=pixels.compact_dtype(fmt))
+
+
+class Bag:
+    """The image topics of one bag: ``streams`` (stream -> topic), ``geometry`` (stream ->
+    width, height, format from its first message) and the replay ``events``."""
+
+    def __init__(self, path: str, topic_map: list, only: list):
+        make_reader, factory = _readers()
+        self.path, self.make_reader, self.factory = path, make_reader, factory
+        wanted = {}
+        for item in topic_map:
+            topic, sep, stream = item.partition("=")
+            if not sep or not topic or not stream:
+                raise UsageError(f"--topic-map wants TOPIC=STREAM, got {item!r}")
+            wanted[topic] = stream
+        try:
+            with open(path, "rb") as f:
+                summary = make_reader(f).get_summary()
+        except Exception as e:  # mcap raises its own errors for files that are not MCAP
+            raise UsageError(f"{path!r} is not a readable MCAP file ({type(e).__name__}: {e})") from None
+        if summary is None:
+            raise UsageError(f"{path!r} has no MCAP summary (was the bag closed properly?)")
+        images = {
+            c.topic: summary.schemas[c.schema_id].name
+            for c in summary.channels.values()
+            if c.schema_id in summary.schemas and summary.schemas[c.schema_id].name in (IMAGE, COMPRESSED)
+        }
+        missing = [t for t in wanted if t not in images]
+        if missing:
+            raise UsageError(f"the bag has no image topic {', '.join(missing)} (it has: {', '.join(sorted(images))})")
+        self.streams = {wanted.get(t, t.strip("/").replace("/", "_")): t for t in (wanted or images)}
+        if only:
+            unknown = [s for s in only if s not in self.streams]
+            if unknown:
+                raise UsageError(f"the bag has no stream {', '.join(unknown)} (it has: {', '.join(self.streams)})")
+            self.streams = {s: self.streams[s] for s in only}
+        if not self.streams:
+            raise UsageError(f"{path!r} has no sensor_msgs/msg/Image or CompressedImage topic")
+        self.schema = images
+        self.geometry, self.events = {}, []
+        by_topic = {t: s for s, t in self.streams.items()}
+        seq = dict.fromkeys(self.streams, 0)
+        with open(path, "rb") as f:
+            for _, channel, message in make_reader(f).iter_messages(topics=list(by_topic), log_time_order=True):
+                stream = by_topic[channel.topic]
+                stamp = _stamp(message.data, message.log_time)
+                self.events.append((message.log_time, 0, stream, seq[stream], (stamp, stamp)))
+                seq[stream] += 1
+        for stream, topic in self.streams.items():
+            first = next(self.images(topic), None)
+            if first is None:
+                raise UsageError(f"topic {topic} has no messages")
+            fmt, image = first
+            shape = image.shape
+            height = shape[0] * 2 // 3 if fmt == "nv12" else shape[0]
+            self.geometry[stream] = {"width": shape[1], "height": height, "format": fmt}
+
+    def images(self, topic):
+        """(format, compact image) of every message of ``topic``, in log-time order."""
+        with open(self.path, "rb") as f:
+            reader = self.make_reader(f, decoder_factories=[self.factory()])
+            for schema, _, _, msg in reader.iter_decoded_messages(topics=[topic], log_time_order=True):
+                try:
+                    yield to_image(schema.name, msg)
+                except (ValueError, AttributeError) as e:
+                    raise RuntimeError(f"{topic}: {e}") from None
+
+
+class BagDecoder(folder_replay.Decoder):
+    """One stream's images from the bag, ahead of the publisher."""
+
+    def __init__(self, bag: Bag, stream: str, stop):
+        super().__init__(None, bag.path, stream, [], None, stop)
+        self.bag = bag
+
+    def images(self):
+        want = self.bag.geometry[self.stream]
+        for fmt, image in self.bag.images(self.bag.streams[self.stream]):
+            if fmt != want["format"] or image.shape != pixels.compact_shape(fmt, want["width"], want["height"]):
+                raise RuntimeError(f"topic {self.bag.streams[self.stream]} changes size or encoding mid-bag")
+            yield image
+
+
+class _Compact:
+    """Storage.restore for the bag's images, already in the stream's compact layout."""
+
+    @staticmethod
+    def restore(image, buf):
+        pixels.unpack(image, buf)
+
+
+def replay(args, rate) -> int:
+    bag = Bag(args.dir, args.topic_map, args.stream)
+    storages = dict.fromkeys(bag.streams, _Compact())
+
+    def decoders(stop):
+        return {s: BagDecoder(bag, s, stop) for s in bag.streams}
+
+    return folder_replay.serve(args, rate, bag.geometry, storages, bag.events, [], decoders)
