@@ -3,7 +3,8 @@ Foxglove WebSocket protocol (the ``foxglove-sdk`` package), for Foxglove and Lic
 
 Each stream is a channel ``/<stream>``: ``foxglove.CompressedImage`` (JPEG, default) or
 ``foxglove.CompressedVideo`` (``--encoding h264``: H.264 through PyAV, no B-frames, a
-keyframe every second), logged at the frame's timestamp_eof with that time in the
+keyframe every second and one as soon as a client subscribes, so it can decode at once),
+logged at the frame's timestamp_eof with that time in the
 message. Each ``--topic`` is a channel ``/<topic>`` of its raw message bytes, logged at
 their receive time (CLOCK_MONOTONIC). One thread per stream and topic; a client that is
 slower than the camera gets the newest frames (the VisionIPC client skips the others).
@@ -52,8 +53,9 @@ class StreamPump(threading.Thread):
     """One stream: receive, encode, log to its channel. Invariant: only this thread touches
     the client and the encoder; ``sent`` is written here only."""
 
-    def __init__(self, client, encoding, quality, context, stop):
+    def __init__(self, client, encoding, quality, context, stop, keyframe=None):
         super().__init__(daemon=True)
+        self.keyframe = keyframe or threading.Event()  # set: the next frame is a keyframe
         import foxglove.channels as channels
         import foxglove.messages as messages
 
@@ -104,6 +106,9 @@ class StreamPump(threading.Thread):
             self.encoder, self.pts = mcap_io.open_video_encoder(self.storage, 30, live=True), 0
         video = mcap_io.video_frame(self.storage, self.storage.capture(frame))
         video.pts, self.pts = self.pts, self.pts + 1
+        if self.keyframe.is_set():  # a client subscribed: it decodes from a keyframe
+            self.keyframe.clear()
+            video.pict_type = need("av", "record").video.frame.PictureType.I
         data = b"".join(bytes(p) for p in self.encoder.encode(video))
         if not data:
             return None
@@ -142,6 +147,19 @@ class TopicPump(threading.Thread):
             self.sock.close()
 
 
+class Subscriptions:
+    """A foxglove ServerListener: a client subscribing to a stream's channel asks its pump
+    for a keyframe (H.264 decodes only from one; the next periodic one may be a second away)."""
+
+    def __init__(self):
+        self.keyframe = {}  # channel topic -> threading.Event of its StreamPump
+
+    def on_subscribe(self, client, channel):
+        event = self.keyframe.get(channel.topic)
+        if event is not None:
+            event.set()
+
+
 def run(args) -> int:
     if not 1 <= args.quality <= 100:
         raise UsageError(f"--quality must be in 1..100, got {args.quality}")
@@ -161,15 +179,22 @@ def run(args) -> int:
     try:
         clients = connect_streams(args.name, args.stream, args.connect_timeout, stop)
         context = foxglove.Context()
+        subscriptions = Subscriptions()
+        subscriptions.keyframe = {f"/{c.stream}": threading.Event() for c in clients}
         try:
-            server = foxglove.start_server(name=PROG, host=args.host, port=args.port, context=context)
+            server = foxglove.start_server(
+                name=PROG, host=args.host, port=args.port, context=context, server_listener=subscriptions
+            )
         except Exception as e:
             raise UsageError(f"cannot listen on {args.host}:{args.port}: {e}") from None
         try:
             pumps = [TopicPump(t, context, stop) for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
-        pumps += [StreamPump(c, args.encoding, args.quality, context, stop) for c in clients]
+        pumps += [
+            StreamPump(c, args.encoding, args.quality, context, stop, subscriptions.keyframe[f"/{c.stream}"])
+            for c in clients
+        ]
         url = f"ws://{args.host}:{server.port}"
         print(f"{PROG}: serving {', '.join('/' + str(c.stream) for c in clients)} on {url}", file=sys.stderr)
         print(
