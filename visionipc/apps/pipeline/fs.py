@@ -1,0 +1,193 @@
+"""Recordings and results by URI: local paths, ``file://``, ``s3://``, and whatever
+``pyarrow.fs`` (``gs://``, ``hdfs://``, ``abfs://``) or an installed ``fsspec``
+implementation reaches. All I/O is Python-side (pyarrow), in the driver for listings
+and small files and in the executors for index files, video segments and results:
+no Hadoop filesystem jars are needed on the cluster.
+
+Credentials come the standard way of each filesystem (for S3: ``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE``, ``AWS_REGION``, and ``AWS_ENDPOINT_URL`` for an
+S3-compatible server). A location is kept as a string everywhere (a URI, or an
+absolute local path), so it travels to the executors as is.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+from functools import lru_cache
+
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+
+
+def scheme(location: str) -> str:
+    """``"s3"`` for ``s3://b/k``, ``""`` for a local path (``file://`` counts as local)."""
+    m = _SCHEME.match(str(location))
+    return "" if m is None or m.group(1).lower() == "file" else m.group(1).lower()
+
+
+def is_local(location: str) -> bool:
+    return scheme(location) == ""
+
+
+def normalize(location) -> str:
+    """An absolute local path, or the URI without a trailing slash."""
+    location = os.fspath(location)
+    if is_local(location):
+        if location.startswith("file://"):
+            location = location[len("file://") :]
+        return os.path.abspath(location)
+    return location.rstrip("/")
+
+
+def join(location: str, *parts: str) -> str:
+    if is_local(location):
+        return os.path.join(location, *parts)
+    return "/".join([location.rstrip("/"), *(p.strip("/") for p in parts)])
+
+
+def basename(location: str) -> str:
+    return location.rstrip("/").rsplit("/", 1)[-1]
+
+
+def parent(location: str) -> str:
+    return os.path.dirname(location) if is_local(location) else location.rstrip("/").rsplit("/", 1)[0]
+
+
+@lru_cache(maxsize=32)
+def _remote(root: str):
+    """(pyarrow FileSystem, path prefix) for the bucket/host of a URI; fsspec as the fallback."""
+    import pyarrow.fs as pafs
+
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if root.startswith("s3://") and endpoint and "?" not in root:  # an S3-compatible server
+        m = re.match(r"^(https?)://(.+?)/?$", endpoint)
+        if m is None:
+            raise ValueError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http(s) URL")
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+        return pafs.S3FileSystem(endpoint_override=m.group(2), scheme=m.group(1), region=region), root[5:]
+    try:
+        return pafs.FileSystem.from_uri(root)
+    except pa_errors() + (ValueError,) as first:
+        try:
+            import fsspec
+        except ImportError:
+            raise ValueError(f"{root}: no pyarrow filesystem for this scheme and fsspec is not installed") from first
+        fs, path = fsspec.core.url_to_fs(root)
+        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+
+
+def pa_errors() -> tuple:
+    import pyarrow as pa
+
+    return (pa.ArrowException, OSError)
+
+
+def resolve(location: str):
+    """``(pyarrow FileSystem, path inside it)`` of a location."""
+    import pyarrow.fs as pafs
+
+    location = normalize(location)
+    if is_local(location):
+        return pafs.LocalFileSystem(), location
+    m = re.match(r"^([^:]+://[^/]*)(/.*)?$", location)
+    fs, root_path = _remote(m.group(1))
+    rest = (m.group(2) or "").strip("/")
+    return fs, f"{root_path.rstrip('/')}/{rest}".strip("/") if rest else root_path
+
+
+def info(location: str):
+    fs, path = resolve(location)
+    return fs.get_file_info(path)
+
+
+def exists(location: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return info(location).type != pafs.FileType.NotFound
+
+
+def isdir(location: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return info(location).type == pafs.FileType.Directory
+
+
+def isfile(location: str) -> bool:
+    import pyarrow.fs as pafs
+
+    return info(location).type == pafs.FileType.File
+
+
+def listdir(location: str, *, recursive: bool = False) -> list:
+    """``[(relative name, is_dir, size)]`` below a folder (sorted), ``[]`` when it is none."""
+    import pyarrow.fs as pafs
+
+    fs, path = resolve(location)
+    try:
+        found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=recursive))
+    except (NotADirectoryError, FileNotFoundError):
+        return []
+    prefix = path.rstrip("/") + "/"
+    out = [(f.path[len(prefix) :], f.type == pafs.FileType.Directory, f.size or 0) for f in found]
+    return sorted(out)
+
+
+def read_bytes(location: str) -> bytes:
+    fs, path = resolve(location)
+    with fs.open_input_stream(path) as f:
+        return f.read()
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    fs, path = resolve(location)
+    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    with fs.open_output_stream(path) as f:
+        f.write(data)
+
+
+def makedirs(location: str) -> None:
+    fs, path = resolve(location)
+    fs.create_dir(path, recursive=True)
+
+
+def delete_dir(location: str) -> None:
+    """Remove a folder and everything in it (nothing when it does not exist)."""
+    fs, path = resolve(location)
+    with contextlib.suppress(FileNotFoundError):
+        fs.delete_dir(path)
+
+
+def upload_dir(local_dir: str, location: str) -> None:
+    """Copy the files below a local folder to a location (a local folder: moved in place)."""
+    if is_local(location):
+        os.makedirs(location, exist_ok=True)
+        for name in os.listdir(local_dir):
+            shutil.move(os.path.join(local_dir, name), os.path.join(location, name))
+        return
+    import pyarrow.fs as pafs
+
+    fs, path = resolve(location)
+    pafs.copy_files(local_dir, path, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=fs)
+
+
+@contextlib.contextmanager
+def local_copy(location: str, *members: str):
+    """A local folder holding ``members`` (paths relative to ``location``): the folder
+    itself when it is local, else a temporary copy removed afterwards (a video segment
+    fetched by the executor that decodes it)."""
+    if is_local(location):
+        yield location
+        return
+    tmp = tempfile.mkdtemp(prefix="vipc-analyze-")
+    try:
+        for member in members:
+            dest = os.path.join(tmp, member)
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            with open(dest, "wb") as f:
+                f.write(read_bytes(join(location, member)))
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
