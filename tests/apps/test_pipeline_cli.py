@@ -72,7 +72,6 @@ def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
     assert "health:" in progress and "metrics:" in progress and "report:" in progress
 
     # a second run: a new run folder beside the first; --incremental: nothing new
-    time.sleep(1.1)  # run folders are named by the second they start
     root = first.parent
     assert main([recordings["quality"], "--out", str(root), "--jobs", "health", "-q"]) == 0
     assert len(runs.completed_runs(str(root))) == 2 and (root / "LATEST").read_text().strip() != first.name

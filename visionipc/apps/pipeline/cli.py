@@ -243,7 +243,13 @@ def main(argv=None) -> int:
         if isinstance(e, (PySparkException, Py4JJavaError)):
             print(f"vipc-analyze: error: {_spark_message(e)}", file=sys.stderr)
             return 1
-        raise
+        # anything else is a failure of the run, still one line (-v: the traceback too)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
+        print(f"vipc-analyze: error: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

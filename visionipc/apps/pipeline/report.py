@@ -96,8 +96,10 @@ def _plot_metrics(plt, sample, path):
     for ax, name in zip(axes, names):
         for stream, s in sample.groupby("stream"):
             values = s[name].dropna()
-            if len(values):
-                ax.hist(values, bins=40, histtype="step", label=stream)
+            if len(values):  # a near-constant metric gets one bin (numpy cannot split a range of ~1e-13)
+                spread = float(values.max() - values.min())
+                bins = 40 if spread > 1e-6 * max(1.0, float(values.abs().max())) else 1
+                ax.hist(values, bins=bins, histtype="step", label=stream)
         ax.set_title(name)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
