@@ -1,9 +1,8 @@
 """The file ``spark-submit`` runs for ``vipc-analyze`` (spark-submit takes a Python
 application as a ``.py`` file, not a console script)::
 
-    spark-submit --master spark://head:7077 \\
-      "$(python -c 'import visionipc.apps.pipeline.submit as s; print(s.__file__)')" \\
-      s3://bucket/fleet --out s3://bucket/results
+    app=$(python -c 'import visionipc.apps.pipeline.submit as s; print(s.__file__)')
+    spark-submit --master spark://head:7077 "$app" s3://bucket/fleet --out s3://bucket/results
 
 The arguments are vipc-analyze's; the master (and executor resources) are spark-submit's.
 """
