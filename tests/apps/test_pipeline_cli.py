@@ -103,6 +103,8 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     (tmp_path / "afile").write_text("x")
     assert main([recordings["quality"], "--out", str(tmp_path / "afile")]) == 2
     assert "existing file" in capsys.readouterr().err
+    assert main([recordings["quality"], "--out", "s3a://bucket/out"]) == 2  # was written to ./s3a:/bucket/out
+    assert "use s3://" in capsys.readouterr().err
     started = time.monotonic()
     assert main([recordings["quality"], "--out", str(tmp_path / "o7"), "--master", "spark://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err

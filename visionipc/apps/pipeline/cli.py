@@ -216,6 +216,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     step = Steps(args.quiet)
     from visionipc.apps.pipeline.cluster import MasterError
+    from visionipc.apps.pipeline.fs import StorageError
     from visionipc.apps.pipeline.read import RecordingError
     from visionipc.apps.pipeline.runs import OutputError
 
@@ -225,7 +226,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("vipc-analyze: interrupted (no run was published)", file=sys.stderr)
         return INTERRUPTED
-    except (FileNotFoundError, RecordingError, MasterError, OutputError) as e:
+    except (FileNotFoundError, RecordingError, MasterError, OutputError, StorageError) as e:
         print(f"vipc-analyze: error: {e}", file=sys.stderr)
         return 2
     except ImportError as e:

@@ -19,6 +19,11 @@ import shutil
 import tempfile
 from functools import lru_cache
 
+
+class StorageError(ValueError):
+    """A location no filesystem here can reach (bad input: exit 2)."""
+
+
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 
 
@@ -65,18 +70,23 @@ def _remote(root: str):
     if root.startswith("s3://") and endpoint and "?" not in root:  # an S3-compatible server
         m = re.match(r"^(https?)://(.+?)/?$", endpoint)
         if m is None:
-            raise ValueError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http(s) URL")
+            raise StorageError(f"AWS_ENDPOINT_URL {endpoint!r} is not an http(s) URL")
         region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
         return pafs.S3FileSystem(endpoint_override=m.group(2), scheme=m.group(1), region=region), root[5:]
     try:
         return pafs.FileSystem.from_uri(root)
-    except pa_errors() + (ValueError,) as first:
-        try:
-            import fsspec
-        except ImportError:
-            raise ValueError(f"{root}: no pyarrow filesystem for this scheme and fsspec is not installed") from first
+    except pa_errors() + (ValueError,):
+        pass
+    hint = " (s3a:// is Spark's Hadoop filesystem: use s3:// for the same bucket)" if root.startswith("s3a:") else ""
+    try:
+        import fsspec
+
         fs, path = fsspec.core.url_to_fs(root)
-        return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
+    except ImportError:
+        raise StorageError(f"{root}: no pyarrow filesystem for this scheme, and no fsspec installed{hint}") from None
+    except (ValueError, OSError) as e:
+        raise StorageError(f"{root}: {e}{hint}") from None
+    return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
 def pa_errors() -> tuple:
