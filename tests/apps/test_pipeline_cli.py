@@ -1,13 +1,16 @@
 """vipc-analyze end to end: Parquet results, an HTML report with plots, clear errors."""
 
+import json
 import os
 import re
 import shutil
+import time
 
 import pandas as pd
 import pytest
 from pipeline_helpers import DROPS, FPS, camera_recordings, recordings, spark  # noqa: F401
 
+from visionipc.apps.pipeline import runs
 from visionipc.apps.pipeline.cli import main
 
 
@@ -28,14 +31,24 @@ def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
         ]
     )
     assert rc == 0
+    run = out / open(out / "LATEST").read().strip()
+    assert (run / "_SUCCESS").is_file() and sorted(os.listdir(out)) == ["LATEST", run.name]  # no staging left
+    manifest = json.loads((run / "run.json").read_text())
+    assert manifest["master"].startswith("local") and manifest["jobs"] == ["health", "metrics", "export"]
+    assert {i["recording_id"] for i in manifest["inputs"]} == {"lossless", "quality"} and manifest["command"]
+    out, first = run, run
     health = pd.read_parquet(out / "health.parquet").set_index(["recording_id", "stream"])
     road = health.loc[("lossless", "road")]
     assert set(DROPS) <= set(road["dropped_frame_ids"]) and abs(road["fps"] - FPS) < 0.02 * FPS
     drops = pd.read_parquet(out / "drops.parquet")
     assert len(drops) == road["drop_gaps"] >= len(DROPS)
-    m = pd.read_parquet(out / "metrics.parquet")
-    assert len(m) == health["frames"].sum()
+    m = pd.read_parquet(out / "metrics")  # partitioned by recording_id, stream
+    assert len(m) == health["frames"].sum() and m["date"].notna().all()
     assert sorted(m.loc[m.black, "frame_id"]) == [5]
+    assert m["motion"].isna().sum() == len(health)  # only each stream's first frame has no motion
+    events = pd.read_parquet(out / "events.parquet")
+    delays = events[(events.recording_id == "lossless") & (events.event == "delay")]
+    assert {30, 40} <= set(delays["frame_id"])  # the camera's injected delays
     manifest = pd.read_parquet(out / "export" / "manifest.parquet")
     assert len(manifest) >= 2 * len(DROPS) and all((out / "export" / p).is_file() for p in manifest["path"])
     assert set(manifest["recording_id"]) == {"lossless"}
@@ -50,8 +63,20 @@ def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
     for img in images:
         assert (out / img).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "lossless" in page and "road" in page
+    assert "Fleet summary" in page and "<details>" in page and "Stall and delay events" in page
+    assert page.count("<img src='export/") == min(len(manifest), 48)  # thumbnails of the exported frames
+    timeline = pd.read_parquet(out / "fps_timeline.parquet")
+    road = timeline[(timeline.recording_id == "lossless") & (timeline.stream == "road")]
+    assert road["fps_lowest"].min() < FPS / 1.9  # a single lost frame halves the rate where it happened
     progress = capsys.readouterr().err
     assert "health:" in progress and "metrics:" in progress and "report:" in progress
+
+    # a second run: a new run folder beside the first; --incremental: nothing new
+    root = first.parent
+    assert main([recordings["quality"], "--out", str(root), "--jobs", "health", "-q"]) == 0
+    assert len(runs.completed_runs(str(root))) == 2 and (root / "LATEST").read_text().strip() != first.name
+    assert main([recordings["quality"], "--out", str(root), "--jobs", "health", "--incremental"]) == 0
+    assert "nothing to analyse" in capsys.readouterr().err and len(runs.completed_runs(str(root))) == 2
 
 
 def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, capsys):
@@ -70,6 +95,32 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     os.remove(broken / "frames" / "sharp" / "000000.mkv")
     assert main([str(broken), "--out", str(tmp_path / "o4"), "--jobs", "metrics"]) == 1
     assert "cannot open" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "o4") == []  # the failed run removed its folder: nothing looks finished
+    (broken / "recording.json").write_text("{not json")
+    for jobs in ("health", "metrics"):
+        assert main([str(broken), "--out", str(tmp_path / "o6"), "--jobs", jobs]) == 2
+        assert "recording.json is unreadable" in capsys.readouterr().err
+    (tmp_path / "afile").write_text("x")
+    assert main([recordings["quality"], "--out", str(tmp_path / "afile")]) == 2
+    assert "existing file" in capsys.readouterr().err
+    assert main([recordings["quality"], "--out", "s3a://bucket/out"]) == 2  # was written to ./s3a:/bucket/out
+    assert "use s3://" in capsys.readouterr().err
+    started = time.monotonic()
+    assert main([recordings["quality"], "--out", str(tmp_path / "o7"), "--master", "spark://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot reach the Spark master" in err and "Traceback" not in err and time.monotonic() - started < 20
+    live = tmp_path / "live"
+    shutil.copytree(recordings["quality"], live)
+    info = json.loads((live / "recording.json").read_text())
+    (live / "recording.json").write_text(json.dumps(dict(info, status="recording")))
+    assert main([str(live), recordings["quality"], "--out", str(tmp_path / "o8"), "--jobs", "health", "-q"]) == 0
+    assert "skipping 1 recording(s) still being recorded" in capsys.readouterr().err
+    done = runs.latest(str(tmp_path / "o8"))
+    assert set(pd.read_parquet(os.path.join(done, "health.parquet"))["recording_id"]) == {"quality"}
+    for bad in ("every:0", "drops:-1", "drops:x", "sharp:3"):
+        with pytest.raises(SystemExit) as e:
+            main([recordings["quality"], "--out", str(tmp_path / "o9"), "--jobs", "health,export", "--export", bad])
+        assert e.value.code == 2 and "--export" in capsys.readouterr().err
     with pytest.raises(SystemExit) as e:
         main([recordings["quality"], "--out", str(tmp_path / "o5"), "--jobs", "health,colour"])
     assert e.value.code == 2 and "unknown job" in capsys.readouterr().err

@@ -79,11 +79,19 @@ def test_spark_and_pandas_give_identical_numbers(spark, recordings, camera_recor
 def test_vipc_data_source_reads_the_same_index(spark, camera_recordings, recordings):
     paths = [camera_recordings["gray"], recordings["faults"]]
     via_source = spark.read.format("vipc").option("paths", ",".join(paths)).load()
-    assert via_source.rdd.getNumPartitions() == len(read.index_files(read.find_recordings(paths)))  # one per segment
+    assert via_source.rdd.getNumPartitions() == 1  # partitions of ~64 MiB of index files, not one per file
+    one_each = spark.read.format("vipc").option("paths", ",".join(paths)).option("partition_bytes", 1).load()
+    assert one_each.rdd.getNumPartitions() == len(read.index_files(read.find_recordings(paths)))
     keys = ["recording_id", "stream", "frame_id"]
     a = via_source.toPandas().sort_values(keys, ignore_index=True)
     b = read_index(spark, paths).select(*via_source.columns).toPandas().sort_values(keys, ignore_index=True)
     pd.testing.assert_frame_equal(a, b)
+    # filters pushed into the reader (files by stream, row groups by frame id); columns pruned by a schema
+    q = via_source.where("stream = 'road' AND frame_id >= 50 AND frame_id < 80").toPandas()
+    expected = a[(a.stream == "road") & (a.frame_id >= 50) & (a.frame_id < 80)]
+    assert sorted(q["frame_id"]) == sorted(expected["frame_id"]) and len(q)
+    pruned = spark.read.format("vipc").schema("frame_id bigint, recording_id string").load(paths[1]).toPandas()
+    assert list(pruned.columns) == ["frame_id", "recording_id"] and set(pruned["recording_id"]) == {"faults"}
     with pytest.raises(Exception, match="needs a recording"):
         spark.read.format("vipc").load().count()
 

@@ -5,33 +5,56 @@ an HTML report with plots."""
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import sys
+import threading
 import time
 
 JOBS = ("health", "metrics", "export")
 EPILOG = """\
 examples:
-  vipc-analyze rec1 rec2 --out results                   # health + metrics, local[*]
+  vipc-analyze rec1 rec2 --out results                   # health + metrics
   vipc-analyze 'fleet/**/2026-11-*' --out r --jobs health
   vipc-analyze fleet/ --out r --jobs health,export --export drops:3
   vipc-analyze fleet/ --out r --jobs metrics,export --export sharp:500 --image-format png
-  vipc-analyze fleet/ --out r --master spark://head:7077  # a cluster (paths must be shared)
+  vipc-analyze s3://bucket/fleet --out s3://bucket/results --incremental
+  vipc-analyze fleet/ --out r --master spark://head:7077 --ui
+  spark-submit --master spark://head:7077 $(which vipc-analyze) s3://bucket/fleet --out s3://bucket/r
 
-RECORDINGS are recording folders, globs, or folders searched for recordings.
-Results in --out: health.parquet, drops.parquet, fps_timeline.parquet,
-metrics.parquet, export/ (images + manifest.parquet), report.html + plots/.
+master: --master, else what spark-submit / SPARK_MASTER / spark-defaults.conf chose, else local[*].
+RECORDINGS are recording folders, globs, or folders searched for recordings; local paths or
+URIs (s3://, gs://, hdfs://, file://: read by pyarrow in the executors).
+Each run writes a new folder OUT/run-<time>-<id>/ (published with _SUCCESS and run.json;
+OUT/LATEST names the newest): health.parquet, drops.parquet, fps_timeline.parquet,
+latency_histogram.parquet, metrics/ (partitioned by recording_id, stream), metrics_summary.parquet,
+export/ (images + manifest.parquet), report.html + plots/.
 """
+
+INTERRUPTED = 130
+
+
+def _export_filter(p, text: str):
+    kind, _, value = text.partition(":")
+    try:
+        number = float(value) if kind == "sharp" else int(value or 2)
+    except ValueError:
+        p.error(f"--export {text!r}: the value after ':' must be a number")
+    if kind not in ("drops", "every", "sharp"):
+        p.error(f"--export {kind!r}: use drops:W, every:N or sharp:S")
+    if (kind == "drops" and number < 1) or (kind == "every" and number < 1):
+        p.error(f"--export {text!r}: {kind} needs a whole number >= 1")
+    return kind, number
 
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="vipc-analyze", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("recordings", nargs="+", metavar="RECORDINGS", help="recording folders, globs or parent folders")
-    p.add_argument("--out", required=True, metavar="DIR", help="results folder (created; files in it are replaced)")
-    p.add_argument("--master", default=None, metavar="URL", help="Spark master (default local[*])")
+    p.add_argument("recordings", nargs="+", metavar="RECORDINGS", help="recording folders, globs, parent folders, URIs")
+    p.add_argument("--out", required=True, metavar="DIR", help="results folder or URI (each run adds a run folder)")
+    p.add_argument(
+        "--master", default=None, metavar="URL", help="Spark master (default: spark-submit's / SPARK_MASTER / local[*])"
+    )
     p.add_argument(
         "--jobs", default="health,metrics", help=f"comma-separated, of {','.join(JOBS)} (default health,metrics)"
     )
@@ -46,6 +69,18 @@ def parse_args(argv):
     p.add_argument(
         "--skip-empty", action="store_true", help="skip recordings without complete segments instead of failing"
     )
+    p.add_argument(
+        "--allow-partial", action="store_true", help="analyse recordings still being recorded (skipped by default)"
+    )
+    p.add_argument("--incremental", action="store_true", help="analyse only recordings no run in --out analysed")
+    p.add_argument("--ui", action="store_true", help="start Spark's web UI (its address is printed)")
+    p.add_argument(
+        "--starved-after",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="warn when no executor has started after S seconds (default 30)",
+    )
     p.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE", help="extra Spark setting (repeatable)")
     p.add_argument("--no-progress", action="store_true", help="no Spark progress bar on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no step messages")
@@ -55,15 +90,11 @@ def parse_args(argv):
     bad = [j for j in args.jobs if j not in JOBS]
     if bad or not args.jobs:
         p.error(f"unknown job(s) {bad} (choose from {', '.join(JOBS)})" if bad else "--jobs is empty")
-    kind, _, value = args.export.partition(":")
-    try:
-        args.export = (kind, float(value) if kind == "sharp" else int(value or 2))
-    except ValueError:
-        p.error(f"--export {args.export!r}: the value after ':' must be a number")
-    if kind not in ("drops", "every", "sharp") or (
-        kind == "sharp" and "metrics" not in args.jobs and "export" in args.jobs
-    ):
-        p.error(f"--export {kind!r}: use drops:W, every:N or sharp:S (sharp needs --jobs with metrics)")
+    args.export = _export_filter(p, args.export)
+    if args.export[0] == "sharp" and "metrics" not in args.jobs and "export" in args.jobs:
+        p.error("--export sharp:S needs the metrics job (--jobs metrics,export)")
+    if args.starved_after <= 0:
+        p.error("--starved-after must be > 0")
     try:
         args.conf = dict(kv.split("=", 1) for kv in args.conf)
     except ValueError:
@@ -80,106 +111,96 @@ class Steps:
             print(f"vipc-analyze [{time.monotonic() - self.t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
 
 
-def _write_small(df, path):
-    import pandas as pd
-
-    df.coalesce(1).write.mode("overwrite").parquet(path)
-    return pd.read_parquet(path)
+def warn(msg: str) -> None:
+    print(f"vipc-analyze: warning: {msg}", file=sys.stderr, flush=True)
 
 
 def run(args, step) -> int:
-    from pyspark.sql import functions as F
+    from visionipc.apps.pipeline import cluster, runs
+    from visionipc.apps.pipeline.analysis import analyse, select_recordings
+    from visionipc.apps.pipeline.read import find_recordings, index_files
 
-    from visionipc.apps.pipeline import export, health, metrics, report
-    from visionipc.apps.pipeline.frames import segments_df
-    from visionipc.apps.pipeline.read import find_recordings, index_files, read_index
-    from visionipc.apps.pipeline.session import spark_session
-
-    recs = find_recordings(args.recordings)
+    out = runs.check_out(args.out)
+    recs, infos = select_recordings(find_recordings(args.recordings), args, out, warn)
     index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
-    out = os.path.abspath(args.out)
-    os.makedirs(out, exist_ok=True)
-    step(f"{len(recs)} recording(s); starting Spark ({args.master or 'local[*]'})")
+    if not recs:
+        step(f"nothing to analyse (every recording given is still being recorded or already in {out})")
+        return 0
+    master = cluster.resolve_master(args.master)
+    cluster.check_reachable(master or cluster.submitted_master())
+    step(f"{len(recs)} recording(s); starting Spark ({master or 'the master spark-submit chose'})")
     from pyspark.sql import SparkSession
 
+    from visionipc.apps.pipeline.session import spark_session
+
     reused = SparkSession.getActiveSession()  # a caller's session (tests, notebooks) is used, not stopped
-    spark = reused or spark_session(args.master, progress=not args.no_progress and sys.stderr.isatty(), conf=args.conf)
+    spark = reused or spark_session(
+        args.master, ui=args.ui, progress=not args.no_progress and sys.stderr.isatty(), conf=args.conf
+    )
     if not args.verbose:  # failures are reported once, by main(), not as JVM stack traces
         spark.sparkContext.setLogLevel("OFF")
+    run_dir = runs.Run(out)
+    previous_handler = _on_ctrl_c(spark)
     try:
-        index = read_index(spark, recs, skip_empty=args.skip_empty, validate=False)
-        streams = health.streams_df(
-            spark, recs, skip_empty=args.skip_empty, validate=False
-        ).cache()  # no shuffle of the index
-        res = {}
-        need_index_jobs = "health" in args.jobs or ("export" in args.jobs and args.export[0] == "drops")
-        if need_index_jobs:
-            step("health: fps, drops, latency, jitter, stalls per recording x stream")
-            res["health"] = _write_small(health.health_from_files(streams), os.path.join(out, "health.parquet"))
-            res["drops"] = _write_small(health.drops_from_files(streams), os.path.join(out, "drops.parquet"))
-        if "health" in args.jobs:
-            res["timeline"] = _write_small(
-                health.timeline_from_files(streams), os.path.join(out, "fps_timeline.parquet")
-            )
-            top = float(res["health"]["latency_p99_ms"].max()) if len(res["health"]) else 1.0
-            res["latency_hist"] = report.latency_histogram(index, max(1.0, 2 * top))
-            step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
-        if "metrics" in args.jobs:
-            step("metrics: decoding every frame in the executors")
-            path = os.path.join(out, "metrics.parquet")
-            metrics.metrics_job(segments_df(spark, recs, skip_empty=args.skip_empty, validate=False)).write.mode(
-                "overwrite"
-            ).parquet(path)
-            m = spark.read.parquet(path)
-            res["metrics_summary"] = (
-                m.groupBy("recording_id", "stream")
-                .agg(
-                    F.count("*").alias("frames"),
-                    F.mean("brightness").alias("brightness_mean"),
-                    F.mean("contrast").alias("contrast_mean"),
-                    F.mean("sharpness").alias("sharpness_mean"),
-                    F.mean("motion").alias("motion_mean"),
-                    F.sum(F.col("black").cast("int")).alias("black_frames"),
-                    F.sum(F.col("frozen").cast("int")).alias("frozen_frames"),
-                )
-                .orderBy("recording_id", "stream")
-                .toPandas()
-            )
-            total = int(res["metrics_summary"]["frames"].sum())
-            res["metrics_sample"] = (
-                m.sample(fraction=min(1.0, 50_000 / max(1, total)), seed=1)
-                .select("stream", "brightness", "contrast", "sharpness", "motion")
-                .toPandas()
-            )
-            step(f"metrics: {total} frames")
-        if "export" in args.jobs:
-            kind, value = args.export
-            if kind == "drops":
-                selection = export.select_around_drops(index, health.drops_from_files(streams), int(value))
-            elif kind == "every":
-                selection = export.select_every_nth(index, int(value))
-            else:
-                selection = export.select_sharp(spark.read.parquet(os.path.join(out, "metrics.parquet")), value)
-            step(f"export: frames selected by {kind}:{value:g} -> {os.path.join(out, 'export')}")
-            res["manifest"] = export.export_job(selection, os.path.join(out, "export"), args.image_format)
-            step(f"export: {len(res['manifest'])} frames written")
-        path = report.write_report(
-            out,
-            health=res.get("health") if "health" in args.jobs else None,
-            drops=res.get("drops"),
-            timeline=res.get("timeline"),
-            latency_hist=res.get("latency_hist"),
-            metrics_summary=res.get("metrics_summary"),
-            metrics_sample=res.get("metrics_sample"),
-            manifest=res.get("manifest"),
+        with cluster.StarvationWatch(spark, args.starved_after):
+            sc = spark.sparkContext
+            step(f"Spark {sc.version}, master {sc.master}, application {sc.applicationId}")
+            if args.ui:
+                step(f"Spark UI: {cluster.ui_url(spark)}")
+            slots = cluster.task_slots(spark)
+            step(f"{slots} task slot(s) in the executors")
+            run_dir.begin()
+            analyse(spark, recs, infos, args, run_dir, slots, step)
+        final = run_dir.publish(
+            inputs=[{"recording_id": r.recording_id, "path": r.path} for r in recs],
+            master=sc.master,
+            application_id=sc.applicationId,
+            jobs=args.jobs,
         )
-        step(f"report: {path}")
+        step(f"published {final}")
+    except BaseException:
+        run_dir.abandon()
+        raise
     finally:
-        if reused is None:
-            spark.stop()
-        else:
-            spark.sparkContext.setLogLevel("WARN")
+        _restore(previous_handler)
+        try:
+            if reused is None:
+                spark.stop()
+            else:
+                spark.sparkContext.setLogLevel("WARN")
+        except Exception:  # noqa: BLE001 - the JVM went first (Ctrl-C reaches both); the run's error matters
+            if not INTERRUPT.is_set():
+                raise
     return 0
+
+
+INTERRUPT = threading.Event()
+
+
+def _on_ctrl_c(spark):
+    """Ctrl-C: cancel the Spark jobs (best effort: the JVM may be stopping too) and raise
+    KeyboardInterrupt in the driver, which main() turns into one line and exit 130."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+
+    def handler(signum, frame):
+        INTERRUPT.set()
+        try:
+            spark.sparkContext.cancelAllJobs()
+        except Exception:  # noqa: BLE001
+            pass
+        raise KeyboardInterrupt
+
+    return signal.signal(signal.SIGINT, handler)
+
+
+def _restore(previous) -> None:
+    import signal
+
+    if previous is not None:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _spark_message(exc) -> str:
@@ -199,17 +220,27 @@ def main(argv=None) -> int:
 
     args = parse_args(argv)
     step = Steps(args.quiet)
+    from visionipc.apps.pipeline.cluster import MasterError
+    from visionipc.apps.pipeline.fs import StorageError
     from visionipc.apps.pipeline.read import RecordingError
+    from visionipc.apps.pipeline.runs import OutputError
 
     def fail(message: str, status: int) -> int:
         print(f"vipc-analyze: error: {printable(message)}", file=sys.stderr)
         return status
 
+    INTERRUPT.clear()
     try:
         return run(args, step)
-    except (FileNotFoundError, RecordingError, ImportError) as e:
+    except KeyboardInterrupt:
+        print("vipc-analyze: interrupted (no run was published)", file=sys.stderr)
+        return INTERRUPTED
+    except (FileNotFoundError, RecordingError, MasterError, OutputError, StorageError, ImportError) as e:
         return fail(str(e), 2)
     except Exception as e:  # errors raised inside Spark tasks arrive wrapped
+        if INTERRUPT.is_set():  # the JVM stopped under a call of ours after Ctrl-C
+            print("vipc-analyze: interrupted (no run was published)", file=sys.stderr)
+            return INTERRUPTED
         try:
             from py4j.protocol import Py4JJavaError
             from pyspark.errors import PySparkException
@@ -217,6 +248,11 @@ def main(argv=None) -> int:
             PySparkException = Py4JJavaError = ()
         if isinstance(e, (PySparkException, Py4JJavaError)):
             return fail(_spark_message(e), 1)
+        # anything else is a failure of the run, still one line (-v: the traceback too)
+        if args.verbose:
+            import traceback
+
+            traceback.print_exc()
         return fail(f"{type(e).__name__}: {e}", 1)
 
 

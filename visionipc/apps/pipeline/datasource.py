@@ -1,52 +1,111 @@
 """``spark.read.format("vipc")``: the frame index of recordings as a PySpark Python
-data source (PySpark 4+), one partition per segment.
+data source (PySpark 4+).
 
-    spark.read.format("vipc").load("rec1")                     # a path, a glob, a folder
+    spark.read.format("vipc").load("rec1")                     # a path, a glob, a folder, a URI
     spark.read.format("vipc").option("paths", "rec1,rec2").load()
+    spark.read.format("vipc").load("fleet/").where("stream = 'road' AND frame_id >= 1000")
 
-Same rows as ``read.read_index`` (which uses Spark's native Parquet reader and is
-~3x faster on big indexes); this one needs no file listing on the JVM side and
-reads each segment with pyarrow in the executors. The reader holds only strings:
-no open file or lock travels to the executors.
+Same rows as ``read.read_index``. Partitions are runs of index files of about
+``partition_bytes`` (option, default 64 MiB), not one per file. Filters on
+``recording_id`` / ``stream`` (=, IN) drop whole files on the driver, filters on
+``frame_id`` (<, <=, >, >=, =) are pushed into pyarrow's Parquet reader (row-group
+statistics) where the PySpark version has filter pushdown (``pushFilters``, 4.1+;
+``register`` turns on ``spark.sql.python.filterPushdown.enabled``); Spark applies
+whatever is not pushed. Column pruning: a schema given with ``.schema("frame_id bigint,
+stream string")`` (any subset of the columns) is all pyarrow reads. The reader holds only
+strings: no open file or lock travels to the executors.
 """
 
 from __future__ import annotations
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
-from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, find_recordings, index_files
+from visionipc.apps.pipeline import fs
+from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, find_recordings
 
 SCHEMA = INDEX_SPARK_SCHEMA + ", recording_id string, recording_path string"
+PARTITION_BYTES = 64 << 20
+_RANGE_OPS = {"GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<", "LessThanOrEqual": "<=", "EqualTo": "=="}
 
 
-class SegmentPartition(InputPartition):
-    def __init__(self, recording_id: str, recording_path: str, index_file: str):
-        super().__init__(index_file)
-        self.recording_id, self.recording_path, self.index_file = recording_id, recording_path, index_file
+class FilesPartition(InputPartition):
+    """A run of index files: ``[(recording_id, recording_path, index_file)]``."""
+
+    def __init__(self, files: list):
+        super().__init__(len(files))
+        self.files = files
+
+
+def _column(f) -> str:
+    ref = getattr(f, "attribute", ())
+    return ref[0] if isinstance(ref, tuple) and len(ref) == 1 else str(ref)
 
 
 class VipcReader(DataSourceReader):
-    def __init__(self, paths: list, skip_empty: bool):
-        self.paths, self.skip_empty = paths, skip_empty
+    def __init__(self, paths: list, skip_empty: bool, partition_bytes: int, columns: list):
+        self.paths, self.skip_empty, self.partition_bytes = paths, skip_empty, partition_bytes
+        self.columns = columns  # the columns asked for, in their order
+        self.keep = {}  # column -> allowed values (recording_id, stream)
+        self.frame_filters = []  # (op, value) on frame_id, for pyarrow
+
+    def pushFilters(self, filters):  # noqa: N802 - PySpark's name
+        for f in filters:
+            kind, column = type(f).__name__, _column(f)
+            if column in ("recording_id", "stream") and kind in ("EqualTo", "In"):
+                values = {f.value} if kind == "EqualTo" else set(f.value)
+                self.keep[column] = self.keep.get(column, values) & values
+            elif column == "frame_id" and kind in _RANGE_OPS and isinstance(f.value, int):
+                self.frame_filters.append((_RANGE_OPS[kind], f.value))
+            else:
+                yield f
 
     def partitions(self):
-        files = index_files(find_recordings(self.paths), skip_empty=self.skip_empty)
-        return [SegmentPartition(rec.recording_id, rec.path, path) for rec, _, _, path in files]
+        recs = find_recordings(self.paths)
+        if "recording_id" in self.keep:
+            recs = [r for r in recs if r.recording_id in self.keep["recording_id"]]
+        parts, run, size = [], [], 0
+        for rec in recs:
+            root = fs.join(rec.path, "index")
+            listing = {rel: n for rel, is_dir, n in fs.listdir(root, recursive=True) if not is_dir}
+            for stream, _, path in rec.index_files():
+                if "stream" in self.keep and stream not in self.keep["stream"]:
+                    continue
+                run.append((rec.recording_id, rec.path, path))
+                size += listing.get(path[len(root) + 1 :], 0)
+                if size >= self.partition_bytes:
+                    parts.append(FilesPartition(run))
+                    run, size = [], 0
+        if run:
+            parts.append(FilesPartition(run))
+        if not parts and not self.skip_empty and not self.keep:
+            from visionipc.apps.pipeline.read import RecordingError
+
+            raise RecordingError(f"no complete segment in {', '.join(self.paths)}")
+        return parts
 
     def read(self, partition):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        table = pq.read_table(partition.index_file, schema=INDEX_ARROW_SCHEMA)
-        n = len(table)
-        table = table.append_column("recording_id", pa.array([partition.recording_id] * n, pa.string())).append_column(
-            "recording_path", pa.array([partition.recording_path] * n, pa.string())
-        )
-        yield from table.to_batches()
+        filters = [("frame_id", op, v) for op, v in self.frame_filters] or None
+        extra = {"recording_id", "recording_path"}
+        wanted = [c for c in self.columns if c not in extra]
+        for recording_id, recording_path, index_file in partition.files:
+            filesystem, path = fs.resolve(index_file)
+            table = pq.read_table(
+                path, schema=INDEX_ARROW_SCHEMA, columns=wanted, filters=filters, filesystem=filesystem
+            )
+            n = len(table)
+            if n == 0:
+                continue
+            values = {"recording_id": recording_id, "recording_path": recording_path}
+            arrays = [table.column(c) if c not in extra else pa.repeat(pa.scalar(values[c]), n) for c in self.columns]
+            yield from pa.table(arrays, names=self.columns).to_batches()
 
 
 class VipcDataSource(DataSource):
-    """Options: ``path`` (from ``load``) and/or ``paths`` (comma-separated), ``skip_empty``."""
+    """Options: ``path`` (from ``load``) and/or ``paths`` (comma-separated), ``skip_empty``,
+    ``partition_bytes``."""
 
     @classmethod
     def name(cls):
@@ -59,8 +118,22 @@ class VipcDataSource(DataSource):
         paths = [p for key in ("path", "paths") for p in self.options.get(key, "").split(",") if p]
         if not paths:
             raise ValueError('spark.read.format("vipc") needs a recording: .load(PATH) or .option("paths", "a,b")')
-        return VipcReader(paths, str(self.options.get("skip_empty", "false")).lower() == "true")
+        columns = [f.name for f in schema.fields] if hasattr(schema, "fields") else _names(schema)
+        unknown = set(columns) - set(_names(SCHEMA))
+        if unknown:
+            raise ValueError(f'spark.read.format("vipc"): no column(s) {sorted(unknown)} (the index has {SCHEMA})')
+        return VipcReader(
+            paths,
+            str(self.options.get("skip_empty", "false")).lower() == "true",
+            int(self.options.get("partition_bytes", PARTITION_BYTES)),
+            columns,
+        )
+
+
+def _names(ddl: str) -> list:
+    return [part.split()[0] for part in ddl.split(",")]
 
 
 def register(spark) -> None:
+    spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(VipcDataSource)

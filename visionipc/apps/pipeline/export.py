@@ -92,7 +92,6 @@ def inside(out_dir: str, rel: str) -> str:
 def export_segment(selected, out_dir: str, image_format: str):
     """Write the selected frames of one segment (a pandas group) and return their manifest rows."""
     import cv2
-    import pandas as pd
 
     first = selected.iloc[0]
     segment = {
@@ -114,21 +113,30 @@ def export_segment(selected, out_dir: str, image_format: str):
         picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
         if not cv2.imwrite(dest, picture):
             raise OSError(f"could not write {dest}")
-        rows.append(
-            (
-                rel,
-                first["recording_id"],
-                first["stream"],
-                segment["segment"],
-                int(row["position"]),
-                int(row["frame_id"]),
-                int(row["timestamp_eof"]),
-                int(row["width"]),
-                int(row["height"]),
-                row["format"],
-                reasons[int(row["position"])],
-            )
-        )
+        rows.append(manifest_row(rel, first["recording_id"], first["stream"], row, reasons[int(row["position"])]))
+    return manifest_frame(rows)
+
+
+def manifest_row(rel: str, recording_id: str, stream: str, row, reason: str) -> tuple:
+    """One ``MANIFEST_COLUMNS`` row for a written frame (``row``: its index row)."""
+    return (
+        rel,
+        recording_id,
+        stream,
+        int(row["segment"]),
+        int(row["position"]),
+        int(row["frame_id"]),
+        int(row["timestamp_eof"]),
+        int(row["width"]),
+        int(row["height"]),
+        row["format"],
+        reason,
+    )
+
+
+def manifest_frame(rows):
+    import pandas as pd
+
     return pd.DataFrame(rows, columns=[n for n, _ in MANIFEST_COLUMNS]).astype(
         {"segment": "int32", "position": "int32", "width": "int32", "height": "int32"}
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.read import (
     INDEX_ARROW_SCHEMA,
     Recording,
@@ -21,7 +22,10 @@ from visionipc.apps.pipeline.read import (
     recording_info,
 )
 
-SEGMENT_SCHEMA = "recording_id string, recording_path string, stream string, segment int, index_file string"
+SEGMENT_SCHEMA = (
+    "recording_id string, recording_path string, stream string, segment int, index_file string, "
+    "previous_index_file string"
+)
 FRAME_SCHEMA = (
     "recording_id string, stream string, segment int, position int, frame_id bigint, "
     "timestamp_eof bigint, format string, width int, height int, "
@@ -30,17 +34,28 @@ FRAME_SCHEMA = (
 
 
 def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
-    """One dict per complete segment (``SEGMENT_SCHEMA``), listed on the driver from file names."""
-    return [
-        {
-            "recording_id": rec.recording_id,
-            "recording_path": rec.path,
-            "stream": stream,
-            "segment": seg,
-            "index_file": path,
-        }
-        for rec, stream, seg, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate)
-    ]
+    """One dict per complete segment (``SEGMENT_SCHEMA``), listed on the driver from file names;
+    ``previous_index_file`` is the stream's segment before it (None for its first)."""
+    return segment_rows(index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate))
+
+
+def segment_rows(files) -> list:
+    """``segment_table`` of ``read.index_files`` rows already listed."""
+    rows, before = [], None
+    for rec, stream, seg, path in files:
+        previous = before[1] if before is not None and before[0] == (rec.path, stream) else None
+        rows.append(
+            {
+                "recording_id": rec.recording_id,
+                "recording_path": rec.path,
+                "stream": stream,
+                "segment": seg,
+                "index_file": path,
+                "previous_index_file": previous,
+            }
+        )
+        before = ((rec.path, stream), path)
+    return rows
 
 
 # Partitions per task slot in segments_df: a Spark task costs ~60 ms of
@@ -98,17 +113,28 @@ def storage_of(recording_path: str, row) -> object:
         raise RecordingError(f"{recording_path}/recording.json: stream {row['stream']!r}: {e}") from e
 
 
+# Luma, one meaning on every storage path: full-range BT.601 Y' in 0..255 (float32),
+# the brightness of the picture as displayed. A stored YUV plane is video range
+# (Y 16..235, as OpenCV's YUV->BGR conversion and the lossy recorder read it): it is
+# stretched to full range; a BGR/RGB picture (the lossy recorder stores YUV streams
+# so) gives 0.299 R + 0.587 G + 0.114 B, the same number; gray formats are full range.
+_VIDEO_RANGE = 255.0 / 219.0
+
+
 def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
-    """The (h, w) 8-bit brightness plane of a stored image (``kind``: Storage.kind)."""
+    """The (h, w) full-range BT.601 luma plane (float32, 0..255) of a stored image
+    (``kind``: Storage.kind)."""
     import cv2
 
     if kind == "planes":
-        return image[:height]
+        y = (image[:height].astype(np.float32) - 16.0) * np.float32(_VIDEO_RANGE)
+        return np.clip(y, 0.0, 255.0, out=y)
     if kind == "gray":
-        return image
+        return image.astype(np.float32)
     if kind == "gray16":
-        return (image >> 8).astype(np.uint8)
-    return cv2.cvtColor(image, cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY)
+        return image.astype(np.float32) / np.float32(257.0)
+    code = cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY
+    return cv2.cvtColor(image.astype(np.float32), code)
 
 
 def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
@@ -118,21 +144,19 @@ def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     if kind == "planes":
         return cv2.cvtColor(image, cv2.COLOR_YUV2BGR_NV12 if fmt == "nv12" else cv2.COLOR_YUV2BGR_I420)
     if kind in ("gray", "gray16"):
-        return cv2.cvtColor(luma(image, kind, fmt, height), cv2.COLOR_GRAY2BGR)
+        gray = image if kind == "gray" else (image >> 8).astype(np.uint8)
+        return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
     return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
 
 
 def read_segment_index(index_file: str, recording_path: str = None):
     """The index rows of one segment, in position order (pandas); the file is opened by
     visionipc.apps.record.checks.open_file (a regular file inside the recording)."""
-    import os
 
     import pyarrow.parquet as pq
 
-    from visionipc.apps.record.checks import open_file
-
-    folder = recording_path or os.path.dirname(os.path.dirname(os.path.dirname(index_file)))
-    with os.fdopen(open_file(folder, os.path.relpath(index_file, folder).replace(os.sep, "/")), "rb") as f:
+    folder = recording_path or fs.parent(fs.parent(fs.parent(index_file)))
+    with fs.open_member(folder, fs.relative(folder, index_file)) as f:
         table = pq.read_table(f, schema=INDEX_ARROW_SCHEMA)
     return table.to_pandas().sort_values("position", ignore_index=True)
 
@@ -153,12 +177,25 @@ def iter_segment(segment: dict, positions=None):
     cv2.setNumThreads(1)
     wanted = list(zip(index["segment_file"], index["position"].astype(int)))
     try:
-        for (_, row), image in zip(
-            index.iterrows(), iter_segment_frames(cv2, segment["recording_path"], wanted, _OneThreadStorage(storage))
-        ):
-            yield row, image, storage
+        # a remote segment is fetched by the executor that decodes it
+        with fs.local_copy(segment["recording_path"], *sorted(set(index["segment_file"]))) as folder:
+            frames = iter_segment_frames(cv2, folder, wanted, _OneThreadStorage(storage))
+            for (_, row), image in zip(index.iterrows(), frames):
+                yield row, image, storage
+    except FileNotFoundError as e:
+        raise RecordingError(f"{segment['recording_path']}: cannot open {e}") from e
     except RuntimeError as e:  # the reader's "cannot open" / "ends before"
         raise RecordingError(f"{segment['recording_path']}: {e}") from e
+
+
+def last_frame(segment: dict, index_file: str):
+    """``(index_row, stored_image, storage)`` of the last frame of another segment of the same
+    stream (``index_file``), or None when it has no frames."""
+    index = read_segment_index(index_file)
+    if len(index) == 0:
+        return None
+    other = dict(segment, index_file=index_file)
+    return next(iter_segment(other, positions=[int(index["position"].max())]), None)
 
 
 def map_segments(segments, fn, schema: str):

@@ -16,14 +16,8 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from msgq._printable import printable
-from visionipc.apps.record.checks import (
-    RecordingError,
-    check_relpath,
-    check_stream,
-    open_file,
-    parse_manifest,
-    read_file,
-)
+from visionipc.apps.pipeline import fs
+from visionipc.apps.record.checks import RecordingError, check_relpath, check_stream, parse_manifest
 from visionipc.apps.record.index import index_schema
 
 INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
@@ -36,29 +30,43 @@ INDEX_SPARK_SCHEMA = ", ".join(
 @dataclass(frozen=True)
 class Recording:
     recording_id: str
-    path: str  # absolute folder
+    path: str  # absolute folder, or a URI (fs.py)
 
     def index_files(self) -> list:
         """``[(stream, segment, path)]`` of the complete segments (hidden/.partial files ignored)."""
         out = []
-        root = os.path.join(self.path, "index")
-        for stream in sorted(os.listdir(root)) if os.path.isdir(root) else ():
-            folder = os.path.join(root, stream)
-            if stream.startswith(".") or not os.path.isdir(folder):
+        root = fs.join(self.path, "index")
+        for rel, is_dir, _ in fs.listdir(root, recursive=True):
+            parts = rel.split("/")
+            if is_dir or len(parts) != 2 or parts[0].startswith("."):
                 continue
-            for name in sorted(os.listdir(folder)):
-                stem, ext = os.path.splitext(name)
-                if ext == ".parquet" and not name.startswith(".") and stem.isdigit():
-                    out.append((stream, int(stem), os.path.join(folder, name)))
-        return out
+            stream, name = parts
+            stem, ext = os.path.splitext(name)
+            if ext == ".parquet" and not name.startswith(".") and stem.isdigit():
+                out.append((stream, int(stem), fs.join(root, stream, name)))
+        return sorted(out)
 
 
 def _is_recording(path: str) -> bool:
     return os.path.isfile(os.path.join(path, "recording.json")) or os.path.isdir(os.path.join(path, "index"))
 
 
+def _expand_remote(item: str) -> list:
+    if not fs.exists(item):
+        raise FileNotFoundError(f"no such recording: {item!r}")
+    if fs.isfile(fs.join(item, "recording.json")) or fs.isdir(fs.join(item, "index")):
+        return [item]
+    marks = {rel.rsplit("/", 1)[0] for rel, _, _ in fs.listdir(item, recursive=True) if rel.endswith("/recording.json")}
+    found = sorted(fs.join(item, rel) for rel in marks)
+    if not found:
+        raise RecordingError(f"no recordings under {item!r} (looked for folders with recording.json)")
+    return [p for p in found if not any(p != q and p.startswith(q + "/") for q in found)]
+
+
 def _expand(item) -> list:
-    item = os.fspath(item)
+    item = fs.normalize(item)
+    if not fs.is_local(item):
+        return _expand_remote(item)
     if glob.has_magic(item):
         found = sorted(p for p in glob.glob(item, recursive=True) if os.path.isdir(p))
         if not found:
@@ -85,13 +93,14 @@ def find_recordings(inputs) -> list:
     """
     if isinstance(inputs, (str, os.PathLike)):
         inputs = [inputs]
-    paths = sorted({os.path.abspath(p) for item in inputs for p in _expand(item)})
+    paths = sorted({fs.normalize(p) for item in inputs for p in _expand(item)})
     if not paths:
         raise FileNotFoundError("no recordings given")
-    names = [os.path.basename(p) for p in paths]
+    names = [fs.basename(p) for p in paths]
     if len(set(names)) < len(names):
-        common = os.path.commonpath(paths) if len(paths) > 1 else os.path.dirname(paths[0])
-        names = [os.path.relpath(p, common) for p in paths]
+        split = [p.split("/") for p in paths]
+        common = "/".join(os.path.commonprefix(split)) if len(paths) > 1 else fs.parent(paths[0])
+        names = [p[len(common) :].strip("/") for p in paths]
     return [Recording(n, p) for n, p in zip(names, paths)]
 
 
@@ -100,10 +109,10 @@ def recording_info(recording: Recording) -> dict:
     checked like every file a recording names (visionipc.apps.record.checks)."""
     from visionipc.apps.record.checks import MAX_MANIFEST_BYTES
 
-    if not os.path.lexists(os.path.join(recording.path, "recording.json")):
+    if not fs.member_exists(recording.path, "recording.json"):
         return {}
-    where = os.path.join(recording.path, "recording.json")
-    return parse_manifest(read_file(recording.path, "recording.json", MAX_MANIFEST_BYTES), where)
+    where = fs.join(recording.path, "recording.json")
+    return parse_manifest(fs.read_member(recording.path, "recording.json", MAX_MANIFEST_BYTES), where)
 
 
 def _relative(folder: str, path: str) -> str:
@@ -116,10 +125,10 @@ def check_index_file(path: str, folder: str = None) -> None:
     types, whose ``stream`` column only names its own stream."""
     import pyarrow.parquet as pq
 
-    folder = folder or os.path.dirname(os.path.dirname(os.path.dirname(path)))
-    stream = os.path.basename(os.path.dirname(path))
+    folder = folder or fs.parent(fs.parent(fs.parent(path)))
+    stream = fs.basename(fs.parent(path))
     check_stream(stream, folder)
-    with os.fdopen(open_file(folder, _relative(folder, path)), "rb") as f:
+    with fs.open_member(folder, fs.relative(folder, path)) as f:
         try:
             schema = pq.read_schema(f)
         except (OSError, pa.ArrowException) as e:
@@ -218,7 +227,8 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
 
     def read(item):
         rec, _, _, path = item
-        t = pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=names)
+        filesystem, inner = fs.resolve(path)
+        t = pq.read_table(inner, schema=INDEX_ARROW_SCHEMA, columns=names, filesystem=filesystem)
         return t.append_column(
             "recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t))
         ).append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t)))

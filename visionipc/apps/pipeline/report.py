@@ -33,11 +33,17 @@ def _plot_timeline(plt, timeline, health, drops, path):
     for rid, stream in keys.itertuples(index=False):
         t = timeline[(timeline.recording_id == rid) & (timeline.stream == stream)].sort_values("second")
         whole = int(health[(health.recording_id == rid) & (health.stream == stream)]["duration_s"].iloc[0])
+        if "fps_lowest" in t.columns:  # 1 / the longest frame interval in each second: one lost frame shows
+            ax.plot(t["second"], t["fps_lowest"], marker=".", label=f"{rid}/{stream}")
+            continue
         t = t[t["second"] < max(1, whole)]  # the last, partial second would look like a drop
         ax.plot(t["second"], t["frames"], marker=".", label=f"{rid}/{stream}")
     ax.set_xlabel("seconds since the stream's first frame")
-    ax.set_ylabel("frames in that second")
-    ax.set_title("Frame rate over time")
+    lowest = "fps_lowest" in timeline.columns
+    ax.set_ylabel("lowest frame rate in that second (fps)" if lowest else "frames in that second")
+    ax.set_title("Frame rate over time" + (" (1 / longest frame interval per second)" if lowest else ""))
+    if lowest:
+        ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
@@ -47,9 +53,16 @@ def _plot_timeline(plt, timeline, health, drops, path):
 
 def _plot_latency(plt, hist, path):
     fig, ax = plt.subplots(figsize=(10, 4))
-    for stream, h in hist.groupby("stream"):
-        ax.step(h["lo_ms"], h["count"], where="post", label=stream)
+    keys = ["recording_id", "stream"] if "recording_id" in hist.columns else ["stream"]
+    for i, (key, h) in enumerate(hist.groupby(keys, sort=True)):
+        if i == MAX_LINES:
+            break
+        h = h.sort_values("lo_ms")
+        label = "/".join(key) if isinstance(key, tuple) else str(key)
+        ax.step(h["lo_ms"], h["count"], where="post", label=label)
     ax.set_yscale("log")
+    if "recording_id" in hist.columns:
+        ax.set_xscale("symlog", linthresh=0.1)
     ax.set_xlabel("latency receive - eof (ms; the last bin holds everything above)")
     ax.set_ylabel("frames")
     ax.set_title("Latency histogram")
@@ -83,14 +96,62 @@ def _plot_metrics(plt, sample, path):
     for ax, name in zip(axes, names):
         for stream, s in sample.groupby("stream"):
             values = s[name].dropna()
-            if len(values):
-                ax.hist(values, bins=40, histtype="step", label=stream)
+            if len(values):  # a near-constant metric gets one bin (numpy cannot split a range of ~1e-13)
+                spread = float(values.max() - values.min())
+                bins = 40 if spread > 1e-6 * max(1.0, float(values.abs().max())) else 1
+                ax.hist(values, bins=bins, histtype="step", label=stream)
         ax.set_title(name)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+MAX_THUMBNAILS = 48
+
+
+def fleet_summary(health):
+    """One row per stream, worst first: the share of frames dropped, then the longest stall,
+    then the p99 latency; ``status`` BAD (>1 % dropped or a stall over 1 s), WARN (any drop or
+    a stall over 3 frame intervals), OK."""
+    h = health.copy()
+    expected = h["frames"] + h["dropped"]
+    h["dropped_pct"] = 100.0 * h["dropped"] / expected.where(expected > 0, 1)
+    interval = (1000.0 / h["fps"]).where(h["fps"] > 0)
+    bad = (h["dropped_pct"] > 1.0) | (h["longest_stall_ms"] > 1000.0)
+    warn = (h["dropped"] > 0) | (h["longest_stall_ms"] > 3 * interval.fillna(np.inf))
+    h["status"] = np.where(bad, "BAD", np.where(warn, "WARN", "OK"))
+    h["_rank"] = np.where(bad, 0, np.where(warn, 1, 2))
+    h = h.sort_values(
+        ["_rank", "dropped_pct", "longest_stall_ms", "latency_p99_ms"], ascending=[True, False, False, False]
+    )
+    cols = ["status", "recording_id", "stream", "frames", "fps", "fps_min", "dropped", "dropped_pct"]
+    cols += ["longest_stall_ms", "latency_p50_ms", "latency_p99_ms", "jitter_ms"]
+    return h[[c for c in cols if c in h.columns]].reset_index(drop=True)
+
+
+def _header(header: dict) -> str:
+    def text(v):
+        return html.escape(", ".join(map(str, v)) if isinstance(v, list) else str(v))
+
+    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{text(v)}</td></tr>" for k, v in header.items())
+    return f"<table class='header'>{rows}</table>"
+
+
+def _details(summary: str, body: str) -> str:
+    return f"<details><summary>{html.escape(summary)}</summary>{body}</details>"
+
+
+def _thumbnails(manifest) -> str:
+    figures = "".join(
+        f"<figure><img src='export/{html.escape(str(r.path))}' width='160' loading='lazy' "
+        f"alt='{html.escape(f'{r.recording_id}/{r.stream} frame {r.frame_id}')}'>"
+        f"<figcaption>{html.escape(f'{r.recording_id}/{r.stream} #{r.frame_id} ({r.reason})')}</figcaption></figure>"
+        for r in manifest.head(MAX_THUMBNAILS).itertuples(index=False)
+    )
+    more = f"<p>{len(manifest) - MAX_THUMBNAILS} more in export/.</p>" if len(manifest) > MAX_THUMBNAILS else ""
+    return f"<div class='thumbs'>{figures}</div>{more}"
 
 
 def _table(df, max_rows: int = 200) -> str:
@@ -103,10 +164,13 @@ def _table(df, max_rows: int = 200) -> str:
         return html.escape(str(v))
 
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
-    body = "".join(
-        "<tr>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
-        for row in df.head(max_rows).itertuples(index=False)
-    )
+    status = list(df.columns).index("status") if "status" in df.columns else None
+
+    def tr(row):
+        cls = {"BAD": " class='bad'", "WARN": " class='warn'"}.get(row[status], "") if status is not None else ""
+        return f"<tr{cls}>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
+
+    body = "".join(tr(row) for row in df.head(max_rows).itertuples(index=False))
     more = f"<p>... {len(df) - max_rows} more rows in the Parquet results.</p>" if len(df) > max_rows else ""
     return f"<table><tr>{head}</tr>{body}</table>{more}"
 
@@ -140,9 +204,15 @@ def write_report(
     metrics_summary=None,
     metrics_sample=None,
     manifest=None,
+    events=None,
+    header=None,
     title="vipc-analyze report",
 ) -> str:
-    """Write ``out_dir/report.html`` (+ ``out_dir/plots/*.png``) and return its path."""
+    """Write ``out_dir/report.html`` (+ ``out_dir/plots/*.png``) and return its path.
+
+    Laid out for a fleet: a run header (``header``: name -> value), the fleet summary
+    (worst streams first), stall/delay events and drops, then the details (full tables,
+    per-recording latency) in collapsible sections, thumbnails of exported frames."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -151,6 +221,8 @@ def write_report(
     plots = os.path.join(out_dir, "plots")
     os.makedirs(plots, exist_ok=True)
     parts = [f"<h1>{html.escape(title)}</h1>"]
+    if header:
+        parts.append(_header(header))
 
     def figure(name, caption, draw, *args):
         draw(plt, *args, os.path.join(plots, name))
@@ -160,8 +232,19 @@ def write_report(
         )
 
     if health is not None:
-        parts.append(f"<h2>Stream health ({len(health)} recording x stream)</h2>")
-        parts.append(_table(health[[c for c in HEALTH_SHOWN if c in health.columns]]))
+        parts.append(f"<h2>Fleet summary ({len(health)} recording x stream, worst first)</h2>")
+        parts.append(_table(fleet_summary(health)))
+        if events is not None:
+            parts.append(
+                f"<h3>Stall and delay events ({len(events)})</h3>"
+                + _table(events.sort_values("value_ms", ascending=False), 100)
+            )
+        parts.append(
+            _details(
+                f"Stream health, every column ({len(health)} rows)",
+                _table(health[[c for c in HEALTH_SHOWN if c in health.columns]]),
+            )
+        )
         if timeline is not None and len(timeline):
             figure(
                 "fps_over_time.png", "frames per second over time, per stream", _plot_timeline, timeline, health, drops
@@ -170,16 +253,19 @@ def write_report(
             figure("latency_histogram.png", "latency (receive - eof) histogram", _plot_latency, latency_hist)
         if drops is not None and len(health):
             figure("drop_timeline.png", "where frames were dropped", _plot_drops, health, drops)
-            parts.append(f"<h3>Drops ({len(drops)} gaps)</h3>" + _table(drops))
+            parts.append(_details(f"Drops ({len(drops)} gaps)", _table(drops)))
     if metrics_summary is not None:
         parts.append("<h2>Image metrics</h2>" + _table(metrics_summary))
         if metrics_sample is not None and len(metrics_sample):
             figure("metric_distributions.png", "distributions of the per-frame metrics", _plot_metrics, metrics_sample)
     if manifest is not None:
-        parts.append(f"<h2>Export ({len(manifest)} frames)</h2>" + _table(manifest, 50))
+        parts.append(f"<h2>Export ({len(manifest)} frames)</h2>" + _thumbnails(manifest))
+        parts.append(_details("Export manifest", _table(manifest, 200)))
     style = (
         "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
         "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
+        ".thumbs{display:flex;flex-wrap:wrap;gap:6px}.thumbs figure{margin:0;font-size:10px}"
+        "tr.bad td{background:#fdd}tr.warn td{background:#ffe9b3}summary{cursor:pointer;font-weight:bold}"
     )
     path = os.path.join(out_dir, "report.html")
     with open(path, "w") as f:

@@ -1,8 +1,10 @@
 """A SparkSession with sensible defaults for analysing recordings.
 
-``local[*]`` unless told otherwise; shuffle partitions sized to the cores the
-master has (a handful of tiny shuffles is the common case here, not 200); the
-web UI off unless asked for; the workers run the same Python as the driver.
+The master as ``cluster.resolve_master`` says (``local[*]`` only when nothing chose
+one); on a local master shuffle partitions and parallelism sized to its cores (a
+handful of tiny shuffles is the common case here, not 200), on a cluster Spark's
+own (the executors' cores); the web UI off unless asked for; the workers run the
+same Python as the driver.
 """
 
 from __future__ import annotations
@@ -45,7 +47,8 @@ def spark_session(
 ):
     """Start (or get) a SparkSession.
 
-    ``master``: a Spark master URL (``local[*]`` by default, ``spark://host:7077``, ``yarn``...).
+    ``master``: a Spark master URL (``spark://host:7077``, ``yarn``, ``local[2]``...); None:
+    what spark-submit / ``SPARK_MASTER`` / spark-defaults.conf chose, else ``local[*]``.
     ``progress``: Spark's console progress bar on stderr. ``conf``: more ``spark.*`` settings,
     applied last. On a local master the workers always run ``sys.executable``; on a
     cluster ``PYSPARK_PYTHON`` is kept if set (the executors' Python may live elsewhere).
@@ -56,19 +59,26 @@ def spark_session(
         raise ImportError(
             "the Spark pipeline needs PySpark: pip install 'visionipc[spark]' (and a Java 17+ runtime)"
         ) from e
-    master = master or "local[*]"
-    local = master.startswith("local")
+    from visionipc.apps.pipeline.cluster import executor_env, resolve_master
+
+    master = resolve_master(master)  # None: spark-submit chose it
+    local = master is not None and master.startswith("local")
     if local or "PYSPARK_PYTHON" not in os.environ:
         os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    cores = master_cores(master)
+    builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
+    if local:  # a cluster's parallelism is its executors' cores (Spark's default), not the driver's
+        cores = master_cores(master)
+        builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores)).config(
+            "spark.default.parallelism", str(cores)
+        )
+    else:
+        for key, value in executor_env().items():
+            builder = builder.config(key, value)
     builder = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
+        builder.appName(app_name)
         .config("spark.ui.enabled", str(bool(ui)).lower())
         .config("spark.ui.showConsoleProgress", str(bool(progress)).lower())
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores))
-        .config("spark.default.parallelism", str(cores))
         .config("spark.sql.execution.arrow.pyspark.enabled", "true")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "true")
@@ -79,7 +89,7 @@ def spark_session(
     )
     for key, value in WORKER_MALLOC_ENV.items():
         builder = builder.config(f"spark.executorEnv.{key}", os.environ.get(key, value))
-    if java_options:
+    if java_options and master is not None:  # under spark-submit the driver JVM is already running
         builder = builder.config("spark.driver.extraJavaOptions", java_options)
     if local:
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")

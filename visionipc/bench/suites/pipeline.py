@@ -86,6 +86,55 @@ def child_health_spark(root, master, from_files=False):
     }
 
 
+def child_health_pass(root, master):
+    """What vipc-analyze --jobs health runs (jobs.health_pass: each task reads its streams'
+    files with pyarrow, health + drops + timeline + latency + events in one pass)."""
+    t0 = time.monotonic()
+    from visionipc.apps.pipeline import cluster, jobs
+    from visionipc.apps.pipeline.read import find_recordings, index_files
+    from visionipc.apps.pipeline.session import spark_session
+
+    spark = spark_session(master)
+    slots = cluster.task_slots(spark)
+    started = time.monotonic()
+    got = jobs.health_pass(spark, index_files(find_recordings([root]), validate=False), slots)
+    done = time.monotonic()
+    rows = got["health"]
+    spark.stop()
+    return {
+        "total_s": done - t0,
+        "session_s": started - t0,
+        "job_s": done - started,
+        "rows": int(rows["frames"].sum()),
+        "dropped": int(rows["dropped"].sum()),
+    }
+
+
+def child_source(root, master):
+    """spark.read.format("vipc") vs Spark's own Parquet reader on the same files: a full
+    count, and a pruned + filtered query (one stream, a frame-id range)."""
+    from visionipc.apps.pipeline.read import INDEX_SPARK_SCHEMA, find_recordings, index_files
+    from visionipc.apps.pipeline.session import spark_session
+
+    spark = spark_session(master)
+    files = [p for _, _, _, p in index_files(find_recordings([root]), validate=False)]
+    out = {}
+    for name, df in (
+        ("vipc", lambda: spark.read.format("vipc").load(root)),
+        ("parquet", lambda: spark.read.schema(INDEX_SPARK_SCHEMA).parquet(*files)),
+    ):
+        df().count()  # warm: workers started, files cached by the OS
+        t = time.monotonic()
+        n = df().count()
+        out[f"{name}_count_s"] = time.monotonic() - t
+        t = time.monotonic()
+        q = df().where("stream = 'cam0' AND frame_id >= 1000 AND frame_id < 2000").select("frame_id").count()
+        out[f"{name}_query_s"] = time.monotonic() - t
+        out[f"{name}_rows"], out[f"{name}_query_rows"] = n, q
+    spark.stop()
+    return out
+
+
 def child_health_pandas(root):
     t0 = time.monotonic()
     from visionipc.apps.pipeline import health
@@ -145,6 +194,8 @@ def child_metrics_pool(root, processes):
 CHILDREN = {
     "health_spark": child_health_spark,
     "health_pandas": child_health_pandas,
+    "health_pass": child_health_pass,
+    "source": child_source,
     "metrics_spark": child_metrics_spark,
     "metrics_pool": child_metrics_pool,
 }
@@ -159,7 +210,7 @@ def in_child(name, *args):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--part", choices=("health", "metrics", "all"), default="all")
+    p.add_argument("--part", choices=("health", "pass", "source", "metrics", "all"), default="all")
     p.add_argument("--rows", type=int, default=10_000_000, help="index rows for the health part")
     p.add_argument("--frames", type=int, default=2016, help="decoded 1280x720 frames for the metrics part")
     p.add_argument(
@@ -215,6 +266,59 @@ def main(argv=None):
                         f"{pd_['job_s']:.1f} (+{pd_['read_s']:.1f} read)",
                         "",
                     ],
+                ],
+            )
+        )
+        print()
+    if args.part in ("pass", "all"):
+        root = make_index(args.data, args.rows)
+        two = best("total_s", "health_pass", root, "local[2]")
+        one = best("total_s", "health_pass", root, "local[1]")
+        alone = best("total_s", "health_pandas", root)
+        results["pass"] = {"local2": two, "local1": one, "pyarrow_numpy": alone}
+        print(
+            format_table(
+                [
+                    "vipc-analyze --jobs health (jobs.health_pass)",
+                    "index rows",
+                    "total s",
+                    "session s",
+                    "job s",
+                    "ratio",
+                ],
+                [
+                    [
+                        "Spark local[2]",
+                        two["rows"],
+                        f"{two['total_s']:.1f}",
+                        f"{two['session_s']:.1f}",
+                        f"{two['job_s']:.1f}",
+                        f"job {two['job_s'] / alone['total_s']:.2f}x, total {two['total_s'] / alone['total_s']:.2f}x "
+                        "of 1 process",
+                    ],
+                    [
+                        "Spark local[1]",
+                        one["rows"],
+                        f"{one['total_s']:.1f}",
+                        f"{one['session_s']:.1f}",
+                        f"{one['job_s']:.1f}",
+                        f"local[2] speed-up {one['job_s'] / two['job_s']:.2f}x",
+                    ],
+                    ["pyarrow + numpy, 1 process", alone["rows"], f"{alone['total_s']:.1f}", "-", "-", "1.00x"],
+                ],
+            )
+        )
+        print()
+    if args.part in ("source", "all"):
+        root = make_index(args.data, args.rows)
+        r = in_child("source", root, "local[2]")
+        results["source"] = r
+        print(
+            format_table(
+                ["reader (local[2])", "count s", "query s (1 stream, 1000 ids)", "rows", "query rows"],
+                [
+                    [n, f"{r[n + '_count_s']:.2f}", f"{r[n + '_query_s']:.2f}", r[n + "_rows"], r[n + "_query_rows"]]
+                    for n in ("vipc", "parquet")
                 ],
             )
         )

@@ -1,0 +1,195 @@
+"""The pipeline as a cluster citizen: which master, is it reachable, how many task slots
+the executors have, and a warning when the cluster cannot give what was asked.
+
+Master precedence (``resolve_master``): ``--master``; else what ``spark-submit`` chose
+(``--master``, ``--conf spark.master`` or its ``spark-defaults.conf``: the session builder
+then sets no master); else ``SPARK_MASTER``; else ``spark.master`` in
+``$SPARK_CONF_DIR/spark-defaults.conf`` (or ``$SPARK_HOME/conf``); only then ``local[*]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+
+# environment the executors need for Python-side object storage I/O (fs.py); copied to
+# spark.executorEnv.* on a cluster (Spark redacts *SECRET*/*TOKEN* values in its UI)
+FORWARDED_ENV = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "GOOGLE_APPLICATION_CREDENTIALS",
+)
+REACH_TIMEOUT_S = 5.0
+STARVED_AFTER_S = 30.0
+
+
+class MasterError(ValueError):
+    """The Spark master cannot be reached (bad input: exit 2)."""
+
+
+def under_spark_submit() -> bool:
+    """True in a driver started by ``spark-submit`` (the JVM is already running and chose the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ
+
+
+def _defaults_master():
+    conf_dir = os.environ.get("SPARK_CONF_DIR") or (
+        os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
+    )
+    path = os.path.join(conf_dir, "spark-defaults.conf") if conf_dir else None
+    if not path or not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        for line in f:
+            parts = line.split(None, 1)
+            if len(parts) == 2 and parts[0] == "spark.master":
+                return parts[1].strip()
+    return None
+
+
+def resolve_master(explicit: str | None):
+    """The master to set on the session builder, or None where spark-submit already chose one."""
+    if explicit:
+        return explicit
+    if under_spark_submit():
+        return None
+    return os.environ.get("SPARK_MASTER") or _defaults_master() or "local[*]"
+
+
+def submitted_master():
+    """The master spark-submit chose (its JVM is running: read from its configuration), or None."""
+    if not under_spark_submit():
+        return None
+    from pyspark import SparkConf
+
+    return SparkConf().get("spark.master", None)
+
+
+def check_reachable(master: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
+    """Raise MasterError unless a ``spark://`` master accepts a TCP connection (Spark itself
+    retries for ~60 s and prints Java stack traces); other masters are left to Spark."""
+    if not master or not master.startswith("spark://"):
+        return
+    errors = []
+    for hostport in master[len("spark://") :].split(","):
+        host, _, port = hostport.rpartition(":")
+        try:
+            with socket.create_connection((host, int(port)), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as e:
+            errors.append(f"{hostport}: {e}")
+    raise MasterError(f"cannot reach the Spark master {master} ({'; '.join(errors)})")
+
+
+def executor_env() -> dict:
+    return {f"spark.executorEnv.{k}": os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
+
+
+def is_local(spark) -> bool:
+    return spark.sparkContext.master.startswith("local")
+
+
+def executor_count(spark) -> int:
+    """Executors registered now (the driver excluded)."""
+    infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
+    return max(0, len(infos) - 1)
+
+
+def task_slots(spark, settle_s: float = 2.0) -> int:
+    """Tasks the executors run at once: Spark's default parallelism, which on a cluster is
+    the executors' total cores; waits (up to ``settle_s`` after the first executor) for the
+    executors asked for to register, so work is not split for the driver's cores."""
+    sc = spark.sparkContext
+    if is_local(spark):
+        return sc.defaultParallelism
+    want = int(sc.getConf().get("spark.executor.instances", "0") or 0)
+    deadline = None
+    while True:
+        n = executor_count(spark)
+        if n and (n >= want > 0 or (deadline is not None and time.monotonic() > deadline)):
+            return sc.defaultParallelism
+        if n and deadline is None:
+            deadline = time.monotonic() + settle_s
+        time.sleep(0.2)
+
+
+def _cluster_resources(master: str) -> str:
+    """What a standalone master says it has (its web UI's JSON), or why that is unknown."""
+    if not master.startswith("spark://"):
+        return "unknown for this cluster manager (see its UI)"
+    host = master[len("spark://") :].split(",")[0].rpartition(":")[0]
+    port = os.environ.get("SPARK_MASTER_WEBUI_PORT", "8080")
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}/json/", timeout=3) as r:
+            state = json.load(r)
+    except (OSError, ValueError) as e:
+        return f"unknown (the master's UI at {host}:{port}: {e})"
+    workers = [w for w in state.get("workers", []) if w.get("state") == "ALIVE"]
+    if not workers:
+        return "no alive worker"
+    each = ", ".join(
+        f"{w.get('coresfree', w['cores'] - w.get('coresused', 0))} free core(s) and "
+        f"{w.get('memoryfree', w['memory'] - w.get('memoryused', 0))} MiB free memory"
+        for w in workers
+    )
+    return f"{len(workers)} alive worker(s): {each}"
+
+
+def _asked(conf) -> str:
+    keys = ("spark.executor.memory", "spark.executor.cores", "spark.cores.max", "spark.executor.instances")
+    got = [f"{k}={conf.get(k)}" for k in keys if conf.get(k, None)]
+    return ", ".join(got) or "Spark's defaults (spark.executor.memory=1g, all free cores)"
+
+
+class StarvationWatch:
+    """Warns once on stderr when no executor has registered ``after_s`` seconds after the
+    session started, naming what was asked and what the cluster has."""
+
+    def __init__(self, spark, after_s: float = STARVED_AFTER_S, out=None):
+        self.spark, self.after_s, self.out = spark, after_s, out or sys.stderr
+        self.warned = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="vipc-starvation-watch", daemon=True)
+
+    def __enter__(self):
+        if not is_local(self.spark):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=2)
+
+    def _run(self):
+        if self._stop.wait(self.after_s):
+            return
+        try:
+            if executor_count(self.spark):
+                return
+            sc = self.spark.sparkContext
+            message = (
+                f"vipc-analyze: warning: no executor has started after {self.after_s:g} s: the application asks for "
+                f"{_asked(sc.getConf())}; the cluster has {_cluster_resources(sc.master)}"
+            )
+        except Exception as e:  # the session went away meanwhile
+            message = f"vipc-analyze: warning: no executor has started after {self.after_s:g} s ({e})"
+            if self._stop.is_set():
+                return
+        self.warned = True
+        print(message, file=self.out, flush=True)
+
+
+def ui_url(spark) -> str | None:
+    return spark.sparkContext.uiWebUrl

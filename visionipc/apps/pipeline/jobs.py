@@ -1,0 +1,392 @@
+"""The vipc-analyze jobs as cluster work: each task reads its own index files and video
+segments (Python-side I/O, fs.py: local paths and URIs alike), computes in parallel and
+hands back small results (Arrow IPC payloads the driver collects) or writes its part of
+a big result (per-frame metrics, exported images) into the run folder itself. Nothing is
+squeezed into one task; the driver writes the small tables once.
+
+``health_pass``: one task per few streams -> health, drops, fps timeline, latency
+histogram (per recording x stream) in one read of the index. ``metrics_pass``: segments
+in order, decoded where they run -> ``metrics/recording_id=R/stream=S/part-NNNNNN.parquet``
+plus summaries and a sample. ``export_pass``: selected frames -> ``export/R/S/ID.jpg``.
+"""
+
+from __future__ import annotations
+
+import io
+from urllib.parse import quote
+
+import numpy as np
+import pandas as pd
+
+from visionipc.apps.pipeline import fs, health
+from visionipc.apps.pipeline.frames import SEGMENT_SCHEMA, iter_segment, read_segment_index, to_bgr
+
+PAYLOAD_SCHEMA = "kind string, payload binary"
+TASKS_PER_SLOT = 4
+SAMPLE_ROWS = 50_000  # metric values kept for the report's distributions
+# latency histogram bins: 0, then log-spaced 0.1 ms .. 10 s, the last bin everything above
+LATENCY_EDGES_MS = np.r_[0.0, np.geomspace(0.1, 10_000.0, 60)]
+
+
+def _ipc(df: pd.DataFrame) -> bytes:
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def _collect(df, kinds) -> dict:
+    """Run a payload DataFrame and concatenate each kind's tables (pandas) on the driver."""
+    import pyarrow as pa
+
+    parts = {k: [] for k in kinds}
+    for row in df.collect():
+        parts[row.kind].append(pa.ipc.open_stream(row.payload).read_all())
+    return {k: pa.concat_tables(v, promote_options="default").to_pandas() if v else None for k, v in parts.items()}
+
+
+def _payloads(items) -> pd.DataFrame:
+    return pd.DataFrame({"kind": [k for k, _ in items], "payload": [_ipc(d) for _, d in items]})
+
+
+# ---- health ---------------------------------------------------------------------------
+
+TIMELINE_COLUMNS = health.TIMELINE_COLUMNS + [("fps_lowest", "float64", "double")]
+LATENCY_COLUMNS = [
+    ("recording_id", "object", "string"),
+    ("stream", "object", "string"),
+    ("bin", "int64", "bigint"),
+    ("lo_ms", "float64", "double"),
+    ("count", "int64", "bigint"),
+]
+EVENT_COLUMNS = [
+    ("recording_id", "object", "string"),
+    ("stream", "object", "string"),
+    ("event", "object", "string"),
+    ("frame_id", "int64", "bigint"),
+    ("t_s", "float64", "double"),
+    ("value_ms", "float64", "double"),
+    ("typical_ms", "float64", "double"),
+]
+MAX_EVENTS = 1000  # per stream and kind: the worst ones
+HEALTH_KINDS = {
+    "health": health.HEALTH_COLUMNS,
+    "drops": health.DROP_COLUMNS,
+    "timeline": TIMELINE_COLUMNS,
+    "latency": LATENCY_COLUMNS,
+    "events": EVENT_COLUMNS,
+}
+
+
+def events_of(recording_id, stream, c: dict) -> pd.DataFrame:
+    """Stalls and delays of one stream, like drops: a ``stall`` is a receive interval between
+    consecutive frame ids over twice the median interval (value: the interval), a ``delay``
+    a frame whose latency exceeds the median latency by more than one median interval
+    (value: its latency); typical_ms is the median they are compared with."""
+    ids, eof, recv = c["frame_id"], c["timestamp_eof"], c["receive_time"]
+    t0 = eof.min() if len(eof) else 0
+    parts = []
+    consecutive = np.flatnonzero(np.diff(ids) == 1)
+    if len(consecutive):
+        gap = (recv[consecutive + 1] - recv[consecutive]) / 1e6
+        period = float(np.median(gap))
+        lat = (recv - eof) / 1e6
+        typical_lat = float(np.median(lat))
+        for event, where, value, typical, limit in (
+            ("stall", consecutive + 1, gap, period, 2 * period),
+            ("delay", np.arange(len(ids)), lat, typical_lat, typical_lat + period),
+        ):
+            hit = np.flatnonzero(value > limit)
+            hit = hit[np.argsort(-value[hit], kind="stable")[:MAX_EVENTS]]
+            hit.sort()
+            rows = where[hit]
+            parts.append(
+                pd.DataFrame(
+                    {
+                        "event": event,
+                        "frame_id": ids[rows],
+                        "t_s": (eof[rows] - t0) / 1e9,
+                        "value_ms": value[hit],
+                        "typical_ms": typical,
+                    }
+                )
+            )
+    out = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[n for n, _, _ in EVENT_COLUMNS[2:]])
+    out.insert(0, "stream", stream)
+    out.insert(0, "recording_id", recording_id)
+    return out.astype({name: dtype for name, dtype, _ in EVENT_COLUMNS})
+
+
+def timeline_of(recording_id, stream, c: dict) -> pd.DataFrame:
+    """Frames per whole second since the stream's first frame, and the lowest frame rate
+    within that second (1 / the longest frame interval ending in it: a 3-frame drop at 30
+    fps shows as 7.5 fps there, where the count only dips to 27)."""
+    eof = np.sort(c["timestamp_eof"])
+    second = (eof - eof[0]) // 1_000_000_000
+    seconds, counts = np.unique(second, return_counts=True)
+    lowest = np.full(len(seconds), np.nan)
+    if len(eof) > 1:
+        interval = np.diff(eof)
+        rate = np.where(interval > 0, 1e9 / np.maximum(interval, 1), np.nan)
+        where = np.searchsorted(seconds, second[1:])
+        lowest_by = pd.Series(rate).groupby(where).min()
+        lowest[lowest_by.index.to_numpy()] = lowest_by.to_numpy()
+    return pd.DataFrame(
+        {
+            "recording_id": pd.Series([recording_id] * len(seconds), dtype=object),
+            "stream": pd.Series([stream] * len(seconds), dtype=object),
+            "second": seconds.astype(np.int64),
+            "frames": counts.astype(np.int64),
+            "fps_lowest": lowest,
+        }
+    )
+
+
+def latency_of(recording_id, stream, c: dict) -> pd.DataFrame:
+    lat = (c["receive_time"] - c["timestamp_eof"]) / 1e6
+    b = np.clip(np.searchsorted(LATENCY_EDGES_MS, lat, side="right") - 1, 0, len(LATENCY_EDGES_MS) - 1)
+    bins, counts = np.unique(b, return_counts=True)
+    return pd.DataFrame(
+        {
+            "recording_id": pd.Series([recording_id] * len(bins), dtype=object),
+            "stream": pd.Series([stream] * len(bins), dtype=object),
+            "bin": bins.astype(np.int64),
+            "lo_ms": LATENCY_EDGES_MS[bins],
+            "count": counts.astype(np.int64),
+        }
+    )
+
+
+def _read_stream(files) -> dict:
+    """The int64 columns health needs of one stream's index files, in recorded order."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA
+
+    tables = []
+    for f in files:
+        filesystem, path = fs.resolve(f)
+        tables.append(pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=health._ORDER, filesystem=filesystem))
+    table = pa.concat_tables(tables)
+    cols = {n: table.column(n).to_numpy().astype(np.int64, copy=False) for n in health._ORDER}
+    order = health._recorded_order(cols["segment"], cols["position"])
+    return cols if order is None else {n: col[order] for n, col in cols.items()}
+
+
+def _health_task(batches):
+    for batch in batches:
+        items = []
+        for row in batch.itertuples(index=False):
+            c = _read_stream(row.index_files)
+            if len(c["frame_id"]) == 0:
+                continue
+            args = (row.recording_id, row.stream, c)
+            items += [
+                ("health", health._health_of(*args)),
+                ("drops", health._drops_of(*args)),
+                ("timeline", timeline_of(*args)),
+                ("latency", latency_of(*args)),
+                ("events", events_of(*args)),
+            ]
+        if items:
+            yield _payloads(items)
+
+
+def _slices(spark, n: int, slots: int) -> int:
+    return max(1, min(n, slots * TASKS_PER_SLOT))
+
+
+def health_pass(spark, files, slots: int) -> dict:
+    """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency"}`` pandas."""
+    by_stream = {}
+    for rec, stream, _, path in files:
+        by_stream.setdefault((rec.recording_id, stream), []).append(path)
+    rows = [(rid, stream, paths) for (rid, stream), paths in sorted(by_stream.items())]
+    df = spark.createDataFrame(
+        spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)),
+        "recording_id string, stream string, index_files array<string>",
+    )
+    got = _collect(df.mapInPandas(_health_task, PAYLOAD_SCHEMA), HEALTH_KINDS)
+    return {k: (v if v is not None else health._empty(HEALTH_KINDS[k])) for k, v in got.items()}
+
+
+# ---- metrics --------------------------------------------------------------------------
+
+
+def partition_dir(root: str, recording_id: str, stream: str) -> str:
+    """Hive-style partition folder (values URI-encoded, as pyarrow/Spark decode them)."""
+    return fs.join(root, f"recording_id={quote(recording_id, safe='')}", f"stream={quote(stream, safe='')}")
+
+
+def _segments_df(spark, segments: list, slots: int):
+    rows = [tuple(s.values()) for s in segments]
+    return spark.createDataFrame(spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)), SEGMENT_SCHEMA)
+
+
+def _metrics_task(out_root: str, dates: dict, sample_every: int, thresholds: dict):
+    def run(batches):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from visionipc.apps.pipeline.metrics import _carrying
+
+        fn = _carrying(**thresholds)
+        for batch in batches:
+            items = []
+            for segment in batch.to_dict("records"):
+                m = fn(segment)
+                if not len(m):
+                    continue
+                m["date"] = pd.Series([dates.get(segment["recording_id"])] * len(m), dtype="string")
+                part = fs.join(
+                    partition_dir(out_root, segment["recording_id"], segment["stream"]),
+                    f"part-{int(segment['segment']):06d}.parquet",
+                )
+                filesystem, path = fs.resolve(part)
+                filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+                pq.write_table(
+                    pa.Table.from_pandas(m.drop(columns=["recording_id", "stream"]), preserve_index=False),
+                    path,
+                    filesystem=filesystem,
+                )
+                summary = pd.DataFrame(
+                    {
+                        "recording_id": [segment["recording_id"]],
+                        "stream": [segment["stream"]],
+                        "frames": [len(m)],
+                        "brightness_sum": [m["brightness"].sum()],
+                        "contrast_sum": [m["contrast"].sum()],
+                        "sharpness_sum": [m["sharpness"].sum()],
+                        "motion_sum": [m["motion"].sum()],
+                        "motion_frames": [int(m["motion"].notna().sum())],
+                        "black_frames": [int(m["black"].sum())],
+                        "frozen_frames": [int(m["frozen"].sum())],
+                    }
+                )
+                sample = m.iloc[::sample_every][["stream", "brightness", "contrast", "sharpness", "motion"]]
+                items += [("summary", summary), ("sample", sample)]
+            if items:
+                yield _payloads(items)
+
+    return run
+
+
+def metrics_pass(spark, segments: list, slots: int, out_root: str, dates: dict, **thresholds) -> dict:
+    """Per-frame metrics of every segment, written by the tasks under ``out_root``
+    (partitioned by recording and stream); returns ``{"summary", "sample"}`` pandas."""
+    df = _segments_df(spark, segments, slots)
+    every = max(1, (len(segments) * 200) // SAMPLE_ROWS)  # ~SAMPLE_ROWS of a typical 200-frame segment
+    got = _collect(
+        df.mapInPandas(_metrics_task(out_root, dates, every, thresholds), PAYLOAD_SCHEMA), ("summary", "sample")
+    )
+    s = got["summary"]
+    if s is None:
+        return {"summary": None, "sample": None}
+    s = s.groupby(["recording_id", "stream"], as_index=False, sort=True).sum()
+    summary = pd.DataFrame(
+        {
+            "recording_id": s["recording_id"],
+            "stream": s["stream"],
+            "frames": s["frames"],
+            "brightness_mean": s["brightness_sum"] / s["frames"],
+            "contrast_mean": s["contrast_sum"] / s["frames"],
+            "sharpness_mean": s["sharpness_sum"] / s["frames"],
+            "motion_mean": s["motion_sum"] / s["motion_frames"].where(s["motion_frames"] > 0),
+            "black_frames": s["black_frames"],
+            "frozen_frames": s["frozen_frames"],
+        }
+    )
+    return {"summary": summary, "sample": got["sample"]}
+
+
+# ---- export ---------------------------------------------------------------------------
+
+
+def _positions(segment: dict, rule: tuple, drops: dict, metrics_root: str | None):
+    """``{position: reason}`` of the frames of a segment the export rule selects."""
+    kind, value = rule
+    if kind == "sharp":
+        import pyarrow.parquet as pq
+
+        part = fs.join(
+            partition_dir(metrics_root, segment["recording_id"], segment["stream"]),
+            f"part-{int(segment['segment']):06d}.parquet",
+        )
+        filesystem, path = fs.resolve(part)
+        try:
+            m = pq.read_table(path, columns=["position", "sharpness", "black"], filesystem=filesystem).to_pandas()
+        except FileNotFoundError:
+            return {}
+        keep = m[(m["sharpness"] >= value) & ~m["black"]]
+        return {int(p): "sharp" for p in keep["position"]}
+    index = read_segment_index(segment["index_file"])
+    ids = index["frame_id"].to_numpy(np.int64)
+    if kind == "every":
+        keep = ids % int(value) == 0
+        reason = f"every_{int(value)}"
+    else:
+        gaps = drops.get((segment["recording_id"], segment["stream"]), [])
+        keep = np.zeros(len(ids), bool)
+        for after, nxt in gaps:
+            keep |= ((ids > after - value) & (ids <= after)) | ((ids >= nxt) & (ids < nxt + value))
+        reason = "around_drop"
+    return {int(p): reason for p in index["position"].to_numpy()[keep]}
+
+
+def _export_task(out_root: str, rule: tuple, drops: dict, metrics_root, image_format: str):
+    def run(batches):
+        import cv2
+
+        from visionipc.apps.pipeline.export import image_name, manifest_frame, manifest_row
+
+        for batch in batches:
+            rows = []
+            for segment in batch.to_dict("records"):
+                reasons = _positions(segment, rule, drops, metrics_root)
+                if not reasons:
+                    continue
+                for row, image, storage in iter_segment(segment, positions=reasons):
+                    rel = image_name(segment["recording_id"], segment["stream"], int(row["frame_id"]), image_format)
+                    ok, data = cv2.imencode(
+                        f".{image_format}", to_bgr(image, storage.kind, row["format"], int(row["height"]))
+                    )
+                    if not ok:
+                        raise OSError(f"could not encode frame {int(row['frame_id'])} as {image_format}")
+                    fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes())
+                    rows.append(
+                        manifest_row(
+                            rel, segment["recording_id"], segment["stream"], row, reasons[int(row["position"])]
+                        )
+                    )
+            if rows:
+                manifest = manifest_frame(rows)
+                yield _payloads([("manifest", manifest)])
+
+    return run
+
+
+def export_pass(spark, segments, slots, out_root, rule, *, drops=None, metrics_root=None, image_format="jpg"):
+    """Write the frames ``rule`` selects (``("drops", W)``, ``("every", N)``, ``("sharp", S)``)
+    under ``out_root``; returns the manifest (pandas)."""
+    from visionipc.apps.pipeline.export import MANIFEST_COLUMNS
+
+    gaps = {}
+    if drops is not None:
+        for r in drops.itertuples(index=False):
+            gaps.setdefault((r.recording_id, r.stream), []).append((int(r.after_frame_id), int(r.next_frame_id)))
+    if rule[0] == "drops":
+        segments = [s for s in segments if (s["recording_id"], s["stream"]) in gaps]
+    if not segments:
+        return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})
+    df = _segments_df(spark, segments, slots)
+    got = _collect(
+        df.mapInPandas(_export_task(out_root, rule, gaps, metrics_root, image_format), PAYLOAD_SCHEMA), ["manifest"]
+    )
+    m = got["manifest"]
+    if m is None:
+        return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})
+    return m.sort_values(["recording_id", "stream", "frame_id"], ignore_index=True)

@@ -1,0 +1,126 @@
+"""Run directories: every ``vipc-analyze`` run writes into a new folder under ``--out``
+and publishes it only when complete.
+
+Layout of ``--out`` (a local folder or a URI, fs.py)::
+
+    OUT/run-20261126T034512Z-1a2b3c/   one per run: results, report.html, run.json, _SUCCESS
+    OUT/LATEST                         the newest complete run's folder name
+
+Publication: on a local filesystem the run is written to a hidden ``.run-...tmp``
+folder and renamed into place (atomic); on object storage (no rename) it is written
+in place and ``_SUCCESS`` is written last: a folder without ``_SUCCESS`` is not a
+result (Spark/Hadoop's convention). A failed or interrupted run removes its folder.
+``run.json`` is the run manifest: inputs, times, master, version, command.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import secrets
+import sys
+
+from visionipc.apps.pipeline import fs
+
+SUCCESS = "_SUCCESS"
+MANIFEST = "run.json"
+LATEST = "LATEST"
+
+
+class OutputError(ValueError):
+    """``--out`` cannot hold runs (bad input: exit 2)."""
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def check_out(out: str) -> str:
+    """The normalised ``--out`` location; OutputError when it names a file."""
+    out = fs.normalize(out)
+    try:
+        if fs.isfile(out):
+            raise OutputError(f"--out {out!r} is an existing file (it must be a folder for the run folders)")
+    except OSError as e:
+        raise OutputError(f"--out {out!r}: {e}") from None
+    return out
+
+
+def completed_runs(out: str) -> list:
+    """Names of the published runs in ``out``, oldest first."""
+    names = [n for n, is_dir, _ in fs.listdir(out) if is_dir and n.startswith("run-")]
+    return [n for n in sorted(names) if fs.isfile(fs.join(out, n, SUCCESS))]
+
+
+def analysed_recordings(out: str) -> set:
+    """Locations of the recordings that a published run in ``out`` analysed."""
+    done = set()
+    for name in completed_runs(out):
+        try:
+            manifest = json.loads(fs.read_bytes(fs.join(out, name, MANIFEST)))
+        except (OSError, ValueError):
+            continue
+        done.update(item["path"] for item in manifest.get("inputs", []))
+    return done
+
+
+class Run:
+    """One run's folder: ``stage`` is where it is written, ``final`` where it is published."""
+
+    def __init__(self, out: str, command=None):
+        self.out = out
+        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+        self.name = f"run-{stamp}-{secrets.token_hex(3)}"
+        self.final = fs.join(out, self.name)
+        self.stage = fs.join(out, f".{self.name}.tmp") if fs.is_local(out) else self.final
+        self.manifest = {
+            "run": self.name,
+            "version": _version(),
+            "command": list(command if command is not None else sys.argv),
+            "started": _now(),
+        }
+
+    def path(self, *parts: str) -> str:
+        """Where a result goes while the run is written."""
+        return fs.join(self.stage, *parts)
+
+    def begin(self) -> Run:
+        fs.makedirs(self.stage)
+        return self
+
+    def publish(self, **manifest) -> str:
+        """Write run.json and _SUCCESS, move the run into place, point LATEST at it."""
+        self.manifest.update(manifest, finished=_now())
+        fs.write_bytes(self.path(MANIFEST), json.dumps(self.manifest, indent=2, default=str).encode())
+        fs.write_bytes(self.path(SUCCESS), b"")
+        if self.stage != self.final:
+            os.rename(self.stage, self.final)
+        if fs.is_local(self.out):
+            tmp = fs.join(self.out, f".{LATEST}.{self.name}")
+            fs.write_bytes(tmp, self.name.encode() + b"\n")
+            os.replace(tmp, fs.join(self.out, LATEST))
+        else:
+            fs.write_bytes(fs.join(self.out, LATEST), self.name.encode() + b"\n")
+        return self.final
+
+    def abandon(self) -> None:
+        """Remove what a failed run wrote (best effort: the error that got here matters more)."""
+        try:
+            fs.delete_dir(self.stage)
+        except Exception:  # noqa: BLE001 - never mask the run's own error
+            pass
+
+
+def latest(out: str) -> str:
+    """The folder of the newest published run in ``out``."""
+    return fs.join(out, fs.read_bytes(fs.join(out, LATEST)).decode().strip())
+
+
+def _version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("visionipc")
+    except Exception:  # noqa: BLE001 - a source tree without metadata
+        return "unknown"
