@@ -99,7 +99,7 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     (broken / "recording.json").write_text("{not json")
     for jobs in ("health", "metrics"):
         assert main([str(broken), "--out", str(tmp_path / "o6"), "--jobs", jobs]) == 2
-        assert "recording.json is unreadable" in capsys.readouterr().err
+        assert "recording.json: not JSON" in capsys.readouterr().err  # checks.parse_manifest
     (tmp_path / "afile").write_text("x")
     assert main([recordings["quality"], "--out", str(tmp_path / "afile")]) == 2
     assert "existing file" in capsys.readouterr().err

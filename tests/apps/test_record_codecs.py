@@ -170,7 +170,10 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
     assert analyze_main([*outs.values(), "--out", str(report), "--jobs", "health,metrics"]) == 0
     import pandas as pd
 
-    health = pd.read_parquet(report / "health.parquet")
+    from visionipc.apps.pipeline.runs import latest
+
+    run = latest(str(report))  # the published run folder
+    health = pd.read_parquet(os.path.join(run, "health.parquet"))
     assert sorted(health["recording_id"]) == sorted(RECORDINGS)
     assert set(health["frames"]) == {FRAMES}
-    assert len(pd.read_parquet(report / "metrics.parquet")) == FRAMES * len(RECORDINGS)
+    assert len(pd.read_parquet(os.path.join(run, "metrics"))) == FRAMES * len(RECORDINGS)

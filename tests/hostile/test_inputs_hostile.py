@@ -14,6 +14,7 @@ import sys
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from pipeline_helpers import spark  # noqa: F401
 from view_helpers import ViewProcess
 
 from msgq._printable import printable
@@ -160,12 +161,16 @@ def test_replay_refuses_a_later_segment_of_another_size_and_leaves_nothing(tmp_p
     assert "000001.mkv: the video is 64x32, recording.json says 32x32" in err  # the conftest checks /dev/shm
 
 
-def test_vipc_analyze_failing_to_write_its_results_is_one_line_and_status_1(rec, tmp_path, capsys):
-    # the same catch-all turns a report step that cannot write report.html into one line
-    # (tried in the RELIABILITY.md campaign; a Spark run is too slow for this suite)
-    (tmp_path / "out").write_text("a file where the results folder should be")
+def test_vipc_analyze_failing_to_write_its_results_is_one_line_and_status_1(rec, tmp_path, capsys, spark):
+    # a results folder that cannot take the run's LATEST marker (a folder is in its place):
+    # the analysis ran, publishing it failed: one line, status 1 (a failure, not bad input)
+    (tmp_path / "out" / "LATEST" / "x").mkdir(parents=True)
     assert analyze_main([str(rec), "--out", str(tmp_path / "out"), "--jobs", "health", "-q"]) == 1
-    assert "FileExistsError" in one_line_error(capsys.readouterr().err)
+    assert "LATEST" in one_line_error(capsys.readouterr().err)
+    # --out naming a file is bad input (issue 18): status 2
+    (tmp_path / "afile").write_text("a file where the results folder should be")
+    assert analyze_main([str(rec), "--out", str(tmp_path / "afile"), "--jobs", "health", "-q"]) == 2
+    assert "existing file" in one_line_error(capsys.readouterr().err)
 
 
 def test_null_values_in_the_index_are_refused(rec, capsys):
