@@ -28,11 +28,12 @@ def _run(script, tmp_path):
 def test_bench_broadcast_measures_every_transport_and_prints_ratios(tmp_path):
     report, printed = _run("bench_broadcast.py", tmp_path)
     summary = report["summary"]
-    assert set(summary) == {"msgq", "seed-py", "mp.Queue"}
+    assert set(summary) == {"msgq", "msgq-defaults", "seed-py", "mp.Queue"}
     for kind, row in summary.items():
         assert row["msgs_per_s"] > 0 and row["cpu_us_per_msg"] > 0, (kind, row)
         assert 0 < row["p50_us"] <= row["p99_us"], (kind, row)
     assert "msgq / mp.Queue: throughput x" in printed and "msgq / seed-py: throughput x" in printed
+    assert "msgq-defaults / mp.Queue: throughput x" in printed  # what BroadcastQueue(n_readers) gives
 
 
 def test_bench_ordered_measures_one_to_four_producers(tmp_path):

@@ -1,6 +1,9 @@
 """Lossless broadcast of Python objects, 1 writer / N readers, three ways in one run:
 
-- ``msgq``: :class:`msgq.BroadcastQueue` (C++ chunk ring, futex wake-ups);
+- ``msgq``: :class:`msgq.BroadcastQueue` (C++ chunk ring, futex wake-ups) sized
+  for the payload (256 chunks of max(4 KiB, 2 x payload));
+- ``msgq-defaults``: the same with the constructor's default sizes, as a user
+  who writes ``BroadcastQueue(n_readers=4)`` gets it;
 - ``seed-py``: the plain chunk ring in pure Python over
   ``multiprocessing.shared_memory``: per chunk a written byte and one read
   byte per reader, writer and readers polling with ``os.sched_yield()`` (the
@@ -109,7 +112,7 @@ class SeedRing:
 
 
 def _reader(kind, endpoint, rank, count, ready, results, record_latency):
-    if kind == "msgq":
+    if kind in ("msgq", "msgq-defaults"):
         q = msgq.BroadcastQueue.create_from_handle(endpoint, rank)
         get = lambda: q.dequeue(timeout=DONE_TIMEOUT)  # noqa: E731
     elif kind == "seed-py":
@@ -128,7 +131,7 @@ def _reader(kind, endpoint, rank, count, ready, results, record_latency):
             lat.append(time.monotonic_ns() - sent)
         ok &= got_seq == seq
     results.put((rank, time.monotonic_ns(), ok, lat, cpu_s() - cpu0))
-    if kind == "msgq":
+    if kind in ("msgq", "msgq-defaults"):
         q.close()
     elif kind == "seed-py":
         ring.close()  # the writer unlinks it
@@ -141,8 +144,9 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
     payload = os.urandom(size)
     ready, results = SPAWN.Queue(), SPAWN.Queue()
     ring = writer = None
-    if kind == "msgq":
-        writer = msgq.BroadcastQueue(n_readers, chunk_bytes=max(4096, 2 * size), max_chunks=256)
+    if kind in ("msgq", "msgq-defaults"):
+        sizes = dict(chunk_bytes=max(4096, 2 * size), max_chunks=256) if kind == "msgq" else {}
+        writer = msgq.BroadcastQueue(n_readers, **sizes)
         endpoint, send = writer.handle, lambda obj: writer.enqueue(obj, timeout=DONE_TIMEOUT)
     elif kind == "seed-py":
         ring = SeedRing(n_readers, max(4096, 2 * size), 256)
@@ -164,7 +168,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
     try:
         for _ in range(n_readers):
             ready.get(timeout=60)
-        if kind == "msgq":
+        if writer is not None:
             writer.wait_until_ready(timeout=60)
         start, cpu0 = time.monotonic_ns(), cpu_s()
         for seq in range(count):
@@ -196,7 +200,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
     }
 
 
-KINDS = ("msgq", "seed-py", "mp.Queue")
+KINDS = ("msgq", "msgq-defaults", "seed-py", "mp.Queue")
 
 
 def main(argv=None) -> int:
@@ -242,11 +246,10 @@ def main(argv=None) -> int:
         summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu, "rates": rates[kind]}
         rows.append([kind, fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}"])
     print(format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"], rows))
-    base = summary["msgq"]
-    for other in ("seed-py", "mp.Queue"):
-        o = summary[other]
+    for name, other in (("msgq", "seed-py"), ("msgq", "mp.Queue"), ("msgq-defaults", "mp.Queue")):
+        base, o = summary[name], summary[other]
         print(
-            f"msgq / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
+            f"{name} / {other}: throughput x{base['msgs_per_s'] / o['msgs_per_s']:.1f}, "
             f"CPU per message x{o['cpu_us_per_msg'] / base['cpu_us_per_msg']:.1f} lower, "
             f"latency p50 x{o['p50_us'] / base['p50_us']:.1f} lower"
         )
