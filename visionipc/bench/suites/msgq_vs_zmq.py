@@ -768,7 +768,7 @@ class Runner:
                             self.latency(name, spec, size, busy, rnd)
                         if size == 64 and not busy:
                             self.latency("msgq-nospin", MSGQ_NOSPIN, size, busy, rnd)
-            if p.wants("camera"):
+            if p.wants("camera") and (not p.quick or "camera" in p.only):  # 1 s+ per transport: full runs
                 for name, spec in order:
                     self.latency(name, spec, 64, False, rnd, camera=True)
             if p.wants("throughput"):
