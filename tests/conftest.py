@@ -60,3 +60,34 @@ def pytest_sessionfinish(session, exitstatus):
 def msgq_prefix():
     with isolated_prefix() as prefix:
         yield prefix
+
+
+_REALTIME = (os.SCHED_FIFO, os.SCHED_RR)
+
+
+def _realtime_threads():
+    found = []
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            if os.sched_getscheduler(int(tid)) in _REALTIME:
+                found.append(int(tid))
+        except OSError:  # ended meanwhile
+            pass
+    return found
+
+
+@pytest.fixture(autouse=True)
+def ordinary_scheduling():
+    """No test may leave the test process real-time (a library that makes its threads
+    SCHED_FIFO, as SVT-AV1 does for root): every process started afterwards would
+    inherit it, and a pinned, spinning benchmark would then starve its CPU."""
+    before = set(_realtime_threads())
+    yield
+    after = [t for t in _realtime_threads() if t not in before]
+    for tid in after:
+        try:
+            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+        except OSError:
+            pass
+    if after:
+        pytest.fail(f"the test left {len(after)} thread(s) of the test process real-time (SCHED_FIFO/SCHED_RR)")

@@ -84,6 +84,28 @@ def test_lossy_codecs_give_the_streams_own_layout_back_closely(codec, fmt, tmp_p
     assert storage.describe()["encoder"] == codecs.CODECS[codec][0]
 
 
+def _realtime_threads():
+    """This process's threads in a real-time scheduling class."""
+    realtime = (os.SCHED_FIFO, os.SCHED_RR)
+    return [int(t) for t in os.listdir("/proc/self/task") if os.sched_getscheduler(int(t)) in realtime]
+
+
+@pytest.mark.parametrize("codec", ["av1", "h264"])
+def test_opening_an_encoder_leaves_every_thread_ordinarily_scheduled(codec, tmp_path):
+    """SVT-AV1 opened by root moves the opening thread and its own threads to SCHED_FIFO 99
+    (the suite runs as root in CI): a recorder's every encoder is opened so it cannot."""
+    from visionipc.apps.record import mcap_io
+
+    assert _realtime_threads() == []
+    storage = codecs.AvStorage("nv12", W, H, codec, crf=30)
+    _write(tmp_path / "mkv", storage, _smooth("nv12", 3))  # vipc-record's writer
+    assert _realtime_threads() == []
+    ctx = mcap_io.open_video_encoder(storage, 30)  # the MCAP format and vipc-foxglove
+    assert ctx.is_open and _realtime_threads() == []
+    codecs.check_encoder(storage.encoder)  # vipc-record's start-up check
+    assert _realtime_threads() == []
+
+
 def test_raw16_is_always_lossless_and_rgb_goes_through_yuv(tmp_path):
     assert codecs.AvStorage("raw16", W, H, "h264").codec == "ffv1"
     storage = codecs.AvStorage("rgb8", W, H, "h264", crf=18)

@@ -14,6 +14,7 @@ methods); ``AvEncoder`` writes one segment; ``iter_decoded`` reads frames back b
 far ahead (the segment's packets give each frame's position).
 """
 
+import contextlib
 import os
 from fractions import Fraction
 
@@ -68,6 +69,39 @@ def _codec(encoder: str):
         raise UsageError(f"this FFmpeg build has no {encoder} encoder ({e})") from None
 
 
+_REALTIME = tuple(getattr(os, name) for name in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, name))
+
+
+def _thread_ids():
+    return [int(t) for t in os.listdir("/proc/self/task")]
+
+
+@contextlib.contextmanager
+def ordinary_scheduling():
+    """Open an encoder inside this block so that it cannot leave the process real-time.
+
+    SVT-AV1 (libsvtav1), opened by root, moves the thread that opens it and every thread it
+    starts to SCHED_FIFO priority 99. A real-time recorder thread can starve its whole CPU,
+    and every process forked from that thread later inherits the policy. Threads that
+    became real-time inside the block go back to the caller's policy; a caller that was
+    real-time already (``chrt``) is left as it chose."""
+    try:
+        policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+        before = {t for t in _thread_ids() if os.sched_getscheduler(t) in _REALTIME}
+    except (AttributeError, OSError):  # no Linux scheduling calls, no /proc
+        policy = None
+    try:
+        yield
+    finally:
+        if policy is not None and policy not in _REALTIME:
+            for tid in _thread_ids():
+                try:
+                    if tid not in before and os.sched_getscheduler(tid) in _REALTIME:
+                        os.sched_setscheduler(tid, policy, param)
+                except OSError:  # the thread ended meanwhile
+                    pass
+
+
 def check_encoder(encoder: str):
     """Open ``encoder`` once on a small picture: UsageError when this machine cannot encode
     with it (NVENC without an NVIDIA GPU, a codec missing from this FFmpeg build)."""
@@ -75,7 +109,8 @@ def check_encoder(encoder: str):
     ctx = av().codec.CodecContext.create(_codec(encoder))
     ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = 256, 256, "yuv420p", Fraction(1, 30)
     try:
-        ctx.open()
+        with ordinary_scheduling():
+            ctx.open()
     except Exception as e:
         hint = " (NVENC needs an NVIDIA GPU with its driver)" if "nvenc" in encoder else ""
         raise UsageError(f"encoder {encoder} cannot be used here{hint}: {e}") from None
@@ -194,7 +229,12 @@ class AvEncoder:
             frame = frame.reformat(format=dst)
         frame.pts = self.pts
         self.pts += 1
-        self.container.mux(self.stream.encode(frame))
+        if frame.pts == 0:  # the first frame opens the encoder
+            with ordinary_scheduling():
+                packets = self.stream.encode(frame)
+        else:
+            packets = self.stream.encode(frame)
+        self.container.mux(packets)
 
     def release(self):
         try:

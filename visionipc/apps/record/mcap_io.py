@@ -21,6 +21,7 @@ import numpy as np
 
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
+from visionipc.apps.record.codecs import ordinary_scheduling
 
 FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
 DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
@@ -74,6 +75,8 @@ def open_video_encoder(storage, fps: float, live: bool = False):
         if live:
             options["tune"] = "zerolatency"
     ctx.options = options
+    with ordinary_scheduling():
+        ctx.open()
     return ctx
 
 
