@@ -61,6 +61,11 @@ Percentiles percentiles(std::vector<double> v) {
   return {at(0.50), at(0.99), at(0.999)};
 }
 
+// The other process of the current measurement: the parent's spin loops watch it,
+// so a child that died is a message and exit status, never a parent spinning forever.
+pid_t g_peer = 0;
+const char* g_phase = "start";
+
 // Pinning only when both CPUs are ours to use; decided once, before the parent
 // pins itself (its children inherit that narrower mask).
 bool can_pin() {
@@ -88,14 +93,18 @@ pid_t fork_child(F child) {
   }
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a parent that gave up
+    if (getppid() == 1) std::_Exit(1);  // it gave up before the line above took effect
+    g_peer = 0;                         // the child's loops watch only their deadline
     pin(1);
     child();
     std::exit(0);
   }
+  g_peer = pid;
   return pid;
 }
 
 void join(pid_t pid) {
+  g_peer = 0;
   int status = 0;
   if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::fprintf(stderr, "bench_ring: child process failed (status %d)\n", status);
@@ -103,8 +112,57 @@ void join(pid_t pid) {
   }
 }
 
+// Every 64k spins (well under a millisecond): is the child still there, and is
+// the measurement within kSpinLimitNs? A child that stopped answering (killed,
+// crashed, or starved of its CPU by other work) ends the run with a reason.
+constexpr int64_t kSpinLimitNs = int64_t{60} * 1000 * 1000 * 1000;
+
+// What the kernel says the process is doing: its state and where it sleeps.
+std::string describe(pid_t pid) {
+  auto slurp = [](const std::string& path) {
+    std::string text;
+    if (FILE* f = std::fopen(path.c_str(), "r")) {
+      char buf[512];
+      const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+      text.assign(buf, n);
+      std::fclose(f);
+    }
+    return text;
+  };
+  const std::string base = "/proc/" + std::to_string(pid);
+  const std::string stat = slurp(base + "/stat");
+  const size_t paren = stat.rfind(')');
+  const std::string state = paren != std::string::npos && paren + 2 < stat.size() ? stat.substr(paren + 2, 1) : "?";
+  return "pid " + std::to_string(pid) + " state " + state + ", waiting in " + slurp(base + "/wchan");
+}
+
+template <class Done>
+void spin_until(Done done) {
+  const int64_t deadline = vipc::common::monotonic_ns() + kSpinLimitNs;
+  for (uint32_t spins = 1; !done(); spins++) {
+    vipc::common::cpu_relax();
+    if (spins % 65536 != 0) continue;
+    if (g_peer > 0) {
+      int status = 0;
+      if (waitpid(g_peer, &status, WNOHANG) == g_peer) {
+        std::fprintf(stderr, "bench_ring: %s: the child process ended early (%s %d)\n", g_phase,
+                     WIFSIGNALED(status) ? "signal" : "exit status",
+                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        std::exit(1);
+      }
+    }
+    if (vipc::common::monotonic_ns() > deadline) {
+      std::fprintf(stderr, "bench_ring: %s: no progress from the %s for %lld s (%s)\n", g_phase,
+                   g_peer > 0 ? "child process" : "parent process", static_cast<long long>(kSpinLimitNs / 1000000000),
+                   g_peer > 0 ? describe(g_peer).c_str() : "");
+      if (g_peer > 0) kill(g_peer, SIGKILL);
+      std::exit(1);
+    }
+  }
+}
+
 void wait_until(const std::atomic<uint32_t>& a, uint32_t value) {
-  while (a.load(std::memory_order_acquire) < value) vipc::common::cpu_relax();
+  spin_until([&] { return a.load(std::memory_order_acquire) >= value; });
 }
 
 // Receives into a fixed buffer: nothing allocated in the timed loop.
@@ -129,12 +187,13 @@ vipc::msgq::SegmentSpec topic(const testing::TempDir& dir, const char* name, siz
 
 // (a) one-way latency of a cache line bouncing between the two CPUs.
 Percentiles cacheline_pingpong(Shared& sh, uint64_t iters, uint64_t warmup) {
+  g_phase = "cache-line ping-pong";
   sh.ping.value.store(0, std::memory_order_relaxed);
   sh.pong.value.store(0, std::memory_order_relaxed);
   const uint64_t total = warmup + iters;
   const pid_t child = fork_child([&] {
     for (uint64_t i = 1; i <= total; i++) {
-      while (sh.ping.value.load(std::memory_order_acquire) != i) vipc::common::cpu_relax();
+      spin_until([&] { return sh.ping.value.load(std::memory_order_acquire) == i; });
       sh.pong.value.store(i, std::memory_order_release);
     }
   });
@@ -143,7 +202,7 @@ Percentiles cacheline_pingpong(Shared& sh, uint64_t iters, uint64_t warmup) {
   for (uint64_t i = 1; i <= total; i++) {
     const int64_t t0 = vipc::common::monotonic_ns();
     sh.ping.value.store(i, std::memory_order_release);
-    while (sh.pong.value.load(std::memory_order_acquire) != i) vipc::common::cpu_relax();
+    spin_until([&] { return sh.pong.value.load(std::memory_order_acquire) == i; });
     const int64_t t1 = vipc::common::monotonic_ns();
     if (i > warmup) samples.push_back((t1 - t0) / 2.0);
   }
@@ -153,6 +212,7 @@ Percentiles cacheline_pingpong(Shared& sh, uint64_t iters, uint64_t warmup) {
 
 // (b) one-way latency of 64-byte messages: ping on one topic, echoed on another.
 Percentiles msgq_pingpong(Shared& sh, const testing::TempDir& dir, uint64_t iters, uint64_t warmup) {
+  g_phase = "msgq 64 B ping-pong";
   const vipc::msgq::SegmentSpec ping = topic(dir, "msgq@bench-ping", 64 * 1024);
   const vipc::msgq::SegmentSpec pong = topic(dir, "msgq@bench-pong", 64 * 1024);
   const uint64_t total = warmup + iters;
@@ -164,7 +224,7 @@ Percentiles msgq_pingpong(Shared& sh, const testing::TempDir& dir, uint64_t iter
     vipc::msgq::Publisher out(pong);
     FixedSink sink(kSmall);
     for (uint64_t i = 0; i < total; i++) {
-      while (!in.try_read(sink)) vipc::common::cpu_relax();
+      spin_until([&] { return in.try_read(sink); });
       out.send(sink.buf.data(), sink.size);
     }
   });
@@ -181,7 +241,7 @@ Percentiles msgq_pingpong(Shared& sh, const testing::TempDir& dir, uint64_t iter
       std::memcpy(msg, &i, sizeof(i));
       const int64_t t0 = vipc::common::monotonic_ns();
       out.send(msg, sizeof(msg));
-      while (!in.try_read(sink)) vipc::common::cpu_relax();
+      spin_until([&] { return in.try_read(sink); });
       const int64_t t1 = vipc::common::monotonic_ns();
       uint64_t echoed = 0;
       std::memcpy(&echoed, sink.buf.data(), sizeof(echoed));
@@ -204,6 +264,7 @@ struct Throughput {
 // (c) 1 MiB publish + receive across the processes, at most kWindow messages
 // ahead of the receiver so none is lapped; then memcpy of the same size.
 Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t messages) {
+  g_phase = "1 MiB throughput";
   const vipc::msgq::SegmentSpec spec = topic(dir, "msgq@bench-large", kLargeRing);
   sh.ready.store(0, std::memory_order_relaxed);
   sh.received.value.store(0, std::memory_order_relaxed);
@@ -212,8 +273,12 @@ Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t mess
     sh.ready.fetch_add(1, std::memory_order_release);
     FixedSink sink(kLarge);
     for (uint64_t i = 1; i <= messages; i++) {
-      while (!in.try_read(sink)) vipc::common::cpu_relax();
-      if (sink.size != kLarge || in.resets() != 0) std::exit(3);  // flow control failed: not a valid run
+      spin_until([&] { return in.try_read(sink); });
+      if (sink.size != kLarge || in.resets() != 0) {  // flow control failed: not a valid run
+        std::fprintf(stderr, "bench_ring: 1 MiB message %llu: size %zu, %llu resets\n", static_cast<unsigned long long>(i),
+                     sink.size, static_cast<unsigned long long>(in.resets()));
+        std::exit(3);
+      }
       sh.received.value.store(i, std::memory_order_release);
     }
   });
@@ -225,11 +290,11 @@ Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t mess
     vipc::msgq::Publisher out(spec);
     const int64_t t0 = vipc::common::monotonic_ns();
     for (uint64_t i = 0; i < messages; i++) {
-      while (i >= sh.received.value.load(std::memory_order_acquire) + kWindow) vipc::common::cpu_relax();
+      spin_until([&] { return i < sh.received.value.load(std::memory_order_acquire) + kWindow; });
       src[0] = static_cast<char>(i);
       out.send(src.data(), src.size());
     }
-    while (sh.received.value.load(std::memory_order_acquire) < messages) vipc::common::cpu_relax();
+    spin_until([&] { return sh.received.value.load(std::memory_order_acquire) >= messages; });
     t.msgq_gbps = static_cast<double>(messages * kLarge) / static_cast<double>(vipc::common::monotonic_ns() - t0);
   }
   join(child);
