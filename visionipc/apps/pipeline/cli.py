@@ -5,6 +5,7 @@ an HTML report with plots."""
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 import threading
@@ -187,6 +188,9 @@ def _on_ctrl_c(spark):
 
     def handler(signum, frame):
         INTERRUPT.set()
+        # py4j logs every call the interrupt cuts short (or that finds the connection busy,
+        # as cancelAllJobs does from this handler) with a traceback: the run ends with one line
+        logging.disable(logging.CRITICAL)
         try:
             spark.sparkContext.cancelAllJobs()
         except Exception:  # noqa: BLE001
