@@ -74,6 +74,7 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
 
 
 INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
 MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a mistake
 
 

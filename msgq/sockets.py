@@ -17,12 +17,17 @@ import sys
 import time
 
 from msgq import backends
-from msgq._shared import INT32_MAX, MAX_SPIN_US, ClosesOnExit, check_int, check_timeout_ms, deadline, expired
+from msgq._shared import INT32_MAX, INT64_MAX, MAX_SPIN_US, ClosesOnExit, check_int, check_timeout_ms, deadline, expired
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 
 
 def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _size(what: str, value) -> int:
+    """A byte count as an int >= 0 (the backend checks its own upper limits)."""
+    return check_int(what, value, 0, INT64_MAX)
 
 
 def _resolve(future) -> None:
@@ -95,7 +100,7 @@ class SubSocket(_Socket):
         if self._impl is not None:
             raise IpcError(f"SubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
-        impl = context.backend.Subscriber(endpoint, _text(address), bool(conflate), int(segment_size))
+        impl = context.backend.Subscriber(endpoint, _text(address), bool(conflate), _size("segment_size", segment_size))
         impl.set_timeout(self._timeout)
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         # The hot path calls the native method directly (saves a Python frame per message).
@@ -264,7 +269,7 @@ class PubSocket(_Socket):
         if self._impl is not None:
             raise IpcError(f"PubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
-        impl = context.backend.Publisher(endpoint, int(segment_size))
+        impl = context.backend.Publisher(endpoint, _size("segment_size", segment_size))
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         self.send = impl.send
 
@@ -274,7 +279,7 @@ class PubSocket(_Socket):
 
     def loan(self, size) -> Loan:
         """Reserve ``size`` bytes in the ring to fill in place; see :class:`Loan`."""
-        return Loan(self._connected(), int(size))
+        return Loan(self._connected(), _size("loan size", size))
 
     def all_readers_updated(self) -> bool:
         """True if there is at least one reader and every one has read everything sent."""

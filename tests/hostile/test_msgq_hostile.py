@@ -221,6 +221,9 @@ def test_out_of_range_timeouts_and_settings_are_clear_errors_that_keep_the_old_v
                 pub.wait_for_readers(1, timeout=bad)
         with pytest.raises(InvalidArgumentError, match="count"):
             pub.wait_for_readers(2**40, timeout=0)
+        for bad in (-(2**63) - 1, math.nan, "8"):
+            with pytest.raises(InvalidArgumentError, match="loan size"):
+                pub.loan(bad)
         poller = msgq.Poller()
         poller.registerSocket(sub)
         with pytest.raises(InvalidArgumentError, match="already registered"):
