@@ -154,8 +154,9 @@ def test_a_producer_killed_holding_a_reservation_is_reclaimed_readers_pass_the_g
 def tiny_shm(monkeypatch, tmp_path):
     mount = tmp_path / "shm"
     mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mount)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mount)], capture_output=True, text=True
+    )
     if done.returncode != 0:
         pytest.fail(f"this test mounts a 1 MiB tmpfs (needs root, as in CI): {done.stderr}")
     monkeypatch.setenv("MSGQ_SHM_DIR", str(mount))
