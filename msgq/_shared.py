@@ -6,11 +6,15 @@ close at garbage collection. ``ClosesOnExit`` is the ``with obj:`` half alone,
 for objects whose native part closes itself when it is collected.
 
 Argument checks and timeouts: ``check_int`` (an int in a range),
+``env_int`` (the same for an environment variable),
 ``check_choice`` (one of a few names, such as a reader's mode),
+``check_timeout_ms`` (a timeout in milliseconds as the reference takes it),
 ``deadline`` / ``time_left`` / ``expired`` (a timeout in seconds, ``None``
 meaning no limit, as a ``time.monotonic()`` deadline).
 """
 
+import math
+import os
 import time
 from typing import Optional
 
@@ -54,6 +58,40 @@ def check_int(what: str, value, low: int, high: int) -> int:
     if not low <= value <= high:
         raise InvalidArgumentError(f"{what} must be {low} to {high}, got {value}")
     return value
+
+
+def env_int(name: str, default: int, low: int, high: int) -> int:
+    """Environment variable ``name`` as an int in ``[low, high]`` (``default``
+    when unset or empty), else InvalidArgumentError naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise InvalidArgumentError(f"{name}={text!r} must be an integer from {low} to {high}") from None
+    return check_int(name, value, low, high)
+
+
+INT32_MAX = (1 << 31) - 1
+INT64_MAX = (1 << 63) - 1
+MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a mistake
+
+
+def check_timeout_ms(value, what: str = "timeout") -> int:
+    """A timeout in milliseconds as the reference takes it: ``None``, a
+    negative number or infinity wait forever (-1); an int or float up to
+    2**31 - 1 ms is that many (floats truncated). NaN, bools, strings and
+    larger values are InvalidArgumentError."""
+    if value is None:
+        return -1
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise InvalidArgumentError(f"{what} must be a number of milliseconds or None, not {value!r}")
+    if value < 0 or value == math.inf:
+        return -1
+    if value > INT32_MAX:
+        raise InvalidArgumentError(f"{what} must be at most {INT32_MAX} ms (negative or None: forever), got {value}")
+    return int(value)
 
 
 def check_choice(what: str, value, choices) -> str:

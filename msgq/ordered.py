@@ -19,8 +19,12 @@ reader gets the newest available message and skips older ones::
 At most 16 ids are in flight at once (the window of the bitmap): a 17th
 ``reserve()`` waits until the oldest is published. A producer that closes
 with reservations still open cancels them, so readers skip them instead of
-waiting forever; one that dies holding a reservation stalls the topic until
-``timeout`` (the error names the id).
+waiting forever. One that dies holding a reservation (SIGKILL) is noticed by
+whoever waits on its id (a sequential reader, or a producer waiting for room
+in the window) within about 50 ms: the id is reclaimed and becomes a gap that
+readers pass and count in ``reclaimed``. (Each producer holds a lock the
+kernel drops when it dies; an id reserved but never stamped is reclaimed
+after 1 s.)
 """
 
 import os
@@ -250,7 +254,8 @@ class OrderedReader(_Attached):
                 return
 
     dropped = property(lambda self: self._r().dropped)  # ids the ring overwrote before we read them
-    gaps = property(lambda self: self._r().gaps)  # ids skipped by reserve(id=...) or cancelled
+    gaps = property(lambda self: self._r().gaps)  # ids skipped by reserve(id=...), cancelled or reclaimed
+    reclaimed = property(lambda self: self._r().reclaimed)  # of the gaps: ids whose producer died holding them
     capacity = property(lambda self: self._r().capacity)
     slot_bytes = property(lambda self: self._r().slot_bytes)
 

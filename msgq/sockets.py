@@ -17,12 +17,17 @@ import sys
 import time
 
 from msgq import backends
-from msgq._shared import ClosesOnExit, deadline, expired
+from msgq._shared import INT32_MAX, INT64_MAX, MAX_SPIN_US, ClosesOnExit, check_int, check_timeout_ms, deadline, expired
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 
 
 def _text(value) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value
+
+
+def _size(what: str, value) -> int:
+    """A byte count as an int >= 0 (the backend checks its own upper limits)."""
+    return check_int(what, value, 0, INT64_MAX)
 
 
 def _resolve(future) -> None:
@@ -95,7 +100,7 @@ class SubSocket(_Socket):
         if self._impl is not None:
             raise IpcError(f"SubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
-        impl = context.backend.Subscriber(endpoint, _text(address), bool(conflate), int(segment_size))
+        impl = context.backend.Subscriber(endpoint, _text(address), bool(conflate), _size("segment_size", segment_size))
         impl.set_timeout(self._timeout)
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         # The hot path calls the native method directly (saves a Python frame per message).
@@ -107,8 +112,9 @@ class SubSocket(_Socket):
         raise ClosedError("SubSocket is not connected" if self.endpoint is None else "SubSocket is closed")
 
     def setTimeout(self, timeout):
-        """Milliseconds :meth:`receive` waits; negative or ``None``: forever."""
-        self._timeout = -1 if timeout is None or timeout < 0 else int(timeout)
+        """Milliseconds :meth:`receive` waits; negative or ``None``: forever
+        (at most 2**31 - 1 ms; anything else is an InvalidArgumentError)."""
+        self._timeout = check_timeout_ms(timeout)
         if self._impl is not None:
             self._impl.set_timeout(self._timeout)
 
@@ -120,7 +126,8 @@ class SubSocket(_Socket):
         """Up to ``max_messages`` waiting messages in one call (the shared-memory
         backend also stops after 256 KiB); waits up to ``timeout`` ms
         (negative: forever) for the first one. An empty list: nothing came."""
-        return self._connected().receive_batch(int(max_messages), -1 if timeout is None else int(timeout))
+        max_messages = check_int("max_messages", max_messages, 0, INT32_MAX)
+        return self._connected().receive_batch(max_messages, check_timeout_ms(timeout))
 
     def ready(self) -> bool:
         """True if a receive would not wait."""
@@ -149,7 +156,7 @@ class SubSocket(_Socket):
 
     @spin_us.setter
     def spin_us(self, value):
-        self._connected().spin_us = int(value)
+        self._connected().spin_us = check_int("spin_us", value, 0, MAX_SPIN_US)
 
     async def receive_async(self, timeout=None):
         """Await the next message (``bytes``), or ``None`` after ``timeout``
@@ -206,7 +213,11 @@ class Loan:
         self.data = memoryview(self._buffer)
 
     def commit(self, size=None):
-        size = self.size if size is None else int(size)
+        """Publish the first ``size`` bytes (default: all). A size that is not
+        an int from 0 to the loan's size raises and leaves the loan open."""
+        if self.data is None:
+            raise IpcError("this loan was already committed or cancelled")
+        size = self.size if size is None else check_int("commit size", size, 0, self.size)
         self._release()
         self._impl.commit(size)
 
@@ -258,7 +269,7 @@ class PubSocket(_Socket):
         if self._impl is not None:
             raise IpcError(f"PubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
-        impl = context.backend.Publisher(endpoint, int(segment_size))
+        impl = context.backend.Publisher(endpoint, _size("segment_size", segment_size))
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         self.send = impl.send
 
@@ -268,7 +279,7 @@ class PubSocket(_Socket):
 
     def loan(self, size) -> Loan:
         """Reserve ``size`` bytes in the ring to fill in place; see :class:`Loan`."""
-        return Loan(self._connected(), int(size))
+        return Loan(self._connected(), _size("loan size", size))
 
     def all_readers_updated(self) -> bool:
         """True if there is at least one reader and every one has read everything sent."""
@@ -282,8 +293,7 @@ class PubSocket(_Socket):
     def wait_for_readers(self, count=1, timeout=None) -> bool:
         """Wait until at least ``count`` subscribers are attached; ``timeout`` in
         seconds (``None``: forever). Returns whether they are."""
-        if count < 0:
-            raise InvalidArgumentError("count must be >= 0")
+        count = check_int("count", count, 0, INT32_MAX)
         until = deadline(timeout)
         while self.num_readers < count:
             if expired(until):
@@ -311,6 +321,8 @@ class Poller:
 
     def registerSocket(self, socket):
         impl = socket._connected()
+        if any(s is socket for s in self._sockets):
+            raise InvalidArgumentError(f"{socket!r} is already registered with this Poller")
         if self._impl is None:
             self._impl, self._backend = socket._backend.Poller(), socket._backend
         elif socket._backend is not self._backend:
@@ -319,7 +331,7 @@ class Poller:
         self._sockets.append(socket)
 
     def poll(self, timeout):
-        timeout = -1 if timeout is None else int(timeout)
+        timeout = check_timeout_ms(timeout)
         if self._impl is None:
             if timeout > 0:
                 time.sleep(timeout / 1000)

@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 namespace vipc::common {
@@ -33,8 +34,32 @@ class UniqueFd {
 
 // Non-blocking: true if the lock on [byte, byte+1) was taken.
 bool ofd_try_lock(int fd, off_t byte, bool exclusive);
-// Blocking (retries on EINTR).
+// Blocking (retries on EINTR). Only for locks no other process may hold for
+// long; waits on locks a peer may hold use ofd_lock_bounded.
 void ofd_lock(int fd, off_t byte, bool exclusive);
+// Waits for the lock at most the lock patience (lock_patience_ns()), polling
+// with growing sleeps (20 us to 5 ms: a lock held for microseconds costs
+// about that much, and nothing spins). Between sleeps it runs the interrupt
+// check if `interruptible` (Python bindings: a signal handler's exception,
+// e.g. KeyboardInterrupt, propagates from there). Runs out with kTimeout:
+// "<what>: waited N s for the lock ... held by pid P (comm)".
+void ofd_lock_bounded(int fd, off_t byte, bool exclusive, const std::string& what, bool interruptible = true);
+// As ofd_lock_bounded, but gives up at `deadline_ns` (monotonic) and returns false.
+bool ofd_lock_until(int fd, off_t byte, bool exclusive, int64_t deadline_ns, bool interruptible);
+// How long a bounded lock wait lasts: MSGQ_LOCK_TIMEOUT_S seconds (default 10;
+// a malformed value is kInvalidArgument).
+int64_t lock_patience_ns();
+// "pid 123 (python3), pid 456 (x)": the processes holding a lock on `byte` of
+// fd's file (another description than fd), found through /proc/*/fdinfo (OFD
+// locks do not record a pid); "an unknown process" if none is visible.
+std::string lock_holders(int fd, off_t byte);
+
+// The check a bounded wait runs between its sleeps: may throw to end the
+// wait (a pending Python signal). Each native module installs its own; the
+// default does nothing. It runs only on the thread that waits.
+using InterruptCheck = void (*)();
+void set_interrupt_check(InterruptCheck check);
+void check_interrupt();
 void ofd_unlock(int fd, off_t byte);
 // True if another open file description holds a conflicting lock.
 bool ofd_is_locked(int fd, off_t byte, bool exclusive);

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/errors.h"
 
 namespace vipc::common {
@@ -46,7 +47,8 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
       }
       fail_errno("cannot open shared-memory segment " + path);
     }
-    ofd_lock(f.fd(), kLockInit, true);
+    ofd_lock_bounded(f.fd(), kLockInit, true, "attaching " + path);
+    f.participant_ = true;
     struct stat st {};
     if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
     f.dev_ = st.st_dev;
@@ -84,7 +86,8 @@ ShmFile ShmFile::adopt(int fd, const std::string& path) {
   f.path_ = path;
   f.fd_.reset(fcntl(fd, F_DUPFD_CLOEXEC, 0));
   if (!f.fd_) fail_errno("dup of the descriptor passed for " + path);
-  ofd_lock(f.fd(), kLockInit, true);
+  ofd_lock_bounded(f.fd(), kLockInit, true, "attaching " + path);
+  f.participant_ = true;
   struct stat st {};
   if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
   if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, path + ": the descriptor passed is not a regular file");
@@ -109,6 +112,7 @@ ShmFile& ShmFile::operator=(ShmFile&& o) noexcept {
     data_ = std::exchange(o.data_, nullptr);
     mapped_ = std::exchange(o.mapped_, 0);
     ours_ = o.ours_;
+    participant_ = std::exchange(o.participant_, false);
   }
   return *this;
 }
@@ -118,15 +122,19 @@ ShmFile::~ShmFile() { detach(); }
 void ShmFile::detach() {
   unmap();
   if (!fd_) return;
-  if (!ours_) {  // adopted from another user: closing drops our locks, the owner unlinks
+  if (!ours_ || !participant_) {  // adopted from another user: closing drops our locks, the owner unlinks;
+                                  // or never locked (a failed attach): nothing of ours to undo
     fd_.reset();
     return;
   }
   const int fd = fd_.get();
   try {
-    ofd_lock(fd, kLockInit, true);
-    ofd_unlock(fd, kLockPresence);
-    if (ofd_try_lock(fd, kLockPresence, true) && still_linked()) unlink(path_.c_str());
+    // Not interruptible (a destructor must not throw); a peer that keeps the
+    // lock past the patience only costs us the unlink.
+    if (ofd_lock_until(fd, kLockInit, true, monotonic_ns() + lock_patience_ns(), false)) {
+      ofd_unlock(fd, kLockPresence);
+      if (ofd_try_lock(fd, kLockPresence, true) && still_linked()) unlink(path_.c_str());
+    }
   } catch (const Error&) {
     // Detaching must not throw; the file is left for remove_stale_files().
   }
@@ -141,6 +149,7 @@ void ShmFile::unmap() {
 
 void ShmFile::forget() {
   unmap();
+  participant_ = false;
   fd_.reset();  // the parent's descriptor keeps the shared open file (and its locks) alive
 }
 
@@ -150,6 +159,11 @@ bool ShmFile::still_linked() const {
   return st.st_dev == dev_ && st.st_ino == ino_;
 }
 
+void ShmFile::rename_to(const std::string& path) {
+  if (rename(path_.c_str(), path.c_str()) != 0) fail_errno("rename " + path_ + " to " + path);
+  path_ = path;
+}
+
 void ShmFile::unlink_name() {
   if (still_linked()) unlink(path_.c_str());
 }
@@ -157,12 +171,19 @@ void ShmFile::unlink_name() {
 void ShmFile::map(size_t size) {
   unmap();
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
-  if (p == MAP_FAILED) fail_errno("mmap " + path_);
+  if (p == MAP_FAILED) {
+    if (errno == ENOMEM) {  // address space or memory, not shm space: say so
+      fail(ErrorKind::kNoSpace, "cannot map " + std::to_string(size) + " bytes of " + path_ +
+                                    ": out of memory or address space (this process's limit, ulimit -v / "
+                                    "RLIMIT_AS, or the system's memory): raise the limit or use a smaller size");
+    }
+    fail_errno("mmap " + path_);
+  }
   data_ = static_cast<uint8_t*>(p);
   mapped_ = size;
 }
 
-void ShmFile::allocate(size_t size, mode_t mode) {
+void ShmFile::allocate(size_t size, mode_t mode, const char* size_name) {
   const int fd = fd_.get();
   unmap();
   if (ftruncate(fd, 0) != 0) fail_errno("ftruncate " + path_);
@@ -172,9 +193,10 @@ void ShmFile::allocate(size_t size, mode_t mode) {
       // best effort: the file stays empty either way
     }
     if (err == ENOSPC) {
-      fail(ErrorKind::kNoSpace, "not enough space for " + path_ + " (" + std::to_string(size) +
-                                    " bytes): free some, ask for a smaller size, " +
-                                    "or give the container more shared memory (docker --shm-size)");
+      const size_t slash = path_.rfind('/');
+      fail(ErrorKind::kNoSpace, "not enough space in " + path_.substr(0, slash) + " for " + path_.substr(slash + 1) +
+                                    " (" + std::to_string(size) + " bytes): free some, use a smaller " + size_name +
+                                    ", or give the container more shared memory (docker --shm-size)");
     }
     fail_errno("posix_fallocate " + path_, err);
   }
@@ -182,7 +204,7 @@ void ShmFile::allocate(size_t size, mode_t mode) {
 }
 
 void ShmFile::finish_attach() {
-  ofd_lock(fd_.get(), kLockPresence, false);
+  ofd_lock_bounded(fd_.get(), kLockPresence, false, "attaching " + path_);
   ofd_unlock(fd_.get(), kLockInit);
 }
 

@@ -74,7 +74,8 @@ class ShmFile {
   // Empty the file and give it `size` zero bytes, reserved now
   // (posix_fallocate: a full /dev/shm fails here with kNoSpace instead of a
   // later SIGBUS), with permissions `mode`; then map it.
-  void allocate(size_t size, mode_t mode);
+  // `size_name`: the option a caller lowers to ask for less (in the message).
+  void allocate(size_t size, mode_t mode, const char* size_name = "size");
   // Map the whole file as it is (`size` bytes).
   void map(size_t size);
   uint8_t* data() const { return data_; }
@@ -82,6 +83,8 @@ class ShmFile {
 
   // Take the presence lock and drop the init lock: the attach is complete.
   void finish_attach();
+  // Give the file the name `path` (rename(2), replacing the file there).
+  void rename_to(const std::string& path);
   // Unlink the name now (the file lives on for those who have it mapped).
   void unlink_name();
   // Still the file the name points to?
@@ -102,6 +105,7 @@ class ShmFile {
   uint8_t* data_ = nullptr;
   size_t mapped_ = 0;
   bool ours_ = true;  // false for an adopted file of another user: never unlinked by us
+  bool participant_ = false;  // we took the init lock: detaching runs the unlink protocol
 };
 
 // Unlink files in `dir` whose names start with `name_prefix` and that no live

@@ -79,9 +79,14 @@ void Publisher::check_size(size_t n) const {
 
 void Publisher::take_ownership() {
   SegmentHeader& h = header();
-  token_ = random_token();
-  liveness_byte_ = liveness_byte(token_);
-  common::ofd_lock(seg_->fd(), liveness_byte_, true);
+  // A byte someone holds already (another live publisher, or a hostile
+  // peer) is skipped: draw another token instead of waiting on it.
+  for (int attempt = 0;; attempt++) {
+    token_ = random_token();
+    liveness_byte_ = liveness_byte(token_);
+    if (common::ofd_try_lock(seg_->fd(), liveness_byte_, true)) break;
+    if (attempt == 64) fail(ErrorKind::kIpc, seg_->path() + ": every liveness byte tried is locked by another process");
+  }
   const int64_t give_up = common::monotonic_ns() + kTakeoverPatienceNs;
   uint64_t cur = h.publisher.load(std::memory_order_acquire);
   for (;;) {

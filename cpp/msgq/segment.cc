@@ -23,6 +23,7 @@ void check_basename(const std::string& basename) { common::check_basename(basena
 namespace {
 
 constexpr int kAttachAttempts = 100;  // a segment superseded while we attach is attached again
+constexpr const char* kResizeSuffix = "#resize";  // the temporary name of a replacement being made
 
 size_t round_data_size(size_t requested) {
   const size_t n = requested == 0 ? kDefaultDataSize : requested;
@@ -66,9 +67,7 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
           }
           seg->initialize(spec, wanted == 0 ? round_data_size(0) : wanted);  // stale leftover: start over
         } else if (wanted != 0 && spec.size_is_binding && seg->data_size_ != wanted) {
-          seg->supersede();
-          seg->file_.unlink_name();
-          continue;  // the next attempt creates the segment at the size the publisher asked for
+          return seg->replace(spec, wanted);
         }
       }
     }
@@ -98,15 +97,7 @@ std::shared_ptr<Segment> Segment::adopt(int fd, const SegmentSpec& spec) {
 Segment::~Segment() = default;  // file_ detaches: see common/shm_file.h
 
 void Segment::initialize(const SegmentSpec& spec, size_t data_size) {
-  try {
-    file_.allocate(kHeaderSize + data_size, spec.mode);
-  } catch (const common::Error& e) {
-    if (e.kind() != ErrorKind::kNoSpace) throw;
-    fail(ErrorKind::kNoSpace, "not enough space in " + spec.dir + " for " + spec.basename + " (" +
-                                  std::to_string(kHeaderSize + data_size) +
-                                  " bytes): free some, use a smaller segment_size, "
-                                  "or give the container more shared memory (docker --shm-size)");
-  }
+  file_.allocate(kHeaderSize + data_size, spec.mode, "segment_size");  // its errors say which resource ran out
   std::memset(static_cast<void*>(header()), 0, kHeaderSize);
   SegmentHeader& h = *header();
   h.layout_version = kLayoutVersion;
@@ -142,7 +133,28 @@ std::string Segment::adopt_header(size_t file_size) {
   return problem;
 }
 
-// A publisher wants another ring size: retire this segment. Its old publisher
+// A publisher wants another ring size (we hold this segment's init lock).
+// The new segment is made whole under a temporary name, then renamed over
+// this one's: a failure (no space) leaves the topic as it was, and attachers
+// waiting on our init lock find the name replaced and open it again. Then
+// this one is retired (supersede).
+std::shared_ptr<Segment> Segment::replace(const SegmentSpec& spec, size_t data_size) {
+  std::shared_ptr<Segment> next(new Segment());
+  const std::string temp = spec.basename.substr(0, kNameCapacity - 1 - std::strlen(kResizeSuffix)) + kResizeSuffix;
+  next->file_ = common::ShmFile::open_locked(spec.dir, temp, spec.mode, spec.trusted_uids);
+  try {
+    next->initialize(spec, data_size);
+    next->file_.rename_to(path());
+  } catch (...) {
+    next->file_.unlink_name();  // nothing half-made left behind; this segment is untouched
+    throw;
+  }
+  supersede();
+  next->file_.finish_attach();
+  return next;
+}
+
+// Retire this segment (replaced by one of another size). Its old publisher
 // fails on its next send, and its readers reattach by name after draining it.
 void Segment::supersede() {
   SegmentHeader& h = *header();

@@ -63,6 +63,7 @@ class Segment {
   void initialize(const SegmentSpec& spec, size_t data_size);
   // Checks the mapped header and takes its sizes; returns why it is unusable, or "".
   std::string adopt_header(size_t file_size);
+  std::shared_ptr<Segment> replace(const SegmentSpec& spec, size_t data_size);
   void supersede();
 
   common::ShmFile file_;  // open, owner-checked, mapped; detaching may unlink it

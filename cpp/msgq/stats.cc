@@ -68,9 +68,8 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
   // file while its header is mapped here: reading a truncated mapping would
   // raise SIGBUS. It delays an attacher by the microseconds of the copy below.
   const int64_t give_up = common::monotonic_ns() + kBusyPatienceNs;
-  while (!common::ofd_try_lock(fd.get(), kLockInit, false)) {
-    if (common::monotonic_ns() > give_up) fail(ErrorKind::kIpc, path + " stayed busy (a process is attaching to it)");
-    usleep(200);
+  if (!common::ofd_lock_until(fd.get(), kLockInit, false, give_up, true)) {
+    fail(ErrorKind::kIpc, path + " stayed busy: its attach lock is held by " + common::lock_holders(fd.get(), kLockInit));
   }
 
   struct stat st {};

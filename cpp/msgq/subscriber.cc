@@ -212,7 +212,10 @@ void Poller::add(std::shared_ptr<Subscriber> sub) {
   epoll_event ev{};
   ev.events = EPOLLIN;
   ev.data.u64 = subs_.size();
-  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sub->fileno(), &ev) != 0) common::fail_errno("epoll_ctl(ADD)");
+  if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, sub->fileno(), &ev) != 0) {
+    if (errno == EEXIST) fail(ErrorKind::kInvalidArgument, "this subscriber is already registered with this Poller");
+    common::fail_errno("epoll_ctl(ADD)");
+  }
   subs_.push_back(std::move(sub));
 }
 

@@ -13,7 +13,7 @@
 namespace vipc::ordered {
 
 inline constexpr uint64_t kMagic = 0x31304452'44524f51ull;  // "QORDRD01" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;  // 2: SlotMeta::owner, the reclaimed stamp state
 inline constexpr uint32_t kMinCapacity = 16;   // >= the availability window: a slot is reused
                                               // only after its previous id left the window
 inline constexpr uint32_t kMaxCapacity = 1 << 16;
@@ -54,6 +54,7 @@ static_assert(offsetof(TopicHeader, sleepers) == 2 * kCacheLine, "waiters' line"
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared atomics must be lock-free");
 
 // Per-slot seqlock stamp: (id + 1) << 2 | state. 0 = never written.
+inline constexpr uint64_t kStateReclaimed = 0;  // its producer died holding the id: a gap (never 0 as a whole stamp)
 inline constexpr uint64_t kStateWriting = 1;
 inline constexpr uint64_t kStateDone = 2;
 inline constexpr uint64_t kStateCancelled = 3;
@@ -72,9 +73,21 @@ struct alignas(kCacheLine) SlotMeta {
   std::atomic<uint64_t> size;
   std::atomic<uint64_t> t0;  // user stamps (VisionIPC: timestamp_sof, timestamp_eof)
   std::atomic<uint64_t> t1;
-  char pad[kCacheLine - 32];
+  // The token of the producer filling the slot: stored (relaxed) before the
+  // release CAS of S1, read after an acquire load of a writing stamp. Its
+  // liveness lock (producer_liveness_byte) says whether that producer lives.
+  std::atomic<uint64_t> owner;
+  char pad[kCacheLine - 40];
 };
 static_assert(sizeof(SlotMeta) == kCacheLine, "one cache line per slot: producers do not contend");
+
+// Each producer holds an exclusive OFD lock on this byte of the topic file
+// while attached; the kernel drops it when the process dies.
+inline constexpr off_t kLockProducerBase = off_t{1} << 20;
+inline constexpr uint64_t kProducerTokens = uint64_t{1} << 24;
+inline constexpr off_t producer_liveness_byte(uint64_t token) {
+  return kLockProducerBase + static_cast<off_t>(token % kProducerTokens);
+}
 
 inline constexpr uint64_t page_align(uint64_t n) { return (n + 4095) & ~uint64_t{4095}; }
 inline constexpr uint64_t slot_stride_for(uint64_t slot_bytes) {

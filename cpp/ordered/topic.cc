@@ -1,5 +1,6 @@
 #include "ordered/topic.h"
 
+#include <sys/random.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +23,12 @@ namespace {
 // multiple of 65536 between our check and our sleep) is caught within one slice.
 constexpr int64_t kSleepSliceNs = 100'000'000;
 constexpr int kNewestScan = 64;  // how far below the newest available id a newest reader looks
+// A waiter held up by one id checks this often whether its producer died.
+constexpr int64_t kReclaimCheckNs = 50'000'000;
+// A reserved id whose slot its producer never stamped is reclaimed after this
+// long: a live producer stamps it nanoseconds after reserving (a producer
+// stalled longer finds the id reclaimed, and its reserve raises).
+constexpr int64_t kUnstampedPatienceNs = 1'000'000'000;
 
 const void* low_word(const std::atomic<uint64_t>& w) { return &w; }  // little-endian (layout.h)
 uint32_t low_bits(uint64_t w) { return static_cast<uint32_t>(w); }
@@ -140,7 +147,60 @@ void Topic::shutdown() {
   wake_all_now();
 }
 
+bool Topic::producer_alive(uint64_t token) const {
+  return common::ofd_is_locked(file_.fd(), producer_liveness_byte(token), true);
+}
+
+bool Topic::reclaim_if_dead(uint64_t id, StallWatch& watch) {
+  if (id >= snapshot().last || snapshot().is_available(id)) return false;
+  SlotMeta& m = meta(id);
+  uint64_t s = m.stamp.load(std::memory_order_acquire);
+  if (s != 0 && stamp_id(s) == id) {
+    // Stamped: writing (or finished, and the producer died before O3). The
+    // owner lock decides; a live producer is never reclaimed here.
+    const uint64_t owner = m.owner.load(std::memory_order_relaxed);
+    if (owner == 0 || producer_alive(owner)) return false;
+    if (stamp_state(s) == kStateWriting &&
+        !m.stamp.compare_exchange_strong(s, stamp(id, kStateReclaimed), std::memory_order_acq_rel)) {
+      return false;  // it moved on after all
+    }
+  } else {
+    // Reserved but never stamped: the producer died between O1/O2 and S1.
+    const int64_t now = common::monotonic_ns();
+    if (watch.id != id) {
+      watch = StallWatch{id, now};
+      return false;
+    }
+    if (now - watch.since < kUnstampedPatienceNs) return false;
+    // SYNC: a stalled producer's S1 is a CAS too: exactly one of us wins.
+    if (!m.stamp.compare_exchange_strong(s, stamp(id, kStateReclaimed), std::memory_order_acq_rel)) return false;
+  }
+  if (try_make_available(header().availability, id) == MakeAvailable::kOk) wake(id_bit(id));
+  return true;
+}
+
 // ------------------------------------------------------------------ producer
+
+Producer::Producer(const TopicSpec& spec) : topic_(Topic::attach(spec)) {
+  // A token whose byte is free (one taken by another live producer is skipped).
+  for (int attempt = 0;; attempt++) {
+    if (getrandom(&token_, sizeof(token_), 0) != sizeof(token_)) token_ = common::monotonic_ns() ^ getpid();
+    token_ = token_ % kProducerTokens + 1;  // never 0: 0 is "no owner"
+    if (common::ofd_try_lock(topic_->fd(), producer_liveness_byte(token_), true)) break;
+    if (attempt == 64) fail(ErrorKind::kIpc, topic_->path() + ": every producer liveness byte tried is locked");
+  }
+}
+
+template <class Done, class Stuck>
+common::WaitStatus Producer::wait_reclaiming(Done&& done, Stuck&& stuck, int64_t deadline_ns) {
+  Topic::StallWatch watch;
+  for (;;) {
+    const int64_t slice_end = std::min(deadline_ns, common::monotonic_ns() + kReclaimCheckNs);
+    const common::WaitStatus st = topic_->wait(done, id_bit(stuck()), slice_end, gate_);
+    if (st != common::WaitStatus::kTimeout || slice_end == deadline_ns) return st;
+    topic_->reclaim_if_dead(stuck(), watch);
+  }
+}
 
 void Producer::close() {
   if (!topic_) return;
@@ -159,6 +219,7 @@ void Producer::close() {
     m.stamp.store(stamp(id, kStateCancelled), std::memory_order_release);
     if (try_make_available(topic_->header().availability, id) == MakeAvailable::kOk) topic_->wake(id_bit(id));
   }
+  common::ofd_unlock(topic_->fd(), producer_liveness_byte(token_));
   topic_.reset();
 }
 
@@ -174,9 +235,19 @@ uint64_t Producer::oldest_in_flight() const {
 }
 
 void Producer::begin_fill(uint64_t id) {
-  // S1: mark the slot as being written before any byte of it changes.
+  // S1: mark the slot as being written (by us: owner) before any byte of it
+  // changes. A CAS: a waiter may have reclaimed the id while we stalled
+  // between O1/O2 and here (Topic::reclaim_if_dead).
   SlotMeta& m = topic_->meta(id);
-  m.stamp.store(stamp(id, kStateWriting), std::memory_order_relaxed);
+  m.owner.store(token_, std::memory_order_relaxed);
+  uint64_t s = m.stamp.load(std::memory_order_relaxed);
+  do {
+    if (s == stamp(id, kStateReclaimed)) {
+      fail(ErrorKind::kIpc, topic_->path() + ": message id " + std::to_string(id) +
+                                " was reclaimed (this producer stalled for over 1 s after reserving it)");
+    }
+  } while (!m.stamp.compare_exchange_weak(s, stamp(id, kStateWriting), std::memory_order_release,
+                                         std::memory_order_relaxed));
   std::atomic_thread_fence(std::memory_order_release);
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.insert(id);
@@ -191,10 +262,10 @@ common::WaitStatus Producer::reserve_next(int64_t deadline_ns, uint64_t* id) {
     const Reserve r = try_reserve_next(h.availability, id);  // O1
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids are exhausted (2**48)");
-    // 16 ids in flight: wait for the oldest of them (last - 16) to become available.
-    const uint64_t oldest = topic_->snapshot().last - kWindow;
-    const common::WaitStatus st = topic_->wait([](const Availability& a) { return !a.window_full(); }, id_bit(oldest),
-                                   deadline_ns, gate_);
+    // 16 ids in flight: wait for the oldest of them (last - 16) to become
+    // available, reclaiming it if its producer died.
+    const common::WaitStatus st = wait_reclaiming([](const Availability& a) { return !a.window_full(); },
+                                                  [this] { return topic_->snapshot().last - kWindow; }, deadline_ns);
     if (st != common::WaitStatus::kReady) return st;
   }
   begin_fill(*id);
@@ -214,14 +285,13 @@ common::WaitStatus Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
                                             std::to_string(topic_->snapshot().last) + ")");
     }
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids end at 2**48 - 1");
-    const uint64_t oldest = topic_->snapshot().available_end();
-    const common::WaitStatus st = topic_->wait(
+    const common::WaitStatus st = wait_reclaiming(
         [id](const Availability& a) {
           if (id < a.last) return true;  // someone else took it: try_reserve_id reports it
           const uint64_t shift = id + 1 - a.last;
           return a.available_end() + kWindow >= a.last + shift;  // everything leaving the window is available
         },
-        id_bit(oldest), deadline_ns, gate_);
+        [this] { return topic_->snapshot().available_end(); }, deadline_ns);
     if (st != common::WaitStatus::kReady) return st;
   }
   topic_->wake(~0u);  // ids skipped over became available (as gaps)
@@ -363,7 +433,8 @@ bool Reader::next(Message* m) {
     if (s != 0 && stamp_id(s) > id) {
       dropped_++;  // overwritten by a newer id already
     } else {
-      gaps_++;  // skipped by reserve_id, or cancelled
+      gaps_++;  // skipped by reserve_id, cancelled, or reclaimed from a dead producer
+      if (s == stamp(id, kStateReclaimed)) reclaimed_++;
     }
   }
 }
@@ -380,7 +451,13 @@ common::WaitStatus Reader::wait(int64_t deadline_ns) {
   common::UseGuard use(gate_);
   if (!use.ok() || !topic_) return common::WaitStatus::kClosed;
   const uint32_t bits = mode_ == Mode::kSequential ? id_bit(cursor_) : ~0u;
-  return topic_->wait([this](const Availability& a) { return deliverable(a); }, bits, deadline_ns, gate_);
+  for (;;) {  // in slices: a sequential reader reclaims the id it waits on if its producer died
+    const int64_t slice_end = std::min(deadline_ns, common::monotonic_ns() + kReclaimCheckNs);
+    const common::WaitStatus st =
+        topic_->wait([this](const Availability& a) { return deliverable(a); }, bits, slice_end, gate_);
+    if (st != common::WaitStatus::kTimeout || slice_end == deadline_ns) return st;
+    if (mode_ == Mode::kSequential) topic_->reclaim_if_dead(cursor_, watch_);
+  }
 }
 
 }  // namespace vipc::ordered

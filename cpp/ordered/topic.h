@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <climits>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -52,6 +53,18 @@ class Topic {
   // Wake sleepers waiting for ids in bitset (no syscall if nobody sleeps).
   void wake(uint32_t bitset);
   void wake_all_now();
+  // Id `id` holds a waiter up: if the producer that reserved it is dead, give
+  // the id up for it (stamp reclaimed, make it available: readers pass a gap)
+  // and return true. A reserved id whose slot was never stamped (its producer
+  // died between O1/O2 and S1, a window of nanoseconds for a live one) is
+  // reclaimed once `watch` has seen it so for kUnstampedPatienceNs.
+  struct StallWatch {
+    uint64_t id = UINT64_MAX;
+    int64_t since = 0;
+  };
+  bool reclaim_if_dead(uint64_t id, StallWatch& watch);
+  bool producer_alive(uint64_t token) const;
+  int fd() const { return file_.fd(); }
   void shutdown();
   bool is_shutdown() const { return header().shutdown.load(std::memory_order_seq_cst) != 0; }
   void forget() { file_.forget(); }
@@ -66,7 +79,7 @@ class Topic {
 
 class Producer {
  public:
-  explicit Producer(const TopicSpec& spec) : topic_(Topic::attach(spec)) {}
+  explicit Producer(const TopicSpec& spec);
   ~Producer() { close(); }
   Producer(const Producer&) = delete;
   Producer& operator=(const Producer&) = delete;
@@ -95,7 +108,11 @@ class Producer {
  private:
   void begin_fill(uint64_t id);
   void take(uint64_t id);  // remove from pending_, or kInvalidArgument
+  // Waits in slices; between them, reclaims the id `stuck()` names if its producer died.
+  template <class Done, class Stuck>
+  common::WaitStatus wait_reclaiming(Done&& done, Stuck&& stuck, int64_t deadline_ns);
   std::shared_ptr<Topic> topic_;
+  uint64_t token_ = 0;  // our liveness lock: producer_liveness_byte(token_)
   std::mutex mutex_;
   std::set<uint64_t> pending_;  // ids this producer reserved and has not published
   common::UseGate gate_;
@@ -130,7 +147,8 @@ class Reader {
   Mode mode() const { return mode_; }
   uint64_t cursor() const { return cursor_; }  // the lowest id this reader may still deliver
   uint64_t dropped() const { return dropped_; }  // ids overwritten before this reader got them
-  uint64_t gaps() const { return gaps_; }        // ids skipped by reserve_id or cancelled
+  uint64_t gaps() const { return gaps_; }        // ids skipped by reserve_id, cancelled or reclaimed
+  uint64_t reclaimed() const { return reclaimed_; }  // of the gaps: ids whose producer died holding them
   const std::shared_ptr<Topic>& topic() const { return topic_; }
   void close();
   bool closed() const { return topic_ == nullptr || gate_.closing(); }
@@ -141,7 +159,8 @@ class Reader {
   std::shared_ptr<Topic> topic_;
   Mode mode_;
   uint64_t cursor_ = 0;
-  uint64_t dropped_ = 0, gaps_ = 0;
+  uint64_t dropped_ = 0, gaps_ = 0, reclaimed_ = 0;
+  Topic::StallWatch watch_;
   common::UseGate gate_;
 };
 

@@ -14,6 +14,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/files.h"
 #include "common/wait_status.h"
 
 namespace vipc::python {
@@ -40,7 +41,14 @@ inline const char* python_error_name(vipc::common::ErrorKind kind) {
   return "IpcError";
 }
 
+// Bounded lock waits (common/files.h) run this between their sleeps: on a
+// thread holding the GIL, a signal handler's exception (Ctrl-C) ends the wait.
+inline void interrupt_check() {
+  if (PyGILState_Check() && PyErr_CheckSignals() != 0) throw py::error_already_set();
+}
+
 inline void register_error_translator() {
+  vipc::common::set_interrupt_check(&interrupt_check);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);

@@ -3,6 +3,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <climits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -24,6 +25,7 @@ using vipc::common::WaitStatus;
 namespace {
 
 constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
+constexpr int64_t kMaxSpinUs = 1'000'000;        // msgq._shared.MAX_SPIN_US
 
 SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
                       std::vector<uid_t> trusted_uids) {
@@ -198,7 +200,11 @@ PYBIND11_MODULE(_msgq, m) {
            py::arg("mode") = 0600, py::arg("trusted_uids") = std::vector<uid_t>{})
       .def("receive", &PySubscriber::receive, py::arg("non_blocking") = false)
       .def("receive_batch", &PySubscriber::receive_batch, py::arg("max_messages") = 1024, py::arg("timeout_ms") = 0)
-      .def("set_timeout", [](PySubscriber& s, int ms) { s.timeout_ms = ms < 0 ? -1 : ms; })
+      .def("set_timeout",
+           [](PySubscriber& s, int64_t ms) {
+             vipc::common::check_range<int64_t>("timeout", ms, INT64_MIN, INT32_MAX, " ms (negative: forever)");
+             s.timeout_ms = ms < 0 ? -1 : static_cast<int>(ms);
+           })
       .def_property_readonly("timeout_ms", [](const PySubscriber& s) { return s.timeout_ms; })
       .def("ready", [](const PySubscriber& s) { return s.sub->ready(); })
       .def("fileno", [](PySubscriber& s) { return s.sub->fileno(); })
@@ -206,7 +212,10 @@ PYBIND11_MODULE(_msgq, m) {
       .def("disarm", [](PySubscriber& s) { s.sub->disarm(); })
       .def_property(
           "spin_us", [](const PySubscriber& s) { return s.sub->spin_limit_ns() / 1000; },
-          [](PySubscriber& s, int64_t us) { s.sub->set_spin_limit_ns(us * 1000); })
+          [](PySubscriber& s, int64_t us) {
+            vipc::common::check_range<int64_t>("spin_us", us, 0, kMaxSpinUs, " us");
+            s.sub->set_spin_limit_ns(us * 1000);
+          })
       .def_property_readonly("resets", [](const PySubscriber& s) { return s.sub->resets(); })
       .def_property_readonly("slot", [](const PySubscriber& s) { return s.sub->slot(); })
       .def_property_readonly("conflate", [](const PySubscriber& s) { return s.sub->conflate(); })

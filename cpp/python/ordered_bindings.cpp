@@ -155,6 +155,7 @@ void bind_ordered(py::module_& m) {
       .def_property_readonly("cursor", &vipc::ordered::Reader::cursor)
       .def_property_readonly("dropped", &vipc::ordered::Reader::dropped)
       .def_property_readonly("gaps", &vipc::ordered::Reader::gaps)
+      .def_property_readonly("reclaimed", &vipc::ordered::Reader::reclaimed)
       .def_property_readonly("capacity", [](const vipc::ordered::Reader& r) { return r.topic()->capacity(); })
       .def_property_readonly("slot_bytes", [](const vipc::ordered::Reader& r) { return r.topic()->slot_bytes(); })
       .def("shutdown", [](vipc::ordered::Reader& r) { if (!r.closed()) r.topic()->shutdown(); })

@@ -4,6 +4,7 @@ import os
 import weakref
 
 from msgq import _msgq
+from msgq._shared import MAX_SPIN_US, env_int
 from msgq.errors import InvalidArgumentError
 from msgq.names import current_prefix, run_segment_prefix, segment_basename, segment_dir
 
@@ -62,7 +63,7 @@ def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):
     sub = _msgq.Subscriber(
         segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode(), _trusted_uids()
     )
-    sub.spin_us = int(os.environ.get("MSGQ_SPIN_US", DEFAULT_SPIN_US))
+    sub.spin_us = env_int("MSGQ_SPIN_US", DEFAULT_SPIN_US, 0, MAX_SPIN_US)
     return _track(sub)
 
 

@@ -1,0 +1,257 @@
+"""msgq against hostile peers and hostile input (issue 16): a same-user peer
+sitting on a segment's lock, a producer SIGKILLed holding an ordered
+reservation, a full shared-memory filesystem during a resize, bad arguments
+to a loan, out-of-range timeouts and settings. Real processes, real shared
+memory; each peer is a short Python child (one start per scenario)."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+import msgq
+from msgq.errors import (
+    InvalidArgumentError,
+    IpcTimeoutError,
+    MultiplePublishersError,
+    NoSpaceError,
+)
+from msgq.names import segment_basename, segment_dir
+from msgq.testing import unique_name, unique_topic
+
+# A peer that holds an OFD lock on byte 0 (the attach lock) of a file, as a
+# buggy or hostile process of the same user could, until its stdin closes.
+HOLD_LOCK = textwrap.dedent(
+    """
+    import fcntl, os, struct, sys
+    fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, struct.pack("hhqqi4x", fcntl.F_WRLCK, 0, 0, 1, 0))
+    print("locked", flush=True)
+    sys.stdin.read()
+    """
+)
+
+
+def _child(code, *args, env=None, stdin=subprocess.PIPE):
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        stdin=stdin,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def _segment_path(topic):
+    return os.path.join(segment_dir(), segment_basename(topic))
+
+
+# ------------------------------------------------------------ item 2: lockout
+
+
+def test_a_peer_sitting_on_the_attach_lock_bounds_every_attach_and_is_named(monkeypatch):
+    topic = unique_topic("locked")
+    path = _segment_path(topic)
+    peer = _child(HOLD_LOCK, path)
+    try:
+        assert peer.stdout.readline().strip() == "locked"
+        monkeypatch.setenv("MSGQ_LOCK_TIMEOUT_S", "0.3")
+        for attach in (lambda: msgq.pub_sock(topic), lambda: msgq.sub_sock(topic)):
+            with pytest.raises(IpcTimeoutError) as info:
+                attach()
+            message = str(info.value)
+            assert f"pid {peer.pid} (python" in message and path in message, message
+        monkeypatch.setenv("MSGQ_LOCK_TIMEOUT_S", "soon")
+        with pytest.raises(InvalidArgumentError, match="MSGQ_LOCK_TIMEOUT_S"):
+            msgq.pub_sock(topic)
+    finally:
+        peer.kill()
+        peer.wait()
+    monkeypatch.delenv("MSGQ_LOCK_TIMEOUT_S")
+    with msgq.pub_sock(topic) as pub, msgq.sub_sock(topic, timeout=1000) as sub:  # the peer is gone: all is well
+        pub.send(b"after")
+        assert sub.receive() == b"after"
+
+
+def test_ctrl_c_breaks_an_attach_stuck_on_a_peer_lock():
+    topic = unique_topic("ctrlc")
+    peer = _child(HOLD_LOCK, _segment_path(topic))
+    try:
+        assert peer.stdout.readline().strip() == "locked"
+        waiter = _child(
+            """
+            import sys, msgq
+            print("attaching", flush=True)
+            try:
+                msgq.sub_sock(sys.argv[1])
+            except KeyboardInterrupt:
+                print("interrupted", flush=True)
+            """,
+            topic,
+        )
+        assert waiter.stdout.readline().strip() == "attaching"
+        while waiter.poll() is None:  # until it sleeps in the lock wait (not merely starting up)
+            with open(f"/proc/{waiter.pid}/wchan") as f:
+                if "nanosleep" in f.read():
+                    break
+            time.sleep(0.01)
+        waiter.send_signal(signal.SIGINT)
+        out, err = waiter.communicate(timeout=30)  # a hang guard, not a timing assert
+        assert out.strip() == "interrupted", (out, err)
+    finally:
+        peer.kill()
+        peer.wait()
+        os.unlink(_segment_path(topic))  # the peer's file
+
+
+# ------------------------------------------------ item 3: dead ordered producer
+
+DIE_HOLDING_RESERVATION = """
+    import sys, time, msgq
+    producer = msgq.OrderedProducer(sys.argv[1])
+    print(producer.reserve().id, flush=True)
+    time.sleep(60)
+"""
+
+
+def _kill_holding_a_reservation(topic):
+    child = _child(DIE_HOLDING_RESERVATION, topic)
+    held = int(child.stdout.readline())
+    child.kill()
+    child.wait()
+    return held
+
+
+def test_a_producer_killed_holding_a_reservation_is_reclaimed_readers_pass_the_gap():
+    topic = unique_name("deadres")
+    live = msgq.OrderedProducer(topic, capacity=64, slot_bytes=64)
+    reader = msgq.OrderedReader(topic, "sequential")
+    dead = _kill_holding_a_reservation(topic)
+    after = live.send(b"after the dead one")
+    got = reader.recv(timeout=30)  # the reader waits on the dead id, notices and passes it
+    assert (got.id, got.data) == (after, b"after the dead one")
+    assert after == dead + 1 and reader.gaps == 1 and reader.reclaimed == 1
+    # A live producer does not stall once the window (16 in flight) would fill.
+    dead = _kill_holding_a_reservation(topic)
+    ids = [live.send(b"%d" % i, timeout=30) for i in range(40)]
+    assert ids == list(range(dead + 1, dead + 41))
+    assert [reader.recv(timeout=30).data for _ in ids] == [b"%d" % i for i in range(40)]
+    assert reader.reclaimed == 2 and reader.dropped == 0
+    live.close()
+    reader.close()
+
+
+# -------------------------------------------- item 7: full shm during a resize
+
+
+@pytest.fixture
+def tiny_shm(monkeypatch, tmp_path):
+    mount = tmp_path / "shm"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m,mode=1777", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.fail(f"this test mounts a 1 MiB tmpfs (needs root, as in CI): {done.stderr}")
+    monkeypatch.setenv("MSGQ_SHM_DIR", str(mount))
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_a_resize_that_does_not_fit_leaves_the_topic_as_it_was(tiny_shm):
+    topic = unique_topic("resize")
+    with msgq.pub_sock(topic, segment_size=64 * 1024) as pub, msgq.sub_sock(topic, timeout=1000) as sub:
+        before = sorted(os.listdir(tiny_shm))
+        with pytest.raises(NoSpaceError, match="use a smaller segment_size"):
+            msgq.pub_sock(topic, segment_size=4 << 20)
+        assert sorted(os.listdir(tiny_shm)) == before  # nothing half-made, the segment unchanged
+        pub.send(b"still the publisher")  # no MultiplePublishersError: nothing replaced it
+        assert sub.receive() == b"still the publisher"
+        with msgq.pub_sock(topic, segment_size=128 * 1024) as bigger:  # a resize that fits still works
+            with pytest.raises(MultiplePublishersError, match="another segment_size"):
+                pub.send(b"old")
+            assert bigger.segment_size == 128 * 1024
+            bigger.send(b"in the new segment")
+            assert sub.receive() == b"in the new segment"
+
+
+# ----------------------------------------------------- item 8: Loan.commit(n)
+
+
+@pytest.mark.parametrize("bad", [65, -1, 2**64, "3", 1.5, True])
+def test_a_bad_commit_size_changes_nothing(bad):
+    topic = unique_topic("loan")
+    with msgq.pub_sock(topic) as pub, msgq.sub_sock(topic, timeout=1000) as sub:
+        loan = pub.loan(64)
+        loan.data[:3] = b"abc"
+        with pytest.raises(InvalidArgumentError, match="commit size"):
+            loan.commit(bad)
+        loan.commit(3)  # the loan is still open and commits
+        assert sub.receive() == b"abc"
+        pub.loan(8).cancel()  # and nothing is left outstanding
+        pub.send(b"next")
+        assert sub.receive() == b"next"
+
+
+# ------------------------------------------- item 16 and 5: messages, timeouts
+
+
+def test_out_of_range_timeouts_and_settings_are_clear_errors_that_keep_the_old_value(monkeypatch):
+    topic = unique_topic("args")
+    with msgq.pub_sock(topic) as pub, msgq.sub_sock(topic, timeout=250) as sub:
+        for bad in (2**31, math.nan, "10", True):
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                sub.setTimeout(bad)
+            assert sub.timeout == 250
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                sub.receive_batch(timeout=bad)
+        sub.setTimeout(math.inf)
+        assert sub.timeout is None
+        for bad in (-1, 2**40, 1.5):
+            with pytest.raises(InvalidArgumentError, match="spin_us"):
+                sub.spin_us = bad
+        assert sub.spin_us == 50
+        for bad in (math.nan, "1", True):
+            with pytest.raises(InvalidArgumentError, match="timeout"):
+                pub.wait_for_readers(1, timeout=bad)
+        with pytest.raises(InvalidArgumentError, match="count"):
+            pub.wait_for_readers(2**40, timeout=0)
+        for bad in (-(2**63) - 1, math.nan, "8"):
+            with pytest.raises(InvalidArgumentError, match="loan size"):
+                pub.loan(bad)
+        poller = msgq.Poller()
+        poller.registerSocket(sub)
+        with pytest.raises(InvalidArgumentError, match="already registered"):
+            poller.registerSocket(sub)
+        with pytest.raises(InvalidArgumentError, match="timeout"):
+            poller.poll(2**31)
+        pub.send(b"x")
+        assert poller.poll(1000) == [sub]
+    for text in ("fast", "-1", "99999999999"):
+        monkeypatch.setenv("MSGQ_SPIN_US", text)
+        with pytest.raises(InvalidArgumentError, match="MSGQ_SPIN_US"):
+            msgq.sub_sock(topic)
+
+
+def test_mmap_out_of_address_space_is_not_called_a_full_shm():
+    child = _child(
+        """
+        import resource, sys, msgq
+        pages = int(open("/proc/self/statm").read().split()[0])
+        limit = pages * 4096 + (16 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        try:
+            msgq.pub_sock(sys.argv[1], segment_size=64 << 20)
+        except msgq.NoSpaceError as e:
+            print(e)
+        """,
+        unique_topic("enomem"),
+    )
+    out, err = child.communicate(timeout=60)
+    assert "address space" in out and "shm-size" not in out, (out, err)
