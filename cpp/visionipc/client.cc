@@ -133,15 +133,22 @@ void Client::disconnect() {
 
 // The topic ring comes only from the server (an unnamed file, passed at each
 // attach): a reconnect to a restarted server moves to its new ring.
-void Client::adopt_topic() {
+void Client::adopt_topic(bool same_server) {
   if (!topic_fd_) return;
+  if (sub_ && same_server) {  // connect() again to the same server: its ring is the one we read
+    topic_fd_.reset();
+    return;
+  }
   msgq::SegmentSpec spec;
   spec.dir = options_.shm_dir;
   spec.basename = msgq::segment_basename(options_.prefix, endpoint_name(name_, stream_));
   auto seg = msgq::Segment::adopt(topic_fd_.get(), spec);
   topic_fd_.reset();
+  // A restarted server's ring: read it from its start, so the frames it sent
+  // before we noticed the restart are not lost (the first ring: from now on).
+  const bool moving = sub_ != nullptr;
   if (sub_) sub_->close();
-  sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, std::move(seg));
+  sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, std::move(seg), moving);
 }
 
 bool Client::refused(Refusal why, std::string message) {
@@ -150,8 +157,15 @@ bool Client::refused(Refusal why, std::string message) {
   return false;
 }
 
+void Client::check_owner() const {
+  if (getpid() != owner_) {
+    common::fail(common::ErrorKind::kClosed, "this VisionIPC client belongs to pid " + std::to_string(owner_) +
+                                                 " (inherited across fork): close it here and make a new one");
+  }
+}
+
 bool Client::connect() {
-  if (getpid() != owner_) common::fail(common::ErrorKind::kClosed, "this VisionIPC client belongs to the process that made it (pid " + std::to_string(owner_) + "): a forked child makes its own");
+  check_owner();
   const std::string who = "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
   common::UniqueFd fd = dial(options_.prefix, name_);
   if (!fd) return refused(Refusal::kNoServer, "no " + who + " is running");
@@ -173,7 +187,8 @@ bool Client::connect() {
     }
     case ReplyStatus::kFull:
       return refused(Refusal::kFull, who + " is full: all " + std::to_string(kMaxClients) + " client slots of stream '" +
-                                         stream_ + "' are taken; close a client or try again later");
+                                         stream_ + "' are taken (or " + std::to_string(kMaxPending) +
+                                         " connections wait for an answer); close a client or try again later");
     case ReplyStatus::kPeerLimit:
       return refused(Refusal::kPeerLimit, who + " refused this process (pid " + std::to_string(getpid()) +
                                               "): it already holds its share of stream '" + stream_ + "' (" +
@@ -182,11 +197,12 @@ bool Client::connect() {
     default:
       return refused(Refusal::kNoServer, who + " refused with status " + std::to_string(reply->status));
   }
+  const uint64_t before = server_id_;
   if (!accept_reply(*reply, fds)) {
     common::fail(common::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
   }
   sock_ = std::move(fd);
-  adopt_topic();
+  adopt_topic(server_id_ == before);
   refusal_ = Refusal::kNone;
   error_.clear();
   return true;
@@ -291,6 +307,7 @@ bool Client::handle(const Packet& p, Frame& out) {
 // checks the connection and reconnects to a restarted server (whose frames
 // go to a new ring). Frames arriving never pay for the check.
 common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
+  check_owner();  // an inherited subscriber would move the parent's read position
   for (;;) {
     if (sub_) {
       PacketSink sink;

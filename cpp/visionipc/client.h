@@ -90,7 +90,8 @@ class Client {
   bool refused(Refusal why, std::string message);  // records why connect() failed; false
   bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
-  void adopt_topic();
+  void adopt_topic(bool same_server);
+  void check_owner() const;  // kClosed in a forked child that did not close() the client first
   // How long recv() waits on the ring before it checks that the server is
   // still there (and reconnects to a restarted one).
   static constexpr int64_t kReconnectCheckNs = 50'000'000;

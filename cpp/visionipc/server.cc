@@ -119,8 +119,14 @@ void Server::forget_after_fork() {
   listen_fd_.reset();
 }
 
+void Server::check_open() const {
+  if (!listen_fd_ || getpid() != owner_) {
+    common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
+  }
+}
+
 Server::Stream& Server::find(const std::string& stream) const {
-  if (!listen_fd_) common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (a forked child must make its own)");
+  check_open();
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = streams_.find(stream);
   if (it == streams_.end()) common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
@@ -152,6 +158,7 @@ uint64_t Server::generation(const std::string& stream, uint32_t index) const {
 }
 
 void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
+  check_open();
   check_name("stream name", stream);
   {
     std::lock_guard<std::mutex> lock(mutex_);  // checked again below: the listener only reads streams_
@@ -251,8 +258,8 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
 }
 
 void Server::start_listener() {
+  check_open();
   if (listener_.joinable()) return;
-  if (!listen_fd_) common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed");
   if (listen(listen_fd_.get(), 64) != 0) common::fail_errno("listen");
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC));
   if (!stop_fd_) common::fail_errno("eventfd");

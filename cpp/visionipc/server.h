@@ -107,6 +107,7 @@ class Server {
     uint32_t slot = 0;
   };
 
+  void check_open() const;  // kClosed after close() and in a forked child
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
   void listen_loop();
