@@ -242,21 +242,30 @@ def test_a_pool_larger_than_the_memory_the_process_may_use_is_refused_before_all
 # ---------------------------------------------------------------- item 15: leftovers
 
 
-def test_a_sigkilled_server_leaves_nothing_in_the_shm_directory():
+def forked_server(name, pause_s=0.005):
+    """Fork a child serving ``name`` (stream road), sending a frame every
+    ``pause_s`` until it is killed; returns its pid once it serves."""
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         try:
-            server = serving("doomed")
+            server = serving(name)
             os.write(w, b"1")
-            for n in range(1, 1 << 30):  # frames until killed
+            for n in range(1, 1 << 30):
                 server.send(server.get_buffer("road"), frame_id=n)
-                time.sleep(0.005)
+                time.sleep(pause_s)
         finally:
             os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        assert f.read(1) == b"1"
+    return pid
+
+
+def test_a_sigkilled_server_leaves_nothing_in_the_shm_directory():
+    pid = forked_server("doomed")
     client = VisionIpcClient("doomed", "road", False)
     try:
-        assert os.read(r, 1) == b"1"
         assert client.connect(True)
         assert client.recv(5000) is not None
         assert [f for f in os.listdir(segment_dir()) if "doomed" in f] == []  # the ring has no name even now

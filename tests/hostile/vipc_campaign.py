@@ -18,8 +18,11 @@ import time
 from msgq.errors import ClosedError
 from msgq.names import segment_dir
 from msgq.testing import isolated_prefix
-from visionipc import VisionIpcClient, VisionIpcServer, _visionipc
+from visionipc import VisionIpcClient, _visionipc
 from visionipc._streams import run_options
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from test_vipc_hostile import forked_server, serving  # noqa: E402
 
 rng = random.Random(int(sys.argv[1]) if len(sys.argv) > 1 else 16)
 found = []
@@ -28,13 +31,6 @@ found = []
 def note(what):
     found.append(what)
     print("FOUND", what, flush=True)
-
-
-def serving(name):
-    s = VisionIpcServer(name)
-    s.create_buffers("road", 4, 64, 32)
-    s.start_listener()
-    return s
 
 
 def probe(name, server, fid):
@@ -135,22 +131,7 @@ def forks(n):
 def kills(n):
     leftovers = 0
     for i in range(n):
-        r, w = os.pipe()
-        pid = os.fork()
-        if pid == 0:
-            try:
-                s = serving("kl")
-                os.write(w, b"1")
-                k = 0
-                while True:
-                    k += 1
-                    s.send(s.get_buffer("road"), frame_id=k)
-                    time.sleep(rng.random() * 0.004)
-            finally:
-                os._exit(0)
-        os.read(r, 1)
-        os.close(r)
-        os.close(w)
+        pid = forked_server("kl", rng.random() * 0.004)
         c = VisionIpcClient("kl", "road", rng.random() < 0.5)
         c.connect(True)
         got = c.recv(3000)
@@ -159,8 +140,7 @@ def kills(n):
         os.waitpid(pid, 0)
         if got is None:
             note(f"kill {i}: no frame before kill")
-        left = [f for f in os.listdir(segment_dir()) if "visionipc_kl" in f]
-        leftovers += len(left)
+        leftovers += len([f for f in os.listdir(segment_dir()) if "visionipc_kl" in f])
         c.close()
     if leftovers:
         note(f"kills: {leftovers} leftover files")
