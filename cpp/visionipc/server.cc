@@ -266,19 +266,29 @@ void Server::start_listener() {
   listener_ = std::thread([this] { listen_loop(); });
 }
 
+// A connection that has not asked anything kPendingTimeoutNs after it was
+// accepted is hung up: idle peers cannot keep the pending places forever.
 void Server::listen_loop() {
   for (;;) {
     std::vector<pollfd> fds{{stop_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
-    for (const Connection& c : connections_) fds.push_back({c.fd.get(), POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    int64_t first_expiry = common::kNever;
+    for (const Connection& c : connections_) {
+      fds.push_back({c.fd.get(), POLLIN, 0});
+      if (c.stream == nullptr) first_expiry = std::min(first_expiry, c.accepted_ns + kPendingTimeoutNs);
+    }
+    const int timeout_ms =
+        first_expiry == common::kNever ? -1 : static_cast<int>(std::max<int64_t>(0, first_expiry - common::monotonic_ns()) / 1'000'000 + 1);
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[0].revents) return;
+    const int64_t now = common::monotonic_ns();
     // Walk backwards so erasing keeps the indices of the rest valid.
     for (size_t i = connections_.size(); i-- > 0;) {
-      if (fds[i + 2].revents == 0) continue;
       Connection& c = connections_[i];
+      const bool expired = c.stream == nullptr && now >= c.accepted_ns + kPendingTimeoutNs;
+      if (fds[i + 2].revents == 0 && !expired) continue;
       if ((fds[i + 2].revents & POLLIN) && c.stream == nullptr && serve_request(c)) continue;
       hang_up(c);
       connections_.erase(connections_.begin() + static_cast<long>(i));
@@ -326,7 +336,7 @@ void Server::accept_client() {
       refuse(fd.get(), mine >= options_.max_per_peer ? ReplyStatus::kPeerLimit : ReplyStatus::kFull);
       continue;
     }
-    connections_.push_back(Connection{std::move(fd), cred.pid, nullptr, 0});
+    connections_.push_back(Connection{std::move(fd), cred.pid, common::monotonic_ns(), nullptr, 0});
   }
 }
 

@@ -103,6 +103,7 @@ class Server {
   struct Connection {
     common::UniqueFd fd;
     pid_t peer = 0;            // SO_PEERCRED pid: admission is counted per peer
+    int64_t accepted_ns = 0;   // monotonic: a connection still pending kPendingTimeoutNs later is dropped
     Stream* stream = nullptr;  // set once attached
     uint32_t slot = 0;
   };
@@ -110,6 +111,7 @@ class Server {
   void check_open() const;  // kClosed after close() and in a forked child
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
+  static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
   void listen_loop();
   void accept_client();
   bool serve_request(Connection& c);  // false: drop the connection
