@@ -190,7 +190,10 @@ PYBIND11_MODULE(_visionipc, m) {
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)
       .def_property_readonly("dropped", &Client::dropped)
-      .def("close", &Client::close)
+      .def("close", [](Client& c) {
+        py::gil_scoped_release nogil;  // waits for a recv() of another thread to leave
+        c.close();
+      })
       .def("_forget_after_fork", &Client::forget_after_fork);
 
   m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
