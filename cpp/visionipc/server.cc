@@ -311,6 +311,13 @@ void Server::refuse(int fd, ReplyStatus status) {
   reply->server_id = id_;
   reply->status = static_cast<uint32_t>(status);
   send_with_fds(fd, reply.get(), sizeof(Reply), {});
+  // Closing with the client's request unread would reset the connection and
+  // drop our answer from its queue (ECONNRESET): stop more coming in (a later
+  // send gets EPIPE and the client reads the answer), then drain what came.
+  shutdown(fd, SHUT_RDWR);
+  Request junk{};
+  for (std::vector<common::UniqueFd> fds; recv_with_fds(fd, &junk, sizeof(junk), fds) > 0; fds.clear()) {
+  }
 }
 
 // Admission: a peer of a refused uid, a peer with max_per_peer connections

@@ -170,6 +170,27 @@ def test_idle_connections_of_one_peer_do_not_lock_the_others_out():
         server.close()
 
 
+def test_connections_that_ask_nothing_are_dropped_and_free_the_peers_share():
+    server = serving()
+    address = f"\0visionipc@{os.environ.get('MSGQ_PREFIX', '')}@cam".encode()
+    idle = []
+    try:
+        for _ in range(_visionipc.MAX_CLIENTS_PER_PEER):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            s.connect(address)
+            idle.append(s)
+        with VisionIpcClient("cam", "road", False) as c:
+            assert not c.connect(False) and "share" in c.last_error
+            for s in idle:  # the server hangs up on each after its grace (2 s)
+                s.settimeout(30)
+                assert s.recv(16) == b""
+            assert c.connect(False), c.last_error
+    finally:
+        for s in idle:
+            s.close()
+        server.close()
+
+
 def test_a_full_server_and_a_misspelled_stream_are_named(monkeypatch):
     share, total = _visionipc.MAX_CLIENTS_PER_PEER, _visionipc.MAX_CLIENTS
     server = serving()
