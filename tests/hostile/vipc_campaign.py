@@ -172,6 +172,9 @@ def hostile_peers(rounds):
         problem = probe("hp", server, i + 1)
         if problem:
             note(f"hostile round {i} ({len(socks)} sockets): {problem}")
+        with VisionIpcClient("hp", "road", False) as mine:  # the crowded peer itself: admitted, or told why
+            if not mine.connect(False) and "share" not in mine.last_error:
+                note(f"hostile round {i}: refused without the reason: {mine.last_error}")
         for s in socks:
             s.close()
     server.close()
