@@ -5,6 +5,10 @@ safe after a fork and from ``__del__``) and gets ``with obj:`` and a best-effort
 close at garbage collection. ``ClosesOnExit`` is the ``with obj:`` half alone,
 for objects whose native part closes itself when it is collected.
 
+``disown_in_forked_child(obj)``: after a ``fork()`` the child calls
+``obj._forget_after_fork()`` (drop the inherited descriptors without touching
+the parent's locks, threads or slots), so using obj there raises ClosedError.
+
 Argument checks and timeouts: ``check_int`` (an int in a range),
 ``env_int`` (the same for an environment variable),
 ``check_choice`` (one of a few names, such as a reader's mode),
@@ -16,6 +20,7 @@ meaning no limit, as a ``time.monotonic()`` deadline).
 import math
 import os
 import time
+import weakref
 from typing import Optional
 
 from msgq.errors import InvalidArgumentError
@@ -48,6 +53,27 @@ class Closeable(ClosesOnExit):
             self.close()
         except Exception:
             pass
+
+
+_inherited = weakref.WeakSet()  # objects a forked child must disown
+
+
+def disown_in_forked_child(obj):
+    """Register ``obj`` (weakly): a forked child calls its ``_forget_after_fork()``
+    right after the fork. Returns ``obj``."""
+    _inherited.add(obj)
+    return obj
+
+
+def _forget_inherited():
+    for obj in list(_inherited):
+        try:
+            obj._forget_after_fork()
+        except Exception:  # the child must start whatever one object does
+            pass
+
+
+os.register_at_fork(after_in_child=_forget_inherited)
 
 
 def check_int(what: str, value, low: int, high: int) -> int:

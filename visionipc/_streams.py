@@ -2,8 +2,9 @@
 readable names. Both become the stream's name on the wire: ``str(int(id))``
 for ints, the str itself otherwise; names that look like ints come back as ints."""
 
-from msgq.errors import InvalidArgumentError
+from msgq.errors import InvalidArgumentError, InvalidNameError
 from msgq.names import current_prefix, segment_dir, validate_name
+from visionipc._visionipc import MAX_NAME_LENGTH
 
 
 def stream_key(stream) -> str:
@@ -12,7 +13,7 @@ def stream_key(stream) -> str:
     if hasattr(stream, "__index__"):
         return str(stream.__index__())
     if isinstance(stream, (str, bytes)):
-        return validate_name(stream, "stream name")
+        return _vipc_name(stream, "stream name")
     raise InvalidArgumentError(f"a stream id is an int or a str, not {type(stream).__name__}")
 
 
@@ -24,7 +25,16 @@ def stream_id(key: str):
 
 
 def server_name(name) -> str:
-    return validate_name(name, "VisionIPC server name")
+    return _vipc_name(name, "VisionIPC server name")
+
+
+def _vipc_name(name, kind: str) -> str:
+    """A msgq name no longer than the native core's one limit for VisionIPC
+    names (``MAX_NAME_LENGTH``: the socket address and topic are built from it)."""
+    name = validate_name(name, kind)
+    if len(name) > MAX_NAME_LENGTH:
+        raise InvalidNameError(f"{kind} {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME_LENGTH}")
+    return name
 
 
 def run_options() -> dict:

@@ -3,14 +3,18 @@
 import time
 import types
 
-from msgq._shared import Closeable
-from msgq.errors import ClosedError
+from msgq._shared import Closeable, disown_in_forked_child
+from msgq.errors import ClosedError, IpcError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
 from visionipc.frame import ViewCache, VisionBuf
 
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
+# A blocking connect the server keeps refusing (unknown stream, full, this
+# process's share taken) raises after this long instead of waiting silently.
+# (A stream the server is about to create, or a slot about to free, fits in it.)
+_REFUSAL_GRACE_S = 2.0
 
 
 class VisionIpcClient(Closeable):
@@ -25,6 +29,13 @@ class VisionIpcClient(Closeable):
     The client only talks to a server run by its own user or root, plus
     ``trusted_uids`` (checked with SO_PEERCRED); a server refusing this client's
     user raises :class:`msgq.IpcPermissionError` from ``connect``.
+
+    A refused ``connect`` says why: ``connect(False)`` returns False and
+    ``last_error`` names the reason (no server, unknown stream with the
+    streams there are, server full, this process's share of slots taken);
+    ``connect(True)`` waits for a missing server but raises
+    :class:`msgq.IpcError` with that reason when a running server keeps
+    refusing. A forked child cannot use an inherited client (ClosedError).
     """
 
     def __init__(self, name, stream, conflate=False, context=None, trusted_uids=()):
@@ -42,18 +53,35 @@ class VisionIpcClient(Closeable):
         # first mapping), so recv() allocates only the VisionBuf.
         self._epoch = None
         self._views = None
+        self.last_error = ""  # why the last connect() failed ("" after a success)
+        disown_in_forked_child(self)
 
     def _client(self):
         if self._native is None:
-            raise ClosedError("VisionIpcClient is closed")
+            raise ClosedError("VisionIpcClient is closed (or was inherited across fork: make one here)")
         return self._native
+
+    def _forget_after_fork(self):
+        native, self._native = self._native, None
+        self._epoch, self._views, self._last = None, None, None
+        if native is not None:
+            native._forget_after_fork()
 
     def connect(self, blocking=True) -> bool:
         native = self._client()
+        refused_since = None
         while not native.connect():
+            self.last_error = native.last_error
             if not blocking:
                 return False
+            if native.last_refusal == "no server":
+                refused_since = None
+            elif refused_since is None:
+                refused_since = time.monotonic()
+            elif time.monotonic() - refused_since > _REFUSAL_GRACE_S:
+                raise IpcError(self.last_error)
             time.sleep(_RETRY_S)
+        self.last_error = ""
         return True
 
     def is_connected(self) -> bool:

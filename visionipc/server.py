@@ -1,11 +1,10 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
 import functools
-import os
 
 import numpy as np
 
-from msgq._shared import Closeable
+from msgq._shared import Closeable, disown_in_forked_child
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
@@ -21,12 +20,16 @@ class VisionIpcServer(Closeable):
     When every buffer is leased the least recently sent one is reused anyway and its
     holder's ``valid`` turns False. ``get_buffer`` never blocks. Only clients of the
     same user connect, plus ``allowed_uids``.
+
+    Fork: a forked child (``multiprocessing`` forks by default on Linux) that
+    inherits a server cannot use it (ClosedError); dropping or closing it there
+    leaves the parent's listener, clients and topics untouched.
     """
 
     def __init__(self, name, allowed_uids=()):
         self.name = server_name(name)
         self._native = _visionipc.Server(self.name, allowed_uids=[int(u) for u in allowed_uids], **run_options())
-        self._pid = os.getpid()
+        disown_in_forked_child(self)
         # Per stream key: the ViewCache of its pool. A stream's pool never changes
         # once created, so these stay valid.
         self._views = {}
@@ -34,8 +37,14 @@ class VisionIpcServer(Closeable):
 
     def _server(self):
         if self._native is None:
-            raise ClosedError(f"VisionIpcServer {self.name!r} is closed")
+            raise ClosedError(f"VisionIpcServer {self.name!r} is closed (or was inherited across fork: make one here)")
         return self._native
+
+    def _forget_after_fork(self):
+        native, self._native = self._native, None
+        self._views = {}
+        if native is not None:
+            native._forget_after_fork()
 
     def create_buffers(self, stream, count, width, height, format="nv12"):
         self._server().create_buffers(
@@ -115,8 +124,8 @@ class VisionIpcServer(Closeable):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         native, self._native = self._native, None
         self._views = {}  # frames handed out keep their own views
-        if native is not None and self._pid == os.getpid():
-            native.close()
+        if native is not None:
+            native.close()  # in a forked child the native side only forgets its copies
 
 
 def _stamps(frame_id, sof, eof):

@@ -23,10 +23,10 @@ Subscriber::Subscriber(const SegmentSpec& spec, bool conflate) : spec_(spec), co
   claim_slot(false);
 }
 
-Subscriber::Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment)
+Subscriber::Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment, bool from_start)
     : spec_(spec), conflate_(conflate), seg_(std::move(segment)) {
   spec_.size_is_binding = false;
-  claim_slot(false);
+  claim_slot(from_start);
 }
 
 Subscriber::~Subscriber() { close(); }

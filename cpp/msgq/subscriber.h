@@ -20,8 +20,10 @@ class Subscriber {
  public:
   Subscriber(const SegmentSpec& spec, bool conflate);
   // On a segment already attached (Segment::adopt); `spec` names it for
-  // messages and for following a publisher that replaces it.
-  Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment);
+  // messages and for following a publisher that replaces it. from_start: read
+  // what the ring already holds (a VisionIPC client moving to the ring of a
+  // restarted server), instead of only what is written from now on.
+  Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<Segment> segment, bool from_start = false);
   ~Subscriber();
   Subscriber(const Subscriber&) = delete;
   Subscriber& operator=(const Subscriber&) = delete;

@@ -78,6 +78,8 @@ PYBIND11_MODULE(_visionipc, m) {
   m.attr("BUFFER_ALIGN") = vipc::visionipc::kBufferAlign;
   m.attr("MAX_BUFFERS") = vipc::visionipc::kMaxBuffers;
   m.attr("MAX_CLIENTS") = vipc::visionipc::kMaxClients;
+  m.attr("MAX_CLIENTS_PER_PEER") = vipc::visionipc::kMaxClientsPerPeer;
+  m.attr("MAX_NAME_LENGTH") = vipc::visionipc::kMaxNameLength;
   // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable);
   // `selectable`: create_buffers takes it by name (custom comes from create_buffers_with_sizes).
   py::list formats;
@@ -142,7 +144,8 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("count", &Server::count)
       .def("clients", &Server::clients)
       .def("generation", &Server::generation)
-      .def_property_readonly("id", &Server::id);
+      .def_property_readonly("id", &Server::id)
+      .def("_forget_after_fork", &Server::forget_after_fork);
 
   received_type = PyStructSequence_NewType(&received_desc);
   if (received_type == nullptr) throw py::error_already_set();
@@ -158,6 +161,11 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("connect", [](Client& c) {
         py::gil_scoped_release nogil;
         return c.connect();
+      })
+      .def_property_readonly("last_error", &Client::last_error)
+      .def_property_readonly("last_refusal", [](const Client& c) {
+        static const char* const names[] = {"", "no server", "unknown stream", "full", "peer limit"};
+        return std::string(names[static_cast<int>(c.last_refusal())]);
       })
       .def("connected", &Client::connected)
       .def("recv",
@@ -182,7 +190,11 @@ PYBIND11_MODULE(_visionipc, m) {
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)
       .def_property_readonly("dropped", &Client::dropped)
-      .def("close", &Client::close);
+      .def("close", [](Client& c) {
+        py::gil_scoped_release nogil;  // waits for a recv() of another thread to leave
+        c.close();
+      })
+      .def("_forget_after_fork", &Client::forget_after_fork);
 
   m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
                            std::vector<uid_t> trusted_uids) {

@@ -4,8 +4,11 @@
 #include <sched.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "common/clock.h"
@@ -31,14 +34,11 @@ void check_server(int fd, const std::string& name, const ClientOptions& options)
                 "user is squatting the name");
 }
 
-common::UniqueFd dial(const std::string& address) {
+common::UniqueFd dial(const std::string& prefix, const std::string& name) {
   common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
   if (!fd) common::fail_errno("socket(AF_UNIX)");
   sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (address.size() > sizeof(sa.sun_path)) common::fail(common::ErrorKind::kInvalidArgument, "server name too long");
-  std::memcpy(sa.sun_path, address.data(), address.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + address.size());
+  const socklen_t len = socket_sockaddr(prefix, name, sa);
   if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) return {};
   // A server that accepts but never answers must not hang us.
   timeval tv{2, 0};
@@ -91,7 +91,7 @@ struct PacketSink {
 }  // namespace
 
 Client::Client(std::string name, std::string stream, bool conflate, ClientOptions options)
-    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)) {
+    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)), owner_(getpid()) {
   check_name("server name", name_);
   check_name("stream name", stream_);
 }
@@ -99,10 +99,29 @@ Client::Client(std::string name, std::string stream, bool conflate, ClientOption
 Client::~Client() { close(); }
 
 void Client::close() {
+  if (getpid() != owner_) {
+    forget_after_fork();
+    return;
+  }
   disconnect();
   topic_fd_.reset();
   pool_.reset();
   sub_.reset();
+}
+
+// A forked child shares the parent's lease table, socket and topic segment
+// description: clearing the lease would unpin the parent's frame, and the
+// subscriber's normal detach would take (and, on the shared description,
+// keep) the segment's attach lock. Only our copies go.
+void Client::forget_after_fork() {
+  lease_ = nullptr;
+  leases_.reset();
+  sock_.reset();
+  topic_fd_.reset();
+  pool_.reset();
+  if (sub_) sub_->forget_after_fork();
+  sub_.reset();
+  owner_ = getpid();  // what is left (nothing) is ours: a later close() is an ordinary one
 }
 
 void Client::disconnect() {
@@ -112,33 +131,80 @@ void Client::disconnect() {
   sock_.reset();  // the server clears our slot (L3) when it sees this
 }
 
-void Client::ensure_subscriber() {
-  if (sub_) return;
+// The topic ring comes only from the server (an unnamed file, passed at each
+// attach): a reconnect to a restarted server moves to its new ring.
+void Client::adopt_topic(bool same_server) {
+  if (!topic_fd_) return;
+  if (sub_ && same_server) {  // connect() again to the same server: its ring is the one we read
+    topic_fd_.reset();
+    return;
+  }
   msgq::SegmentSpec spec;
   spec.dir = options_.shm_dir;
-  const std::string topic = endpoint_name(name_, stream_);
-  spec.basename = msgq::segment_basename(options_.prefix, topic);
-  if (topic_fd_) {  // what the server passed: works for an admitted user of another uid too
-    sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, msgq::Segment::adopt(topic_fd_.get(), spec));
-    topic_fd_.reset();
-  } else {
-    sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_);
+  spec.basename = msgq::segment_basename(options_.prefix, endpoint_name(name_, stream_));
+  auto seg = msgq::Segment::adopt(topic_fd_.get(), spec);
+  topic_fd_.reset();
+  // A restarted server's ring: read it from its start, so the frames it sent
+  // before we noticed the restart are not lost (the first ring: from now on).
+  const bool moving = sub_ != nullptr;
+  if (sub_) sub_->close();
+  sub_ = std::make_unique<msgq::Subscriber>(spec, conflate_, std::move(seg), moving);
+}
+
+bool Client::refused(Refusal why, std::string message) {
+  refusal_ = why;
+  error_ = std::move(message);
+  return false;
+}
+
+void Client::check_owner() const {
+  if (getpid() != owner_) {
+    common::fail(common::ErrorKind::kClosed, "this VisionIPC client belongs to pid " + std::to_string(owner_) +
+                                                 " (inherited across fork): close it here and make a new one");
   }
 }
 
 bool Client::connect() {
-  common::UniqueFd fd = dial(socket_address(options_.prefix, name_));
-  if (!fd) return false;
+  check_owner();
+  const std::string who = "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
+  common::UniqueFd fd = dial(options_.prefix, name_);
+  if (!fd) return refused(Refusal::kNoServer, "no " + who + " is running");
   check_server(fd.get(), name_, options_);
   auto reply = std::make_unique<Reply>();
   std::vector<common::UniqueFd> fds;
-  if (!ask(fd.get(), name_, RequestKind::kAttach, stream_, *reply, fds)) return false;
-  if (reply->status != static_cast<uint32_t>(ReplyStatus::kOk)) return false;
+  if (!ask(fd.get(), name_, RequestKind::kAttach, stream_, *reply, fds)) {
+    return refused(Refusal::kNoServer, who + " hung up without answering");
+  }
+  switch (static_cast<ReplyStatus>(reply->status)) {
+    case ReplyStatus::kOk:
+      break;
+    case ReplyStatus::kUnknownStream: {
+      std::string known(reply->list, std::min<size_t>(reply->list_length, kListCapacity));
+      while (!known.empty() && known.back() == '\n') known.pop_back();
+      for (char& ch : known) ch = ch == '\n' ? ',' : ch;
+      return refused(Refusal::kUnknownStream, who + " has no stream '" + stream_ + "'; it has: " +
+                                                  (known.empty() ? std::string("none yet") : known));
+    }
+    case ReplyStatus::kFull:
+      return refused(Refusal::kFull, who + " is full: all " + std::to_string(kMaxClients) + " client slots of stream '" +
+                                         stream_ + "' are taken (or " + std::to_string(kMaxPending) +
+                                         " connections wait for an answer); close a client or try again later");
+    case ReplyStatus::kPeerLimit:
+      return refused(Refusal::kPeerLimit, who + " refused this process (pid " + std::to_string(getpid()) +
+                                              "): it already holds its share of stream '" + stream_ + "' (" +
+                                              std::to_string(kMaxClientsPerPeer) +
+                                              " connections); close some of this process's clients");
+    default:
+      return refused(Refusal::kNoServer, who + " refused with status " + std::to_string(reply->status));
+  }
+  const uint64_t before = server_id_;
   if (!accept_reply(*reply, fds)) {
     common::fail(common::ErrorKind::kSegment, "VisionIPC server '" + name_ + "' sent an inconsistent handshake");
   }
   sock_ = std::move(fd);
-  ensure_subscriber();
+  adopt_topic(server_id_ == before);
+  refusal_ = Refusal::kNone;
+  error_.clear();
   return true;
 }
 
@@ -237,23 +303,38 @@ bool Client::handle(const Packet& p, Frame& out) {
   return true;
 }
 
+// Waits in slices of kReconnectCheckNs: a slice that ends without data
+// checks the connection and reconnects to a restarted server (whose frames
+// go to a new ring). Frames arriving never pay for the check.
 common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
-  ensure_subscriber();
+  check_owner();  // an inherited subscriber would move the parent's read position
   for (;;) {
-    PacketSink sink;
-    while (sub_->try_read(sink)) {
-      if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return common::WaitStatus::kReady;
-      dropped_++;
+    if (sub_) {
+      PacketSink sink;
+      while (sub_->try_read(sink)) {
+        if (sink.size == sizeof(Packet) && handle(sink.packet, out)) return common::WaitStatus::kReady;
+        dropped_++;
+      }
     }
-    if (deadline_ns != common::kNever && common::monotonic_ns() >= deadline_ns) return common::WaitStatus::kTimeout;
-    const common::WaitStatus st = sub_->wait(deadline_ns);
-    if (st == common::WaitStatus::kInterrupted || st == common::WaitStatus::kClosed) return st;
+    const int64_t now = common::monotonic_ns();
+    if (deadline_ns != common::kNever && now >= deadline_ns) return common::WaitStatus::kTimeout;
+    const int64_t slice = deadline_ns == common::kNever ? now + kReconnectCheckNs : std::min(deadline_ns, now + kReconnectCheckNs);
+    if (sub_) {
+      const common::WaitStatus st = sub_->wait(slice);
+      if (st == common::WaitStatus::kInterrupted || st == common::WaitStatus::kClosed) return st;
+      if (st != common::WaitStatus::kTimeout || common::monotonic_ns() < slice) continue;
+    } else {
+      const int64_t ns = slice - now;
+      timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
+      if (nanosleep(&ts, nullptr) != 0 && errno == EINTR) return common::WaitStatus::kInterrupted;
+    }
+    if (!connected()) connect();
   }
 }
 
 std::optional<std::vector<std::string>> Client::list_streams(const std::string& name, const ClientOptions& options) {
   check_name("server name", name);
-  common::UniqueFd fd = dial(socket_address(options.prefix, name));
+  common::UniqueFd fd = dial(options.prefix, name);
   if (!fd) return std::nullopt;
   check_server(fd.get(), name, options);
   auto reply = std::make_unique<Reply>();

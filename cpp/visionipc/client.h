@@ -2,9 +2,13 @@
 // read-only, receives frame packets over msgq, and holds at most one read
 // lease at a time (the frame it is looking at).
 //
-// Server restarts: a packet with another server id, or a hang-up of the
-// socket, makes the client reconnect and remap; views of the old mapping
-// stay readable (they own it) until dropped.
+// Server restarts: a hang-up of the socket (checked when a wait slice of
+// recv() passes without a frame) makes the client reconnect, remap and move
+// to the new server's topic ring (rings are unnamed, passed by fd); views
+// of the old mapping stay readable (they own it) until dropped.
+//
+// Fork: only the process that made the client writes its lease slot or
+// touches the segment's locks; in a forked child close() only forgets.
 #pragma once
 
 #include <cstdint>
@@ -48,8 +52,12 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // One attempt, never waits: true once connected and mapped. False when the
-  // server or the stream does not exist (yet), or refused us.
+  // server or the stream does not exist (yet), or refused us: last_refusal()
+  // and last_error() then say why (a refusal by uid throws kPermission).
   bool connect();
+  enum class Refusal { kNone, kNoServer, kUnknownStream, kFull, kPeerLimit };
+  Refusal last_refusal() const { return refusal_; }
+  const std::string& last_error() const { return error_; }
   bool connected();
   // Wait for the next frame until deadline (monotonic ns, common::kNever). A
   // returned frame is leased (the previous lease is dropped) when still valid.
@@ -71,13 +79,19 @@ class Client {
   // The frame topic's wake descriptor for event loops (msgq::Subscriber::fileno / arm); once connected.
   int fileno() { return connected_subscriber().fileno(); }
   bool arm() { return connected_subscriber().arm(); }
+  // Drop the lease and the connection. In a forked child (another pid than
+  // the one that made the client) this is forget_after_fork().
   void close();
+  // Drop this process's copies of the descriptors and mappings without
+  // touching the lease slot or any segment lock (the parent still uses them).
+  void forget_after_fork();
 
   // Stream names a server offers (one attempt); nullopt if no server answers.
   static std::optional<std::vector<std::string>> list_streams(const std::string& name, const ClientOptions& options);
 
  private:
   void disconnect();
+  bool refused(Refusal why, std::string message);  // records why connect() failed; false
   bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
   void ensure_subscriber();
@@ -85,13 +99,18 @@ class Client {
     if (!sub_) common::fail(common::ErrorKind::kInvalidArgument, "connect() first: the frame topic comes with the connection");
     return *sub_;
   }
+  void adopt_topic(bool same_server);
+  void check_owner() const;  // kClosed in a forked child that did not close() the client first
+  // How long recv() waits on the ring before it checks that the server is
+  // still there (and reconnects to a restarted one).
+  static constexpr int64_t kReconnectCheckNs = 50'000'000;
   const BufferMeta& meta(uint32_t i) const { return reinterpret_cast<const BufferMeta*>(pool_->data())[i]; }
 
   std::string name_, stream_;
   bool conflate_;
   ClientOptions options_;
   common::UniqueFd sock_;
-  common::UniqueFd topic_fd_;  // the topic segment the server passed (attach reply), until the subscriber takes it
+  common::UniqueFd topic_fd_;  // the topic segment the server passed (attach reply), until adopt_topic() takes it
   std::shared_ptr<Mapping> pool_;
   std::unique_ptr<Mapping> leases_;
   LeaseSlot* lease_ = nullptr;
@@ -103,6 +122,9 @@ class Client {
   uint32_t ordinal_ = 0;
   uint64_t dropped_ = 0;
   std::unique_ptr<msgq::Subscriber> sub_;
+  pid_t owner_ = 0;  // the process that made the client: the only one that writes its lease or locks
+  Refusal refusal_ = Refusal::kNone;
+  std::string error_;
 };
 
 }  // namespace vipc::visionipc

@@ -5,6 +5,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <optional>
+#include <string>
+
 #include "common/errors.h"
 #include "visionipc/format.h"
 
@@ -38,7 +45,83 @@ Mapping::Mapping(int fd, size_t size, bool writable, size_t read_only_prefix) : 
 
 Mapping::~Mapping() { munmap(data_, size_); }
 
+namespace {
+
+// The first number in a small text file (or after `key` in it); nullopt if absent.
+std::optional<uint64_t> read_number(const std::string& path, const std::string& key = "") {
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  std::string word;
+  while (in >> word) {
+    if (!key.empty() && word != key) continue;
+    if (!key.empty() && !(in >> word)) return std::nullopt;
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(word.c_str(), &end, 10);
+    if (errno != 0 || end == word.c_str() || *end != '\0') return std::nullopt;  // "max": no limit
+    return v;
+  }
+  return std::nullopt;
+}
+
+// Our cgroup v2 directory (from "0::/path" in /proc/self/cgroup).
+std::string cgroup2_dir() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return "/sys/fs/cgroup" + line.substr(3);
+  }
+  return "";
+}
+
+void consider(uint64_t value, const std::string& source, uint64_t& limit, std::string* why) {
+  if (value >= limit) return;
+  limit = value;
+  if (why != nullptr) *why = source;
+}
+
+}  // namespace
+
+uint64_t pool_memory_limit(std::string* why) {
+  uint64_t limit = UINT64_MAX;
+  if (auto kb = read_number("/proc/meminfo", "MemAvailable:")) {
+    consider(*kb * 1024, "the memory available (MemAvailable " + std::to_string(*kb * 1024) + " bytes)", limit, why);
+  }
+  const std::string v2 = cgroup2_dir();
+  auto max = v2.empty() ? std::nullopt : read_number(v2 + "/memory.max");
+  auto used = v2.empty() ? std::nullopt : read_number(v2 + "/memory.current");
+  std::string kind = "cgroup v2 memory.max";
+  if (!max) {
+    max = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
+    used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
+    kind = "cgroup v1 memory.limit_in_bytes";
+  }
+  if (max) {
+    const uint64_t room = *max > used.value_or(0) ? *max - used.value_or(0) : 0;
+    consider(room, "the room left under this process's " + kind + " (" + std::to_string(*max) + " bytes, " +
+                       std::to_string(used.value_or(0)) + " used)", limit, why);
+  }
+  if (const char* cap = std::getenv("VIPC_MAX_POOL_BYTES"); cap != nullptr && *cap != '\0') {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long v = std::strtoull(cap, &end, 10);
+    if (errno != 0 || *end != '\0' || cap[0] == '-' || v == 0) {
+      common::fail(common::ErrorKind::kInvalidArgument,
+                   "VIPC_MAX_POOL_BYTES=" + std::string(cap).substr(0, 40) + " must be a positive number of bytes");
+    }
+    consider(v, "VIPC_MAX_POOL_BYTES=" + std::to_string(v), limit, why);
+  }
+  return limit;
+}
+
 common::UniqueFd create_sealed_memfd(const char* name, size_t size) {
+  std::string why;
+  if (const uint64_t limit = pool_memory_limit(&why); size > limit) {
+    common::fail(common::ErrorKind::kNoSpace, std::string(name) + " needs " + std::to_string(size) +
+                                                  " bytes of shared memory but this process may take at most " +
+                                                  std::to_string(limit) + " (" + why +
+                                                  "): use fewer or smaller buffers, or give the process more memory");
+  }
   common::UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) common::fail_errno("memfd_create");
   if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) common::fail_errno("sizing a memfd to " + std::to_string(size));

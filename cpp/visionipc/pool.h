@@ -45,6 +45,12 @@ namespace vipc::visionipc {
 
 inline constexpr uint32_t kMaxBuffers = 256;
 inline constexpr uint32_t kMaxClients = 64;  // lease slots (client connections) per stream
+// Admission is fair per peer: one process holds at most this many of a
+// stream's lease slots, and at most this many connections that have not asked
+// for anything yet (ServerOptions::max_per_peer overrides it).
+inline constexpr uint32_t kMaxClientsPerPeer = kMaxClients / 4;
+// Connections that have not asked for anything yet, all peers together.
+inline constexpr uint32_t kMaxPending = 2 * kMaxClients;
 inline constexpr uint64_t kProbeBit = 1ull << 63;  // G1a; real generations never get near it
 
 struct alignas(64) BufferMeta {
@@ -98,8 +104,16 @@ class Mapping {
   size_t size_ = 0;
 };
 
-// A new sealed memfd of `size` zero bytes.
+// A new sealed memfd of `size` zero bytes, reserved now. Refused first with
+// kNoSpace (nothing allocated) when `size` exceeds pool_memory_limit().
 common::UniqueFd create_sealed_memfd(const char* name, size_t size);
+
+// What one shared-memory allocation of this process may take: the least of
+// MemAvailable (/proc/meminfo), the room left under our cgroup's limit (v2
+// memory.max - memory.current, or v1 limit_in_bytes - usage_in_bytes) and
+// VIPC_MAX_POOL_BYTES (a cap the user sets; a bad value is kInvalidArgument).
+// `why` names the binding constraint. Without any of them: UINT64_MAX.
+uint64_t pool_memory_limit(std::string* why);
 // Empty if fd is a memfd of exactly `size` bytes sealed against shrink and grow.
 std::string sealed_memfd_problem(int fd, size_t size);
 

@@ -1,16 +1,41 @@
 #include "visionipc/protocol.h"
 
 #include <sys/socket.h>
+#include <sys/un.h>
+
+#include <cstddef>
+#include <cstdio>
 
 #include <cerrno>
 #include <cstring>
 
 namespace vipc::visionipc {
 
+namespace {
+uint64_t fnv1a(const std::string& text, uint64_t seed) {
+  uint64_t h = seed;
+  for (unsigned char ch : text) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+}  // namespace
+
 std::string socket_address(const std::string& prefix, const std::string& name) {
   std::string addr(1, '\0');
-  addr += "visionipc@" + prefix + "@" + name;
-  return addr;
+  const std::string readable = "visionipc@" + prefix + "@" + name;
+  if (readable.size() < sizeof(sockaddr_un::sun_path)) return addr + readable;
+  // Too long for sun_path (a long prefix and name): a 128-bit digest of it.
+  char digest[33];
+  std::snprintf(digest, sizeof(digest), "%016llx%016llx", static_cast<unsigned long long>(fnv1a(readable, 0xcbf29ce484222325ull)),
+                static_cast<unsigned long long>(fnv1a(readable, 0x84222325cbf29ce4ull)));
+  return addr + "visionipc#" + digest;
+}
+
+socklen_t socket_sockaddr(const std::string& prefix, const std::string& name, sockaddr_un& sa) {
+  const std::string addr = socket_address(prefix, name);
+  sa = sockaddr_un{};
+  sa.sun_family = AF_UNIX;
+  std::memcpy(sa.sun_path, addr.data(), addr.size());  // fits: socket_address keeps it under sun_path's size
+  return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
 }
 
 std::string endpoint_name(const std::string& name, const std::string& stream) { return "visionipc_" + name + "_" + stream; }
@@ -79,14 +104,16 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::Unique
 namespace vipc::visionipc {
 
 void check_name(const char* kind, const std::string& name) {
-  bool ok = !name.empty() && name.size() <= 100 && name[0] != '.' && name.find("..") == std::string::npos;
+  bool ok = !name.empty() && name.size() <= kMaxNameLength && name[0] != '.' && name.find("..") == std::string::npos;
   for (char ch : name) {
     ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
                 ch == '.' || ch == ':' || ch == '-');
   }
   if (!ok) {
-    common::fail(common::ErrorKind::kInvalidArgument, std::string(kind) + " '" + name.substr(0, 40) +
-                                                    "' must be 1-100 of [A-Za-z0-9_.:-], no '..', not starting with '.'");
+    const std::string shown = name.size() > 40 ? name.substr(0, 40) + "...' (" + std::to_string(name.size()) + " characters)" : name + "'";
+    common::fail(common::ErrorKind::kInvalidArgument, std::string(kind) + " '" + shown + " must be 1-" +
+                                                          std::to_string(kMaxNameLength) +
+                                                          " of [A-Za-z0-9_.:-], no '..', not starting with '.'");
   }
 }
 

@@ -3,7 +3,9 @@
 // Connection (Unix SOCK_SEQPACKET, abstract namespace, so nothing on disk):
 //   1. client -> server: Request {magic, version, kind, stream name}.
 //   2. server checks the peer's uid (SO_PEERCRED): its own or one of its
-//      allowed_uids, else it answers a Reply with status kDenied and hangs up.
+//      allowed_uids, else it answers a Reply with status kDenied and hangs up;
+//      likewise kFull / kPeerLimit when admitting the peer would break the
+//      per-peer share (a refusal always says why, never a silent hang-up).
 //      Otherwise one Reply; for kAttach with three fds attached by
 //      SCM_RIGHTS: the pool, the lease table, and the stream's msgq topic
 //      segment (a fresh open file description), so an admitted user of
@@ -20,6 +22,9 @@
 // Frames: one Packet per send on the msgq topic visionipc_<name>_<stream>.
 #pragma once
 
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,7 +40,10 @@ inline constexpr size_t kStreamNameCapacity = 128;      // incl. NUL
 inline constexpr size_t kListCapacity = 8192;           // stream names, '\n'-separated
 
 enum class RequestKind : uint32_t { kAttach = 1, kList = 2 };
-enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3, kDenied = 4 };
+// kUnknownStream carries the stream names the server has in `list`; kFull:
+// every lease slot of the stream (or every pending connection) is taken;
+// kPeerLimit: the asking process already holds its share (kMaxClientsPerPeer).
+enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3, kDenied = 4, kPeerLimit = 5 };
 
 struct Request {
   uint32_t magic;
@@ -79,8 +87,12 @@ struct Packet {
 };
 static_assert(sizeof(Packet) == 64, "wire format");
 
-// "\0visionipc@PREFIX@NAME" (abstract: the leading NUL keeps it off disk).
+// "\0visionipc@PREFIX@NAME" (abstract: the leading NUL keeps it off disk);
+// where that does not fit sun_path (long prefix and name),
+// "\0visionipc#<128-bit digest of it>".
 std::string socket_address(const std::string& prefix, const std::string& name);
+// socket_address() as a sockaddr_un; returns its length for bind/connect.
+socklen_t socket_sockaddr(const std::string& prefix, const std::string& name, sockaddr_un& sa);
 // The reference's topic name: "visionipc_NAME_STREAM".
 std::string endpoint_name(const std::string& name, const std::string& stream);
 
@@ -96,7 +108,10 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::Unique
 }  // namespace vipc::visionipc
 
 namespace vipc::visionipc {
-// Server and stream names: 1..100 of [A-Za-z0-9_.:-], no "..", not starting
-// with '.'; throws common::Error(kInvalidArgument, "<kind> ...").
+// Server and stream names: 1..kMaxNameLength of [A-Za-z0-9_.:-], no "..",
+// not starting with '.'; throws common::Error(kInvalidArgument, "<kind> ...").
+// The one limit (Python reads it as _visionipc.MAX_NAME_LENGTH; the socket
+// address and the topic name are built from it).
+inline constexpr size_t kMaxNameLength = 100;
 void check_name(const char* kind, const std::string& name);
 }  // namespace vipc::visionipc

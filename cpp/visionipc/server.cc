@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <sys/random.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -35,31 +36,60 @@ msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
   return spec;
 }
 
+// The topic ring lives on as an unnamed file: its name goes right after the
+// publisher made it (if it is still the file we opened), so nothing is left
+// in the shm directory whatever kills the server; clients get it by fd only.
+void unlink_topic(const msgq::Segment& seg) {
+  struct stat ours {}, named {};
+  if (fstat(seg.fd(), &ours) != 0 || stat(seg.path().c_str(), &named) != 0) return;
+  if (ours.st_dev == named.st_dev && ours.st_ino == named.st_ino) unlink(seg.path().c_str());
+}
+
+// Who holds an abstract socket name: "uid U (pid P)", or "" if no one answers.
+std::string holder_of(const sockaddr_un& sa, socklen_t len) {
+  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd || ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&sa), len) != 0) return "";
+  ucred cred{};
+  socklen_t n = sizeof(cred);
+  if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &n) != 0) return "";
+  return "uid " + std::to_string(cred.uid) + " (pid " + std::to_string(cred.pid) + ")";
+}
+
 }  // namespace
 
 // The socket name is claimed here, not in start_listener(): a second server
 // of the same name fails before it takes over any of the first one's topics.
-Server::Server(std::string name, ServerOptions options) : name_(std::move(name)), options_(std::move(options)), id_(random_id()) {
+Server::Server(std::string name, ServerOptions options)
+    : name_(std::move(name)), options_(std::move(options)), owner_(getpid()), id_(random_id()) {
   check_name("server name", name_);
-  listen_fd_.reset(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!listen_fd_) common::fail_errno("socket(AF_UNIX)");
-  const std::string addr = socket_address(options_.prefix, name_);
+  common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!fd) common::fail_errno("socket(AF_UNIX)");
   sockaddr_un sa{};
-  sa.sun_family = AF_UNIX;
-  if (addr.size() > sizeof(sa.sun_path)) common::fail(common::ErrorKind::kInvalidArgument, "server name too long for a socket address");
-  std::memcpy(sa.sun_path, addr.data(), addr.size());
-  const auto len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
-  if (bind(listen_fd_.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
+  const socklen_t len = socket_sockaddr(options_.prefix, name_, sa);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&sa), len) != 0) {
     if (errno == EADDRINUSE) {
-      common::fail(common::ErrorKind::kIpc, "another VisionIPC server named '" + name_ + "' is running (prefix '" + options_.prefix + "')");
+      const std::string who = holder_of(sa, len);
+      const std::string what = "VisionIPC server name '" + name_ + "' (prefix '" + options_.prefix + "')";
+      if (!who.empty() && who.rfind("uid " + std::to_string(geteuid()) + " ", 0) != 0) {
+        common::fail(common::ErrorKind::kIpc, "the " + what + " is held by another user, " + who +
+                                                  ": pick another name or run prefix (MSGQ_PREFIX)");
+      }
+      common::fail(common::ErrorKind::kIpc, "another VisionIPC server with the " + what + " is running" +
+                                                (who.empty() ? std::string(" (its process does not answer)") : " as " + who) +
+                                                ": stop it or pick another name");
     }
     common::fail_errno("bind of the VisionIPC socket");
   }
+  listen_fd_ = std::move(fd);
 }
 
 Server::~Server() { close(); }
 
 void Server::close() {
+  if (getpid() != owner_) {
+    forget_after_fork();
+    return;
+  }
   if (listener_.joinable()) {
     const uint64_t one = 1;
     if (write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) std::abort();  // eventfd write cannot fail here
@@ -71,7 +101,32 @@ void Server::close() {
   streams_.clear();
 }
 
+// A forked child has no listener thread (fork copies only the caller) but
+// shares the parent's stop eventfd, socket and segment descriptions: writing,
+// joining or locking any of them would stop or freeze the parent. The
+// child's std::thread handle names the parent's thread: it is parked in a
+// leaked handle (destroying a joinable one aborts; joining would wait on a
+// thread that does not exist here). mutex_ may have been held by the
+// parent's listener at the fork: it is not taken.
+void Server::forget_after_fork() {
+  if (listener_.joinable()) new std::thread(std::move(listener_));  // never joined, never freed
+  for (auto& kv : streams_) {
+    if (kv.second->publisher) kv.second->publisher->forget_after_fork();
+  }
+  streams_.clear();  // our copies of the pool fds and mappings only
+  connections_.clear();
+  stop_fd_.reset();
+  listen_fd_.reset();
+}
+
+void Server::check_open() const {
+  if (!listen_fd_ || getpid() != owner_) {
+    common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
+  }
+}
+
 Server::Stream& Server::find(const std::string& stream) const {
+  check_open();
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = streams_.find(stream);
   if (it == streams_.end()) common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
@@ -103,7 +158,12 @@ uint64_t Server::generation(const std::string& stream, uint32_t index) const {
 }
 
 void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
+  check_open();
   check_name("stream name", stream);
+  {
+    std::lock_guard<std::mutex> lock(mutex_);  // checked again below: the listener only reads streams_
+    if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
+  }
   const std::string problem = geometry_problem(geometry);
   if (!problem.empty()) common::fail(common::ErrorKind::kInvalidArgument, problem);
   auto s = std::make_unique<Stream>();
@@ -117,6 +177,7 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->last_sent.assign(count, 0);
   s->generation.assign(count, 0);
   s->publisher = std::make_unique<msgq::Publisher>(topic_spec(options_, endpoint_name(name_, stream)));
+  unlink_topic(*s->publisher->segment());
   std::lock_guard<std::mutex> lock(mutex_);
   if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
   s->ordinal = static_cast<uint32_t>(streams_.size());
@@ -197,27 +258,37 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
 }
 
 void Server::start_listener() {
+  check_open();
   if (listener_.joinable()) return;
-  if (!listen_fd_) common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed");
   if (listen(listen_fd_.get(), 64) != 0) common::fail_errno("listen");
   stop_fd_.reset(eventfd(0, EFD_CLOEXEC));
   if (!stop_fd_) common::fail_errno("eventfd");
   listener_ = std::thread([this] { listen_loop(); });
 }
 
+// A connection that has not asked anything kPendingTimeoutNs after it was
+// accepted is hung up: idle peers cannot keep the pending places forever.
 void Server::listen_loop() {
   for (;;) {
     std::vector<pollfd> fds{{stop_fd_.get(), POLLIN, 0}, {listen_fd_.get(), POLLIN, 0}};
-    for (const Connection& c : connections_) fds.push_back({c.fd.get(), POLLIN, 0});
-    if (poll(fds.data(), fds.size(), -1) < 0) {
+    int64_t first_expiry = common::kNever;
+    for (const Connection& c : connections_) {
+      fds.push_back({c.fd.get(), POLLIN, 0});
+      if (c.stream == nullptr) first_expiry = std::min(first_expiry, c.accepted_ns + kPendingTimeoutNs);
+    }
+    const int timeout_ms =
+        first_expiry == common::kNever ? -1 : static_cast<int>(std::max<int64_t>(0, first_expiry - common::monotonic_ns()) / 1'000'000 + 1);
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       return;
     }
     if (fds[0].revents) return;
+    const int64_t now = common::monotonic_ns();
     // Walk backwards so erasing keeps the indices of the rest valid.
     for (size_t i = connections_.size(); i-- > 0;) {
-      if (fds[i + 2].revents == 0) continue;
       Connection& c = connections_[i];
+      const bool expired = c.stream == nullptr && now >= c.accepted_ns + kPendingTimeoutNs;
+      if (fds[i + 2].revents == 0 && !expired) continue;
       if ((fds[i + 2].revents & POLLIN) && c.stream == nullptr && serve_request(c)) continue;
       hang_up(c);
       connections_.erase(connections_.begin() + static_cast<long>(i));
@@ -226,35 +297,73 @@ void Server::listen_loop() {
   }
 }
 
-bool Server::peer_allowed(int fd) const {
-  ucred cred{};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return false;
+bool Server::peer_allowed(const ucred& cred) const {
   if (cred.uid == geteuid()) return true;
   return std::find(options_.allowed_uids.begin(), options_.allowed_uids.end(), cred.uid) != options_.allowed_uids.end();
 }
 
+// Say why, so the client can tell its user what to do; then hang up.
+void Server::refuse(int fd, ReplyStatus status) {
+  auto reply = std::make_unique<Reply>();
+  std::memset(reply.get(), 0, sizeof(Reply));
+  reply->magic = kProtocolMagic;
+  reply->version = kProtocolVersion;
+  reply->server_id = id_;
+  reply->status = static_cast<uint32_t>(status);
+  send_with_fds(fd, reply.get(), sizeof(Reply), {});
+  // Closing with the client's request unread would reset the connection and
+  // drop our answer from its queue (ECONNRESET): stop more coming in (a later
+  // send gets EPIPE and the client reads the answer), then drain what came.
+  shutdown(fd, SHUT_RDWR);
+  Request junk{};
+  for (std::vector<common::UniqueFd> fds; recv_with_fds(fd, &junk, sizeof(junk), fds) > 0; fds.clear()) {
+  }
+}
+
+// Admission: a peer of a refused uid, a peer with max_per_peer connections
+// still waiting to ask, or one over kMaxPending waiting in all, is refused at
+// once with the reason (kDenied / kPeerLimit / kFull).
 void Server::accept_client() {
   for (;;) {
     common::UniqueFd fd(accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
     if (!fd) return;
-    if (!peer_allowed(fd.get())) {
-      // Say why, so the client can tell its user what to do; then hang up.
-      auto reply = std::make_unique<Reply>();
-      std::memset(reply.get(), 0, sizeof(Reply));
-      reply->magic = kProtocolMagic;
-      reply->version = kProtocolVersion;
-      reply->status = static_cast<uint32_t>(ReplyStatus::kDenied);
-      send_with_fds(fd.get(), reply.get(), sizeof(Reply), {});
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(fd.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || !peer_allowed(cred)) {
+      refuse(fd.get(), ReplyStatus::kDenied);
       continue;
     }
-    connections_.push_back(Connection{std::move(fd), nullptr, 0});
+    uint32_t pending = 0, mine = 0;
+    for (const Connection& c : connections_) {
+      if (c.stream != nullptr) continue;
+      pending++;
+      mine += c.peer == cred.pid;
+    }
+    if (mine >= options_.max_per_peer || pending >= kMaxPending) {
+      refuse(fd.get(), mine >= options_.max_per_peer ? ReplyStatus::kPeerLimit : ReplyStatus::kFull);
+      continue;
+    }
+    connections_.push_back(Connection{std::move(fd), cred.pid, common::monotonic_ns(), nullptr, 0});
   }
 }
 
 namespace {
 bool topic_ok(const std::vector<int>& fds) { return fds.empty() || fds.back() >= 0; }
 }  // namespace
+
+uint32_t Server::list_streams(Reply& reply) const {
+  std::string list;
+  for (const auto& kv : streams_) list += kv.first + "\n";
+  list = list.substr(0, kListCapacity);
+  std::memcpy(reply.list, list.data(), list.size());
+  return static_cast<uint32_t>(list.size());
+}
+
+uint32_t Server::peer_slots(pid_t peer, const Stream& s) const {
+  uint32_t n = 0;
+  for (const Connection& c : connections_) n += c.peer == peer && c.stream == &s;
+  return n;
+}
 
 bool Server::serve_request(Connection& c) {
   Request req{};
@@ -274,15 +383,14 @@ bool Server::serve_request(Connection& c) {
   if (req.version != kProtocolVersion) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kBadRequest);
   } else if (req.kind == static_cast<uint32_t>(RequestKind::kList)) {
-    std::string list;
-    for (const auto& kv : streams_) list += kv.first + "\n";
-    list = list.substr(0, kListCapacity);
-    std::memcpy(reply->list, list.data(), list.size());
-    reply->list_length = static_cast<uint32_t>(list.size());
+    reply->list_length = list_streams(*reply);
   } else if (auto it = streams_.find(wanted); it == streams_.end()) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kUnknownStream);
+    reply->list_length = list_streams(*reply);  // so the client can name the ones there are
   } else if (Stream& s = *it->second; ~s.slot_used == 0) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kFull);
+  } else if (peer_slots(c.peer, s) >= options_.max_per_peer) {
+    reply->status = static_cast<uint32_t>(ReplyStatus::kPeerLimit);
   } else {
     const auto slot = static_cast<uint32_t>(__builtin_ctzll(~s.slot_used));
     s.slot_used |= uint64_t{1} << slot;

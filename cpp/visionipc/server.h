@@ -1,6 +1,11 @@
 // VisionIpcServer: owns the frame pools of one named server, hands buffers
 // to the producer, publishes frames over msgq and serves clients their fds.
 //
+// Topic rings: each stream's msgq segment is unlinked right after it is
+// made; clients get it by fd at attach, so a server leaves nothing in the shm
+// directory whatever kills it. Fork: only the process that made the server
+// stops its listener (close() in a forked child only forgets its copies).
+//
 // Threads: get_buffer() / send() / create_buffers() belong to one producer
 // thread at a time; the listener thread only reads stream geometry (under
 // mutex_) and clears lease slots of clients that hung up.
@@ -12,6 +17,7 @@
 // told, never handed a torn frame). get_buffer never blocks.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
@@ -26,6 +32,7 @@
 #include "msgq/publisher.h"
 #include "visionipc/format.h"
 #include "visionipc/pool.h"
+#include "visionipc/protocol.h"
 
 namespace vipc::visionipc {
 
@@ -33,6 +40,9 @@ struct ServerOptions {
   std::string prefix;               // run prefix (MSGQ_PREFIX), part of every name
   std::string shm_dir = "/dev/shm";  // where the msgq topic segments live
   std::vector<uid_t> allowed_uids;  // besides our own uid
+  // Connections one peer process may hold to this server (pending or
+  // attached, all streams together): one process cannot take every lease slot.
+  uint32_t max_per_peer = kMaxClientsPerPeer;
 };
 
 struct Acquired {
@@ -54,7 +64,13 @@ class Server {
   // checked out under that generation (sent already, or recycled since).
   void send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
   void start_listener();
+  // Stop the listener and drop the pools. In a forked child (another pid than
+  // the one that made the server) this is forget_after_fork(): the parent's
+  // listener, socket and topics stay untouched.
   void close();
+  // Drop this process's copies of the descriptors and mappings without
+  // writing the stop eventfd, joining the (parent's) thread or taking any lock.
+  void forget_after_fork();
 
   std::vector<std::string> streams() const;
   const Geometry& geometry(const std::string& stream) const { return find(stream).geometry; }
@@ -86,20 +102,28 @@ class Server {
   };
   struct Connection {
     common::UniqueFd fd;
+    pid_t peer = 0;            // SO_PEERCRED pid: admission is counted per peer
+    int64_t accepted_ns = 0;   // monotonic: a connection still pending kPendingTimeoutNs later is dropped
     Stream* stream = nullptr;  // set once attached
     uint32_t slot = 0;
   };
 
+  void check_open() const;  // kClosed after close() and in a forked child
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
+  static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
   void listen_loop();
   void accept_client();
   bool serve_request(Connection& c);  // false: drop the connection
   void hang_up(Connection& c);
-  bool peer_allowed(int fd) const;
+  bool peer_allowed(const ucred& cred) const;
+  void refuse(int fd, ReplyStatus status);
+  uint32_t list_streams(Reply& reply) const;            // names into reply.list (mutex_ held); its length
+  uint32_t peer_slots(pid_t peer, const Stream& s) const;  // s's slots held by that peer (listener thread)
 
   std::string name_;
   ServerOptions options_;
+  pid_t owner_ = 0;  // the process that made the server: the only one that may stop its listener
   uint64_t id_;
   mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
   std::map<std::string, std::unique_ptr<Stream>> streams_;

@@ -40,6 +40,8 @@ examples:
   msgq-top --all-prefixes --once    one table of every run's topics
   msgq-top --json --interval 0.5    one JSON document: {"topics": [...]}
   msgq-top --check                  what is wrong and what to do (exit status 1 if anything)
+  msgq-top --clean                  list the STALE topics (every user dead), ask, remove them
+  msgq-top --clean --yes            remove them without asking (scripts; needed without a terminal)
 """
 
 
@@ -262,10 +264,61 @@ class _Keys:
                 return True
 
 
+def _shown(name: str) -> str:
+    """A file name as printed: control and non-ASCII characters escaped."""
+    return name.encode("unicode_escape", "backslashreplace").decode("ascii")
+
+
+def clean(directory: str, prefix: Optional[str], yes: bool, out) -> int:
+    """``--clean``: list the stale topic segments, confirm (unless ``yes``),
+    remove them. Removal re-checks each file under its attach lock (a file a
+    process attached to since the listing stays). Exit 2 when asking is
+    impossible (no terminal, no ``--yes``)."""
+    stale = [t["file"] for t in build_report({}, snapshot(directory, prefix))["topics"] if t.get("stale")]
+    if not stale:
+        out.write("nothing to clean: no topic in %s has only dead users\n" % _shown(directory))
+        return 0
+    out.write("topics whose users are all dead, in %s:\n" % _shown(directory))
+    out.write("".join(f"  {_shown(name)}\n" for name in stale))
+    out.flush()
+    if not yes:
+        if not sys.stdin.isatty():
+            sys.stderr.write("msgq-top: error: --clean asks before removing; without a terminal, pass --yes\n")
+            return 2
+        try:
+            answer = input(f"remove these {len(stale)} segment(s)? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            out.write("nothing removed\n")
+            return 0
+    try:
+        present = os.listdir(directory)
+    except OSError:
+        present = []
+    removed, kept = [], []
+    for name in stale:
+        # The native sweep matches a name's beginning: never let it reach a file not listed above.
+        if any(other != name and other.startswith(name) for other in present):
+            kept.append(name)
+            continue
+        removed += _msgq.remove_stale_segments(directory, name)
+    in_use = [name for name in stale if name not in removed and name not in kept]
+    out.write(f"removed {len(removed)} segment(s)\n")
+    if in_use:
+        out.write("kept (in use again): " + ", ".join(_shown(n) for n in in_use) + "\n")
+    if kept:
+        out.write(
+            "kept (another file's name begins with it; remove by hand): " + ", ".join(_shown(n) for n in kept) + "\n"
+        )
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="msgq-top",
-        usage="msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--dir DIR]",
+        usage="msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] "
+        "[--clean [--yes]] [--dir DIR]",
         description="Show the live msgq topics of this machine: publisher, readers, message rate, "
         "bandwidth, reader lag and resets (drops). Refreshes like top; press q or Ctrl-C to quit.",
         epilog=EPILOG,
@@ -290,6 +343,12 @@ def _parser() -> argparse.ArgumentParser:
         "files) and what to do, then exit: status 1 if anything is",
     )
     parser.add_argument(
+        "--clean",
+        action="store_true",
+        help="remove the segments of topics whose users are all dead (STALE), after listing them and asking",
+    )
+    parser.add_argument("--yes", action="store_true", help="with --clean: remove without asking")
+    parser.add_argument(
         "--dir", metavar="DIR", help="directory of the segment files (default: MSGQ_SHM_DIR or /dev/shm)"
     )
     return parser
@@ -313,7 +372,11 @@ def main(argv=None) -> int:
     show_prefix = prefix is None
     out = sys.stdout
 
+    if args.yes and not args.clean:
+        parser.error("--yes only goes with --clean")
     try:
+        if args.clean:
+            return clean(directory, prefix, args.yes, out)
         if args.check:
             from msgq.apps.diagnostics import problems
 

@@ -1,5 +1,6 @@
 """msgq-top: the live topics of the machine, read from the segment headers."""
 
+import io
 import json
 import os
 import shutil
@@ -127,7 +128,8 @@ def test_once_prints_a_table_and_help_explains_the_columns(capsys):
         top.main(["--help"])
     assert exit_info.value.code == 0
     text = capsys.readouterr().out
-    assert "msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--dir DIR]" in text
+    usage = "msgq-top [--prefix P | --all-prefixes] [--interval S] [--once] [--json] [--check] [--clean [--yes]]"
+    assert usage + " [--dir DIR]" in text
     for word in ("RESETS", "LAG", "STALE", "--json"):
         assert word in text
 
@@ -245,3 +247,27 @@ def test_interactive_mode_refreshes_until_q_or_ctrl_c(how):
         reader.join(10)
         screens = b"".join(chunks).decode().split(top.CLEAR)
         assert topic in screens[-1] and "q: quit" in screens[-1]
+
+
+def test_clean_lists_and_removes_only_topics_whose_users_are_all_dead(capsys, msgq_prefix, tmp_path, monkeypatch):
+    monkeypatch.setenv("MSGQ_SHM_DIR", str(tmp_path))
+    topic = unique_topic()
+    with msgq.pub_sock(topic) as pub, msgq.sub_sock(topic):
+        pub.send(b"hello")
+        # Byte-for-byte copies are what segments look like after every user was killed.
+        for name in ("leftover", "gone"):
+            shutil.copyfile(tmp_path / segment_basename(topic), tmp_path / segment_basename(name))
+        monkeypatch.setattr(sys, "stdin", io.StringIO())  # no terminal: asking is impossible
+        assert top.main(["--clean"]) == 2
+        assert "pass --yes" in capsys.readouterr().err
+        assert (tmp_path / segment_basename("leftover")).exists()
+        assert top.main(["--clean", "--yes"]) == 0
+        out = capsys.readouterr().out
+        assert segment_basename("leftover") in out and segment_basename("gone") in out  # listed
+        assert "removed 2 segment(s)" in out
+        assert sorted(os.listdir(tmp_path)) == [segment_basename(topic)]  # the live topic stays
+        assert top.main(["--clean", "--yes"]) == 0
+        assert "nothing to clean" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        top.main(["--yes"])
+    assert exc.value.code == 2

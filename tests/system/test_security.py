@@ -190,6 +190,8 @@ def test_a_client_refuses_a_server_name_squatted_by_another_user():
         trusting = VisionIpcClient("cam", "road", False, trusted_uids=[NOBODY_UID])
         assert trusting.connect(False)  # on purpose: now it is trusted
         trusting.close()
+        with pytest.raises(msgq.IpcError, match="held by another user, uid 65534 \\(pid [0-9]+\\)"):
+            VisionIpcServer("cam")  # a server of ours is told who holds the name
         squatter.stdin.write("\n")
         squatter.stdin.flush()
         assert squatter.wait(30) == 0
