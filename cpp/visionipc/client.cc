@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/process.h"
 
 namespace vipc::visionipc {
 
@@ -91,7 +92,7 @@ struct PacketSink {
 }  // namespace
 
 Client::Client(std::string name, std::string stream, bool conflate, ClientOptions options)
-    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)), owner_(getpid()) {
+    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)), owner_(common::current_pid()) {
   check_name("server name", name_);
   check_name("stream name", stream_);
 }
@@ -99,7 +100,7 @@ Client::Client(std::string name, std::string stream, bool conflate, ClientOption
 Client::~Client() { close(); }
 
 void Client::close() {
-  if (getpid() != owner_) {
+  if (common::current_pid() != owner_) {
     forget_after_fork();
     return;
   }
@@ -121,7 +122,7 @@ void Client::forget_after_fork() {
   pool_.reset();
   if (sub_) sub_->forget_after_fork();
   sub_.reset();
-  owner_ = getpid();  // what is left (nothing) is ours: a later close() is an ordinary one
+  owner_ = common::current_pid();  // what is left (nothing) is ours: a later close() is an ordinary one
 }
 
 void Client::disconnect() {
@@ -158,7 +159,7 @@ bool Client::refused(Refusal why, std::string message) {
 }
 
 void Client::check_owner() const {
-  if (getpid() != owner_) {
+  if (common::current_pid() != owner_) {
     common::fail(common::ErrorKind::kClosed, "this VisionIPC client belongs to pid " + std::to_string(owner_) +
                                                  " (inherited across fork): close it here and make a new one");
   }

@@ -94,7 +94,6 @@ class Client {
   bool refused(Refusal why, std::string message);  // records why connect() failed; false
   bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
-  void ensure_subscriber();
   msgq::Subscriber& connected_subscriber() {
     if (!sub_) common::fail(common::ErrorKind::kInvalidArgument, "connect() first: the frame topic comes with the connection");
     return *sub_;

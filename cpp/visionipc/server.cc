@@ -15,6 +15,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "common/process.h"
 #include "visionipc/protocol.h"
 
 namespace vipc::visionipc {
@@ -60,7 +61,7 @@ std::string holder_of(const sockaddr_un& sa, socklen_t len) {
 // The socket name is claimed here, not in start_listener(): a second server
 // of the same name fails before it takes over any of the first one's topics.
 Server::Server(std::string name, ServerOptions options)
-    : name_(std::move(name)), options_(std::move(options)), owner_(getpid()), id_(random_id()) {
+    : name_(std::move(name)), options_(std::move(options)), owner_(common::current_pid()), id_(random_id()) {
   check_name("server name", name_);
   common::UniqueFd fd(socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
   if (!fd) common::fail_errno("socket(AF_UNIX)");
@@ -86,7 +87,7 @@ Server::Server(std::string name, ServerOptions options)
 Server::~Server() { close(); }
 
 void Server::close() {
-  if (getpid() != owner_) {
+  if (common::current_pid() != owner_) {
     forget_after_fork();
     return;
   }
@@ -120,7 +121,7 @@ void Server::forget_after_fork() {
 }
 
 void Server::check_open() const {
-  if (!listen_fd_ || getpid() != owner_) {
+  if (!listen_fd_ || common::current_pid() != owner_) {
     common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
   }
 }
