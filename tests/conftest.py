@@ -63,31 +63,45 @@ def msgq_prefix():
 
 
 _REALTIME = (os.SCHED_FIFO, os.SCHED_RR)
+_POLICY_NAMES = {os.SCHED_FIFO: "SCHED_FIFO", os.SCHED_RR: "SCHED_RR"}
 
 
 def _realtime_threads():
-    found = []
+    """{tid: "name (policy priority)"} of this process's real-time threads."""
+    found = {}
     for tid in os.listdir("/proc/self/task"):
         try:
-            if os.sched_getscheduler(int(tid)) in _REALTIME:
-                found.append(int(tid))
+            policy = os.sched_getscheduler(int(tid))
+            if policy in _REALTIME:
+                with open(f"/proc/self/task/{tid}/comm") as f:
+                    comm = f.read().strip()
+                priority = os.sched_getparam(int(tid)).sched_priority
+                found[int(tid)] = f"{tid} {comm} ({_POLICY_NAMES[policy]} {priority})"
         except OSError:  # ended meanwhile
             pass
     return found
 
 
-@pytest.fixture(autouse=True)
-def ordinary_scheduling():
-    """No test may leave the test process real-time (a library that makes its threads
-    SCHED_FIFO, as SVT-AV1 does for root): every process started afterwards would
-    inherit it, and a pinned, spinning benchmark would then starve its CPU."""
-    before = set(_realtime_threads())
-    yield
-    after = [t for t in _realtime_threads() if t not in before]
-    for tid in after:
+def _back_to_ordinary(found):
+    for tid in found:
         try:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
         except OSError:
             pass
+
+
+@pytest.fixture(autouse=True)
+def ordinary_scheduling():
+    """No test may leave the test process real-time (a library that makes its threads
+    SCHED_FIFO, as SVT-AV1 does for root): every process and thread started afterwards
+    would inherit it, and a pinned, spinning benchmark would then starve its CPU. Checked
+    before each test too, for what a wider fixture (module, session) did."""
+    before = _realtime_threads()
+    if before:
+        _back_to_ordinary(before)
+        pytest.fail(f"the test process has real-time threads before this test: {', '.join(before.values())}")
+    yield
+    after = _realtime_threads()
+    _back_to_ordinary(after)
     if after:
-        pytest.fail(f"the test left {len(after)} thread(s) of the test process real-time (SCHED_FIFO/SCHED_RR)")
+        pytest.fail(f"the test left threads of the test process real-time: {', '.join(after.values())}")

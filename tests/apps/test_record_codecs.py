@@ -93,7 +93,8 @@ def _realtime_threads():
 @pytest.mark.parametrize("codec", ["av1", "h264"])
 def test_opening_an_encoder_leaves_every_thread_ordinarily_scheduled(codec, tmp_path):
     """SVT-AV1 opened by root moves the opening thread and its own threads to SCHED_FIFO 99
-    (the suite runs as root in CI): a recorder's every encoder is opened so it cannot."""
+    (the suite runs as root in CI): a recorder's every encoder is opened so it cannot, and
+    threads the process starts later are not real-time either."""
     from visionipc.apps.record import mcap_io
 
     assert _realtime_threads() == []
@@ -104,6 +105,16 @@ def test_opening_an_encoder_leaves_every_thread_ordinarily_scheduled(codec, tmp_
     assert ctx.is_open and _realtime_threads() == []
     codecs.check_encoder(storage.encoder)  # vipc-record's start-up check
     assert _realtime_threads() == []
+    # threads started afterwards too: libzmq re-applies the policy glibc recorded for the
+    # thread that starts its context (SVT-AV1 sets it through pthread_setschedparam)
+    import zmq
+
+    context = zmq.Context()
+    try:
+        context.socket(zmq.PUB).close()
+        assert _realtime_threads() == []
+    finally:
+        context.term()
 
 
 def test_raw16_is_always_lossless_and_rgb_goes_through_yuv(tmp_path):

@@ -15,7 +15,9 @@ far ahead (the segment's packets give each frame's position).
 """
 
 import contextlib
+import ctypes
 import os
+import threading
 from fractions import Fraction
 
 import numpy as np
@@ -76,13 +78,29 @@ def _thread_ids():
     return [int(t) for t in os.listdir("/proc/self/task")]
 
 
+def _set_own_scheduling(policy, param) -> None:
+    """The calling thread's policy, through pthread_setschedparam: glibc keeps its own copy
+    of a thread's policy once it was set that way (SVT-AV1 does), copies it into every
+    thread this one creates, and libzmq re-applies that copy in its I/O threads; the bare
+    system call would leave the copy saying SCHED_FIFO 99."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.pthread_self.restype = ctypes.c_ulong
+        priority = ctypes.c_int(param.sched_priority)  # struct sched_param
+        if libc.pthread_setschedparam(ctypes.c_ulong(libc.pthread_self()), policy, ctypes.byref(priority)) == 0:
+            return
+    except (OSError, AttributeError):  # no such C library calls here
+        pass
+    os.sched_setscheduler(0, policy, param)
+
+
 @contextlib.contextmanager
 def ordinary_scheduling():
     """Open an encoder inside this block so that it cannot leave the process real-time.
 
     SVT-AV1 (libsvtav1), opened by root, moves the thread that opens it and every thread it
     starts to SCHED_FIFO priority 99. A real-time recorder thread can starve its whole CPU,
-    and every process forked from that thread later inherits the policy. Threads that
+    and every thread and process started from it later inherits the policy. Threads that
     became real-time inside the block go back to the caller's policy; a caller that was
     real-time already (``chrt``) is left as it chose."""
     try:
@@ -94,9 +112,12 @@ def ordinary_scheduling():
         yield
     finally:
         if policy is not None and policy not in _REALTIME:
+            me = threading.get_native_id()
+            if os.sched_getscheduler(0) in _REALTIME:
+                _set_own_scheduling(policy, param)
             for tid in _thread_ids():
                 try:
-                    if tid not in before and os.sched_getscheduler(tid) in _REALTIME:
+                    if tid != me and tid not in before and os.sched_getscheduler(tid) in _REALTIME:
                         os.sched_setscheduler(tid, policy, param)
                 except OSError:  # the thread ended meanwhile
                     pass
