@@ -65,8 +65,12 @@ def _after_fork():
 
 os.register_at_fork(after_in_child=_after_fork)
 
-DEFAULT_CHUNK_BYTES = 1 << 20
-DEFAULT_MAX_CHUNKS = 16
+# 256 chunks of 64 KiB (16 MiB, as 16 of 1 MiB before): the writer runs up to 256
+# messages ahead of the slowest reader, so small messages need few wake-ups (1.4x the
+# messages/s of 16 x 1 MiB for 1 KiB objects to 4 readers, BENCHMARKS.md); a larger
+# message travels as a file (about 3x slower for 256 KiB ones): see the hint below.
+DEFAULT_CHUNK_BYTES = 64 << 10
+DEFAULT_MAX_CHUNKS = 256
 DEFAULT_WARN_INTERVAL = 60.0
 
 _KIND_PICKLE, _KIND_RAW, _KIND_SHUTDOWN = 0, 1, 2
@@ -216,6 +220,7 @@ class BroadcastQueue(Closeable):
         self._pid = os.getpid()
         self._generation = _fork_generation
         self._seq = 0  # sequence number of the next message
+        self._overflow_hinted = False  # said once that large messages travel as files
         self._writer = self._reader = None
         self._remote_sock = None
         self._overflow = None  # local side: the overflow directory (msgq/_overflow.py)
@@ -415,6 +420,16 @@ class BroadcastQueue(Closeable):
     def _write_overflow(self, seq: int, kind: int, flags: int, parts: list, deadline: Optional[float]) -> None:
         """Message ``seq``, larger than a chunk: its file first, then the
         chunk that says so (msgq/_overflow.py); nothing is left if either fails."""
+        if not self._overflow_hinted:
+            self._overflow_hinted = True
+            logger.warning(
+                "broadcast queue %r: message %d (%d bytes) is larger than chunk_bytes=%d and travels as a "
+                "file of its own; for a stream of such messages create the queue with a larger chunk_bytes",
+                self.name,
+                seq,
+                sum(memoryview(p).nbytes for p in parts),
+                self._writer.chunk_bytes,
+            )
         self._drop_consumed_overflow()
         self._overflow.write(seq, kind, parts, self._mode)
         try:

@@ -36,9 +36,13 @@ def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_w
     for name, report in reports.items():
         assert report == {"count": count, "bad": 0, "first_bad": None, "extra": False}, (name, report)
     # The slow reader started 1 s late with a small ring: the writer had to wait for it, and said so.
-    warnings = [r.getMessage() for r in caplog.records if r.name == "msgq.broadcast"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "msgq.broadcast"]
+    warnings = [w for w in logged if "the writer has waited" in w]
     assert warnings and all("reader 0" in w for w in warnings), warnings
     assert not any("reader 1" in w or "reader 2" in w for w in warnings)
+    # some messages are larger than a chunk: the first of them says once how they travel
+    hints = [w for w in logged if "travels as a file" in w]
+    assert len(hints) == 1 and f"larger than chunk_bytes={CHUNK}" in hints[0], logged
 
 
 def test_remote_reader_receives_every_message_over_zeromq_tcp():
