@@ -52,14 +52,16 @@ def _write_table(df, location: str, dates: dict | None = None) -> None:
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path, filesystem=filesystem)
 
 
-def analyse(spark, recs, infos, args, run, slots, step) -> dict:
-    """Run the jobs of ``args`` over ``recs`` into ``run`` (runs.Run); returns the small tables."""
+def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
+    """Run the jobs of ``args`` over ``recs`` into ``run`` (runs.Run); returns the small tables.
+    ``files``: their ``index_files`` rows when the caller has checked them already."""
     from visionipc.apps.pipeline import report
     from visionipc.apps.pipeline.frames import segment_rows
     from visionipc.apps.pipeline.read import index_files
 
     dates = {rid: recording_date(info) for rid, info in infos.items()}
-    files = index_files(recs, skip_empty=args.skip_empty)
+    if files is None:
+        files = index_files(recs, skip_empty=args.skip_empty)
     segments = segment_rows(files)
     res = {}
     kind, value = args.export

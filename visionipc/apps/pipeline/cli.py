@@ -123,7 +123,7 @@ def run(args, step) -> int:
 
     out = runs.check_out(args.out)
     recs, infos = select_recordings(find_recordings(args.recordings), args, out, warn)
-    index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
+    files = index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
     if not recs:
         step(f"nothing to analyse (every recording given is still being recorded or already in {out})")
         return 0
@@ -151,7 +151,7 @@ def run(args, step) -> int:
             slots = cluster.task_slots(spark)
             step(f"{slots} task slot(s) in the executors")
             run_dir.begin()
-            analyse(spark, recs, infos, args, run_dir, slots, step)
+            analyse(spark, recs, infos, args, run_dir, slots, step, files)
         final = run_dir.publish(
             inputs=[{"recording_id": r.recording_id, "path": r.path} for r in recs],
             master=sc.master,

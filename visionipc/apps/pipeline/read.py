@@ -119,6 +119,9 @@ def _relative(folder: str, path: str) -> str:
     return os.path.relpath(path, folder).replace(os.sep, "/")
 
 
+_READ_THREADS = min(8, (os.cpu_count() or 2) * 2)
+
+
 def check_index_file(path: str, folder: str = None) -> None:
     """Raise RecordingError unless ``path`` (``folder/index/<stream>/NNNNNN.parquet``) is a
     regular file inside the recording ``folder``, a Parquet file with the index columns and
@@ -183,9 +186,18 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) 
     if validate:
         for rec in recordings:
             recording_info(rec)  # recording.json checked (visionipc.apps.record.checks)
-        for rec, _, _, path in out:
-            check_index_file(path, rec.path)
+        _check_all(out)
     return out
+
+
+def _check_all(files) -> None:
+    """``check_index_file`` of every file, a few at once (pyarrow reads without the GIL);
+    the first bad file in ``files``' order is the one reported, as a serial check would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+        for _ in pool.map(lambda item: check_index_file(item[3], item[0].path), files):
+            pass
 
 
 def _recordings(recordings) -> list:
@@ -219,20 +231,27 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
     ``recording_path`` are always added."""
     from concurrent.futures import ThreadPoolExecutor
 
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as ds
 
     recs = _recordings(recordings)
     files = index_files(recs, skip_empty=skip_empty, validate=validate)
     names = None if columns is None else [c for c in columns if c not in ("recording_id", "recording_path")]
 
-    def read(item):
-        rec, _, _, path = item
-        filesystem, inner = fs.resolve(path)
-        t = pq.read_table(inner, schema=INDEX_ARROW_SCHEMA, columns=names, filesystem=filesystem)
+    by_recording = {}  # one pyarrow dataset per recording: its files read by pyarrow's own threads
+    for rec, _, _, path in files:
+        by_recording.setdefault(rec.path, (rec, []))[1].append(path)
+
+    def read(rec_paths):
+        rec, paths = rec_paths
+        filesystem, _ = fs.resolve(paths[0])
+        inner = [fs.resolve(p)[1] for p in paths]
+        t = ds.dataset(inner, format="parquet", schema=INDEX_ARROW_SCHEMA, filesystem=filesystem).to_table(
+            columns=names
+        )  # in file order
         return t.append_column(
             "recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t))
         ).append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t)))
 
-    with ThreadPoolExecutor(max_workers=min(8, (os.cpu_count() or 2) * 2)) as pool:
-        tables = list(pool.map(read, files))  # in file order
+    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+        tables = list(pool.map(read, by_recording.values()))  # in file order
     return pa.concat_tables(tables).to_pandas()
