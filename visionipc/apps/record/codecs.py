@@ -112,15 +112,24 @@ def ordinary_scheduling():
         yield
     finally:
         if policy is not None and policy not in _REALTIME:
-            me = threading.get_native_id()
-            if os.sched_getscheduler(0) in _REALTIME:
-                _set_own_scheduling(policy, param)
-            for tid in _thread_ids():
-                try:
-                    if tid != me and tid not in before and os.sched_getscheduler(tid) in _REALTIME:
-                        os.sched_setscheduler(tid, policy, param)
-                except OSError:  # the thread ended meanwhile
-                    pass
+            _restore_scheduling(policy, param, before)
+
+
+def _restore_scheduling(policy, param, before) -> None:
+    """``ordinary_scheduling``'s way back; it never raises (the block's own error matters)."""
+    me = threading.get_native_id()
+    try:
+        if os.sched_getscheduler(0) in _REALTIME:
+            _set_own_scheduling(policy, param)
+        tids = _thread_ids()
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            if tid != me and tid not in before and os.sched_getscheduler(tid) in _REALTIME:
+                os.sched_setscheduler(tid, policy, param)
+        except OSError:  # the thread ended meanwhile
+            pass
 
 
 def check_encoder(encoder: str):
