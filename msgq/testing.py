@@ -53,15 +53,22 @@ def _ephemeral_ports() -> range:
 def unique_topic(stem: str = "topic", companions=()) -> str:
     """A topic name no other test uses, usable with every backend: under the
     current prefix its ZeroMQ port (and those of ``name + suffix`` for each
-    suffix in ``companions``) lies outside the ephemeral port range and is in
-    no socket's use, so no outgoing connection (every closed one stays in
-    TIME_WAIT for a minute) can hold it."""
-    ephemeral, used = _ephemeral_ports(), _ports_in_use()
+    suffix in ``companions``) lies outside the ephemeral port range, is in
+    no socket's use (so no outgoing connection, every closed one staying in
+    TIME_WAIT for a minute, can hold it) and was not handed out before by this
+    process."""
+    ephemeral, used = _ephemeral_ports(), _ports_in_use() | _HANDED_OUT
     while True:
         name = unique_name(stem)
         ports = [zmq_port(name + suffix) for suffix in ("", *companions)]
-        if not any(port in ephemeral or port in used for port in ports):
+        if len(set(ports)) == len(ports) and not any(port in ephemeral or port in used for port in ports):
+            _HANDED_OUT.update(ports)
             return name
+
+
+# Ports of the topics this process has handed out: never handed out twice, so two topics of
+# one test (or a test and one before it whose publisher is still closing) cannot share a port.
+_HANDED_OUT = set()
 
 
 def segments(prefix: str) -> list:
