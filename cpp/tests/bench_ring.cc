@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +66,23 @@ Percentiles percentiles(std::vector<double> v) {
 // so a child that died is a message and exit status, never a parent spinning forever.
 pid_t g_peer = 0;
 const char* g_phase = "start";
+bool g_in_child = false;
+
+// A run that cannot go on. The parent unwinds to main (so the segments'
+// TempDir is removed) after killing the child; a child only exits: it must not
+// run the destructors of what it shares with the parent.
+struct GiveUp {};
+
+[[noreturn]] void give_up(const std::string& why) {
+  std::fprintf(stderr, "bench_ring: %s\n", why.c_str());
+  if (g_in_child) std::exit(1);
+  if (g_peer > 0) {
+    kill(g_peer, SIGKILL);
+    waitpid(g_peer, nullptr, 0);
+    g_peer = 0;
+  }
+  throw GiveUp{};
+}
 
 // Pinning only when both CPUs are ours to use; decided once, before the parent
 // pins itself (its children inherit that narrower mask).
@@ -87,14 +105,12 @@ template <class F>
 pid_t fork_child(F child) {
   std::fflush(stdout);
   const pid_t pid = fork();
-  if (pid < 0) {
-    std::perror("fork");
-    std::exit(1);
-  }
+  if (pid < 0) give_up(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
     prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a parent that gave up
     if (getppid() == 1) std::_Exit(1);  // it gave up before the line above took effect
     g_peer = 0;                         // the child's loops watch only their deadline
+    g_in_child = true;
     pin(1);
     child();
     std::exit(0);
@@ -107,8 +123,7 @@ void join(pid_t pid) {
   g_peer = 0;
   int status = 0;
   if (waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    std::fprintf(stderr, "bench_ring: child process failed (status %d)\n", status);
-    std::exit(1);
+    give_up("child process failed (status " + std::to_string(status) + ")");
   }
 }
 
@@ -145,18 +160,16 @@ void spin_until(Done done) {
     if (g_peer > 0) {
       int status = 0;
       if (waitpid(g_peer, &status, WNOHANG) == g_peer) {
-        std::fprintf(stderr, "bench_ring: %s: the child process ended early (%s %d)\n", g_phase,
-                     WIFSIGNALED(status) ? "signal" : "exit status",
-                     WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
-        std::exit(1);
+        g_peer = 0;  // reaped
+        give_up(std::string(g_phase) + ": the child process ended early (" +
+                (WIFSIGNALED(status) ? "signal " + std::to_string(WTERMSIG(status))
+                                     : "exit status " + std::to_string(WEXITSTATUS(status))) +
+                ")");
       }
     }
     if (vipc::common::monotonic_ns() > deadline) {
-      std::fprintf(stderr, "bench_ring: %s: no progress from the %s for %lld s (%s)\n", g_phase,
-                   g_peer > 0 ? "child process" : "parent process", static_cast<long long>(kSpinLimitNs / 1000000000),
-                   g_peer > 0 ? describe(g_peer).c_str() : "");
-      if (g_peer > 0) kill(g_peer, SIGKILL);
-      std::exit(1);
+      give_up(std::string(g_phase) + ": no progress from the " + (g_peer > 0 ? "child" : "parent") + " process for " +
+              std::to_string(kSpinLimitNs / 1000000000) + " s" + (g_peer > 0 ? " (" + describe(g_peer) + ")" : ""));
     }
   }
 }
@@ -246,8 +259,7 @@ Percentiles msgq_pingpong(Shared& sh, const testing::TempDir& dir, uint64_t iter
       uint64_t echoed = 0;
       std::memcpy(&echoed, sink.buf.data(), sizeof(echoed));
       if (sink.size != kSmall || echoed != i) {
-        std::fprintf(stderr, "bench_ring: echo %llu came back wrong\n", static_cast<unsigned long long>(i));
-        std::exit(1);
+        give_up("echo " + std::to_string(i) + " came back wrong");
       }
       if (i >= warmup) samples.push_back((t1 - t0) / 2.0);
     }
@@ -370,11 +382,13 @@ int main(int argc, char** argv) {
 
   Percentiles line, ring;
   Throughput tp;
-  {
-    testing::TempDir dir;
+  try {
+    testing::TempDir dir;  // removed on the way out, also when a measurement gives up
     line = cacheline_pingpong(*sh, iters, warmup);
     ring = msgq_pingpong(*sh, dir, iters, warmup);
     tp = large_messages(*sh, dir, std::max<uint64_t>(iters / 50, 10));
+  } catch (const GiveUp&) {
+    return 1;
   }
   if (json) {
     print_json(iters, pinned, line, ring, tp);

@@ -149,15 +149,20 @@ def test_one_process_cannot_take_every_slot_and_refusals_say_why(monkeypatch):
         server.close()
 
 
+def _idle_connections(n, idle, name="cam"):
+    """Connect ``n`` raw sockets to the server ``name`` that never ask anything (into ``idle``)."""
+    address = f"\0visionipc@{os.environ.get('MSGQ_PREFIX', '')}@{name}".encode()
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        s.connect(address)
+        idle.append(s)
+
+
 def test_idle_connections_of_one_peer_do_not_lock_the_others_out():
     server = serving()
-    address = f"\0visionipc@{os.environ.get('MSGQ_PREFIX', '')}@cam".encode()
     idle = []
     try:
-        for _ in range(3 * _visionipc.MAX_CLIENTS_PER_PEER):  # connect and never ask anything
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.connect(address)
-            idle.append(s)
+        _idle_connections(3 * _visionipc.MAX_CLIENTS_PER_PEER, idle)
 
         def another_process():
             with VisionIpcClient("cam", "road", False) as c:
@@ -172,13 +177,9 @@ def test_idle_connections_of_one_peer_do_not_lock_the_others_out():
 
 def test_connections_that_ask_nothing_are_dropped_and_free_the_peers_share():
     server = serving()
-    address = f"\0visionipc@{os.environ.get('MSGQ_PREFIX', '')}@cam".encode()
     idle = []
     try:
-        for _ in range(_visionipc.MAX_CLIENTS_PER_PEER):
-            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            s.connect(address)
-            idle.append(s)
+        _idle_connections(_visionipc.MAX_CLIENTS_PER_PEER, idle)
         with VisionIpcClient("cam", "road", False) as c:
             assert not c.connect(False) and "share" in c.last_error
             for s in idle:  # the server hangs up on each after its grace (2 s)
