@@ -48,6 +48,7 @@ class VisionIpcClient(Closeable):
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
         self._last = None  # the newest frame received
+        self._blank = None  # the next frame's object, made before waiting (see recv)
         self._leased = None  # (idx, generation) our lease slot holds, if any
         # Per mapping (native epoch): the ViewCache of the pool (None before the
         # first mapping), so recv() allocates only the VisionBuf.
@@ -89,29 +90,32 @@ class VisionIpcClient(Closeable):
 
     def recv(self, timeout_ms=100):
         """The next frame as a VisionBuf, or None after ``timeout_ms`` (< 0: wait forever)."""
-        native = self._client()
-        got = native.recv(int(timeout_ms))
+        # Runs cold: the wait sleeps, and each step after the wake-up costs many times
+        # what it costs warm (caches and TLBs are cold). So what does not need the
+        # frame is done before waiting: the frame object is made, and the last
+        # frame's next .array made ready; after the wake-up only fields are stored.
+        native = self._native
+        if native is None:
+            native = self._client()  # raises ClosedError
+        last = self._last
+        if last is not None:
+            last._views.prepare()
+        f = self._blank
+        if f is None:
+            f = self._blank = VisionBuf.blank(self, self._key)
+        got = native.recv(timeout_ms if type(timeout_ms) is int else int(timeout_ms))
         if got is None:
             return None
-        idx, generation = got.index, got.generation
-        self._leased = (idx, generation) if got.valid else None
-        if got.epoch != self._epoch:
-            self._remapped(native, got.epoch)
+        self._blank = None
+        f.idx, f.generation, f.frame_id, sof, eof, valid, pub, rcv, epoch = got
+        f.timestamp_sof, f.timestamp_eof, f.timestamp_publish, f.timestamp_recv = sof, eof, pub, rcv
+        self._leased = got[:2] if valid else None  # (idx, generation)
+        if epoch != self._epoch:
+            self._remapped(native, epoch)
         views = self._views
-        self._last = VisionBuf(
-            views.get(idx),
-            views.geometry,
-            idx,
-            generation,
-            got.frame_id,
-            got.timestamp_sof,
-            got.timestamp_eof,
-            owner=self,
-            stream=self._key,
-            timestamp_publish=got.timestamp_publish,
-            timestamp_recv=got.timestamp_recv,
-        )
-        return self._last
+        f._views, f._geometry = views.made[f.idx] or views.get(f.idx), views.geometry
+        self._last = f
+        return f
 
     def _remapped(self, native, epoch):
         """A (re)connect mapped a pool: drop what was cached for the old mapping

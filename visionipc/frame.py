@@ -52,6 +52,15 @@ class FrameViews(NamedTuple):
     data: memoryview  # format "B", the whole buffer (read-only where the source is)
     flat: np.ndarray  # uint8, the whole buffer
     array: np.ndarray  # shaped for the format (VisionBuf.array)
+    # Fresh views of ``array`` never handed out yet, made ahead of time (``prepare``)
+    # so that ``VisionBuf.array`` on the per-frame path, which runs cold right after
+    # a wake-up, only pops one instead of asking numpy for a new view.
+    spares: list
+
+    def prepare(self) -> None:
+        """Make the next ``VisionBuf.array`` of this buffer ready (call while warm)."""
+        if not self.spares:
+            self.spares.append(self.array.view())
 
 
 def frame_views(source, geometry: Geometry) -> FrameViews:
@@ -60,7 +69,7 @@ def frame_views(source, geometry: Geometry) -> FrameViews:
     if data.format != "B" or data.ndim != 1:
         data = data.cast("B")
     flat = np.frombuffer(data, dtype=np.uint8)
-    return FrameViews(data, flat, _shaped(flat, geometry))
+    return FrameViews(data, flat, _shaped(flat, geometry), [])
 
 
 def _shaped(flat: np.ndarray, g: Geometry) -> np.ndarray:
@@ -82,20 +91,23 @@ class ViewCache:
     first use and shared by every VisionBuf of that buffer. Drop it when the
     mapping goes; frames already handed out keep their views alive."""
 
-    __slots__ = ("_source", "_views", "geometry")
+    __slots__ = ("_source", "made", "geometry")
 
     def __init__(self, geometry: Geometry, count: int, source: Callable[[int], Any] | None = None):
         """``source(idx)``: a buffer-protocol object over buffer ``idx`` (or pass one to ``get``)."""
         self.geometry = geometry
-        self._views: list = [None] * count
+        self.made: list = [None] * count  # per buffer: its FrameViews, None until first used
         self._source = source
 
     def get(self, idx: int, buffer=None) -> FrameViews:
         """Buffer ``idx``'s views; made the first time, from ``buffer`` or ``source(idx)``."""
-        views = self._views[idx]
+        views = self.made[idx]
         if views is None:
-            views = self._views[idx] = frame_views(self._source(idx) if buffer is None else buffer, self.geometry)
+            views = self.made[idx] = frame_views(self._source(idx) if buffer is None else buffer, self.geometry)
         return views
+
+
+_new = object.__new__
 
 
 class VisionBuf:
@@ -103,6 +115,23 @@ class VisionBuf:
     (the owner's cached :class:`FrameViews` of it). ``.data`` / ``.array`` return
     a fresh view of them each time, so callers may reshape, flag or release
     theirs without touching anyone else's."""
+
+    # Slots: a frame is made per received frame; other attributes still go to __dict__.
+    __slots__ = (
+        "_views",
+        "_geometry",
+        "idx",
+        "generation",
+        "frame_id",
+        "timestamp_sof",
+        "timestamp_eof",
+        "timestamp_publish",
+        "timestamp_recv",
+        "_owner",
+        "stream",
+        "__dict__",
+        "__weakref__",
+    )
 
     def __init__(
         self,
@@ -131,6 +160,15 @@ class VisionBuf:
         self.timestamp_recv = timestamp_recv
         self._owner = owner  # the FrameOwner this frame came from
         self.stream = stream
+
+    @classmethod
+    def blank(cls, owner, stream):
+        """A frame of ``owner`` whose buffer and numbers the caller fills in (all of
+        ``__init__``'s fields): a client makes it before waiting, as the steps after
+        a wake-up run cold, where every allocation and call costs."""
+        f = _new(cls)
+        f._owner, f.stream = owner, stream
+        return f
 
     # geometry
     width = property(lambda self: self._geometry.width)
@@ -167,7 +205,8 @@ class VisionBuf:
         """NV12/I420: ``(height*3//2, stride)`` uint8; RGB/BGR: ``(h, w, 3)``; GRAY: ``(h, w)``;
         RAW16: ``(h, w)`` uint16. A custom layout whose chroma does not follow the luma
         directly is the flat buffer."""
-        return self._views.array.view()
+        spares = self._views.spares
+        return spares.pop() if spares else self._views.array.view()
 
     def _yuv(self, what):
         if not self._geometry.info.yuv420:

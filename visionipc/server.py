@@ -89,23 +89,25 @@ class VisionIpcServer(Closeable):
     def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
         """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
         from ``get_buffer`` (no copy); the reference's ``send(stream, data, frame_id, ...)``
-        copies ``data`` (bytes or an array of the buffer's size) into a free buffer first."""
-        native = self._server()
-        if isinstance(buf, VisionBuf):
-            if data is not None:  # send(buf, frame_id) positionally
-                frame_id, timestamp_sof, timestamp_eof = data, frame_id, timestamp_sof
-            if buf.owner is not self:
-                raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
-            native.send(buf.stream, buf.idx, buf.generation, *_stamps(frame_id, timestamp_sof, timestamp_eof))
+        copies ``data`` (bytes or an array of the buffer's size) into a free buffer first.
+        Frame ids and timestamps are ints in [0, 2**64) (checked by the native side)."""
+        native = self._native
+        if data is None and native is not None and isinstance(buf, VisionBuf) and buf._owner is self:
+            # The per-frame path, kept short: a camera daemon calls it cold, right after a sleep.
+            native.send(buf.stream, buf.idx, buf.generation, frame_id, timestamp_sof, timestamp_eof)
             buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
             buf.generation += 1
             return
+        native = self._server()
+        if isinstance(buf, VisionBuf):
+            if data is not None:  # send(buf, frame_id) positionally
+                return self.send(buf, None, data, frame_id, timestamp_sof)
+            raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
         key = stream_key(buf)
         if data is None:
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
-        native.send_copy(
-            key, _frame_bytes(data, Geometry(*native.geometry(key))), *_stamps(frame_id, timestamp_sof, timestamp_eof)
-        )
+        frame = _frame_bytes(data, Geometry(*native.geometry(key)))
+        native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
 
     def frame_valid(self, buf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out
@@ -126,22 +128,6 @@ class VisionIpcServer(Closeable):
         self._views = {}  # frames handed out keep their own views
         if native is not None:
             native.close()  # in a forked child the native side only forgets its copies
-
-
-def _stamps(frame_id, sof, eof):
-    if (
-        type(frame_id) is int
-        and type(sof) is int
-        and type(eof) is int
-        and 0 <= frame_id < 1 << 64
-        and 0 <= sof < 1 << 64
-        and 0 <= eof < 1 << 64
-    ):
-        return frame_id, sof, eof  # the common case, checked without the loop below
-    for what, v in (("frame_id", frame_id), ("timestamp_sof", sof), ("timestamp_eof", eof)):
-        if isinstance(v, bool) or not hasattr(v, "__index__") or not 0 <= v.__index__() < 1 << 64:
-            raise InvalidArgumentError(f"{what} must be an int in [0, 2**64), got {v!r}")
-    return frame_id.__index__(), sof.__index__(), eof.__index__()
 
 
 def _frame_bytes(data, geometry: Geometry):

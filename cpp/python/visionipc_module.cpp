@@ -57,6 +57,22 @@ py::object received(const vipc::visionipc::Frame& f, uint64_t epoch) {
   return r;
 }
 
+// A frame id or timestamp: an int in [0, 2**64) (anything with __index__ but bool);
+// else InvalidArgumentError naming it. Exact ints, the per-frame case, take one call.
+uint64_t stamp(py::handle v, const char* what) {
+  if (PyLong_CheckExact(v.ptr())) {
+    const unsigned long long n = PyLong_AsUnsignedLongLong(v.ptr());
+    if (!(n == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return n;
+    PyErr_Clear();
+  } else if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
+    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
+    if (i) return stamp(i, what);
+    PyErr_Clear();
+  }
+  vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                     std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
+}
+
 vipc::visionipc::Format parse(const std::string& name) {
   vipc::visionipc::Format f;
   if (!vipc::visionipc::parse_format(name, f) || f == vipc::visionipc::Format::kCustom) {
@@ -119,9 +135,15 @@ PYBIND11_MODULE(_visionipc, m) {
            [](const Server& s, const std::string& stream, uint32_t index) {
              return View{s.pool(stream), s.buffer(stream, index), s.geometry(stream).size, false};
            })
-      .def("send", &Server::send)
+      .def("send",
+           [](Server& s, const std::string& stream, uint32_t index, uint64_t generation, py::handle frame_id, py::handle sof,
+              py::handle eof) {
+             s.send(stream, index, generation, stamp(frame_id, "frame_id"), stamp(sof, "timestamp_sof"), stamp(eof, "timestamp_eof"));
+           })
       .def("send_copy",
-           [](Server& s, const std::string& stream, py::buffer data, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+           [](Server& s, const std::string& stream, py::buffer data, py::handle frame_id_arg, py::handle sof_arg, py::handle eof_arg) {
+             const uint64_t frame_id = stamp(frame_id_arg, "frame_id"), sof = stamp(sof_arg, "timestamp_sof"),
+                            eof = stamp(eof_arg, "timestamp_eof");
              py::buffer_info info = data.request();
              const size_t n = static_cast<size_t>(info.size * info.itemsize);
              const size_t want = s.geometry(stream).size;

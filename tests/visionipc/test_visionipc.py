@@ -232,6 +232,38 @@ def test_a_stale_or_foreign_buffer_cannot_be_sent(pair):
     single.send(newer)
 
 
+@pytest.mark.parametrize("bad", [-1, 2**64, 1.5, "7", True, None])
+@pytest.mark.parametrize("field", ["frame_id", "timestamp_sof", "timestamp_eof"])
+def test_frame_ids_and_timestamps_are_checked_on_both_sends(pair, field, bad):
+    server, client = pair(count=2)
+    buf = server.get_buffer(0)
+    with pytest.raises(InvalidArgumentError, match=f"{field} must be an int in"):
+        server.send(buf, **{field: bad})
+    with pytest.raises(InvalidArgumentError, match=f"{field} must be an int in"):
+        server.send(0, bytes(len(buf)), **{field: bad})
+    server.send(buf, **{field: np.uint64(2**64 - 1)})  # anything with __index__ in range; buf was not spent above
+    f = client.recv(1000)
+    assert getattr(f, field) == 2**64 - 1 and f.idx == buf.idx
+    server.close()
+    with pytest.raises(ClosedError):
+        server.send(buf, frame_id=1)
+
+
+def test_every_array_of_a_frame_is_a_fresh_view_of_the_same_pixels(pair):
+    # recv() makes the next .array of each buffer ahead of time: still one new view per call
+    server, client = pair(count=2, width=64, height=32)
+    for i in range(6):
+        buf = server.get_buffer(0)
+        buf.array[:] = i
+        server.send(buf, frame_id=i)
+        f = client.recv(1000)
+        a, b = f.array, f.array
+        assert a is not b and a.base is b.base and (a == i).all() and f.frame_id == i
+        a.flags.writeable = False
+        a.shape = (-1,)
+        assert b.flags.writeable and b.shape == (48, 64) and f.array.flags.writeable
+
+
 @pytest.mark.parametrize(
     "args",
     [(0, 64, 32), (-1, 64, 32), (2, 0, 32), (2, 64, -5), (2, 63, 32), (2, 1.5, 2), (100000, 64, 32), (2, 1 << 20, 2)],

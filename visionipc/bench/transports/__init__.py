@@ -53,6 +53,11 @@ TRANSPORTS = {
         "multiprocessing.shared_memory ring + slot index over a Unix socket pipe, no protection",
         None,
     ),
+    "msgq": (
+        "msgq_msg",
+        "plain msgq: a 64-byte ring message (frame id, send time) received as bytes; no frame",
+        None,
+    ),
     "futex": (
         "futex",
         "bare futex wake-up (ctypes syscall, shared mmap): the floor of a sleeping receiver; no frame",
