@@ -43,14 +43,16 @@ def send_message(queue, seq: int, chunk_bytes: int, timeout=None):
 
 
 @child
-def broadcast_reader(name, results, handle, rank, count, chunk_bytes, start_delay_s=0.0, pause_every=0, pause_s=0.0):
+def broadcast_reader(name, results, handle, rank, count, chunk_bytes, stall_s=0.0, pause_every=0, pause_s=0.0):
     """Reader ``rank``: receive ``count`` messages and check each against
-    make_message; optionally slow (a late start, pauses)."""
+    make_message; optionally slow: a stall of ``stall_s`` after the first message
+    (the writer is surely sending then, however late the processes started), pauses."""
     queue = msgq.BroadcastQueue.create_from_handle(handle, rank)
-    time.sleep(start_delay_s)
     bad, first_bad = 0, None
     for seq in range(count):
         got = queue.dequeue(timeout=60)
+        if seq == 0:
+            time.sleep(stall_s)
         if not same(got, make_message(seq, chunk_bytes)):
             bad += 1
             first_bad = first_bad if first_bad is not None else seq

@@ -47,14 +47,23 @@ inline void interrupt_check() {
   if (PyGILState_Check() && PyErr_CheckSignals() != 0) throw py::error_already_set();
 }
 
+// Raises (sets) the msgq.errors class of `e` with its message.
+inline void set_python_error(const vipc::common::Error& e) {
+  try {
+    py::object cls = py::module_::import("msgq.errors").attr(python_error_name(e.kind()));
+    PyErr_SetString(cls.ptr(), e.what());
+  } catch (py::error_already_set& failed) {
+    failed.restore();  // msgq.errors could not be imported: that error is the one raised
+  }
+}
+
 inline void register_error_translator() {
   vipc::common::set_interrupt_check(&interrupt_check);
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
     } catch (const vipc::common::Error& e) {
-      py::object cls = py::module_::import("msgq.errors").attr(python_error_name(e.kind()));
-      PyErr_SetString(cls.ptr(), e.what());
+      set_python_error(e);
     }
   });
 }

@@ -15,6 +15,7 @@
 #include "msgq/stats.h"
 #include "msgq/subscriber.h"
 #include "python/bindings.h"
+#include "python/fastcall.h"
 
 namespace py = pybind11;
 using vipc::msgq::Publisher;
@@ -143,6 +144,32 @@ struct PySubscriber {
   }
 };
 
+// Publisher.send(data) and Subscriber.receive(non_blocking=False): the
+// per-message calls, plain CPython methods (python/fastcall.h says why).
+PyObject* publisher_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    vipc::python::check_nargs("send", nargs, 1, 1);
+    Publisher& p = vipc::python::self_of<Publisher>(self);
+    Payload payload(args[0]);
+    vipc::python::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
+    Py_RETURN_NONE;
+  });
+}
+PyMethodDef publisher_send_def = {"send", vipc::python::fastcall<publisher_send>(), METH_FASTCALL,
+                                  "send(data): publish bytes or a C-contiguous buffer"};
+
+PyObject* subscriber_receive(PyObject* self, PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    PyObject* non_blocking = vipc::python::one_optional_arg("receive", "non_blocking", args, nargs, kwnames);
+    int nb = 0;
+    if (non_blocking != nullptr && (nb = PyObject_IsTrue(non_blocking)) < 0) throw py::error_already_set();
+    return vipc::python::self_of<PySubscriber>(self).receive(nb != 0).release().ptr();
+  });
+}
+PyMethodDef subscriber_receive_def = {"receive", vipc::python::fastcall_keywords<subscriber_receive>(),
+                                      METH_FASTCALL | METH_KEYWORDS,
+                                      "receive(non_blocking=False) -> bytes, or None (timeout / nothing waiting)"};
+
 }  // namespace
 
 PYBIND11_MODULE(_msgq, m) {
@@ -166,11 +193,6 @@ PYBIND11_MODULE(_msgq, m) {
            }),
            py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("mode") = 0600,
            py::arg("trusted_uids") = std::vector<uid_t>{})
-      .def("send",
-           [](Publisher& p, py::handle data) {
-             Payload payload(data);
-             vipc::python::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
-           })
       .def("loan",
            [](Publisher& p, size_t n) {
              uint8_t* ptr = p.loan(n);
@@ -198,7 +220,6 @@ PYBIND11_MODULE(_msgq, m) {
            }),
            py::arg("dir"), py::arg("basename"), py::arg("segment_size") = 0, py::arg("conflate") = false,
            py::arg("mode") = 0600, py::arg("trusted_uids") = std::vector<uid_t>{})
-      .def("receive", &PySubscriber::receive, py::arg("non_blocking") = false)
       .def("receive_batch", &PySubscriber::receive_batch, py::arg("max_messages") = 1024, py::arg("timeout_ms") = 0)
       .def("set_timeout",
            [](PySubscriber& s, int64_t ms) {
@@ -265,4 +286,7 @@ PYBIND11_MODULE(_msgq, m) {
                         py::arg("readers") = readers);
       },
       py::arg("dir"), py::arg("basename"));
+
+  vipc::python::add_fast_method(m.attr("Publisher"), &publisher_send_def);
+  vipc::python::add_fast_method(m.attr("Subscriber"), &subscriber_receive_def);
 }

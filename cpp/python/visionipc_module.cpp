@@ -11,6 +11,7 @@
 
 #include "common/clock.h"
 #include "python/bindings.h"
+#include "python/fastcall.h"
 #include "visionipc/client.h"
 #include "visionipc/format.h"
 #include "visionipc/server.h"
@@ -72,6 +73,39 @@ uint64_t stamp(py::handle v, const char* what) {
   vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
                      std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
 }
+
+// Server.send(stream, index, generation, frame_id, sof, eof) and Client.recv(timeout_ms=100):
+// the per-frame calls, plain CPython methods (python/fastcall.h says why).
+PyObject* server_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("send", nargs, 6, 6);
+    Server& s = vp::self_of<Server>(self);
+    s.send(vp::str_arg(args[0], "stream"), static_cast<uint32_t>(vp::int_arg(args[1], "index", 0, UINT32_MAX)),
+           vp::u64_arg(args[2], "generation"), stamp(args[3], "frame_id"), stamp(args[4], "timestamp_sof"),
+           stamp(args[5], "timestamp_eof"));
+    Py_RETURN_NONE;
+  });
+}
+PyMethodDef server_send_def = {"send", vipc::python::fastcall<server_send>(), METH_FASTCALL,
+                               "send(stream, index, generation, frame_id, timestamp_sof, timestamp_eof)"};
+
+PyObject* client_recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("recv", nargs, 0, 1);
+    const int64_t timeout_ms = nargs ? vp::int_arg(args[0], "timeout_ms", INT32_MIN, INT32_MAX) : 100;
+    Client& c = vp::self_of<Client>(self);
+    const int64_t deadline = vp::deadline_from_ms(timeout_ms);
+    vipc::visionipc::Frame f;
+    const vipc::common::WaitStatus st = vp::blocking([&] { return c.recv(deadline, f); });
+    if (st == vipc::common::WaitStatus::kReady) return received(f, c.epoch()).release().ptr();
+    if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
+    Py_RETURN_NONE;
+  });
+}
+PyMethodDef client_recv_def = {"recv", vipc::python::fastcall<client_recv>(), METH_FASTCALL,
+                               "recv(timeout_ms=100) -> Received or None (< 0: wait forever)"};
 
 vipc::visionipc::Format parse(const std::string& name) {
   vipc::visionipc::Format f;
@@ -135,11 +169,6 @@ PYBIND11_MODULE(_visionipc, m) {
            [](const Server& s, const std::string& stream, uint32_t index) {
              return View{s.pool(stream), s.buffer(stream, index), s.geometry(stream).size, false};
            })
-      .def("send",
-           [](Server& s, const std::string& stream, uint32_t index, uint64_t generation, py::handle frame_id, py::handle sof,
-              py::handle eof) {
-             s.send(stream, index, generation, stamp(frame_id, "frame_id"), stamp(sof, "timestamp_sof"), stamp(eof, "timestamp_eof"));
-           })
       .def("send_copy",
            [](Server& s, const std::string& stream, py::buffer data, py::handle frame_id_arg, py::handle sof_arg, py::handle eof_arg) {
              const uint64_t frame_id = stamp(frame_id_arg, "frame_id"), sof = stamp(sof_arg, "timestamp_sof"),
@@ -190,16 +219,6 @@ PYBIND11_MODULE(_visionipc, m) {
         return std::string(names[static_cast<int>(c.last_refusal())]);
       })
       .def("connected", &Client::connected)
-      .def("recv",
-           [](Client& c, int timeout_ms) -> py::object {
-             const int64_t deadline = vipc::python::deadline_from_ms(timeout_ms);
-             vipc::visionipc::Frame f;
-             const vipc::common::WaitStatus st = vipc::python::blocking([&] { return c.recv(deadline, f); });
-             if (st == vipc::common::WaitStatus::kReady) return received(f, c.epoch());
-             if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
-             return py::none();
-           },
-           py::arg("timeout_ms") = 100)
       .def("take_lease", &Client::take_lease)
       .def("release_lease", &Client::release_lease)
       .def("is_valid", &Client::is_valid)
@@ -217,6 +236,9 @@ PYBIND11_MODULE(_visionipc, m) {
         c.close();
       })
       .def("_forget_after_fork", &Client::forget_after_fork);
+
+  vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
+  vipc::python::add_fast_method(m.attr("Client"), &client_recv_def);
 
   m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
                            std::vector<uid_t> trusted_uids) {

@@ -16,6 +16,7 @@ import pytest
 
 import msgq
 from msgq.errors import (
+    ClosedError,
     InvalidArgumentError,
     IpcTimeoutError,
     MultiplePublishersError,
@@ -255,3 +256,34 @@ def test_mmap_out_of_address_space_is_not_called_a_full_shm():
     )
     out, err = child.communicate(timeout=60)
     assert "address space" in out and "shm-size" not in out, (out, err)
+
+
+def test_the_per_message_native_calls_refuse_bad_arguments_with_type_errors():
+    # send/receive (and VisionIPC's native send/recv) are plain CPython methods, not
+    # pybind11's dispatcher: they check their own arguments.
+    from visionipc import _visionipc
+
+    topic = unique_topic("fastcall")
+    pub, sub = msgq.pub_sock(topic), msgq.sub_sock(topic, timeout=0)
+    try:
+        for bad in (5, None, 1.5, "text"):
+            with pytest.raises(TypeError, match="bytes or a C-contiguous buffer"):
+                pub.send(bad)
+        with pytest.raises(TypeError, match="unexpected keyword argument 'blocking'"):
+            sub.receive(blocking=True)
+        with pytest.raises(TypeError, match="takes 0 to 1 arguments"):
+            sub.receive(True, True)
+        with pytest.raises(TypeError):
+            type(sub._impl).receive(pub._impl)  # another class's object as self
+        pub.send(memoryview(b"ok"))
+        assert sub.receive(non_blocking=False) == b"ok" and sub.receive(True) is None
+    finally:
+        pub.close(), sub.close()
+    client = _visionipc.Client(unique_name("fc"), "0")
+    for bad in ("1", 1.5, 2**40, True):
+        with pytest.raises(TypeError, match="timeout_ms must be an int"):
+            client.recv(bad)
+    assert client.recv(0) is None
+    client.close()
+    with pytest.raises(ClosedError):
+        client.recv(0)

@@ -35,7 +35,7 @@ def test_every_reader_gets_every_message_exactly_while_a_slow_reader_holds_the_w
         reports = children.collect(["slow", "fast1", "fast2"], timeout=90)
     for name, report in reports.items():
         assert report == {"count": count, "bad": 0, "first_bad": None, "extra": False}, (name, report)
-    # The slow reader started 1 s late with a small ring: the writer had to wait for it, and said so.
+    # The slow reader stalled 1 s with a small ring: the writer had to wait for it, and said so.
     logged = [r.getMessage() for r in caplog.records if r.name == "msgq.broadcast"]
     warnings = [w for w in logged if "the writer has waited" in w]
     assert warnings and all("reader 0" in w for w in warnings), warnings
