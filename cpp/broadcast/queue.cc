@@ -15,9 +15,13 @@ using common::fail;
 
 namespace {
 
-// How long a wait polls (yielding) before it sleeps on the futex: a steady
-// stream of messages then costs no sleep / wake-up per message.
+// How long the writer's waits poll (yielding) before they sleep on the futex:
+// a steady stream of messages then costs no sleep / wake-up per message.
 constexpr int64_t kPollNs = 100'000;
+// A reader's waits poll adaptively (Reader::poll_budget_ns), never longer than
+// this: messages up to 1 ms apart are caught polling, as a busy reader would
+// (no wake-up latency), and a reader whose queue went quiet sleeps after 1 ms.
+constexpr int64_t kMaxPollNs = 1'000'000;
 
 void check_sizes(const QueueSpec& s) {
   if (s.n_readers < 1 || s.n_readers > kMaxReaders) {
@@ -287,12 +291,22 @@ bool Reader::readable() const {
   return m.written.load(std::memory_order_acquire) == seq_ + 1;
 }
 
+int64_t Reader::poll_budget_ns() const {
+  // Polling pays when the next message is likely within the limit.
+  return typical_wait_ns_ > kMaxPollNs ? 0 : std::min(kMaxPollNs, 2 * typical_wait_ns_ + 10'000);
+}
+
 common::WaitStatus Reader::wait_readable(int64_t deadline_ns) {
   common::UseGuard use(gate_);
   if (!use.ok() || !file_) return common::WaitStatus::kClosed;
   QueueHeader& h = file_->header();
   auto ready = [&] { return readable() || h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
-  const common::WaitStatus r = common::wait_until(h.data_ready, ready, deadline_ns, kPollNs);
+  const int64_t start = common::monotonic_ns();
+  const common::WaitStatus r = common::wait_until(h.data_ready, ready, deadline_ns, poll_budget_ns());
+  if (r == common::WaitStatus::kReady) {
+    const int64_t waited = std::min(common::monotonic_ns() - start, 4 * kMaxPollNs);  // a long pause counts once
+    typical_wait_ns_ = (3 * typical_wait_ns_ + waited) / 4;
+  }
   if (gate_.closing()) return common::WaitStatus::kClosed;
   if (readable()) return common::WaitStatus::kReady;  // messages written before a shutdown are still delivered
   if (h.shutdown.load(std::memory_order_seq_cst) != 0) return common::WaitStatus::kShutdown;

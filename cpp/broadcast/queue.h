@@ -132,9 +132,15 @@ class Reader {
 
  private:
   bool readable() const;
+  int64_t poll_budget_ns() const;
   std::shared_ptr<QueueFile> file_;
   uint32_t rank_;
   uint64_t seq_ = 0;  // sequence number of the next message to read
+  // Moving average of this reader's recent waits (one thread: the reader's).
+  // A wait polls (yielding) for about twice that, at most kMaxPollNs, before it
+  // sleeps: a stream of messages is then caught without a futex wake-up, and
+  // an idle queue costs no CPU once kMaxPollNs have passed without a message.
+  int64_t typical_wait_ns_ = 100'000;
   common::UseGate gate_;
 };
 

@@ -32,6 +32,9 @@ def test_bench_broadcast_measures_every_transport_and_prints_ratios(tmp_path):
     for kind, row in summary.items():
         assert row["msgs_per_s"] > 0 and row["cpu_us_per_msg"] > 0, (kind, row)
         assert 0 < row["p50_us"] <= row["p99_us"], (kind, row)
+        assert 0 <= row["idle_reader_cpu_pct"] <= 100 * 1.05, (kind, row)
+    # a BroadcastQueue reader whose queue went quiet sleeps (polls at most 1 ms of the 0.5 s)
+    assert summary["msgq"]["idle_reader_cpu_pct"] < 25 and summary["msgq-defaults"]["idle_reader_cpu_pct"] < 25
     assert "msgq / mp.Queue: throughput x" in printed and "msgq / seed-py: throughput x" in printed
     assert "msgq-defaults / mp.Queue: throughput x" in printed  # what BroadcastQueue(n_readers) gives
 

@@ -18,7 +18,9 @@ reader done); CPU per message: user + system time of the writer (with
 mp.Queue's feeder threads) and every reader over the run, divided by the
 messages: on a busy shared machine the one number that does not depend on
 what else runs. Latency: ``--latency-messages`` sent one every ``--interval-us``,
-readers record receive - send time (CLOCK_MONOTONIC, shared by processes).
+readers record receive - send time (CLOCK_MONOTONIC, shared by processes),
+then wait 0.5 s for a message that does not come: their CPU % meanwhile is the
+"idle reader CPU" column (a reader that busy-waits shows ~100 %).
 Every reader checks it got every sequence number in order. Runs alternate
 transports round by round (``--rounds``), and report medians and ratios.
 
@@ -30,6 +32,7 @@ import argparse
 import multiprocessing
 import os
 import pickle
+import queue
 import struct
 import sys
 import time
@@ -43,6 +46,7 @@ from visionipc.bench.workers import read_loadavg
 
 SPAWN = multiprocessing.get_context("spawn")
 DONE_TIMEOUT = 120.0
+IDLE_S = 0.5  # the idle wait after a latency run, timed for its CPU
 
 
 # ------------------------------------------------------------------ the plain chunk ring in pure Python
@@ -130,11 +134,29 @@ def _reader(kind, endpoint, rank, count, ready, results, record_latency):
         if record_latency:
             lat.append(time.monotonic_ns() - sent)
         ok &= got_seq == seq
-    results.put((rank, time.monotonic_ns(), ok, lat, cpu_s() - cpu0))
+    done, cpu = time.monotonic_ns(), cpu_s() - cpu0
+    idle_pct = _idle_cpu_pct(kind, ring if kind == "seed-py" else q, rank) if record_latency else None
+    results.put((rank, done, ok, lat, cpu, idle_pct))
     if kind in ("msgq", "msgq-defaults"):
         q.close()
     elif kind == "seed-py":
         ring.close()  # the writer unlinks it
+
+
+def _idle_cpu_pct(kind, source, rank):
+    """CPU % of this reader over IDLE_S s of waiting for a message that does not come
+    (the writer sent its last one): what a reader costs while its queue is quiet."""
+    t0, c0 = time.monotonic(), cpu_s()
+    try:
+        if kind == "seed-py":
+            source.dequeue(rank, t0 + IDLE_S)
+        elif kind == "mp.Queue":
+            source.get(timeout=IDLE_S)
+        else:
+            source.dequeue(timeout=IDLE_S)
+    except (TimeoutError, queue.Empty):
+        pass
+    return (cpu_s() - c0) / (time.monotonic() - t0) * 100
 
 
 # ------------------------------------------------------------------ one run
@@ -197,6 +219,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
         "ok": ok,
         "cpu_us": cpu / count * 1e6,
         "latency": latency_stats(lat) if lat else None,
+        "idle_cpu_pct": median([r[5] for r in reports]) if record_latency else None,
     }
 
 
@@ -225,6 +248,7 @@ def main(argv=None) -> int:
     rates = {k: [] for k in KINDS}
     cpus = {k: [] for k in KINDS}
     lats = {k: [] for k in KINDS}
+    idles = {k: [] for k in KINDS}
     with isolated_prefix():
         for _ in range(args.rounds):
             for kind in KINDS:
@@ -236,16 +260,28 @@ def main(argv=None) -> int:
                 cpus[kind].append(r["cpu_us"])
                 lat = run(kind, args.readers, args.latency_messages, args.size, True, args.interval_us)
                 lats[kind].append(lat["latency"])
+                idles[kind].append(lat["idle_cpu_pct"])
     rows = []
     summary = {}
     for kind in KINDS:
         rate = median(rates[kind])
         p50 = median([x["p50"] for x in lats[kind]])
         p99 = median([x["p99"] for x in lats[kind]])
-        cpu = median(cpus[kind])
-        summary[kind] = {"msgs_per_s": rate, "p50_us": p50, "p99_us": p99, "cpu_us_per_msg": cpu, "rates": rates[kind]}
-        rows.append([kind, fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}"])
-    print(format_table(["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs"], rows))
+        cpu, idle = median(cpus[kind]), median(idles[kind])
+        summary[kind] = {
+            "msgs_per_s": rate,
+            "p50_us": p50,
+            "p99_us": p99,
+            "cpu_us_per_msg": cpu,
+            "idle_reader_cpu_pct": idle,
+            "rates": rates[kind],
+        }
+        rows.append([kind, fmt_rate(rate), f"{cpu:.1f}", f"{p50:.1f}", f"{p99:.1f}", f"{idle:.1f}"])
+    print(
+        format_table(
+            ["transport", "msgs/s", "CPU µs/msg (all processes)", "latency p50 µs", "p99 µs", "idle reader CPU %"], rows
+        )
+    )
     for name, other in (("msgq", "seed-py"), ("msgq", "mp.Queue"), ("msgq-defaults", "mp.Queue")):
         base, o = summary[name], summary[other]
         print(
