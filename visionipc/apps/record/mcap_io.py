@@ -82,8 +82,9 @@ def open_video_encoder(storage, fps: float, live: bool = False):
 
 def video_frame(storage, image):
     """A compact image -> an FFmpeg frame in the pixel format the encoder takes."""
-    frame = need("av", "record").VideoFrame.from_ndarray(image, format=storage.src_format)
-    return frame if frame.format.name == storage.pix_fmt else frame.reformat(format=storage.pix_fmt)
+    from visionipc.apps.record.codecs import encoder_frame
+
+    return encoder_frame(storage, image)
 
 
 class McapWriter:
