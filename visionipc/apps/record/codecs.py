@@ -234,6 +234,16 @@ _TO_I420 = {"rgb24": "COLOR_RGB2YUV_I420", "bgr24": "COLOR_BGR2YUV_I420"}
 _FROM_I420 = {"rgb24": "COLOR_YUV2RGB_I420", "bgr24": "COLOR_YUV2BGR_I420"}
 
 
+def tag_colour(ctx, src_format: str, pix_fmt: str):
+    """Tag an encoder's YUV with what it holds, so ffprobe and players read it right: BT.601
+    (SMPTE 170M) video range, or full range for gray8 stored as the Y plane as it is."""
+    if pix_fmt == "gray":
+        ctx.color_range = 2  # AVCOL_RANGE_JPEG
+    elif pix_fmt in ("yuv420p", "nv12"):
+        ctx.colorspace = 6  # AVCOL_SPC_SMPTE170M (BT.601)
+        ctx.color_range = 2 if src_format == "gray" else 1  # AVCOL_RANGE_JPEG / AVCOL_RANGE_MPEG
+
+
 def encoder_frame(storage, image):
     """A compact image -> the FFmpeg frame ``storage``'s encoder takes (``storage.pix_fmt``):
     YUV planes as they are (NV12 <-> I420 only reorders chroma), gray as the Y plane with flat
@@ -267,6 +277,7 @@ class AvEncoder:
             stream.codec_context.gop_size = storage.gop or max(1, GOP_SECONDS * int(fps))
             stream.thread_count = storage.threads
             stream.options = storage.options()
+            tag_colour(stream.codec_context, storage.src_format, storage.pix_fmt)
         except BaseException:
             self.container.close()
             raise
@@ -309,6 +320,7 @@ class Mp4vEncoder:
             stream.codec_context.gop_size = 12
             stream.codec_tag = "mp4v"
             stream.options = {"b": str(int(1.5 * int(fps) * storage.width * storage.height)), "qmin": "3"}
+            tag_colour(stream.codec_context, "yuv420p", self.pix_fmt)  # gray8 too is rescaled to video range
         except BaseException:
             self.container.close()
             raise
