@@ -10,7 +10,7 @@ import pytest
 from pipeline_helpers import DROPS, H, W, camera_recordings, missing_ids, raw_index, recordings, spark  # noqa: F401
 
 from visionipc.apps.pipeline import export, health, metrics, synthetic
-from visionipc.apps.pipeline.frames import read_frames, segments_df
+from visionipc.apps.pipeline.frames import iter_pictures, read_frames, segment_table, segments_df
 from visionipc.apps.pipeline.read import RecordingError, read_index
 from visionipc.apps.record.reader import iter_frames
 
@@ -98,14 +98,15 @@ def test_a_video_shorter_than_its_index_is_a_clear_error(spark, recordings, tmp_
         metrics.spark_metrics(spark, [rec]).collect()
 
 
-def _coded_luma(video: str) -> list:
-    """The Y planes of a lossy segment decoded by PyAV (no conversion), stretched from video
-    range to full range: what the metrics must measure (docs/pipeline.md, "Luma")."""
+def _coded_planes(rec: str, segments: int) -> list:
+    """The I420 planes of a lossy recording's segments as coded, decoded by PyAV (no conversion)."""
     import av
 
-    with av.open(video) as container:
-        planes = [f.to_ndarray()[:H].astype(np.float32) for f in container.decode(video=0)]
-    return [np.clip((y - 16) * 255 / 219, 0, 255) for y in planes]
+    planes = []
+    for seg in range(segments):
+        with av.open(os.path.join(rec, "frames", "s", f"{seg:06d}.mp4")) as container:
+            planes += [f.to_ndarray() for f in container.decode(video=0)]
+    return planes
 
 
 def test_one_meaning_per_metric_lossless_or_lossy_and_motion_across_segments(spark, tmp_path):
@@ -123,14 +124,18 @@ def test_one_meaning_per_metric_lossless_or_lossy_and_motion_across_segments(spa
     pd.testing.assert_frame_equal(exact[names + ["motion"]], a[names + ["motion"]], rtol=1e-6)
     # mp4v (OpenCV's format, default quality): the metrics measure the coded Y plane as it decodes...
     rec, b = lossy("mp4v")
-    coded = [y for seg in (0, 1, 2) for y in _coded_luma(os.path.join(rec, "frames", "s", f"{seg:06d}.mp4"))]
-    expected = np.array([metrics.frame_metrics(y)[:3] for y in coded])
-    assert np.allclose(b[names].to_numpy(), expected, rtol=1e-5)
+    coded = _coded_planes(rec, 3)
+    luma = [np.clip((p[:H].astype(np.float32) - 16) * 255 / 219, 0, 255) for p in coded]  # docs/pipeline.md
+    assert np.allclose(b[names].to_numpy(), [metrics.frame_metrics(y)[:3] for y in luma], rtol=1e-5)
     # ...so what differs from lossless is mpeg4's own loss: brightness/contrast within 1 %; its
     # quantisation softens edges, sharpness by up to 1.1 % here (docs/pipeline.md, "Luma")
     for name in names:
         rtol = 0.02 if name == "sharpness" else 0.01
         assert np.allclose(a[name], b[name], rtol=rtol), (name, a[name].tolist(), b[name].tolist())
+    # exported pictures: the coded planes through the lossless path's conversion (OpenCV's mp4v
+    # reader, FFmpeg's YUV -> BGR, is 1-2 levels dark on most grays)
+    pictures = [p for segment in segment_table([rec]) for _, p in iter_pictures(segment)]
+    assert all(np.array_equal(p, cv2.cvtColor(c, cv2.COLOR_YUV2BGR_I420)) for p, c in zip(pictures, coded))
     # BGR8 through H.264: OpenCV's BT.601 conversion both ways (FFmpeg's bgr24 paths are 1-2 levels
     # dark); left: 8-bit video-range Y moving each gray by up to half a level (+0.4 % contrast here)
     color = dict(spec, format="bgr8")

@@ -193,6 +193,13 @@ def iter_segment(segment: dict, positions=None, *, coded: bool = False):
         raise RecordingError(f"{segment['recording_path']}: {e}") from e
 
 
+def iter_pictures(segment: dict, positions=None):
+    """Yield ``(index_row, bgr_picture)`` for JPEG/PNG export: lossy video from its coded planes,
+    converted by OpenCV as lossless planes are (a frame looks the same stored either way)."""
+    for row, image, storage in iter_segment(segment, positions, coded=True):
+        yield row, to_bgr(image, storage.kind, storage.fmt, int(row["height"]))
+
+
 def last_frame(segment: dict, index_file: str, *, coded: bool = False):
     """``(index_row, stored_image, storage)`` of the last frame of another segment of the same
     stream (``index_file``), or None when it has no frames (``coded``: as ``iter_segment``)."""
