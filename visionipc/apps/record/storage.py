@@ -1,6 +1,6 @@
 """How a stream's frames are stored in video segments in the OpenCV format, both ways: the
-format_version 1 codecs (still read by OpenCV, and written by --codec mp4v; the PyAV codecs
-are in codecs.py).
+format_version 1 codecs (still read, and written by --codec mp4v; the PyAV codecs are in
+codecs.py).
 
 | format | lossless (FFV1 in .mkv) | lossy (mp4v in .mp4) |
 |---|---|---|
@@ -10,8 +10,9 @@ are in codecs.py).
 | raw16 | ``gray16``: 16-bit gray (always lossless) | ``gray16`` (FFV1) |
 
 The kind is what decoding gives. The lossy segments are coded as video-range BT.601 YUV
-4:2:0 made from the compact image without a BGR detour (``codecs.Mp4vEncoder``; the
-pipeline's metrics read that Y plane, ``codecs.CodedPlanes``).
+4:2:0 made from the compact image without a BGR detour (``codecs.Mp4vEncoder``) and decoded
+by PyAV to those planes (``codecs.CodedPlanes``: the pipeline's metrics read their Y), which
+reader.py converts to BGR with OpenCV. FFV1 segments are read by OpenCV.
 
 ``capture`` copies a received frame out of the pool into its compact image (the one copy
 the recorder makes: the pool buffer is recycled after); ``restore`` writes a decoded image
