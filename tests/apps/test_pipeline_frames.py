@@ -132,16 +132,16 @@ def test_one_meaning_per_metric_lossless_or_lossy_and_motion_across_segments(spa
     for name in names:
         rtol = 0.02 if name == "sharpness" else 0.01
         assert np.allclose(a[name], b[name], rtol=rtol), (name, a[name].tolist(), b[name].tolist())
-    # exported pictures: the coded planes through the lossless path's conversion (OpenCV's mp4v
-    # reader, FFmpeg's YUV -> BGR, is 1-2 levels dark on most grays)
+    # exported pictures: the coded planes through the lossless path's conversion (FFmpeg's
+    # YUV -> BGR, which cv2.VideoCapture uses, is 1-2 levels dark on most grays)
     pictures = [p for segment in segment_table([rec]) for _, p in iter_pictures(segment)]
     assert all(np.array_equal(p, cv2.cvtColor(c, cv2.COLOR_YUV2BGR_I420)) for p, c in zip(pictures, coded))
     # BGR8 through H.264: OpenCV's BT.601 conversion both ways (FFmpeg's bgr24 paths are 1-2 levels
     # dark); left: 8-bit video-range Y moving each gray by up to half a level (+0.4 % contrast here)
     color = dict(spec, format="bgr8")
-    c = metrics.metrics_pandas([synthetic.write_recording(tmp_path / "bgr", {"s": color})])
+    exact_bgr = metrics.metrics_pandas([synthetic.write_recording(tmp_path / "bgr", {"s": color})])
     rec, d = lossy("h264", crf=0, format="bgr8")
-    assert np.allclose(c.sort_values(keys)[names], d[names], rtol=0.01)
+    assert np.allclose(exact_bgr.sort_values(keys)[names], d[names], rtol=0.01)
     replayed = np.array([image for _, image in iter_frames(rec, "s")], np.float32)  # vipc-replay's reader
     shown = np.array([synthetic.pattern(i, W, H) for i in range(8)], np.float32)[..., None]
     assert abs(np.mean(replayed - shown)) < 0.25 and np.mean(np.abs(replayed - shown)) < 1.0

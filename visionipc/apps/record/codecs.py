@@ -318,6 +318,7 @@ class Mp4vEncoder:
             stream.width, stream.height, stream.pix_fmt = storage.width, storage.height, self.pix_fmt
             stream.codec_context.time_base = 1 / rate
             stream.codec_context.gop_size = 12
+            stream.thread_count = 1  # one encoding thread per stream, as vipc-record's --encoder-threads default
             stream.codec_tag = "mp4v"
             stream.options = {"b": str(int(1.5 * int(fps) * storage.width * storage.height)), "qmin": "3"}
             tag_colour(stream.codec_context, "yuv420p", self.pix_fmt)  # gray8 too is rescaled to video range
