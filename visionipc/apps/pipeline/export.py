@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from visionipc.apps.pipeline.frames import iter_segment, to_bgr
+from visionipc.apps.pipeline.frames import iter_pictures
 from visionipc.apps.record.checks import RecordingError, check_stream
 
 KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
@@ -106,11 +106,10 @@ def export_segment(selected, out_dir: str, image_format: str):
     }
     reasons = dict(zip(selected["position"].astype(int), selected["reason"]))
     rows = []
-    for row, image, storage in iter_segment(segment, positions=reasons):
+    for row, picture in iter_pictures(segment, positions=reasons):
         rel = image_name(first["recording_id"], first["stream"], int(row["frame_id"]), image_format)
         dest = inside(out_dir, rel)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
-        picture = to_bgr(image, storage.kind, row["format"], int(row["height"]))
         if not cv2.imwrite(dest, picture):
             raise OSError(f"could not write {dest}")
         rows.append(manifest_row(rel, first["recording_id"], first["stream"], row, reasons[int(row["position"])]))

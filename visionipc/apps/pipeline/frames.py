@@ -161,11 +161,14 @@ def read_segment_index(index_file: str, recording_path: str = None):
     return table.to_pandas().sort_values("position", ignore_index=True)
 
 
-def iter_segment(segment: dict, positions=None):
+def iter_segment(segment: dict, positions=None, *, coded: bool = False):
     """Yield ``(index_row, stored_image, storage)`` for the frames of one segment in order
-    (all of them, or those at ``positions``), decoded by vipc-record's reader."""
+    (all of them, or those at ``positions``), decoded by vipc-record's reader; ``coded``:
+    lossy video as its coded YUV planes (``codecs.CodedPlanes``, the storage yielded), not
+    converted to the stored layout (the metrics read Y so)."""
     import cv2
 
+    from visionipc.apps.record.codecs import coded_planes
     from visionipc.apps.record.reader import iter_segment_frames
 
     index = read_segment_index(segment["index_file"], segment["recording_path"])
@@ -174,6 +177,8 @@ def iter_segment(segment: dict, positions=None):
     if len(index) == 0:
         return
     storage = storage_of(segment["recording_path"], index.iloc[0])
+    if coded:
+        storage = coded_planes(storage) or storage
     cv2.setNumThreads(1)
     wanted = list(zip(index["segment_file"], index["position"].astype(int)))
     try:
@@ -188,14 +193,21 @@ def iter_segment(segment: dict, positions=None):
         raise RecordingError(f"{segment['recording_path']}: {e}") from e
 
 
-def last_frame(segment: dict, index_file: str):
+def iter_pictures(segment: dict, positions=None):
+    """Yield ``(index_row, bgr_picture)`` for JPEG/PNG export: lossy video from its coded planes,
+    converted by OpenCV as lossless planes are (a frame looks the same stored either way)."""
+    for row, image, storage in iter_segment(segment, positions, coded=True):
+        yield row, to_bgr(image, storage.kind, storage.fmt, int(row["height"]))
+
+
+def last_frame(segment: dict, index_file: str, *, coded: bool = False):
     """``(index_row, stored_image, storage)`` of the last frame of another segment of the same
-    stream (``index_file``), or None when it has no frames."""
+    stream (``index_file``), or None when it has no frames (``coded``: as ``iter_segment``)."""
     index = read_segment_index(index_file)
     if len(index) == 0:
         return None
     other = dict(segment, index_file=index_file)
-    return next(iter_segment(other, positions=[int(index["position"].max())]), None)
+    return next(iter_segment(other, positions=[int(index["position"].max())], coded=coded), None)
 
 
 def map_segments(segments, fn, schema: str):

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from visionipc.apps.pipeline import fs, health
-from visionipc.apps.pipeline.frames import SEGMENT_SCHEMA, iter_segment, read_segment_index, to_bgr
+from visionipc.apps.pipeline.frames import SEGMENT_SCHEMA, iter_pictures, read_segment_index
 
 PAYLOAD_SCHEMA = "kind string, payload binary"
 TASKS_PER_SLOT = 4
@@ -349,11 +349,9 @@ def _export_task(out_root: str, rule: tuple, drops: dict, metrics_root, image_fo
                 reasons = _positions(segment, rule, drops, metrics_root)
                 if not reasons:
                     continue
-                for row, image, storage in iter_segment(segment, positions=reasons):
+                for row, picture in iter_pictures(segment, positions=reasons):
                     rel = image_name(segment["recording_id"], segment["stream"], int(row["frame_id"]), image_format)
-                    ok, data = cv2.imencode(
-                        f".{image_format}", to_bgr(image, storage.kind, row["format"], int(row["height"]))
-                    )
+                    ok, data = cv2.imencode(f".{image_format}", picture)
                     if not ok:
                         raise OSError(f"could not encode frame {int(row['frame_id'])} as {image_format}")
                     fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes())

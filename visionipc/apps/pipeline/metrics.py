@@ -73,11 +73,11 @@ def segment_metrics(
     if carry.get("key") == key and carry.get("index_file") == segment.get("previous_index_file"):
         previous = carry["luma"]
     elif segment.get("previous_index_file"):
-        before = last_frame(segment, segment["previous_index_file"])
+        before = last_frame(segment, segment["previous_index_file"], coded=True)
         if before is not None:
             row, image, storage = before
             previous = luma(image, storage.kind, row["format"], int(row["height"]))
-    for row, image, storage in iter_segment(segment):
+    for row, image, storage in iter_segment(segment, coded=True):
         gray = luma(image, storage.kind, row["format"], int(row["height"]))
         b, c, s, m = frame_metrics(gray, previous)
         previous = gray

@@ -30,27 +30,42 @@ def pattern(frame_id: int, width: int, height: int, *, blur: int = 0) -> np.ndar
 
 
 def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
+    """The stream's compact image of a gray picture (``pixels.pack``'s layout): Y as given and
+    flat chroma for NV12/I420, R = G = B for RGB8/BGR8."""
     if fmt in ("nv12", "i420"):
         h, w = gray.shape
         return np.vstack([gray, np.full((h // 2, w), 128, np.uint8)])
+    if fmt in ("rgb8", "bgr8"):
+        return np.dstack([gray] * 3)
     return gray
+
+
+def _storage(cv2, spec: dict, fmt: str, width: int, height: int):
+    """vipc-record's storage for ``spec``'s ``lossless`` / ``codec``."""
+    from visionipc.apps.record import codecs
+    from visionipc.apps.record.storage import Storage
+
+    codec = spec.get("codec")
+    if codec is None or codec == codecs.LEGACY:
+        return Storage(cv2, fmt, width, height, lossless=codec is None and spec.get("lossless", True))
+    return codecs.AvStorage(fmt, width, height, codec, spec.get("crf"))
 
 
 def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
     """Write a recording with vipc-record's own writer and return its path.
 
     ``streams``: ``{name: spec}`` where spec has ``frames``, ``width``, ``height`` and optionally
-    ``format`` (nv12, i420 or gray8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
+    ``format`` (nv12, i420, gray8, rgb8 or bgr8), ``fps`` (30), ``segment_frames`` (frames per segment, 50),
     ``drop`` (frame ids never recorded), ``delay_ms`` ({frame_id: extra latency; later frames
     queue behind it}), ``latency_ms`` (base receive - eof, 2), ``black`` / ``frozen`` (frame ids
     shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
-    ``lossless`` (True: FFV1; False: OpenCV's lossy mp4v (vipc-record --codec mp4v), NV12 stored as BGR).
+    ``lossless`` (True: FFV1; False: lossy mp4v, vipc-record --codec mp4v),
+    ``codec`` (a vipc-record ``--codec``: mp4v, or a PyAV codec such as h264 fed the compact
+    image, with ``crf``; it overrides ``lossless``). Formats rgb8/bgr8 store the picture as R = G = B.
     """
     import cv2
 
-    from visionipc.apps.pipeline.frames import to_bgr
     from visionipc.apps.record import index
-    from visionipc.apps.record.storage import Storage
     from visionipc.apps.record.writer import StreamWriter
 
     os.makedirs(path, exist_ok=True)
@@ -71,7 +86,7 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
         drop, delay = set(spec.get("drop", ())), spec.get("delay_ms", {})
         black, frozen = set(spec.get("black", ())), set(spec.get("frozen", ()))
         start = spec.get("start_ns", 1_000_000_000_000)
-        storage = Storage(cv2, fmt, w, h, lossless=spec.get("lossless", True))
+        storage = _storage(cv2, spec, fmt, w, h)
         writer = StreamWriter(cv2, str(path), stream, storage, 0)
         previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
         for fid in range(spec["frames"]):
@@ -90,11 +105,8 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
             publish = eof + backlog + 100_000
             if kept and kept % spec.get("segment_frames", 50) == 0:
                 writer.close_segment()
-            stored = _planes(gray, fmt)
-            if storage.kind == "bgr":  # what the lossy recorder stores for YUV formats
-                stored = to_bgr(stored, "planes", fmt, h)
             writer.add(
-                stored,
+                _planes(gray, fmt),  # the compact image, as Storage.capture gives it
                 {
                     "frame_id": fid,
                     "timestamp_sof": eof - period // 2,

@@ -227,6 +227,38 @@ class AvStorage:
         return storage
 
 
+# RGB/BGR -> the encoder's YUV 4:2:0 (BT.601, video range), by OpenCV: FFmpeg's default
+# swscale conversion from bgr24 truncates (Y one level low for half the grays) and its
+# conversion back to RGB/BGR is 1-2 levels dark (docs/pipeline.md, "Luma").
+_TO_I420 = {"rgb24": "COLOR_RGB2YUV_I420", "bgr24": "COLOR_BGR2YUV_I420"}
+_FROM_I420 = {"rgb24": "COLOR_YUV2RGB_I420", "bgr24": "COLOR_YUV2BGR_I420"}
+
+
+def tag_colour(ctx, src_format: str, pix_fmt: str):
+    """Tag an encoder's YUV with what it holds, so ffprobe and players read it right: BT.601
+    (SMPTE 170M) video range, or full range for gray8 stored as the Y plane as it is."""
+    if pix_fmt == "gray":
+        ctx.color_range = 2  # AVCOL_RANGE_JPEG
+    elif pix_fmt in ("yuv420p", "nv12"):
+        ctx.colorspace = 6  # AVCOL_SPC_SMPTE170M (BT.601)
+        ctx.color_range = 2 if src_format == "gray" else 1  # AVCOL_RANGE_JPEG / AVCOL_RANGE_MPEG
+
+
+def encoder_frame(storage, image):
+    """A compact image -> the FFmpeg frame ``storage``'s encoder takes (``storage.pix_fmt``):
+    YUV planes as they are (NV12 <-> I420 only reorders chroma), gray as the Y plane with flat
+    chroma (its values as they are), RGB/BGR converted exactly to video-range BT.601 YUV."""
+    src, dst = storage.src_format, storage.pix_fmt
+    if dst in ("yuv420p", "nv12"):
+        if src == "gray":  # FFmpeg's conversion would rescale the range
+            image, src = np.vstack([image, np.full((image.shape[0] // 2, image.shape[1]), 128, np.uint8)]), "yuv420p"
+        elif src in _TO_I420:
+            cv2 = need("cv2", "record")
+            image, src = cv2.cvtColor(np.ascontiguousarray(image), getattr(cv2, _TO_I420[src])), "yuv420p"
+    frame = av().VideoFrame.from_ndarray(image, format=src)
+    return frame if frame.format.name == dst else frame.reformat(format=dst)
+
+
 class AvEncoder:
     """One segment's video file: ``write(compact_image)`` per frame, ``release()`` at the end
     (the interface of cv2.VideoWriter that writer.StreamWriter uses)."""
@@ -245,18 +277,14 @@ class AvEncoder:
             stream.codec_context.gop_size = storage.gop or max(1, GOP_SECONDS * int(fps))
             stream.thread_count = storage.threads
             stream.options = storage.options()
+            tag_colour(stream.codec_context, storage.src_format, storage.pix_fmt)
         except BaseException:
             self.container.close()
             raise
         self.stream, self.pts = stream, 0
 
     def write(self, image):
-        src, dst = self.storage.src_format, self.storage.pix_fmt
-        if src == "gray" and dst == "yuv420p":  # Y as is, flat chroma (FFmpeg's conversion rescales the range)
-            image, src = np.vstack([image, np.full((image.shape[0] // 2, image.shape[1]), 128, np.uint8)]), dst
-        frame = av().VideoFrame.from_ndarray(image, format=src)
-        if frame.format.name != dst:
-            frame = frame.reformat(format=dst)
+        frame = encoder_frame(self.storage, image)
         frame.pts = self.pts
         self.pts += 1
         if frame.pts == 0:  # the first frame opens the encoder
@@ -265,6 +293,48 @@ class AvEncoder:
         else:
             packets = self.stream.encode(frame)
         self.container.mux(packets)
+
+    def release(self):
+        try:
+            self.container.mux(self.stream.encode(None))
+        finally:
+            self.container.close()
+
+
+class Mp4vEncoder:
+    """One segment of the OpenCV format's lossy storage (``storage.Storage``, --codec mp4v):
+    MPEG-4 Part 2 in .mp4 with OpenCV's VideoWriter settings (1.5 bits per pixel, qmin 3,
+    an intra frame every 12), fed the compact image as YUV 4:2:0 (``encoder_frame``; gray8
+    rescaled to video range, as OpenCV's writer did), not through OpenCV's BGR input, whose
+    swscale conversion wrote Y half a level low. The interface of ``AvEncoder``."""
+
+    def __init__(self, path: str, storage, fps: float):
+        mod = av()
+        self.src_format, self.pix_fmt = LAYOUT[storage.fmt][0], "yuv420p"
+        self.container = mod.open(path, mode="w", format="mp4")
+        try:
+            rate = Fraction(int(fps), 1)
+            stream = self.container.add_stream("mpeg4", rate=rate)
+            stream.width, stream.height, stream.pix_fmt = storage.width, storage.height, self.pix_fmt
+            stream.codec_context.time_base = 1 / rate
+            stream.codec_context.gop_size = 12
+            stream.thread_count = 1  # one encoding thread per stream, as vipc-record's --encoder-threads default
+            stream.codec_tag = "mp4v"
+            stream.options = {"b": str(int(1.5 * int(fps) * storage.width * storage.height)), "qmin": "3"}
+            tag_colour(stream.codec_context, "yuv420p", self.pix_fmt)  # gray8 too is rescaled to video range
+        except BaseException:
+            self.container.close()
+            raise
+        self.stream, self.pts = stream, 0
+
+    def write(self, image):
+        if self.src_format == "gray":
+            frame = av().VideoFrame.from_ndarray(image, format="gray").reformat(format="yuv420p")
+        else:
+            frame = encoder_frame(self, image)
+        frame.pts = self.pts
+        self.pts += 1
+        self.container.mux(self.stream.encode(frame))
 
     def release(self):
         try:
@@ -343,9 +413,40 @@ class _Segment:
 def _to_image(frame, src_format):
     if src_format == "gray" and frame.format.name in ("yuv420p", "yuvj420p", "nv12"):
         return frame.to_ndarray()[: frame.height].copy()  # the Y plane as stored (no range conversion)
+    if src_format in _FROM_I420 and frame.format.name in ("yuv420p", "nv12"):  # encoder_frame's way back
+        cv2 = need("cv2", "record")
+        if frame.format.name != "yuv420p":
+            frame = frame.reformat(format="yuv420p")
+        return cv2.cvtColor(frame.to_ndarray(), getattr(cv2, _FROM_I420[src_format]))
     if frame.format.name != src_format:
         frame = frame.reformat(format=src_format)
     return frame.to_ndarray(format=src_format)
+
+
+class CodedPlanes:
+    """A lossy stream's storage seen as coded: decoding gives the YUV 4:2:0 planes the encoder
+    compressed (an I420 compact image, ``kind`` planes, video-range BT.601), with no
+    conversion to RGB/BGR. Every lossy format is coded so (OpenCV's mp4v too: its BGR or
+    gray input becomes video-range YUV), except gray8 in the PyAV codecs, whose Y plane holds
+    the gray values as they are (``coded_planes`` gives None for it)."""
+
+    uses_av = True
+    lossless = False
+    kind = "planes"
+    fmt = "i420"
+    src_format = "yuv420p"
+
+    def __init__(self, storage):
+        self.width, self.height, self.ext = storage.width, storage.height, storage.ext
+        self.decode_threads = getattr(storage, "decode_threads", 0)
+
+
+def coded_planes(storage):
+    """``CodedPlanes`` of a lossy ``storage`` (PyAV's or OpenCV's), or None where the stored
+    image is what was coded (lossless storage, PyAV's gray8)."""
+    if storage.lossless or (storage.uses_av and storage.kind == "gray"):
+        return None
+    return CodedPlanes(storage)
 
 
 def iter_decoded(folder: str, rows, storage):

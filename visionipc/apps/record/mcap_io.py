@@ -21,7 +21,7 @@ import numpy as np
 
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
-from visionipc.apps.record.codecs import ordinary_scheduling
+from visionipc.apps.record.codecs import encoder_frame, ordinary_scheduling, tag_colour
 
 FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
 DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
@@ -75,6 +75,7 @@ def open_video_encoder(storage, fps: float, live: bool = False):
         if live:
             options["tune"] = "zerolatency"
     ctx.options = options
+    tag_colour(ctx, storage.src_format, storage.pix_fmt)
     with ordinary_scheduling():
         ctx.open()
     return ctx
@@ -82,8 +83,7 @@ def open_video_encoder(storage, fps: float, live: bool = False):
 
 def video_frame(storage, image):
     """A compact image -> an FFmpeg frame in the pixel format the encoder takes."""
-    frame = need("av", "record").VideoFrame.from_ndarray(image, format=storage.src_format)
-    return frame if frame.format.name == storage.pix_fmt else frame.reformat(format=storage.pix_fmt)
+    return encoder_frame(storage, image)
 
 
 class McapWriter:

@@ -7,10 +7,12 @@
 For lossless recordings the image is the frame's compact image: NV12/I420 the
 ``(h*3/2, w)`` plane image, GRAY8/RGB8/BGR8 as is, RAW16 uint16; so for the lossy
 PyAV codecs (H.264, HEVC, AV1: decoded pixels of the same layout). Lossy OpenCV (mp4v)
-recordings give a BGR image (GRAY8: gray).
+recordings give a BGR image (GRAY8: gray), converted from the decoded YUV planes by OpenCV.
 """
 
 import os
+
+import numpy as np
 
 from msgq._printable import printable
 from visionipc.apps._cli import need
@@ -42,10 +44,28 @@ def open_video(cv2, folder, segment_file, storage):
         raise
 
 
+# video-range Y -> full-range gray, rounded (BT.601: (Y - 16) * 255 / 219)
+_FULL_RANGE = np.clip(np.round((np.arange(256) - 16) * 255 / 219), 0, 255).astype(np.uint8)
+
+
+def _iter_lossy(cv2, folder, rows, storage):
+    """OpenCV-format lossy (mp4v) segments: decoded by PyAV to their coded planes and converted
+    by OpenCV as lossless planes are (gray8: Y back to full range); OpenCV's own reader goes
+    through FFmpeg's YUV -> BGR conversion, 1-2 levels dark on most grays."""
+    for planes in codecs.iter_decoded(folder, rows, codecs.CodedPlanes(storage)):
+        if storage.kind == "gray":
+            yield _FULL_RANGE[planes[: storage.height]]
+        else:
+            yield cv2.cvtColor(planes, cv2.COLOR_YUV2BGR_I420)
+
+
 def iter_segment_frames(cv2, folder, rows, storage):
     """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order)."""
     if storage.uses_av:
         yield from codecs.iter_decoded(folder, rows, storage)
+        return
+    if not storage.lossless:
+        yield from _iter_lossy(cv2, folder, rows, storage)
         return
     cap, fd, current, position = None, None, None, 0
     try:

@@ -1,16 +1,22 @@
-"""How a stream's frames are stored in video segments by OpenCV, both ways: the format_version 1
-codecs (still read, and written by --codec mp4v; the PyAV codecs are in codecs.py).
+"""How a stream's frames are stored in video segments in the OpenCV format, both ways: the
+format_version 1 codecs (still read, and written by --codec mp4v; the PyAV codecs are in
+codecs.py).
 
 | format | lossless (FFV1 in .mkv) | lossy (mp4v in .mp4) |
 |---|---|---|
-| nv12, i420 | ``planes``: the compact ``(h*3/2, w)`` plane image as 8-bit gray | ``bgr``: converted to BGR |
+| nv12, i420 | ``planes``: the compact ``(h*3/2, w)`` plane image as 8-bit gray | ``bgr``: decoded to BGR |
 | gray8 | ``gray``: 8-bit gray | ``gray`` (lossy) |
 | rgb8, bgr8 | ``color``: 3 channels in the format's own order | ``bgr`` |
 | raw16 | ``gray16``: 16-bit gray (always lossless) | ``gray16`` (FFV1) |
 
-``capture`` copies a received frame out of the pool into the stored image (the
-one copy the recorder makes: the pool buffer is recycled after); ``restore``
-writes a decoded image back into a pool buffer (exactly, for lossless kinds).
+The kind is what decoding gives. The lossy segments are coded as video-range BT.601 YUV
+4:2:0 made from the compact image without a BGR detour (``codecs.Mp4vEncoder``) and decoded
+by PyAV to those planes (``codecs.CodedPlanes``: the pipeline's metrics read their Y), which
+reader.py converts to BGR with OpenCV. FFV1 segments are read by OpenCV.
+
+``capture`` copies a received frame out of the pool into its compact image (the one copy
+the recorder makes: the pool buffer is recycled after); ``restore`` writes a decoded image
+back into a pool buffer (exactly, for lossless kinds).
 """
 
 import numpy as np
@@ -48,6 +54,10 @@ class Storage:
 
     def open_writer(self, path: str, fps: float):
         cv2 = self.cv2
+        if not self.lossless:  # mp4v: PyAV, fed YUV (codecs.Mp4vEncoder)
+            from visionipc.apps.record.codecs import Mp4vEncoder
+
+            return Mp4vEncoder(path, self, fps)
         video = cv2.VideoWriter(
             path, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*self.codec), fps, self.image_size, self.writer_params()
         )
@@ -67,9 +77,8 @@ class Storage:
         return [self.cv2.CAP_PROP_CONVERT_RGB, 0] if self.kind == "gray16" else []
 
     def capture(self, frame) -> np.ndarray:
-        """A received VisionBuf -> a new image to encode."""
-        if self.kind == "bgr":
-            return frame.to_bgr()
+        """A received VisionBuf -> a new image to encode: its compact image (the lossy
+        writer codes it as YUV 4:2:0; ``kind`` is what decoding gives back)."""
         return pixels.pack(frame)
 
     def restore(self, image: np.ndarray, buf):
