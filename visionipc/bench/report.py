@@ -47,6 +47,8 @@ def summarize(results):
                 p99_us=st.get("p99"),
                 recv_p50_us=latency_stats([s for r in rs for s in r["recv_samples_ns"]]).get("p50"),
                 send_call_p50_us=latency_stats([s for r in rs for s in r["send_call_ns"]]).get("p50"),
+                first_p50_us=latency_stats([s for r in rs for s in r.get("first_ns", ())]).get("p50"),
+                last_p50_us=latency_stats([s for r in rs for s in r.get("last_ns", ())]).get("p50"),
             )
         )
     for cell, rs in _group(results, "flat").items():
@@ -159,6 +161,7 @@ def targets(out):
                 "" if r is not None else f"needs 4K with 1 and 8 clients, {mode}",
             )
         )
+    t += camera_pace_targets(paced)
     # Context, not a target: what waking 8 sleeping processes instead of 1 costs a bare futex waker.
     one, eight = _find(paced, "futex", 3840, 2160, 1), _find(paced, "futex", 3840, 2160, 8)
     r = ratio(eight and eight["server_cpu_us"], one and one["server_cpu_us"])
@@ -177,6 +180,53 @@ def targets(out):
     return t
 
 
+def camera_pace_targets(paced):
+    """Issue 19's targets at a camera's pace (the producer sleeps between frames)."""
+    t = []
+    for w, h in ((64, 64), (3840, 2160)):
+        v, m = _find(paced, "visionipc", w, h), _find(paced, "msgq", w, h)
+        d = v["p50_us"] - m["p50_us"] if v and m else None
+        t.append(
+            _target(
+                "zero-copy handoff <= plain msgq 64 B + 15 µs",
+                f"visionipc p50 - msgq p50, 1 client, {v['frame'] if v else f'{w}x{h}'}",
+                f"{fmt(v and v['p50_us'])} - {fmt(m and m['p50_us'])} µs",
+                d,
+                "<= 15 µs",
+                lambda x: x <= 15,
+                "" if d is not None else f"needs {w}x{h} paced with visionipc and msgq",
+            )
+            | {"ratio_text": fmt(d, "{:+.1f} µs")}
+        )
+    v, r = _find(paced, "visionipc", 64, 64), _find(paced, "reference", 64, 64)
+    q = ratio(v and v["p50_us"], r and r["p50_us"])
+    t.append(
+        _target(
+            "zero-copy 64x64 handoff vs the reference's copying send",
+            "visionipc p50 / reference p50, 1 client, 64x64",
+            f"{fmt(v and v['p50_us'])} / {fmt(r and r['p50_us'])} µs",
+            q,
+            "<= 0.8x",
+            lambda x: x <= 0.8,
+            "" if q is not None else "needs 64x64 paced with visionipc and reference",
+        )
+    )
+    e = _find(paced, "visionipc", 3840, 2160, 8)
+    q = ratio(e and e["last_p50_us"], e and e["first_p50_us"])
+    t.append(
+        _target(
+            "the 8th client within 2x of the 1st",
+            "visionipc 4K, 8 clients: last / first client to hold each frame, p50",
+            f"{fmt(e and e['last_p50_us'])} / {fmt(e and e['first_p50_us'])} µs",
+            q,
+            "<= 2x",
+            lambda x: x <= 2,
+            "" if q is not None else "needs 4K paced with 8 visionipc clients",
+        )
+    )
+    return t
+
+
 # the columns of the paced and the flat-out tables after frame, clients and transport: (header, cell(row))
 PACED_COLUMNS = [
     ("recv() p50", lambda r: fmt(r["recv_p50_us"])),
@@ -186,6 +236,7 @@ PACED_COLUMNS = [
     ("server CPU", lambda r: fmt(r["server_cpu_us"])),
     ("client CPU", lambda r: fmt(r["client_cpu_us"])),
     ("view p50 / visionipc's", lambda r: fmt(r["vipc_advantage"], "{:.2f}x")),
+    ("last / first client", lambda r: fmt(ratio(r["last_p50_us"], r["first_p50_us"]), "{:.2f}x")),
     ("samples", lambda r: r["n"] if not r["timeouts"] else f"{r['n']} ({r['timeouts']} timed out)"),
 ]
 FLAT_COLUMNS = [
@@ -208,6 +259,7 @@ TABLES = (
         [
             "  the producer sleeps between frames, as a camera daemon does (it sends cold)",
             "  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view",
+            "  last / first client: per frame, p50 of the last client to hold it / p50 of the first",
         ],
     ),
     (
@@ -242,9 +294,17 @@ def render(summary, skipped=()):
         lines.append(f"{name}: skipped ({why})")
     if skipped:
         lines.append("")
-    lines.append("Targets (issue 4), this run:")
+    lines.append("Targets (issues 4 and 19), this run:")
     rows = [
-        [t["target"], t["measured"], t["value"], fmt(t["ratio"], "{:.3f}x"), t["want"], t["verdict"], t["note"]]
+        [
+            t["target"],
+            t["measured"],
+            t["value"],
+            t.get("ratio_text") or fmt(t["ratio"], "{:.3f}x"),
+            t["want"],
+            t["verdict"],
+            t["note"],
+        ]
         for t in summary["targets"]
     ]
     lines.append(format_table(["target", "measured", "value", "ratio", "want", "verdict", ""], rows, "lllrlll"))

@@ -13,6 +13,17 @@ from visionipc.bench.workers import BenchError
 SIZE_NAMES = {(64, 64): "64x64", (640, 480): "VGA", (1920, 1080): "1080p", (3840, 2160): "4K", (7680, 4320): "8K"}
 
 
+def first_and_last(consumers):
+    """Per frame every client got: the latency of the first client to hold it and of
+    the last (with 8 clients sharing a CPU, the 8th waits for the other 7)."""
+    per_frame = {}
+    for c in consumers:
+        for fid, lat in zip(c["fids"], c["lat_view_ns"]):
+            per_frame.setdefault(fid, []).append(lat)
+    full = [lats for lats in per_frame.values() if len(lats) == len(consumers)]
+    return [min(x) for x in full], [max(x) for x in full]
+
+
 def size_name(w, h):
     return SIZE_NAMES.get((w, h), f"{w}x{h}")
 
@@ -155,6 +166,7 @@ class Runner:
             rec["samples_ns"] = [s for x in cs for s in x["lat_view_ns"]]
             rec["recv_samples_ns"] = [s for x in cs for s in x["lat_recv_ns"]]
             rec["send_call_ns"] = p["send_call_ns"]
+            rec["first_ns"], rec["last_ns"] = first_and_last(cs)
             st = latency_stats(rec["samples_ns"])
             what = f"p50 {st.get('p50', float('nan')):9.1f} µs  p99 {st.get('p99', float('nan')):9.1f}"
         else:

@@ -100,7 +100,7 @@ def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         cpu0 = time.process_time_ns()
         recv = c.recv
-        lat_view, lat_recv = [], []
+        lat_view, lat_recv, fids = [], [], []
         got = intact = 0
         t_first = t_last = None
         ended = "end"
@@ -121,6 +121,7 @@ def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
             if keep_samples and fid > warmup:
                 lat_view.append(tv - ts)
                 lat_recv.append(tr - ts)
+                fids.append(fid)
         cpu1 = time.process_time_ns()
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         ctl.barrier("done")
@@ -138,4 +139,5 @@ def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
         "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw,
         "lat_view_ns": lat_view,
         "lat_recv_ns": lat_recv,
+        "fids": fids,
     }
