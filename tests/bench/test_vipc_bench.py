@@ -16,7 +16,7 @@ FRAMES = 4
 # Paced, these deliver every frame to every client: visionipc (conflate=False clients
 # read every announcement from the msgq ring), pyzmq (XPUB_NODROP), shm+pipe (the
 # pipe). The futex page and iceoryx2's 2-sample subscriber buffer keep only the newest.
-LOSSLESS = ("visionipc", "visionipc-copy", "pyzmq", "shm+pipe")
+LOSSLESS = ("visionipc", "visionipc-copy", "pyzmq", "shm+pipe", "msgq")
 BUILT_FROM_SOURCE = ("reference",)  # commaai/msgq: never installed by pip, so not required in CI
 
 
@@ -92,13 +92,18 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
 
     for name in names:
         assert f" {name} " in printed
-    assert "Targets (issue 4)" in printed
+    assert "Targets (issues 4 and 19)" in printed
     assert "the producer sleeps between frames" in printed and "Paced, warm producer" in printed
     # the run lacks 8K and 8 clients: those targets say so instead of guessing
     verdicts = {t["measured"]: t["verdict"] for t in report["summary"]["targets"]}
     assert verdicts["visionipc paced p50, 8K / 64x64, 1 client"] == "n/a"
     if "futex" in names:
         assert any(v in ("MET", "NOT MET") for k, v in verdicts.items() if "futex" in k)
+    assert verdicts["visionipc p50 - msgq p50, 1 client, 64x64"] in ("MET", "NOT MET")
+    assert verdicts["visionipc 4K, 8 clients: last / first client to hold each frame, p50"] == "n/a"
+    for n in CLIENTS:  # per frame, the first client to hold it is no later than the last
+        row = paced[("visionipc", 64, 64, n)]
+        assert 0 < row["first_p50_us"] <= row["last_p50_us"], row
 
     import matplotlib.image
 
