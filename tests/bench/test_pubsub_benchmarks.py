@@ -88,3 +88,24 @@ def test_pubsub_benchmarks_reject_unknown_parts(tmp_path):
             timeout=60,
         )
         assert proc.returncode == 2 and "--only: unknown nonsense" in proc.stderr, proc.stderr
+
+
+def test_bench_cold_times_every_step_warm_and_cold_and_leaves_nothing(tmp_path):
+    before = set(os.listdir("/dev/shm"))
+    proc = subprocess.run(
+        [sys.executable, "-P", str(TOOLS / "bench_cold.py"), "--rounds", "3"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [line for line in proc.stdout.splitlines() if line.endswith("x") and "µs" not in line]
+    for step in ("pybind11 method", "msgq send 64 B", "VisionIPC server.send(buf)", "VisionIPC client.recv()"):
+        (line,) = [r for r in rows if r.startswith(step)]
+        warm, cold = (float(x) for x in line.split()[-3:-1])
+        assert warm > 0 and cold > 0, line
+    assert set(os.listdir("/dev/shm")) - before == set()
+    cmd = [sys.executable, "-P", str(TOOLS / "bench_cold.py"), "--rounds", "0"]
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--rounds must be at least 1" in bad.stderr
