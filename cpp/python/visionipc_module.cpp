@@ -107,6 +107,31 @@ PyObject* client_recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef client_recv_def = {"recv", vipc::python::fastcall<client_recv>(), METH_FASTCALL,
                                "recv(timeout_ms=100) -> Received or None (< 0: wait forever)"};
 
+// Server.acquire(stream) -> (index, generation) and Client.is_valid(index, generation):
+// per frame too (a camera's get_buffer, a reader's frame.valid).
+PyObject* server_acquire(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("acquire", nargs, 1, 1);
+    const vipc::visionipc::Acquired a = vp::self_of<Server>(self).get_buffer(vp::str_arg(args[0], "stream"));
+    return Py_BuildValue("(IK)", static_cast<unsigned>(a.index), static_cast<unsigned long long>(a.generation));
+  });
+}
+PyMethodDef server_acquire_def = {"acquire", vipc::python::fastcall<server_acquire>(), METH_FASTCALL,
+                                  "acquire(stream) -> (index, generation): get_buffer without the view"};
+
+PyObject* client_is_valid(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("is_valid", nargs, 2, 2);
+    const bool ok = vp::self_of<Client>(self).is_valid(static_cast<uint32_t>(vp::int_arg(args[0], "index", 0, UINT32_MAX)),
+                                                        vp::u64_arg(args[1], "generation"));
+    return PyBool_FromLong(ok);
+  });
+}
+PyMethodDef client_is_valid_def = {"is_valid", vipc::python::fastcall<client_is_valid>(), METH_FASTCALL,
+                                   "is_valid(index, generation) -> bool"};
+
 vipc::visionipc::Format parse(const std::string& name) {
   vipc::visionipc::Format f;
   if (!vipc::visionipc::parse_format(name, f) || f == vipc::visionipc::Format::kCustom) {
@@ -159,11 +184,6 @@ PYBIND11_MODULE(_visionipc, m) {
            [](Server& s, const std::string& stream) {
              const vipc::visionipc::Acquired a = s.get_buffer(stream);
              return py::make_tuple(a.index, a.generation, View{s.pool(stream), a.data, s.geometry(stream).size, false});
-           })
-      .def("acquire",  // get_buffer without the view: (index, generation)
-           [](Server& s, const std::string& stream) {
-             const vipc::visionipc::Acquired a = s.get_buffer(stream);
-             return py::make_tuple(a.index, a.generation);
            })
       .def("view",
            [](const Server& s, const std::string& stream, uint32_t index) {
@@ -221,7 +241,6 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("connected", &Client::connected)
       .def("take_lease", &Client::take_lease)
       .def("release_lease", &Client::release_lease)
-      .def("is_valid", &Client::is_valid)
       .def("view",
            [](const Client& c, uint32_t index) {
              return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, false};
@@ -238,7 +257,9 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("_forget_after_fork", &Client::forget_after_fork);
 
   vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
+  vipc::python::add_fast_method(m.attr("Server"), &server_acquire_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_recv_def);
+  vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
 
   m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
                            std::vector<uid_t> trusted_uids) {
