@@ -11,6 +11,8 @@ from visionipc._streams import run_options, server_name, stream_key
 from visionipc.formats import Geometry, check_count, normalize_format
 from visionipc.frame import ViewCache, VisionBuf
 
+_U8 = np.dtype(np.uint8)
+
 
 class VisionIpcServer(Closeable):
     """``VisionIpcServer(name)``; then ``create_buffers`` per stream, ``start_listener()``,
@@ -34,6 +36,7 @@ class VisionIpcServer(Closeable):
         # once created, so these stay valid.
         self._views = {}
         self._keys = {}  # stream names (str) already validated -> key
+        self._copy_keys = {}  # streams (str or int) a copying send used -> key
 
     def _server(self):
         if self._native is None:
@@ -98,6 +101,15 @@ class VisionIpcServer(Closeable):
             buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
             buf.generation += 1
             return
+        if data is not None and native is not None and (type(buf) is str or type(buf) is int):
+            # The reference's copying send, per frame: bytes or a contiguous uint8 array go
+            # straight to the native copy (which checks the size); the rest below.
+            key = self._copy_keys.get(buf)
+            if key is not None and (
+                type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous)
+            ):
+                native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
+                return
         native = self._server()
         if isinstance(buf, VisionBuf):
             if data is not None:  # send(buf, frame_id) positionally
@@ -108,6 +120,8 @@ class VisionIpcServer(Closeable):
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
         frame = _frame_bytes(data, Geometry(*native.geometry(key)))
         native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
+        if type(buf) is str or type(buf) is int:
+            self._copy_keys[buf] = key  # a stream that exists (send_copy checked it)
 
     def frame_valid(self, buf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out

@@ -130,6 +130,37 @@ inline PyObject* one_optional_arg(const char* fn, const char* name, PyObject* co
   return args[nargs];
 }
 
+// The bytes of a send: a bytes object, or any C-contiguous buffer (held until destroyed).
+class Payload {
+ public:
+  explicit Payload(py::handle data) {
+    if (PyBytes_Check(data.ptr())) {
+      ptr_ = PyBytes_AS_STRING(data.ptr());
+      size_ = static_cast<size_t>(PyBytes_GET_SIZE(data.ptr()));
+      return;
+    }
+    if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
+      PyErr_Clear();
+      throw py::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
+                           Py_TYPE(data.ptr())->tp_name);
+    }
+    has_view_ = true;
+    ptr_ = view_.buf;
+    size_ = static_cast<size_t>(view_.len);
+  }
+  ~Payload() {
+    if (has_view_) PyBuffer_Release(&view_);
+  }
+  const void* data() const { return ptr_; }
+  size_t size() const { return size_; }
+
+ private:
+  Py_buffer view_{};
+  bool has_view_ = false;
+  const void* ptr_ = nullptr;
+  size_t size_ = 0;
+};
+
 // Puts `def` (static storage) on class `cls` as a method, replacing any of that name.
 inline void add_fast_method(py::handle cls, PyMethodDef* def) {
   PyObject* d = PyDescr_NewMethod(reinterpret_cast<PyTypeObject*>(cls.ptr()), def);

@@ -58,35 +58,6 @@ struct BytesSink {
 };
 
 // Holds the payload of a send: bytes without copying, else any C-contiguous buffer.
-class Payload {
- public:
-  explicit Payload(py::handle data) {
-    if (PyBytes_Check(data.ptr())) {
-      ptr_ = PyBytes_AS_STRING(data.ptr());
-      size_ = static_cast<size_t>(PyBytes_GET_SIZE(data.ptr()));
-      return;
-    }
-    if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
-      PyErr_Clear();
-      throw py::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
-                           Py_TYPE(data.ptr())->tp_name);
-    }
-    has_view_ = true;
-    ptr_ = view_.buf;
-    size_ = static_cast<size_t>(view_.len);
-  }
-  ~Payload() {
-    if (has_view_) PyBuffer_Release(&view_);
-  }
-  const void* data() const { return ptr_; }
-  size_t size() const { return size_; }
-
- private:
-  Py_buffer view_{};
-  bool has_view_ = false;
-  const void* ptr_ = nullptr;
-  size_t size_ = 0;
-};
 
 // Writable view of a loaned ring area.
 using LoanBuffer = vipc::python::MappedBytes<vipc::msgq::Segment>;
@@ -150,7 +121,7 @@ PyObject* publisher_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs
   return vipc::python::guarded([&]() -> PyObject* {
     vipc::python::check_nargs("send", nargs, 1, 1);
     Publisher& p = vipc::python::self_of<Publisher>(self);
-    Payload payload(args[0]);
+    vipc::python::Payload payload(args[0]);
     vipc::python::copy_maybe_without_gil(payload.size(), [&] { p.send(payload.data(), payload.size()); });
     Py_RETURN_NONE;
   });

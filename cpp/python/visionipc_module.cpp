@@ -107,6 +107,31 @@ PyObject* client_recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef client_recv_def = {"recv", vipc::python::fastcall<client_recv>(), METH_FASTCALL,
                                "recv(timeout_ms=100) -> Received or None (< 0: wait forever)"};
 
+// Server.send_copy(stream, data, frame_id, sof, eof) -> index: the reference's copying
+// send (data: bytes or a C-contiguous buffer of exactly the buffer size).
+PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("send_copy", nargs, 5, 5);
+    Server& s = vp::self_of<Server>(self);
+    const std::string stream = vp::str_arg(args[0], "stream");
+    const uint64_t frame_id = stamp(args[2], "frame_id"), sof = stamp(args[3], "timestamp_sof"),
+                   eof = stamp(args[4], "timestamp_eof");
+    vp::Payload data(args[1]);
+    const size_t n = data.size(), want = s.geometry(stream).size;
+    if (n != want) {
+      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                         "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
+    }
+    const vipc::visionipc::Acquired a = s.get_buffer(stream);
+    vp::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, data.data(), n); });
+    s.send(stream, a.index, a.generation, frame_id, sof, eof);
+    return PyLong_FromUnsignedLong(a.index);
+  });
+}
+PyMethodDef server_send_copy_def = {"send_copy", vipc::python::fastcall<server_send_copy>(), METH_FASTCALL,
+                                    "send_copy(stream, data, frame_id, timestamp_sof, timestamp_eof) -> index"};
+
 // Server.acquire(stream) -> (index, generation) and Client.is_valid(index, generation):
 // per frame too (a camera's get_buffer, a reader's frame.valid).
 PyObject* server_acquire(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
@@ -189,22 +214,6 @@ PYBIND11_MODULE(_visionipc, m) {
            [](const Server& s, const std::string& stream, uint32_t index) {
              return View{s.pool(stream), s.buffer(stream, index), s.geometry(stream).size, false};
            })
-      .def("send_copy",
-           [](Server& s, const std::string& stream, py::buffer data, py::handle frame_id_arg, py::handle sof_arg, py::handle eof_arg) {
-             const uint64_t frame_id = stamp(frame_id_arg, "frame_id"), sof = stamp(sof_arg, "timestamp_sof"),
-                            eof = stamp(eof_arg, "timestamp_eof");
-             py::buffer_info info = data.request();
-             const size_t n = static_cast<size_t>(info.size * info.itemsize);
-             const size_t want = s.geometry(stream).size;
-             if (n != want) {
-               vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(n) + " bytes, stream '" + stream +
-                                                               "' buffers are " + std::to_string(want));
-             }
-             const vipc::visionipc::Acquired a = s.get_buffer(stream);
-             vipc::python::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, info.ptr, n); });
-             s.send(stream, a.index, a.generation, frame_id, sof, eof);
-             return a.index;
-           })
       .def("start_listener", &Server::start_listener)
       .def("close", [](Server& s) {
         py::gil_scoped_release nogil;  // joins the listener thread
@@ -258,6 +267,7 @@ PYBIND11_MODULE(_visionipc, m) {
 
   vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
   vipc::python::add_fast_method(m.attr("Server"), &server_acquire_def);
+  vipc::python::add_fast_method(m.attr("Server"), &server_send_copy_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_recv_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
 

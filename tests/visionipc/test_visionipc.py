@@ -156,6 +156,20 @@ def test_copying_send_accepts_bytes_and_arrays_of_the_buffer_size(pair):
     assert first.data.tolist() == list(range(128))
     assert (second.frame_id, second.timestamp_sof, second.timestamp_eof) == (2, 20, 21)
     assert second.array[0, 0] == 64
+    # once a stream was sent to, the same checks hold on the short path a camera's loop takes
+    for stream in (0, "0"):
+        with pytest.raises(InvalidArgumentError, match="127 bytes"):
+            server.send(stream, bytes(127))
+        with pytest.raises(InvalidArgumentError, match="uint8"):
+            server.send(stream, np.zeros(32, np.float32))
+        with pytest.raises(InvalidArgumentError, match="frame_id must be an int"):
+            server.send(stream, bytes(128), frame_id=-1)
+    strided = np.arange(256, dtype=np.uint8).reshape(2, 128)[:, ::2]  # not contiguous: copied first
+    server.send(0, strided, frame_id=3)
+    server.send("0", memoryview(bytes(range(128, 256))), frame_id=4)
+    third, fourth = client.recv(1000), client.recv(1000)
+    assert third.array.tolist() == strided.tolist() and third.frame_id == 3
+    assert fourth.data.tolist() == list(range(128, 256)) and fourth.frame_id == 4
 
 
 def test_frames_arrive_in_order_without_conflate_and_newest_only_with_it(pair):
