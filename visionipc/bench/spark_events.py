@@ -6,7 +6,8 @@ Per job: wall time, its tasks (count, summed duration, the first and the median
 task), when the first task started after the job was submitted, and how busy the
 task slots were (summed task time / (slots x job wall)): 1.0 is every slot busy
 from the job's start to its end; the rest is serial time (driver, scheduler,
-start-up) or a slot idling at the end.
+start-up) or a slot idling at the end. Beside it the CPU the driver's JVM and the
+Python workers spent (``/proc``): with the wall time, how much of two cores a run used.
 """
 
 from __future__ import annotations
@@ -36,6 +37,29 @@ def process_cpu_s(pid) -> float | None:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError):
         return None
+
+
+def descendants_cpu_s(pid) -> float:
+    """CPU seconds of every process below ``pid`` (the driver JVM: PySpark's daemon and its
+    Python workers), those still running and those their parents have reaped."""
+    parent, cpu = {}, {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # gone meanwhile
+        parent[int(entry)] = int(fields[1])
+        cpu[int(entry)] = sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    below, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in below]
+        below.update(kids)
+        todo += kids
+    return sum(cpu[p] for p in below)
 
 
 def jvm_pid(spark):

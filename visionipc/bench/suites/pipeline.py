@@ -108,10 +108,13 @@ def child_health_pass(root, master, events=None):
     slots = cluster.task_slots(spark)
     jvm = spark_events.jvm_pid(spark)
     jvm_cpu = spark_events.process_cpu_s(jvm)
+    workers_cpu = spark_events.descendants_cpu_s(jvm) if jvm else None
     started, started_at = time.monotonic(), time.time()
     got = jobs.health_pass(spark, files, slots)
     done, done_at = time.monotonic(), time.time()
-    jvm_cpu = None if jvm_cpu is None else spark_events.process_cpu_s(jvm) - jvm_cpu
+    if jvm_cpu is not None:
+        jvm_cpu = spark_events.process_cpu_s(jvm) - jvm_cpu
+        workers_cpu = spark_events.descendants_cpu_s(jvm) - workers_cpu
     rows = got["health"]
     spark.stop()
     out = {
@@ -120,6 +123,7 @@ def child_health_pass(root, master, events=None):
         "session_s": started - checked,
         "job_s": done - started,
         "jvm_cpu_s": jvm_cpu,  # the driver JVM's CPU during the job
+        "workers_cpu_s": workers_cpu,  # PySpark's daemon and Python workers' CPU during the job
         "slots": slots,
         "rows": int(rows["frames"].sum()),
         "dropped": int(rows["dropped"].sum()),
@@ -237,7 +241,7 @@ def _describe(run) -> str:
     """One line: a health_pass run's job time and, with --breakdown, where it went."""
     text = f"job {run['job_s']:.1f} s"
     if run.get("jvm_cpu_s") is not None:
-        text += f", driver JVM CPU {run['jvm_cpu_s']:.1f} s"
+        text += f", CPU: driver JVM {run['jvm_cpu_s']:.1f} s, Python workers {run['workers_cpu_s']:.1f} s"
     for j in run.get("spark_jobs", []):
         text += (
             f"; Spark job {j['job']}: {j['wall_s']:.1f} s, {j['tasks']} tasks, first task starts "
