@@ -215,9 +215,10 @@ def health_pass(spark, files, slots: int) -> dict:
     """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency", "events"}`` pandas.
 
     A plain RDD job (``mapPartitions`` over consecutive slices of the streams, results
-    collected as Arrow IPC bytes): no SQL planning, code generation or Arrow conversion in
-    the JVM, which on a fresh session cost ~4 s of one core before the first task started
-    (while the executors' cores idled) and competed with the tasks for the same cores."""
+    collected as Arrow IPC bytes), one Python worker per task. The DataFrame form it
+    replaces (``createDataFrame`` of a Python RDD + ``mapInPandas``) spent 2.4-2.8 s of one
+    core on a fresh session's driver before its first task (the executors idle), ~5 s of
+    JVM CPU per job, and a second Python worker per task (BENCHMARKS.md, issue 18)."""
     by_stream = {}
     for rec, stream, _, path in files:
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
