@@ -38,14 +38,19 @@ def _ipc(df: pd.DataFrame) -> bytes:
     return sink.getvalue()
 
 
-def _collect(df, kinds) -> dict:
-    """Run a payload DataFrame and concatenate each kind's tables (pandas) on the driver."""
+def _gather(pairs, kinds) -> dict:
+    """(kind, Arrow IPC bytes) pairs -> each kind's tables concatenated (pandas; None if none)."""
     import pyarrow as pa
 
     parts = {k: [] for k in kinds}
-    for row in df.collect():
-        parts[row.kind].append(pa.ipc.open_stream(row.payload).read_all())
+    for kind, payload in pairs:
+        parts[kind].append(pa.ipc.open_stream(payload).read_all())
     return {k: pa.concat_tables(v, promote_options="default").to_pandas() if v else None for k, v in parts.items()}
+
+
+def _collect(df, kinds) -> dict:
+    """Run a payload DataFrame and concatenate each kind's tables (pandas) on the driver."""
+    return _gather(((row.kind, row.payload) for row in df.collect()), kinds)
 
 
 def _payloads(items) -> pd.DataFrame:
@@ -177,23 +182,29 @@ def _read_stream(files) -> dict:
     return cols if order is None else {n: col[order] for n, col in cols.items()}
 
 
-def _health_task(batches):
-    for batch in batches:
-        items = []
-        for row in batch.itertuples(index=False):
-            c = _read_stream(row.index_files)
-            if len(c["frame_id"]) == 0:
-                continue
-            args = (row.recording_id, row.stream, c)
-            items += [
-                ("health", health._health_of(*args)),
-                ("drops", health._drops_of(*args)),
-                ("timeline", timeline_of(*args)),
-                ("latency", latency_of(*args)),
-                ("events", events_of(*args)),
-            ]
-        if items:
-            yield _payloads(items)
+def _concat(frames: list) -> pd.DataFrame:
+    """One kind's per-stream frames (same columns and dtypes) as one frame; empty ones add no rows."""
+    rows = [f for f in frames if len(f)]
+    return pd.concat(rows, ignore_index=True) if rows else frames[0]
+
+
+def _health_task(rows):
+    """RDD partition of (recording_id, stream, index_files) -> one (kind, Arrow IPC) per kind:
+    a task's streams are combined in the task, so the driver gets 5 small tables per task."""
+    found = {kind: [] for kind in HEALTH_KINDS}
+    for recording_id, stream, files in rows:
+        c = _read_stream(files)
+        if len(c["frame_id"]) == 0:
+            continue
+        args = (recording_id, stream, c)
+        found["health"].append(health._health_of(*args))
+        found["drops"].append(health._drops_of(*args))
+        found["timeline"].append(timeline_of(*args))
+        found["latency"].append(latency_of(*args))
+        found["events"].append(events_of(*args))
+    for kind, frames in found.items():
+        if frames:
+            yield kind, _ipc(_concat(frames))
 
 
 def _slices(spark, n: int, slots: int) -> int:
@@ -201,16 +212,19 @@ def _slices(spark, n: int, slots: int) -> int:
 
 
 def health_pass(spark, files, slots: int) -> dict:
-    """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency"}`` pandas."""
+    """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency", "events"}`` pandas.
+
+    A plain RDD job (``mapPartitions`` over consecutive slices of the streams, results
+    collected as Arrow IPC bytes), one Python worker per task. The DataFrame form it
+    replaces (``createDataFrame`` of a Python RDD + ``mapInPandas``) spent 2.4-2.8 s of one
+    core on a fresh session's driver before its first task (the executors idle), ~5 s of
+    JVM CPU per job, and a second Python worker per task (BENCHMARKS.md, issue 18)."""
     by_stream = {}
     for rec, stream, _, path in files:
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
     rows = [(rid, stream, paths) for (rid, stream), paths in sorted(by_stream.items())]
-    df = spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)),
-        "recording_id string, stream string, index_files array<string>",
-    )
-    got = _collect(df.mapInPandas(_health_task, PAYLOAD_SCHEMA), HEALTH_KINDS)
+    pairs = spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)).mapPartitions(_health_task)
+    got = _gather(pairs.collect() if rows else [], HEALTH_KINDS)
     return {k: (v if v is not None else health._empty(HEALTH_KINDS[k])) for k, v in got.items()}
 
 

@@ -8,12 +8,18 @@
    multiprocessing pool running the same segment function; frames/s and ratios,
    each twice: cold (the first job: Spark's Python workers start and import in
    it, the pool's processes likewise) and warm (the same job again at once).
+3. pass: what ``vipc-analyze --jobs health`` runs (jobs.health_pass) on local[2] and
+   local[1], --rounds times each, interleaved; the best run of each in the table,
+   then the medians and local[2] / local[1]. --breakdown: Spark's event log per run
+   (tasks, first task, how busy the slots were, the driver's time around the job).
+4. source: spark.read.format("vipc") vs Spark's Parquet reader on the same files.
 
 Every Spark configuration runs in its own child process (a master is fixed per
 JVM). Data are generated once into --data (reused when present).
 
     .venv/bin/python tools/bench_pipeline.py                      # both parts
     .venv/bin/python tools/bench_pipeline.py --part metrics --frames 2016
+    .venv/bin/python tools/bench_pipeline.py --part pass --rows 2000000 --rounds 3 --breakdown
 """
 
 import argparse
@@ -86,31 +92,50 @@ def child_health_spark(root, master, from_files=False):
     }
 
 
-def child_health_pass(root, master):
+def child_health_pass(root, master, events=None):
     """What vipc-analyze --jobs health runs (jobs.health_pass: each task reads its streams'
-    files with pyarrow, health + drops + timeline + latency + events in one pass)."""
+    files with pyarrow, health + drops + timeline + latency + events in one pass).
+    ``events``: a folder for Spark's event log, summarised per job (spark_events.py)."""
     t0 = time.monotonic()
     from visionipc.apps.pipeline import cluster, jobs
     from visionipc.apps.pipeline.read import find_recordings, index_files
     from visionipc.apps.pipeline.session import spark_session
+    from visionipc.bench import spark_events
 
     files = index_files(find_recordings([root]))  # the driver's checks of every file, as vipc-analyze does
     checked = time.monotonic()
-    spark = spark_session(master)
+    spark = spark_session(master, conf=spark_events.event_log_conf(events) if events else None)
     slots = cluster.task_slots(spark)
-    started = time.monotonic()
+    jvm = spark_events.jvm_pid(spark)
+    jvm_cpu = spark_events.process_cpu_s(jvm)
+    workers_cpu = spark_events.descendants_cpu_s(jvm) if jvm else None
+    started, started_at = time.monotonic(), time.time()
     got = jobs.health_pass(spark, files, slots)
-    done = time.monotonic()
+    done, done_at = time.monotonic(), time.time()
+    if jvm_cpu is not None:
+        jvm_cpu = spark_events.process_cpu_s(jvm) - jvm_cpu
+        workers_cpu = spark_events.descendants_cpu_s(jvm) - workers_cpu
     rows = got["health"]
     spark.stop()
-    return {
+    out = {
         "total_s": done - t0,
         "check_s": checked - t0,
         "session_s": started - checked,
         "job_s": done - started,
+        "jvm_cpu_s": jvm_cpu,  # the driver JVM's CPU during the job
+        "workers_cpu_s": workers_cpu,  # PySpark's daemon and Python workers' CPU during the job
+        "slots": slots,
         "rows": int(rows["frames"].sum()),
         "dropped": int(rows["dropped"].sum()),
     }
+    if events:
+        spark_jobs = spark_events.job_summaries(events, slots)
+        out["spark_jobs"] = spark_jobs
+        if spark_jobs:  # driver-side time before the first Spark job and after the last
+            out["driver_before_s"] = spark_jobs[0]["submitted_at"] - started_at
+            last = spark_jobs[-1]
+            out["driver_after_s"] = done_at - last["submitted_at"] - last["wall_s"]
+    return out
 
 
 def child_source(root, master):
@@ -212,6 +237,61 @@ def in_child(name, *args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+def _describe(run) -> str:
+    """One line: a health_pass run's job time and, with --breakdown, where it went."""
+    text = f"job {run['job_s']:.1f} s"
+    if run.get("jvm_cpu_s") is not None:
+        text += f", CPU: driver JVM {run['jvm_cpu_s']:.1f} s, Python workers {run['workers_cpu_s']:.1f} s"
+    for j in run.get("spark_jobs", []):
+        text += (
+            f"; Spark job {j['job']}: {j['wall_s']:.1f} s, {j['tasks']} tasks, first task starts "
+            f"+{j['first_launch_s']:.1f} s and takes {j['first_task_s']:.1f} s, median task "
+            f"{j['median_task_s']:.1f} s, slots busy {j['slots_busy']:.0%}"
+        )
+    if "driver_before_s" in run:
+        text += f"; driver before {run['driver_before_s']:.1f} s, after {run['driver_after_s']:.1f} s"
+    return text
+
+
+def pass_runs(root, rounds, events=None) -> dict:
+    """health_pass on local[2] and local[1], interleaved (2, 1, 2, 1...) so that both see the
+    same spread of load; each run with the load average before it."""
+    import shutil
+
+    runs = {"local[2]": [], "local[1]": []}
+    for i in range(rounds):
+        for slots, master in zip((2, 1), runs):
+            folder = os.path.join(events, f"round{i}-local{slots}") if events else None
+            load = read_loadavg()
+            r = in_child("health_pass", root, master, folder)
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)
+            r["loadavg_before"] = load
+            runs[master].append(r)
+            print(
+                f"  {master} run {i + 1}: {_describe(r)}; load average before {' '.join(load or [])}", file=sys.stderr
+            )
+    return runs
+
+
+def pass_medians(runs) -> str:
+    """Medians over the runs: job times, local[2] / local[1] (of the medians, and of each
+    interleaved pair), the 1-minute load average seen before the runs."""
+    import statistics
+
+    two = [r["job_s"] for r in runs["local[2]"]]
+    one = [r["job_s"] for r in runs["local[1]"]]
+    loads = [float(r["loadavg_before"][0]) for rs in runs.values() for r in rs if r.get("loadavg_before")]
+    pairs = ", ".join(f"{b / a:.2f}x" for a, b in zip(two, one))
+    ratio = statistics.median(one) / statistics.median(two)
+    return (
+        f"median of {len(two)} interleaved runs: local[2] job {statistics.median(two):.1f} s, local[1] job "
+        f"{statistics.median(one):.1f} s -> local[2] speed-up {ratio:.2f}x (target >= 1.6x: "
+        f"{'met' if ratio >= 1.6 else 'MISSED'}; per pair: {pairs}); "
+        f"1-min load average before the runs {min(loads, default=0):.2f}-{max(loads, default=0):.2f}"
+    )
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("health", "pass", "source", "metrics", "all"), default="all")
@@ -223,6 +303,11 @@ def main(argv=None):
         help="where the synthetic inputs are kept (made once, reused)",
     )
     add_common_flags(p, rounds=(1, "repeat each measurement, report the best"), json="write the results here too")
+    p.add_argument(
+        "--breakdown",
+        action="store_true",
+        help="pass part: also record Spark's event log and say where each run's job time went",
+    )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child:
@@ -276,10 +361,10 @@ def main(argv=None):
         print()
     if args.part in ("pass", "all"):
         root = make_index(args.data, args.rows)
-        two = best("total_s", "health_pass", root, "local[2]")
-        one = best("total_s", "health_pass", root, "local[1]")
+        runs = pass_runs(root, args.rounds, os.path.join(args.data, "spark-events") if args.breakdown else None)
+        two, one = (min(runs[m], key=lambda r: r["total_s"]) for m in ("local[2]", "local[1]"))
         alone = best("total_s", "health_pandas", root)
-        results["pass"] = {"local2": two, "local1": one, "pyarrow_numpy": alone}
+        results["pass"] = {"local2": two, "local1": one, "pyarrow_numpy": alone, "runs": runs}
         print(
             format_table(
                 [
@@ -315,6 +400,7 @@ def main(argv=None):
                 ],
             )
         )
+        print(pass_medians(runs))
         print()
     if args.part in ("source", "all"):
         root = make_index(args.data, args.rows)
