@@ -35,8 +35,7 @@ class VisionIpcServer(Closeable):
         # Per stream key: the ViewCache of its pool. A stream's pool never changes
         # once created, so these stay valid.
         self._views = {}
-        self._keys = {}  # stream names (str) already validated -> key
-        self._copy_keys = {}  # streams (str or int) a copying send used -> key
+        self._keys = {}  # streams (exact str or int) already validated -> key
 
     def _server(self):
         if self._native is None:
@@ -74,12 +73,17 @@ class VisionIpcServer(Closeable):
     def start_listener(self):
         self._server().start_listener()
 
-    def get_buffer(self, stream) -> VisionBuf:
-        key = self._keys.get(stream) if type(stream) is str else None  # validated once per name
+    def _key(self, stream) -> str:
+        """``stream_key(stream)``, validated once per str or int (not bool, whose hash is an int's)."""
+        key = self._keys.get(stream) if type(stream) is str or type(stream) is int else None
         if key is None:
             key = stream_key(stream)
-            if type(stream) is str:
+            if type(stream) is str or type(stream) is int:
                 self._keys[stream] = key
+        return key
+
+    def get_buffer(self, stream) -> VisionBuf:
+        key = self._key(stream)
         native = self._server()
         idx, generation = native.acquire(key)
         cache = self._views.get(key)
@@ -103,8 +107,8 @@ class VisionIpcServer(Closeable):
             return
         if data is not None and native is not None and (type(buf) is str or type(buf) is int):
             # The reference's copying send, per frame: bytes or a contiguous uint8 array go
-            # straight to the native copy (which checks the size); the rest below.
-            key = self._copy_keys.get(buf)
+            # straight to the native copy (which checks the stream and size); the rest below.
+            key = self._keys.get(buf)
             if key is not None and (
                 type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous)
             ):
@@ -115,13 +119,11 @@ class VisionIpcServer(Closeable):
             if data is not None:  # send(buf, frame_id) positionally
                 return self.send(buf, None, data, frame_id, timestamp_sof)
             raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
-        key = stream_key(buf)
+        key = self._key(buf)
         if data is None:
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
         frame = _frame_bytes(data, Geometry(*native.geometry(key)))
         native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
-        if type(buf) is str or type(buf) is int:
-            self._copy_keys[buf] = key  # a stream that exists (send_copy checked it)
 
     def frame_valid(self, buf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out

@@ -89,18 +89,31 @@ inline long long int_arg(PyObject* v, const char* what, long long lo, long long 
                        "], got " + py::repr(v).cast<std::string>());
 }
 
-// An unsigned 64-bit int (a generation): exact ints or __index__, bool refused.
-inline uint64_t u64_arg(PyObject* v, const char* what) {
-  if (!PyBool_Check(v) && PyIndex_Check(v)) {
-    py::object i = py::reinterpret_borrow<py::object>(v);
-    if (!PyLong_CheckExact(v)) {
-      i = py::reinterpret_steal<py::object>(PyNumber_Index(v));
-      if (!i) throw py::error_already_set();
+// An int in [0, 2**64) (exact, or anything with __index__ but bool) into `out`;
+// false, with no Python error set, for anything else.
+inline bool try_u64(PyObject* v, uint64_t& out) {
+  if (PyBool_Check(v) || !PyIndex_Check(v)) return false;
+  py::object i = py::reinterpret_borrow<py::object>(v);
+  if (!PyLong_CheckExact(v)) {
+    i = py::reinterpret_steal<py::object>(PyNumber_Index(v));
+    if (!i) {
+      PyErr_Clear();
+      return false;
     }
-    const unsigned long long n = PyLong_AsUnsignedLongLong(i.ptr());
-    if (!(n == std::numeric_limits<unsigned long long>::max() && PyErr_Occurred())) return n;
-    PyErr_Clear();
   }
+  const unsigned long long n = PyLong_AsUnsignedLongLong(i.ptr());
+  if (n == std::numeric_limits<unsigned long long>::max() && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  out = n;
+  return true;
+}
+
+// An unsigned 64-bit argument (a generation); TypeError otherwise.
+inline uint64_t u64_arg(PyObject* v, const char* what) {
+  uint64_t n = 0;
+  if (try_u64(v, n)) return n;
   throw py::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
 }
 

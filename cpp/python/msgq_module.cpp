@@ -57,8 +57,6 @@ struct BytesSink {
   }
 };
 
-// Holds the payload of a send: bytes without copying, else any C-contiguous buffer.
-
 // Writable view of a loaned ring area.
 using LoanBuffer = vipc::python::MappedBytes<vipc::msgq::Segment>;
 

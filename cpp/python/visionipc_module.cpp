@@ -59,17 +59,10 @@ py::object received(const vipc::visionipc::Frame& f, uint64_t epoch) {
 }
 
 // A frame id or timestamp: an int in [0, 2**64) (anything with __index__ but bool);
-// else InvalidArgumentError naming it. Exact ints, the per-frame case, take one call.
-uint64_t stamp(py::handle v, const char* what) {
-  if (PyLong_CheckExact(v.ptr())) {
-    const unsigned long long n = PyLong_AsUnsignedLongLong(v.ptr());
-    if (!(n == static_cast<unsigned long long>(-1) && PyErr_Occurred())) return n;
-    PyErr_Clear();
-  } else if (!PyBool_Check(v.ptr()) && PyIndex_Check(v.ptr())) {
-    py::object i = py::reinterpret_steal<py::object>(PyNumber_Index(v.ptr()));
-    if (i) return stamp(i, what);
-    PyErr_Clear();
-  }
+// else InvalidArgumentError naming it (the API's error for a bad value, not a TypeError).
+uint64_t stamp(PyObject* v, const char* what) {
+  uint64_t n = 0;
+  if (vipc::python::try_u64(v, n)) return n;
   vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
                      std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
 }
