@@ -32,13 +32,15 @@ namespace py = pybind11;
 
 // The C++ object behind a pybind11 instance of T. Our classes have the simple
 // layout (one value pointer, one holder); anything else takes pybind11's caster.
+// An instance made by __new__ alone (its __init__ never ran) holds no object: TypeError.
 template <class T>
 T& self_of(PyObject* self) {
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
-  if (inst->simple_layout && inst->simple_holder_constructed && inst->simple_value_holder[0] != nullptr) {
-    return *static_cast<T*>(inst->simple_value_holder[0]);
+  if (!inst->simple_layout) return py::handle(self).cast<T&>();
+  if (!inst->simple_holder_constructed || inst->simple_value_holder[0] == nullptr) {
+    throw py::type_error(std::string(Py_TYPE(self)->tp_name) + " object was not initialized (its __init__ never ran)");
   }
-  return py::handle(self).cast<T&>();  // raises if the object was never constructed
+  return *static_cast<T*>(inst->simple_value_holder[0]);
 }
 
 // body() -> PyObject* (new reference, or nullptr with an error set), with C++

@@ -278,6 +278,9 @@ def test_the_per_message_native_calls_refuse_bad_arguments_with_type_errors():
         assert sub.receive(non_blocking=False) == b"ok" and sub.receive(True) is None
     finally:
         pub.close(), sub.close()
+    for cls, call in ((_visionipc.Client, lambda c: c.recv(0)), (type(sub._impl), lambda s: s.receive(True))):
+        with pytest.raises(TypeError, match="not initialized"):
+            call(cls.__new__(cls))  # no object behind it: refused, never read
     client = _visionipc.Client(unique_name("fc"), "0")
     for bad in ("1", 1.5, 2**40, True):
         with pytest.raises(TypeError, match="timeout_ms must be an int"):
