@@ -11,6 +11,7 @@ Frames are stamped: every byte of frame N is ``N % 251`` and its first 8 bytes
 hold N (little-endian), so a reader can tell an intact frame from a torn one.
 """
 
+import hashlib
 import multiprocessing
 import os
 import signal
@@ -77,6 +78,27 @@ def client_reads(name, results, server, stream, count, conflate=False, ready=Non
                 torn.append(problem)
         client.close()
         return {"ids": ids, "torn": torn, "invalid": invalid}
+
+    _report(results, name, run)
+
+
+def client_digests(name, results, server, stream, count, ready):
+    """Receive ``count`` frames; report each one's frame id and SHA-256 of its bytes."""
+    from visionipc import VisionIpcClient
+
+    def run():
+        client = VisionIpcClient(server, stream, False)
+        assert client.connect(True)
+        ready.put(name)
+        got = {}
+        deadline = time.monotonic() + DEADLINE_S
+        while len(got) < count and time.monotonic() < deadline:
+            frame = client.recv(200)
+            if frame is not None:
+                with frame:
+                    got[frame.frame_id] = hashlib.sha256(frame.data).hexdigest()
+        client.close()
+        return got
 
     _report(results, name, run)
 

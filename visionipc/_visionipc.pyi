@@ -42,18 +42,23 @@ class Server:
     def clients(self, stream: str) -> int: ...
     def generation(self, stream: str, index: int) -> int: ...
 
-class Received:
-    """One frame Client.recv() got: where it is and what the server said about it."""
+class Frame:
+    """The fields of one frame: the C base of visionipc.VisionBuf (Client.recv_into fills them)."""
 
-    index: int
+    idx: int
     generation: int
     frame_id: int
     timestamp_sof: int
     timestamp_eof: int
-    valid: bool  # the buffer still holds this frame and the client leases it
-    timestamp_publish: int  # CLOCK_MONOTONIC ns of the server's send
-    timestamp_recv: int  # CLOCK_MONOTONIC ns of this receive
-    epoch: int  # the mapping (Client.epoch) the index refers to
+    timestamp_publish: int  # CLOCK_MONOTONIC ns of the server's send (0: not received)
+    timestamp_recv: int  # CLOCK_MONOTONIC ns of this client's receive (0: not received)
+    stream: object
+    @property
+    def array(self): ...  # a fresh numpy view (a prepared one of _views.spares first)
+
+# Client.recv_into's flags
+RECV_LEASED: int  # the client leases the frame
+RECV_NEEDS_VIEWS: int  # the frame's _views/_geometry were not set: the caller sets them
 
 class Client:
     count: int
@@ -71,7 +76,7 @@ class Client:
     ) -> None: ...
     def connect(self) -> bool: ...
     def connected(self) -> bool: ...
-    def recv(self, timeout_ms: int = 100) -> Optional[Received]: ...
+    def recv_into(self, frame: Frame, cache, epoch: Optional[int], timeout_ms: int) -> Optional[int]: ...
     def take_lease(self, index: int, generation: int) -> bool: ...
     def release_lease(self) -> None: ...
     def is_valid(self, index: int, generation: int) -> bool: ...

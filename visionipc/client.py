@@ -10,6 +10,7 @@ from visionipc._streams import run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
 from visionipc.frame import ViewCache, VisionBuf
 
+_LEASED, _NEEDS_VIEWS = _visionipc.RECV_LEASED, _visionipc.RECV_NEEDS_VIEWS
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
 # A blocking connect the server keeps refusing (unknown stream, full, this
 # process's share taken) raises after this long instead of waiting silently.
@@ -49,7 +50,7 @@ class VisionIpcClient(Closeable):
         )
         self._last = None  # the newest frame received
         self._blank = None  # the next frame's object, made before waiting (see recv)
-        self._leased = None  # (idx, generation) our lease slot holds, if any
+        self._leased = None  # the frame (idx, generation) our lease slot holds, if any
         # Per mapping (native epoch): the ViewCache of the pool (None before the
         # first mapping), so recv() allocates only the VisionBuf.
         self._epoch = None
@@ -64,7 +65,7 @@ class VisionIpcClient(Closeable):
 
     def _forget_after_fork(self):
         native, self._native = self._native, None
-        self._epoch, self._views, self._last = None, None, None
+        self._epoch, self._views, self._last, self._leased = None, None, None, None
         if native is not None:
             native._forget_after_fork()
 
@@ -93,7 +94,8 @@ class VisionIpcClient(Closeable):
         # Runs cold: the wait sleeps, and each step after the wake-up costs many times
         # what it costs warm (caches and TLBs are cold). So what does not need the
         # frame is done before waiting: the frame object is made, and the last
-        # frame's next .array made ready; after the wake-up only fields are stored.
+        # frame's next .array made ready; after the wake-up the native receive
+        # stores the frame's fields and views (no Python runs for them).
         native = self._native
         if native is None:
             native = self._client()  # raises ClosedError
@@ -103,19 +105,23 @@ class VisionIpcClient(Closeable):
         f = self._blank
         if f is None:
             f = self._blank = VisionBuf.blank(self, self._key)
-        got = native.recv(timeout_ms if type(timeout_ms) is int else int(timeout_ms))
+        got = native.recv_into(f, self._views, self._epoch, timeout_ms if type(timeout_ms) is int else int(timeout_ms))
         if got is None:
             return None
         self._blank = None
-        f.idx, f.generation, f.frame_id, sof, eof, valid, pub, rcv, epoch = got
-        f.timestamp_sof, f.timestamp_eof, f.timestamp_publish, f.timestamp_recv = sof, eof, pub, rcv
-        self._leased = got[:2] if valid else None  # (idx, generation)
-        if epoch != self._epoch:
-            self._remapped(native, epoch)
-        views = self._views
-        f._views, f._geometry = views.made[f.idx] or views.get(f.idx), views.geometry
+        self._leased = f if got & _LEASED else None
+        if got & _NEEDS_VIEWS:
+            self._attach_views(native, f)
         self._last = f
         return f
+
+    def _attach_views(self, native, f):
+        """Give a received frame the views recv_into could not: the first frame of a
+        mapping (a (re)connect mapped a pool), or the first of its buffer."""
+        if native.epoch != self._epoch:
+            self._remapped(native, native.epoch)
+        views = self._views
+        f._views, f._geometry = views.get(f.idx), views.geometry
 
     def _remapped(self, native, epoch):
         """A (re)connect mapped a pool: drop what was cached for the old mapping
@@ -127,12 +133,16 @@ class VisionIpcClient(Closeable):
     def frame_valid(self, buf) -> bool:
         return self._native is not None and self._native.is_valid(buf.idx, buf.generation)
 
+    def _leases(self, buf) -> bool:
+        held = self._leased
+        return held is not None and held.idx == buf.idx and held.generation == buf.generation
+
     def hold_frame(self, buf) -> None:
-        if self._native is not None and self._leased != (buf.idx, buf.generation):
-            self._leased = (buf.idx, buf.generation) if self._native.take_lease(buf.idx, buf.generation) else None
+        if self._native is not None and not self._leases(buf):
+            self._leased = buf if self._native.take_lease(buf.idx, buf.generation) else None
 
     def release_frame(self, buf) -> None:
-        if self._native is not None and self._leased == (buf.idx, buf.generation):
+        if self._native is not None and self._leases(buf):
             self._native.release_lease()
             self._leased = None
 
@@ -165,7 +175,7 @@ class VisionIpcClient(Closeable):
         native, self._native = self._native, None
         # Drop what maps the pool (frames handed out keep their own views); the last
         # frame's numbers stay readable through the reference's properties.
-        self._epoch, self._views = None, None
+        self._epoch, self._views, self._leased = None, None, None
         last = self._last
         if last is not None:
             self._last = types.SimpleNamespace(

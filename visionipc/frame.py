@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
+from visionipc import _visionipc
 from visionipc.formats import Geometry
 
 
@@ -54,7 +55,8 @@ class FrameViews(NamedTuple):
     array: np.ndarray  # shaped for the format (VisionBuf.array)
     # Fresh views of ``array`` never handed out yet, made ahead of time (``prepare``)
     # so that ``VisionBuf.array`` on the per-frame path, which runs cold right after
-    # a wake-up, only pops one instead of asking numpy for a new view.
+    # a wake-up, only pops one instead of asking numpy for a new view. (The C base
+    # of VisionBuf reads these fields by position: keep their order.)
     spares: list
 
     def prepare(self) -> None:
@@ -107,31 +109,17 @@ class ViewCache:
         return views
 
 
-_new = object.__new__
-
-
-class VisionBuf:
+class VisionBuf(_visionipc.Frame):
     """One frame: buffer ``idx`` of ``owner``'s mapping, seen through ``views``
     (the owner's cached :class:`FrameViews` of it). ``.data`` / ``.array`` return
     a fresh view of them each time, so callers may reshape, flag or release
     theirs without touching anyone else's."""
 
-    # Slots: a frame is made per received frame; other attributes still go to __dict__.
-    __slots__ = (
-        "_views",
-        "_geometry",
-        "idx",
-        "generation",
-        "frame_id",
-        "timestamp_sof",
-        "timestamp_eof",
-        "timestamp_publish",
-        "timestamp_recv",
-        "_owner",
-        "stream",
-        "__dict__",
-        "__weakref__",
-    )
+    # The per-frame fields (idx, generation, frame_id, the timestamps, stream and
+    # the views) and ``.array`` live in the C base, so a client stores a received
+    # frame and hands out its view without running Python (cpp/python/frame_object.h).
+    # Other attributes still go to __dict__.
+    __slots__ = ("__dict__", "__weakref__")
 
     def __init__(
         self,
@@ -166,7 +154,7 @@ class VisionBuf:
         """A frame of ``owner`` whose buffer and numbers the caller fills in (all of
         ``__init__``'s fields): a client makes it before waiting, as the steps after
         a wake-up run cold, where every allocation and call costs."""
-        f = _new(cls)
+        f = cls.__new__(cls)
         f._owner, f.stream = owner, stream
         return f
 
@@ -199,14 +187,6 @@ class VisionBuf:
 
     def _plane(self, offset, shape, strides, dtype=np.uint8):
         return np.ndarray(shape, dtype=dtype, buffer=self._views.flat, offset=offset, strides=strides)
-
-    @property
-    def array(self) -> np.ndarray:
-        """NV12/I420: ``(height*3//2, stride)`` uint8; RGB/BGR: ``(h, w, 3)``; GRAY: ``(h, w)``;
-        RAW16: ``(h, w)`` uint16. A custom layout whose chroma does not follow the luma
-        directly is the flat buffer."""
-        spares = self._views.spares
-        return spares.pop() if spares else self._views.array.view()
 
     def _yuv(self, what):
         if not self._geometry.info.yuv420:

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "api/guard.h"
+#include "common/frame_copy.h"
 #include "msgq/visionipc/visionipc_client.h"
 #include "msgq/visionipc/visionipc_server.h"
 #include "visionipc/client.h"
@@ -196,7 +197,7 @@ void VisionIpcServer::send(VisionBuf* buf, VisionIpcBufExtra* extra, bool sync) 
     } else {  // not checked out (get_buffer(type, idx), or sent already): publish a copy in a checked-out buffer
       if (it != out.end()) out.erase(it);
       const vipc::visionipc::Acquired a = impl->server.get_buffer(key);
-      if (a.index != index) std::memcpy(a.data, buf->addr, buf->len);
+      if (a.index != index) vipc::common::copy_frame(a.data, buf->addr, buf->len);
       out.erase(a.index);
       index = a.index;
       generation = a.generation;

@@ -4,14 +4,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/clock.h"
+#include "common/frame_copy.h"
 #include "python/bindings.h"
 #include "python/fastcall.h"
+#include "python/frame_object.h"
 #include "visionipc/client.h"
 #include "visionipc/format.h"
 #include "visionipc/server.h"
@@ -28,34 +29,6 @@ using View = vipc::python::MappedBytes<vipc::visionipc::Mapping>;
 // (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
 py::tuple geometry_tuple(const vipc::visionipc::Geometry& g) {
   return py::make_tuple(vipc::visionipc::format_name(g.format), g.width, g.height, g.stride, g.uv_offset, g.size);
-}
-
-// Client.recv's record: a struct sequence (a C named tuple, like os.stat_result),
-// cheap to make and to read field by field on the per-frame path.
-PyStructSequence_Field received_fields[] = {
-    {"index", "buffer index in the pool"},
-    {"generation", "the buffer's generation for this frame"},
-    {"frame_id", nullptr},
-    {"timestamp_sof", nullptr},
-    {"timestamp_eof", nullptr},
-    {"valid", "the buffer still holds this frame and the client leases it"},
-    {"timestamp_publish", "CLOCK_MONOTONIC ns of the server's send"},
-    {"timestamp_recv", "CLOCK_MONOTONIC ns of this receive"},
-    {"epoch", "the mapping (Client.epoch) the index refers to"},
-    {nullptr, nullptr}};
-PyStructSequence_Desc received_desc = {"visionipc._visionipc.Received", "One frame Client.recv() got.", received_fields, 9};
-PyTypeObject* received_type = nullptr;
-
-py::object received(const vipc::visionipc::Frame& f, uint64_t epoch) {
-  py::object r = py::reinterpret_steal<py::object>(PyStructSequence_New(received_type));
-  if (!r) throw py::error_already_set();
-  const uint64_t numbers[] = {f.index, f.generation, f.frame_id, f.timestamp_sof, f.timestamp_eof};
-  for (Py_ssize_t i = 0; i < 5; i++) PyStructSequence_SetItem(r.ptr(), i, py::int_(numbers[i]).release().ptr());
-  PyStructSequence_SetItem(r.ptr(), 5, py::bool_(f.valid).release().ptr());
-  PyStructSequence_SetItem(r.ptr(), 6, py::int_(f.publish_ns).release().ptr());
-  PyStructSequence_SetItem(r.ptr(), 7, py::int_(f.receive_ns).release().ptr());
-  PyStructSequence_SetItem(r.ptr(), 8, py::int_(epoch).release().ptr());
-  return r;
 }
 
 // A frame id or timestamp: an int in [0, 2**64) (anything with __index__ but bool);
@@ -83,22 +56,61 @@ PyObject* server_send(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
 PyMethodDef server_send_def = {"send", vipc::python::fastcall<server_send>(), METH_FASTCALL,
                                "send(stream, index, generation, frame_id, timestamp_sof, timestamp_eof)"};
 
-PyObject* client_recv(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+// Client.recv_into(frame, cache, epoch, timeout_ms): waits for a frame (< 0: forever)
+// and stores it into `frame` (a Frame, made before the wait) without running Python:
+// its numbers, and its views and geometry from `cache` (the client's ViewCache of
+// mapping `epoch`, or None). Returns None on timeout, else flags: kLeased (the client
+// leases the frame), kNeedsViews (views not set: no cache, another mapping, or the
+// buffer's views not made yet; the caller sets them).
+constexpr long kLeased = 1, kNeedsViews = 2;
+
+PyObject* client_recv_into(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
     namespace vp = vipc::python;
-    vp::check_nargs("recv", nargs, 0, 1);
-    const int64_t timeout_ms = nargs ? vp::int_arg(args[0], "timeout_ms", INT32_MIN, INT32_MAX) : 100;
+    vp::check_nargs("recv_into", nargs, 4, 4);
+    if (!PyObject_TypeCheck(args[0], vp::frame_type())) {
+      throw py::type_error(std::string("recv_into() needs a visionipc Frame, not ") + Py_TYPE(args[0])->tp_name);
+    }
+    const int64_t timeout_ms = vp::int_arg(args[3], "timeout_ms", INT32_MIN, INT32_MAX);
     Client& c = vp::self_of<Client>(self);
+    // The cache's parts are looked up before the wait (warm), and held across it.
+    py::object made, geometry;
+    uint64_t epoch = 0;
+    const bool have_epoch = vp::try_u64(args[2], epoch);
+    if (args[1] != Py_None) {
+      made = py::reinterpret_borrow<py::object>(args[1]).attr("made");
+      geometry = py::reinterpret_borrow<py::object>(args[1]).attr("geometry");
+    }
     const int64_t deadline = vp::deadline_from_ms(timeout_ms);
-    vipc::visionipc::Frame f;
-    const vipc::common::WaitStatus st = vp::blocking([&] { return c.recv(deadline, f); });
-    if (st == vipc::common::WaitStatus::kReady) return received(f, c.epoch()).release().ptr();
+    vipc::visionipc::Frame got;
+    const vipc::common::WaitStatus st = vp::blocking([&] { return c.recv(deadline, got); });
     if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
-    Py_RETURN_NONE;
+    if (st != vipc::common::WaitStatus::kReady) Py_RETURN_NONE;
+    auto* f = reinterpret_cast<vp::FrameObject*>(args[0]);
+    const bool stored = vp::set_field(f->idx, PyLong_FromUnsignedLong(got.index)) &&
+                        vp::set_field(f->generation, PyLong_FromUnsignedLongLong(got.generation)) &&
+                        vp::set_field(f->frame_id, PyLong_FromUnsignedLongLong(got.frame_id)) &&
+                        vp::set_field(f->timestamp_sof, PyLong_FromUnsignedLongLong(got.timestamp_sof)) &&
+                        vp::set_field(f->timestamp_eof, PyLong_FromUnsignedLongLong(got.timestamp_eof)) &&
+                        vp::set_field(f->timestamp_publish, PyLong_FromUnsignedLongLong(got.publish_ns)) &&
+                        vp::set_field(f->timestamp_recv, PyLong_FromUnsignedLongLong(got.receive_ns));
+    if (!stored) throw py::error_already_set();
+    long flags = got.valid ? kLeased : 0;
+    PyObject* views = nullptr;
+    if (made && have_epoch && epoch == c.epoch() && PyList_Check(made.ptr()) && got.index < PyList_GET_SIZE(made.ptr())) {
+      views = PyList_GET_ITEM(made.ptr(), got.index);
+    }
+    if (views != nullptr && views != Py_None) {
+      vp::set_field(f->views, py::reinterpret_borrow<py::object>(views).release().ptr());
+      vp::set_field(f->geometry, geometry.release().ptr());
+    } else {
+      flags |= kNeedsViews;
+    }
+    return PyLong_FromLong(flags);
   });
 }
-PyMethodDef client_recv_def = {"recv", vipc::python::fastcall<client_recv>(), METH_FASTCALL,
-                               "recv(timeout_ms=100) -> Received or None (< 0: wait forever)"};
+PyMethodDef client_recv_into_def = {"recv_into", vipc::python::fastcall<client_recv_into>(), METH_FASTCALL,
+                                    "recv_into(frame, cache, epoch, timeout_ms) -> flags or None (timeout)"};
 
 // Server.send_copy(stream, data, frame_id, sof, eof) -> index: the reference's copying
 // send (data: bytes or a C-contiguous buffer of exactly the buffer size).
@@ -117,7 +129,7 @@ PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nar
                          "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
     }
     const vipc::visionipc::Acquired a = s.get_buffer(stream);
-    vp::copy_maybe_without_gil(n, [&] { std::memcpy(a.data, data.data(), n); });
+    vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(a.data, data.data(), n); });
     s.send(stream, a.index, a.generation, frame_id, sof, eof);
     return PyLong_FromUnsignedLong(a.index);
   });
@@ -220,9 +232,11 @@ PYBIND11_MODULE(_visionipc, m) {
       .def_property_readonly("id", &Server::id)
       .def("_forget_after_fork", &Server::forget_after_fork);
 
-  received_type = PyStructSequence_NewType(&received_desc);
-  if (received_type == nullptr) throw py::error_already_set();
-  m.attr("Received") = py::reinterpret_steal<py::object>(reinterpret_cast<PyObject*>(received_type));  // the module keeps it
+  PyObject* frame = vipc::python::make_frame_type();
+  if (frame == nullptr) throw py::error_already_set();
+  m.attr("Frame") = py::reinterpret_steal<py::object>(frame);  // the module keeps it
+  m.attr("RECV_LEASED") = kLeased;
+  m.attr("RECV_NEEDS_VIEWS") = kNeedsViews;
 
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
@@ -261,7 +275,7 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
   vipc::python::add_fast_method(m.attr("Server"), &server_acquire_def);
   vipc::python::add_fast_method(m.attr("Server"), &server_send_copy_def);
-  vipc::python::add_fast_method(m.attr("Client"), &client_recv_def);
+  vipc::python::add_fast_method(m.attr("Client"), &client_recv_into_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
 
   m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,

@@ -278,12 +278,16 @@ def test_the_per_message_native_calls_refuse_bad_arguments_with_type_errors():
         assert sub.receive(non_blocking=False) == b"ok" and sub.receive(True) is None
     finally:
         pub.close(), sub.close()
-    for cls, call in ((_visionipc.Client, lambda c: c.recv(0)), (type(sub._impl), lambda s: s.receive(True))):
+    for cls, call in (
+        (_visionipc.Client, lambda c: c.recv_into(_visionipc.Frame(), None, None, 0)),
+        (type(sub._impl), lambda s: s.receive(True)),
+    ):
         with pytest.raises(TypeError, match="not initialized"):
             call(cls.__new__(cls))  # no object behind it: refused, never read
     client = _visionipc.Client(unique_name("fc"), "0")
+    frame = _visionipc.Frame()
     for bad in ("1", 1.5, 2**40, True):
         with pytest.raises(TypeError, match="timeout_ms must be an int"):
-            client.recv(bad)
-    assert client.recv(0) is None
+            client.recv_into(frame, None, None, bad)
+    assert client.recv_into(frame, None, None, 0) is None
     client.close()

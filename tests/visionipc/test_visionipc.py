@@ -384,14 +384,47 @@ def test_frame_owners_implement_the_typed_owner_protocols(pair):
     assert frame.owner is client and frame.valid and frame.geometry == layout("nv12", 64, 32)
 
 
-def test_the_native_receive_is_a_typed_record(pair):
+def test_the_native_receive_fills_a_frame_without_python(pair):
+    # recv_into stores a received frame's fields and its buffer's views straight into
+    # the frame object (the C base of VisionBuf); the Python side only sets views the
+    # first time a buffer is seen.
+    from visionipc import _visionipc
+
     server, client = pair()
     server.send(0, bytes(client.buffer_len), frame_id=9, timestamp_sof=3, timestamp_eof=4)
-    got = client._native.recv(1000)
-    assert type(got).__name__ == "Received"
-    assert (got.frame_id, got.timestamp_sof, got.timestamp_eof, got.valid) == (9, 3, 4, True)
-    assert got.epoch == client._native.epoch and 0 <= got.index < client.num_buffers
-    assert 0 < got.timestamp_publish <= got.timestamp_recv
+    assert client.recv(1000).frame_id == 9  # maps the pool and makes the ViewCache
+    native, cache = client._native, client._views
+    for idx in range(client.num_buffers):
+        cache.get(idx)
+    server.send(0, bytes(client.buffer_len), frame_id=10, timestamp_sof=5, timestamp_eof=6)
+    frame = VisionBuf.blank(client, client._key)
+    flags = native.recv_into(frame, cache, client._epoch, 1000)
+    assert flags == _visionipc.RECV_LEASED  # views set natively: the buffer's views exist
+    assert (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof) == (10, 5, 6)
+    assert frame._views is cache.made[frame.idx] and frame.geometry is cache.geometry
+    assert 0 < frame.timestamp_publish <= frame.timestamp_recv and 0 <= frame.idx < client.num_buffers
+    assert native.recv_into(frame, cache, client._epoch, 0) is None  # nothing there: the frame is untouched
+    assert frame.frame_id == 10
+    server.send(0, bytes(client.buffer_len), frame_id=11)
+    other = VisionBuf.blank(client, client._key)
+    assert native.recv_into(other, cache, client._epoch + 1, 1000) & _visionipc.RECV_NEEDS_VIEWS  # another mapping
+    assert not hasattr(other, "_views") and other.frame_id == 11
+    with pytest.raises(TypeError, match="needs a visionipc Frame"):
+        native.recv_into(object(), cache, client._epoch, 0)
+    for bad in ("1", 1.5, None):
+        with pytest.raises(TypeError, match="timeout_ms must be an int"):
+            native.recv_into(frame, cache, client._epoch, bad)
+
+
+def test_a_frame_without_views_says_so():
+    frame = VisionBuf.blank(None, "0")
+    with pytest.raises(AttributeError, match="no buffer yet"):
+        _ = frame.array
+    frame._views = ("not", "frame views")
+    with pytest.raises(TypeError, match="must be a FrameViews"):
+        _ = frame.array
+    frame.note = "annotations still go to __dict__"
+    assert frame.note.startswith("annotations") and frame.stream == "0"
 
 
 def test_create_buffers_with_sizes_keeps_the_callers_layout(pair):

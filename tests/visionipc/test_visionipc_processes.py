@@ -154,3 +154,30 @@ def test_a_client_follows_a_server_killed_and_restarted():
     finally:
         client.close()
         h.kill(first)
+
+
+@pytest.mark.parametrize("size", [3840 * 2160 * 3 // 2, 2_250_037])  # 4K NV12; a custom size, not a multiple of 64
+def test_large_copying_sends_arrive_byte_exact_from_any_source_alignment(size):
+    # Frames of 2 MiB and more are copied into the pool with streaming stores
+    # (cpp/common/frame_copy.h): every byte, head and tail included, must reach a
+    # client in another process, whatever the source's alignment.
+    import hashlib
+
+    results, ready = h.Results(), h.Results()
+    server = VisionIpcServer("big")
+    server.create_buffers_with_sizes(0, 3, 1500, 1000, size, 1500, 1500 * 1000)
+    server.start_listener()
+    proc = h.start(h.client_digests, "c", results, "big", 0, 4, ready)
+    rng = np.random.default_rng(size)
+    backing = rng.integers(0, 256, size + 64, dtype=np.uint8)
+    sources = [backing[:size].tobytes()] + [backing[off : off + size] for off in (1, 7, 63)]  # bytes; 3 misalignments
+    try:
+        ready.get(timeout=h.DEADLINE_S)
+        for fid, data in enumerate(sources, 1):
+            server.send(0, data, frame_id=fid)
+            time.sleep(0.05)  # paced: the client leases only its newest frame
+        report = h.collect(results, 1)["c"]
+    finally:
+        h.kill(proc)
+        server.close()
+    assert report == {fid: hashlib.sha256(bytes(data)).hexdigest() for fid, data in enumerate(sources, 1)}
