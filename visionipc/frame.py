@@ -109,6 +109,22 @@ class ViewCache:
         return views
 
 
+# The fields of the C base, _visionipc.Frame (cpp/python/frame_object.cpp).
+_FIELDS = (
+    "_views",
+    "_geometry",
+    "idx",
+    "generation",
+    "frame_id",
+    "timestamp_sof",
+    "timestamp_eof",
+    "timestamp_publish",
+    "timestamp_recv",
+    "_owner",
+    "stream",
+)
+
+
 class VisionBuf(_visionipc.Frame):
     """One frame: buffer ``idx`` of ``owner``'s mapping, seen through ``views``
     (the owner's cached :class:`FrameViews` of it). ``.data`` / ``.array`` return
@@ -148,6 +164,16 @@ class VisionBuf(_visionipc.Frame):
         self.timestamp_recv = timestamp_recv
         self._owner = owner  # the FrameOwner this frame came from
         self.stream = stream
+
+    def __copy__(self):
+        """``copy.copy(frame)``: another frame object with the same fields and views
+        (over the same pixels; no bytes are copied)."""
+        other = type(self).__new__(type(self))
+        for name in _FIELDS:
+            if hasattr(self, name):
+                setattr(other, name, getattr(self, name))
+        other.__dict__.update(self.__dict__)
+        return other
 
     @classmethod
     def blank(cls, owner, stream):

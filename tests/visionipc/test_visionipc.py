@@ -1,6 +1,7 @@
 """VisionIPC in one process: formats and plane views, zero-copy views, leases,
 conflate, bad input. tests/visionipc/test_visionipc_processes.py runs real processes."""
 
+import copy
 import gc
 
 import numpy as np
@@ -425,6 +426,19 @@ def test_a_frame_without_views_says_so():
         _ = frame.array
     frame.note = "annotations still go to __dict__"
     assert frame.note.startswith("annotations") and frame.stream == "0"
+
+
+def test_a_copied_frame_shares_the_pixels_and_keeps_the_numbers(pair):
+    server, client = pair()
+    server.send(0, bytes(client.buffer_len), frame_id=7, timestamp_sof=1, timestamp_eof=2)
+    frame = client.recv(1000)
+    frame.note = "kept"
+    other = copy.copy(frame)
+    assert other is not frame and type(other) is VisionBuf and other.note == "kept"
+    assert (other.idx, other.generation, other.frame_id, other.timestamp_eof) == (frame.idx, frame.generation, 7, 2)
+    assert other.owner is client and other.valid
+    other.array[0, 0] = 99  # the same bytes
+    assert frame.array[0, 0] == 99
 
 
 def test_create_buffers_with_sizes_keeps_the_callers_layout(pair):
