@@ -57,7 +57,7 @@ def test_workers_fork_from_the_pipeline_daemon_and_health_numbers_are_unchanged(
         cloudpickle.unregister_pickle_by_value(this)
     for raw in found:
         facts = {**raw, **_daemon_facts(raw)}
-        assert facts["cmdline"][-3:] == ["-m", daemon.__name__, "pyspark.worker"]
+        assert facts["cmdline"][-3:] == ["-m", daemon.NAME, "pyspark.worker"]
         assert facts["loaded"] == list(
             LOADED
         )  # numpy, pyarrow, pandas and the pipeline: in the daemon, before any fork
@@ -85,9 +85,10 @@ def _start_daemon(env):
     the process once it has told its port (it serves from then on)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **env}  # Spark sets OMP_NUM_THREADS for its Python workers
     p = subprocess.Popen(
-        [sys.executable, "-m", daemon.__name__, "pyspark.worker"],
+        [sys.executable, "-m", daemon.NAME, "pyspark.worker"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         env=env,
     )
     port = p.stdout.read(4)
@@ -95,10 +96,13 @@ def _start_daemon(env):
     return p
 
 
-def _stop(p):
-    p.stdin.close()  # PySpark's daemon exits when Spark closes its stdin (status 1, its own way)
+def _stop(p) -> str:
+    """Close the daemon's stdin as Spark does to stop it; returns what it wrote to stderr."""
+    p.stdin.close()  # PySpark's daemon exits then (status 1, its own way)
     p.wait(timeout=30)
     p.stdout.close()
+    with p.stderr:
+        return p.stderr.read().decode()
 
 
 def test_daemon_preloads_alone_and_falls_back_to_pysparks_own_when_a_module_fails(tmp_path):
@@ -106,8 +110,9 @@ def test_daemon_preloads_alone_and_falls_back_to_pysparks_own_when_a_module_fail
     try:
         facts = _daemon_facts(_read_proc(p.pid))
     finally:
-        _stop(p)
-    assert facts["cmdline"][-2:] == [daemon.__name__, "pyspark.worker"]
+        said = _stop(p)
+    assert "using pyspark.daemon" not in said
+    assert facts["cmdline"][-2:] == [daemon.NAME, "pyspark.worker"]
     assert facts["loaded"] == list(LOADED) and facts["threads"] == 1
 
     broken = tmp_path / "pandas"  # a pandas that cannot be imported, first on the path
@@ -117,7 +122,8 @@ def test_daemon_preloads_alone_and_falls_back_to_pysparks_own_when_a_module_fail
     try:
         facts = _daemon_facts(_read_proc(p.pid))
     finally:
-        _stop(p)
+        said = _stop(p)
+    assert said.splitlines()[0] == f"{daemon.NAME}: using pyspark.daemon (ImportError: no pandas here)"
     assert facts["cmdline"][-3:] == ["-m", "pyspark.daemon", "pyspark.worker"]  # the same process, exec'd
     assert facts["loaded"] == [] and facts["threads"] == 1
 

@@ -51,6 +51,7 @@ from msgq._shared import scoped_env
 PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "pandas", "visionipc.apps.pipeline.jobs")
 IMPORT_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}  # only while importing PRELOAD
 STOCK_DAEMON = "pyspark.daemon"
+NAME = "visionipc.apps.pipeline.daemon"  # as spark.python.daemon.module names it (``__name__`` is __main__)
 
 
 def _archive_packages(path: str) -> dict:
@@ -129,7 +130,7 @@ def main() -> None:
     except Exception as e:  # noqa: BLE001 - any failure: PySpark's own daemon, untouched
         why = f"{type(e).__name__}: {e}"
     if why is not None:  # one line in the executor's log, then the stock daemon
-        print(f"{__name__}: using {STOCK_DAEMON} ({why})", file=sys.stderr, flush=True)
+        print(f"{NAME}: using {STOCK_DAEMON} ({why})", file=sys.stderr, flush=True)
         os.execv(sys.executable, stock_argv())
     gc.freeze()
     from pyspark.daemon import manager
