@@ -48,7 +48,16 @@ import zipfile
 
 from msgq._shared import scoped_env
 
-PRELOAD = ("numpy", "pyarrow", "pyarrow.parquet", "pandas", "visionipc.apps.pipeline.jobs")
+# what a health task imports, pyarrow's lazy imports of its first read included
+PRELOAD = (
+    "numpy",
+    "pyarrow",
+    "pyarrow.parquet",
+    "pyarrow.dataset",
+    "pyarrow.pandas_compat",
+    "pandas",
+    "visionipc.apps.pipeline.jobs",
+)
 IMPORT_ENV = {"JE_ARROW_MALLOC_CONF": "background_thread:false"}  # only while importing PRELOAD
 STOCK_DAEMON = "pyspark.daemon"
 NAME = "visionipc.apps.pipeline.daemon"  # as spark.python.daemon.module names it (``__name__`` is __main__)
