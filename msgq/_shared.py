@@ -10,13 +10,15 @@ for objects whose native part closes itself when it is collected.
 the parent's locks, threads or slots), so using obj there raises ClosedError.
 
 Argument checks and timeouts: ``check_int`` (an int in a range),
-``env_int`` (the same for an environment variable),
+``env_int`` (the same for an environment variable), ``scoped_env`` (environment
+variables set for a block, then restored),
 ``check_choice`` (one of a few names, such as a reader's mode),
 ``check_timeout_ms`` (a timeout in milliseconds as the reference takes it),
 ``deadline`` / ``time_left`` / ``expired`` (a timeout in seconds, ``None``
 meaning no limit, as a ``time.monotonic()`` deadline).
 """
 
+import contextlib
 import math
 import os
 import time
@@ -102,6 +104,25 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a mistake
+
+
+@contextlib.contextmanager
+def scoped_env(**values):
+    """Set environment variables for the block (None: unset) and restore them after."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def check_timeout_ms(value, what: str = "timeout") -> int:

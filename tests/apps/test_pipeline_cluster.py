@@ -164,6 +164,9 @@ def test_spark_submit_on_a_standalone_cluster_reads_and_writes_s3_like_a_local_r
     ]
     assert fs.isfile(fs.join(run, "_SUCCESS")) and fs.isfile(fs.join(run, "report.html"))
     assert "2 task slot(s)" in r.stdout + r.stderr  # the worker's cores (spark-submit relays the driver's stderr)
+    executors = "".join(p.read_text() for p in (cluster["root"] / "work").glob("app-*/*/stderr"))
+    assert "daemon module in PySpark is set to [visionipc.apps.pipeline.daemon]" in executors
+    assert "using pyspark.daemon" not in executors  # the pipeline's daemon served the executors' Python workers
 
     # the same recordings from local disk on local[1]: the same numbers
     local_out = tmp_path / "local"

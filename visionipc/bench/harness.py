@@ -3,7 +3,6 @@ run's environment, the pinned worker pool run, machine info, failures and the JS
 report. The measurements themselves live in their suites (``visionipc.bench.suites``)
 and in the vipc-bench modules beside this one."""
 
-import contextlib
 import json
 import os
 import platform
@@ -12,6 +11,7 @@ import subprocess
 import sys
 import time
 
+from msgq._shared import scoped_env  # noqa: F401 - the benchmarks' name for it
 from visionipc.bench.stats import parse_size
 from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
 
@@ -65,25 +65,6 @@ def logger(quiet):
 
 
 # --------------------------------------------------------------------------- the run
-
-
-@contextlib.contextmanager
-def scoped_env(**values):
-    """Set environment variables for the block (None: unset) and restore them after."""
-    saved = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def placement(nworkers, no_pin):

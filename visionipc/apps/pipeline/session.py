@@ -4,7 +4,8 @@ The master as ``cluster.resolve_master`` says (``local[*]`` only when nothing ch
 one); on a local master shuffle partitions and parallelism sized to its cores (a
 handful of tiny shuffles is the common case here, not 200), on a cluster Spark's
 own (the executors' cores); the web UI off unless asked for; the workers run the
-same Python as the driver.
+same Python as the driver, forked from the pipeline's daemon (``daemon.py``: PySpark
+from bytecode, the task-side modules loaded once per executor).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ WORKER_MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRES
 # C1-only JIT and the serial GC: the driver JVM starts ~20 % faster, and the
 # pipeline's heavy lifting happens in Python workers and the Parquet reader.
 FAST_START_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+# PySpark's worker daemon, started ready for the pipeline's tasks (daemon.py); it falls
+# back to PySpark's own by itself. ``conf={"spark.python.daemon.module": "pyspark.daemon"}``
+# (``--conf`` of vipc-analyze) switches it off.
+DAEMON_MODULE = "visionipc.apps.pipeline.daemon"
 
 
 def master_cores(master: str) -> int:
@@ -83,6 +89,7 @@ def spark_session(
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.sql.adaptive.enabled", "true")
         .config("spark.python.worker.reuse", "true")
+        .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.debug.maxToStringFields", "200")
         # workers import installed packages, never a source tree that happens to be their cwd
         .config("spark.executorEnv.PYTHONSAFEPATH", "1")

@@ -20,6 +20,7 @@ JVM). Data are generated once into --data (reused when present).
     .venv/bin/python tools/bench_pipeline.py                      # both parts
     .venv/bin/python tools/bench_pipeline.py --part metrics --frames 2016
     .venv/bin/python tools/bench_pipeline.py --part pass --rows 2000000 --rounds 3 --breakdown
+    .venv/bin/python tools/bench_pipeline.py --part pass --rows 2000000 --conf spark.python.daemon.module=pyspark.daemon
 """
 
 import argparse
@@ -92,10 +93,11 @@ def child_health_spark(root, master, from_files=False):
     }
 
 
-def child_health_pass(root, master, events=None):
+def child_health_pass(root, master, events=None, conf=None):
     """What vipc-analyze --jobs health runs (jobs.health_pass: each task reads its streams'
     files with pyarrow, health + drops + timeline + latency + events in one pass).
-    ``events``: a folder for Spark's event log, summarised per job (spark_events.py)."""
+    ``events``: a folder for Spark's event log, summarised per job (spark_events.py);
+    ``conf``: more Spark settings (``--conf``)."""
     t0 = time.monotonic()
     from visionipc.apps.pipeline import cluster, jobs
     from visionipc.apps.pipeline.read import find_recordings, index_files
@@ -104,7 +106,7 @@ def child_health_pass(root, master, events=None):
 
     files = index_files(find_recordings([root]))  # the driver's checks of every file, as vipc-analyze does
     checked = time.monotonic()
-    spark = spark_session(master, conf=spark_events.event_log_conf(events) if events else None)
+    spark = spark_session(master, conf={**(spark_events.event_log_conf(events) if events else {}), **(conf or {})})
     slots = cluster.task_slots(spark)
     jvm = spark_events.jvm_pid(spark)
     jvm_cpu = spark_events.process_cpu_s(jvm)
@@ -253,7 +255,7 @@ def _describe(run) -> str:
     return text
 
 
-def pass_runs(root, rounds, events=None) -> dict:
+def pass_runs(root, rounds, events=None, conf=None) -> dict:
     """health_pass on local[2] and local[1], interleaved (2, 1, 2, 1...) so that both see the
     same spread of load; each run with the load average before it."""
     import shutil
@@ -263,7 +265,7 @@ def pass_runs(root, rounds, events=None) -> dict:
         for slots, master in zip((2, 1), runs):
             folder = os.path.join(events, f"round{i}-local{slots}") if events else None
             load = read_loadavg()
-            r = in_child("health_pass", root, master, folder)
+            r = in_child("health_pass", root, master, folder, conf)
             if folder:
                 shutil.rmtree(folder, ignore_errors=True)
             r["loadavg_before"] = load
@@ -307,6 +309,14 @@ def main(argv=None):
         "--breakdown",
         action="store_true",
         help="pass part: also record Spark's event log and say where each run's job time went",
+    )
+    p.add_argument(
+        "--conf",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="pass part: a Spark setting for its sessions (repeatable), e.g. "
+        "spark.python.daemon.module=pyspark.daemon for PySpark's own worker daemon",
     )
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -361,7 +371,8 @@ def main(argv=None):
         print()
     if args.part in ("pass", "all"):
         root = make_index(args.data, args.rows)
-        runs = pass_runs(root, args.rounds, os.path.join(args.data, "spark-events") if args.breakdown else None)
+        conf = dict(kv.split("=", 1) for kv in args.conf)
+        runs = pass_runs(root, args.rounds, os.path.join(args.data, "spark-events") if args.breakdown else None, conf)
         two, one = (min(runs[m], key=lambda r: r["total_s"]) for m in ("local[2]", "local[1]"))
         alone = best("total_s", "health_pandas", root)
         results["pass"] = {"local2": two, "local1": one, "pyarrow_numpy": alone, "runs": runs}
