@@ -8,9 +8,11 @@
 #include <atomic>
 #include <cstring>
 #include <thread>
+#include <vector>
 
 #include "check.h"
 #include "common/clock.h"
+#include "common/frame_copy.h"
 #include "test_support.h"
 #include "visionipc/client.h"
 #include "visionipc/protocol.h"
@@ -276,6 +278,24 @@ TEST(leased_frames_are_never_overwritten_under_a_fast_producer) {
   stop.store(true);
   producer.join();
   CHECK(checked >= 20);
+}
+
+// The copying sends' copy: every byte, at any alignment of either side, on both
+// sides of the streaming-store threshold; nothing written outside the range.
+TEST(frame_copy_copies_every_byte_at_any_alignment) {
+  const size_t big = vipc::common::kStreamingCopyMin;
+  for (size_t n : {size_t{0}, size_t{1}, size_t{63}, big - 1, big, big + 37, big + 4096 + 5}) {
+    for (size_t src_off : {0, 1, 7, 63}) {
+      for (size_t dst_off : {0, 1, 15, 64}) {
+        std::vector<unsigned char> src(n + 64), dst(n + 128, 0xEE);
+        for (size_t i = 0; i < src.size(); i++) src[i] = static_cast<unsigned char>(i * 131 + n);
+        vipc::common::copy_frame(dst.data() + dst_off, src.data() + src_off, n);
+        CHECK(std::memcmp(dst.data() + dst_off, src.data() + src_off, n) == 0);
+        for (size_t i = 0; i < dst_off; i++) CHECK(dst[i] == 0xEE);
+        for (size_t i = dst_off + n; i < dst.size(); i++) CHECK(dst[i] == 0xEE);
+      }
+    }
+  }
 }
 
 int main(int argc, char** argv) { return check::run_all(argc, argv); }
