@@ -270,7 +270,10 @@ def run(args) -> int:
     _check_args(args)
     cv2 = need("cv2", "record")
     codecs.check_args(args)
+    # The heavy imports happen before connecting: from the connect on, frames wait in
+    # the pool only as long as it has buffers, and a receiver must be running by then.
     index.pa()
+    codecs.av()
     stopper = Stopper()
     stop = stopper.event
     recorders, topics, clients = [], [], []
