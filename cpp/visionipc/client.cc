@@ -309,6 +309,14 @@ bool Client::handle(const Packet& p, Frame& out) {
 // go to a new ring). Frames arriving never pay for the check.
 common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
   check_owner();  // an inherited subscriber would move the parent's read position
+  if (receiving_.exchange(true, std::memory_order_acquire)) {
+    common::fail(common::ErrorKind::kIpc,
+                 "recv() of this client is already waiting in another thread: use one client per thread");
+  }
+  struct Done {
+    std::atomic<bool>& flag;
+    ~Done() { flag.store(false, std::memory_order_release); }
+  } done{receiving_};
   for (;;) {
     if (sub_) {
       PacketSink sink;

@@ -11,6 +11,7 @@
 // touches the segment's locks; in a forked child close() only forgets.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -61,6 +62,9 @@ class Client {
   bool connected();
   // Wait for the next frame until deadline (monotonic ns, common::kNever). A
   // returned frame is leased (the previous lease is dropped) when still valid.
+  // One recv() at a time: a second thread's call while one waits throws kIpc
+  // (the client's read position and lease belong to one reader: use a client
+  // per thread) rather than handing both threads parts of one stream.
   common::WaitStatus recv(int64_t deadline_ns, Frame& out);
 
   bool take_lease(uint32_t index, uint64_t generation);
@@ -120,6 +124,10 @@ class Client {
   uint64_t retired_id_ = 0;  // the server we left: its late packets are dropped, not chased
   uint32_t ordinal_ = 0;
   uint64_t dropped_ = 0;
+  // Set while a recv() runs (exchange on entry, cleared on every exit): the only
+  // state recv() shares between threads. acquire/release: a recv() that follows
+  // another one in a different thread sees everything the first one did.
+  std::atomic<bool> receiving_{false};
   std::unique_ptr<msgq::Subscriber> sub_;
   pid_t owner_ = 0;  // the process that made the client: the only one that writes its lease or locks
   Refusal refusal_ = Refusal::kNone;

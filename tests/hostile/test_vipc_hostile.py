@@ -326,3 +326,43 @@ def test_one_name_limit_for_python_and_cpp_and_a_squatted_name_names_its_holder(
             VisionIpcServer(name)
     finally:
         server.close()
+
+
+def test_a_second_thread_receiving_on_the_same_client_gets_an_error_not_part_of_the_stream():
+    # A client's read position and lease belong to one reader: while one thread waits
+    # in recv(), another thread's recv() on the same client raises (use a client per
+    # thread) instead of both threads taking frames of one stream, or one object.
+    import threading
+
+    server = VisionIpcServer("threads")
+    server.create_buffers("s", 4, 64, 32)
+    server.start_listener()
+    client = VisionIpcClient("threads", "s")
+    assert client.connect(True)
+    outcome = {}
+
+    def receive(who):
+        try:
+            outcome[who] = client.recv(5000)
+        except IpcError as e:
+            outcome[who] = e
+
+    try:
+        threads = [threading.Thread(target=receive, args=(who,)) for who in ("first", "second")]
+        for t in threads:  # whichever waits first gets the frame; the other one the error
+            t.start()
+        deadline = time.monotonic() + 10
+        while not outcome and time.monotonic() < deadline:
+            time.sleep(0.01)  # until the second one has raised
+        server.send("s", bytes(client.buffer_len), frame_id=5)
+        for t in threads:
+            t.join(10)
+        errors = [v for v in outcome.values() if isinstance(v, IpcError)]
+        frames = [v for v in outcome.values() if not isinstance(v, IpcError)]
+        assert len(errors) == 1 and "already waiting in another thread" in str(errors[0])
+        assert len(frames) == 1 and frames[0] is not None and frames[0].frame_id == 5
+        server.send("s", bytes(client.buffer_len), frame_id=6)
+        assert client.recv(5000).frame_id == 6  # the client goes on normally, from this thread too
+    finally:
+        client.close()
+        server.close()
