@@ -109,20 +109,20 @@ MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a m
 @contextlib.contextmanager
 def scoped_env(**values):
     """Set environment variables for the block (None: unset) and restore them after."""
-    saved = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
+
+    def apply(env):
+        for k, v in env.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+    saved = {k: os.environ.get(k) for k in values}
+    apply(values)
+    try:
+        yield
+    finally:
+        apply(saved)
 
 
 def check_timeout_ms(value, what: str = "timeout") -> int:

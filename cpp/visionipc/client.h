@@ -124,8 +124,8 @@ class Client {
   uint64_t retired_id_ = 0;  // the server we left: its late packets are dropped, not chased
   uint32_t ordinal_ = 0;
   uint64_t dropped_ = 0;
-  // Set while a recv() runs (exchange on entry, cleared on every exit): the only
-  // state recv() shares between threads. acquire/release: a recv() that follows
+  // Set while a recv() runs (exchange on entry, cleared on every exit), so a
+  // second thread's recv() is refused. acquire/release: a recv() that follows
   // another one in a different thread sees everything the first one did.
   std::atomic<bool> receiving_{false};
   std::unique_ptr<msgq::Subscriber> sub_;

@@ -8,8 +8,9 @@ import sys
 import tempfile
 import time
 
+from msgq._shared import scoped_env
 from visionipc.bench import reference, transports
-from visionipc.bench.harness import add_common_flags, logger, placement, scoped_env, write_json
+from visionipc.bench.harness import add_common_flags, logger, placement, write_json
 from visionipc.bench.report import render, summarize
 from visionipc.bench.runner import Config, Runner
 from visionipc.bench.tasks import worker_setup, worker_teardown

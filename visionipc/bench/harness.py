@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-from msgq._shared import scoped_env  # noqa: F401 - the benchmarks' name for it
 from visionipc.bench.stats import parse_size
 from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
 

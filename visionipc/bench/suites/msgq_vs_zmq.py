@@ -35,6 +35,7 @@ import tempfile
 import time
 from itertools import repeat
 
+from msgq._shared import scoped_env
 from msgq.names import segment_dir
 from msgq.testing import segments
 from visionipc.bench import reference
@@ -49,7 +50,6 @@ from visionipc.bench.harness import (
     print_report_head,
     run_in_pool,
     run_meta,
-    scoped_env,
     write_json,
 )
 from visionipc.bench.pubsub import (

@@ -42,6 +42,7 @@ import sys
 import time
 from itertools import repeat
 
+from msgq._shared import scoped_env
 from visionipc.bench import harness, pubsub
 from visionipc.bench.pubsub import STAMP as _Q
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
@@ -577,7 +578,7 @@ def main(argv=None) -> int:
     cpus, pinned = harness.placement(2, args.no_pin)
     started = time.monotonic()
     # ports of this run only
-    with harness.scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
+    with scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
         info = meta(plan, cpus, pinned)
         log(
             f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
