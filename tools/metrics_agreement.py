@@ -1,5 +1,9 @@
 """Do lossless and lossy recordings of the same frames give the same metrics? (issue 18 item 4)
 
+The lossy recordings are measured decoded (``frame_metrics=False``): what the codec itself
+changes. vipc-record's default keeps the metrics of the frames as captured in the index,
+which makes every difference 0 (``--as-captured`` shows it).
+
     .venv/bin/python tools/metrics_agreement.py                # 64x48, 8 frames, 3 per segment
     .venv/bin/python tools/metrics_agreement.py --size 1280x720 --codecs h264,h264:12,mp4v
     .venv/bin/python tools/metrics_agreement.py --stages       # where the old mp4v chain lost levels
@@ -29,7 +33,7 @@ def _rel(a, b) -> str:
     return " ".join(f"{n[:5]} {x:+.2%}" for n, x in zip(NAMES, (np.asarray(b) - a) / a))
 
 
-def agreement(width, height, frames, segment, codecs, formats):
+def agreement(width, height, frames, segment, codecs, formats, captured=False):
     with tempfile.TemporaryDirectory(dir=".") as d:
         for fmt in formats:
             spec = dict(frames=frames, width=width, height=height, segment_frames=segment, format=fmt)
@@ -37,9 +41,8 @@ def agreement(width, height, frames, segment, codecs, formats):
             a = a.sort_values("frame_id", ignore_index=True)
             for item in codecs:
                 codec, _, crf = item.partition(":")
-                rec = synthetic.write_recording(
-                    f"{d}/{fmt}-{codec}{crf}", {"s": dict(spec, codec=codec, crf=int(crf) if crf else None)}
-                )
+                lossy = dict(spec, codec=codec, crf=int(crf) if crf else None, frame_metrics=captured)
+                rec = synthetic.write_recording(f"{d}/{fmt}-{codec}{crf}", {"s": lossy})
                 b = metrics.metrics_pandas([rec]).sort_values("frame_id", ignore_index=True)
                 cells = []
                 for name in NAMES:
@@ -95,13 +98,19 @@ def main():
     p.add_argument("--codecs", default="mp4v,h264,h264:0,hevc,av1", help="codec[:crf], comma-separated")
     p.add_argument("--formats", default="nv12,gray8,rgb8")
     p.add_argument("--stages", action="store_true", help="the old OpenCV mp4v chain, stage by stage")
+    p.add_argument(
+        "--as-captured",
+        action="store_true",
+        help="lossy recordings with the recorder's own metrics (its default): then every difference is 0",
+    )
     args = p.parse_args()
     width, height = (int(v) for v in args.size.split("x"))
     os.environ.setdefault("SVT_LOG", "1")
     if args.stages:
         stages(width, height)
     else:
-        agreement(width, height, args.frames, args.segment_frames, args.codecs.split(","), args.formats.split(","))
+        codecs, formats = args.codecs.split(","), args.formats.split(",")
+        agreement(width, height, args.frames, args.segment_frames, codecs, formats, args.as_captured)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,49 @@ def test_a_video_shorter_than_its_index_is_a_clear_error(spark, recordings, tmp_
         metrics.spark_metrics(spark, [rec]).collect()
 
 
+def test_lossy_recordings_carry_the_metrics_of_the_frames_as_captured(spark, tmp_path):
+    """Default lossy storage (H.264 crf 23, which softens edges by several %): the recorder's
+    writer measures each frame before the codec and the metrics job reports exactly the
+    lossless numbers, on Spark too, black/frozen flags and motion across segments included."""
+    import pyarrow.parquet as pq
+
+    keys, names = ["frame_id"], ["brightness", "contrast", "sharpness", "motion"]
+    for fmt, codec in (("nv12", "h264"), ("bgr8", "hevc"), ("gray8", "mp4v")):
+        spec = dict(frames=9, width=W, height=H, segment_frames=4, format=fmt, black=[2], frozen=[6])
+        lossless = synthetic.write_recording(tmp_path / f"{fmt}-lossless", {"s": spec})
+        rec = synthetic.write_recording(tmp_path / f"{fmt}-{codec}", {"s": dict(spec, codec=codec)})
+        index = pq.read_table(os.path.join(rec, "index", "s", "000001.parquet"))
+        assert index.column_names[-4:] == names and index.column("sharpness").null_count == 0
+        assert not any(n in pq.read_schema(os.path.join(lossless, "index", "s", "000000.parquet")).names for n in names)
+        a = metrics.metrics_pandas([lossless]).sort_values(keys, ignore_index=True)
+        b = metrics.metrics_pandas([rec]).sort_values(keys, ignore_index=True)
+        pd.testing.assert_frame_equal(b[names], a[names], rtol=1e-6)
+        assert b["black"].tolist() == a["black"].tolist() and a.loc[a.black, "frame_id"].tolist() == [2]
+        assert b["frozen"].tolist() == a["frozen"].tolist() and a.loc[a.frozen, "frame_id"].tolist() == [6]
+        assert b["motion"].isna().tolist() == [True] + [False] * 8  # segments 1 and 2 carry it on
+        # decoded instead, the codec's loss shows (what the stored numbers avoid)
+        decoded = synthetic.write_recording(
+            tmp_path / f"{fmt}-{codec}-decoded", {"s": dict(spec, codec=codec, frame_metrics=False)}
+        )
+        c = metrics.metrics_pandas([decoded]).sort_values(keys, ignore_index=True)
+        assert not np.allclose(c["sharpness"], a["sharpness"], rtol=1e-3)
+    on_spark = metrics.spark_metrics(spark, [rec, lossless]).toPandas()
+    pd.testing.assert_frame_equal(on_spark[on_spark.recording_path == rec].sort_values(keys, ignore_index=True), b)
+
+
+def test_stored_metrics_of_the_wrong_type_are_a_clear_error(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rec = synthetic.write_recording(tmp_path / "r", {"s": dict(frames=4, width=W, height=H, codec="h264")})
+    path = os.path.join(rec, "index", "s", "000000.parquet")
+    table = pq.read_table(path)
+    bad = pa.array(["sharp"] * len(table))
+    pq.write_table(table.set_column(table.column_names.index("sharpness"), "sharpness", bad), path)
+    with pytest.raises(RecordingError, match="000000.parquet.*sharp"):
+        metrics.metrics_pandas([rec])
+
+
 def _coded_planes(rec: str, segments: int) -> list:
     """The I420 planes of a lossy recording's segments as coded, decoded by PyAV (no conversion)."""
     import av
@@ -119,11 +162,12 @@ def test_one_meaning_per_metric_lossless_or_lossy_and_motion_across_segments(spa
         return rec, metrics.metrics_pandas([rec]).sort_values(keys, ignore_index=True)
 
     a = metrics.metrics_pandas([lossless]).sort_values(keys, ignore_index=True)
-    # no conversion error anywhere: H.264 at --crf 0 (x264 codes losslessly) gives the lossless numbers
-    _, exact = lossy("h264", crf=0)
+    # the decoded path (a recording without the recorder's metrics): no conversion error
+    # anywhere: H.264 at --crf 0 (x264 codes losslessly) gives the lossless numbers
+    _, exact = lossy("h264", crf=0, frame_metrics=False)
     pd.testing.assert_frame_equal(exact[names + ["motion"]], a[names + ["motion"]], rtol=1e-6)
     # mp4v (OpenCV's format, default quality): the metrics measure the coded Y plane as it decodes...
-    rec, b = lossy("mp4v")
+    rec, b = lossy("mp4v", frame_metrics=False)
     coded = _coded_planes(rec, 3)
     luma = [np.clip((p[:H].astype(np.float32) - 16) * 255 / 219, 0, 255) for p in coded]  # docs/pipeline.md
     assert np.allclose(b[names].to_numpy(), [metrics.frame_metrics(y)[:3] for y in luma], rtol=1e-5)
@@ -140,7 +184,7 @@ def test_one_meaning_per_metric_lossless_or_lossy_and_motion_across_segments(spa
     # dark); left: 8-bit video-range Y moving each gray by up to half a level (+0.4 % contrast here)
     color = dict(spec, format="bgr8")
     exact_bgr = metrics.metrics_pandas([synthetic.write_recording(tmp_path / "bgr", {"s": color})])
-    rec, d = lossy("h264", crf=0, format="bgr8")
+    rec, d = lossy("h264", crf=0, format="bgr8", frame_metrics=False)
     assert np.allclose(exact_bgr.sort_values(keys)[names], d[names], rtol=0.01)
     replayed = np.array([image for _, image in iter_frames(rec, "s")], np.float32)  # vipc-replay's reader
     shown = np.array([synthetic.pattern(i, W, H) for i in range(8)], np.float32)[..., None]

@@ -13,7 +13,8 @@ from camera_helpers import CAMERA, RECORD, REPLAY, connect, finish, reap, receiv
 import msgq
 from msgq.testing import unique_name, unique_topic
 from visionipc.apps.camera.pattern import read_stamp
-from visionipc.apps.record.index import INDEX_COLUMNS, index_schema, read_index, read_topic
+from visionipc.apps.record import quality
+from visionipc.apps.record.index import INDEX_COLUMNS, index_schema, quality_schema, read_index, read_topic
 from visionipc.apps.record.reader import iter_frames
 from visionipc.apps.record.recorder import main as record_main
 from visionipc.apps.record.replay import main as replay_main
@@ -98,7 +99,8 @@ def test_duration_and_segments_give_the_documented_files_and_columns(tmp_path):
     )
     assert _hidden(out) == []
     first = pq.read_table(os.path.join(out, "index/road/000000.parquet"))
-    assert first.schema.equals(index_schema()) and tuple(first.column_names) == INDEX_COLUMNS
+    # a lossy stream's index also holds the frames' metrics as captured (--frame-metrics lossy)
+    assert first.schema.equals(quality_schema()) and tuple(first.column_names) == INDEX_COLUMNS + quality.COLUMNS
     rows = read_index(out, "road").to_pylist()
     assert len(rows) == info["frames"] and info["missed"] == 0
     ids = [r["frame_id"] for r in rows]
@@ -332,3 +334,39 @@ def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
     sub.close()
     assert finish(replay)[0] == 0
     assert got == [b"m0", b"m1", b"m2"]
+
+
+def test_lossy_streams_keep_the_metrics_of_the_frames_as_captured(tmp_path):
+    """Three recorders of one camera: lossy H.264 (default: metrics measured before the codec,
+    kept in the index), lossless (decoded by the pipeline) and lossy --frame-metrics none. The
+    pipeline's numbers for the lossy recording equal the lossless recording's, frame by frame."""
+    from visionipc.apps.pipeline import metrics
+
+    name, frames = unique_name("cam"), 12
+    camera = start(
+        CAMERA, "--name", name, "--stream", "s", "--width", 160, "--height", 96, "--fps", 30,
+        "--frames", frames, "--wait-clients", 3,
+    )  # fmt: skip
+    outs = {kind: str(tmp_path / kind) for kind in ("lossy", "lossless", "none")}
+    recorders = [
+        start(RECORD, "--name", name, "--out", outs["lossy"], "-q", "--frames", frames),
+        start(RECORD, "--name", name, "--out", outs["lossless"], "-q", "--lossless", "--frames", frames),
+        start(RECORD, "--name", name, "--out", outs["none"], "-q", "--frame-metrics", "none", "--frames", frames),
+    ]
+    assert [finish(r)[0] for r in recorders] == [0, 0, 0] and finish(camera)[0] == 0
+    manifests = {k: json.load(open(os.path.join(v, "recording.json")))["streams"]["s"] for k, v in outs.items()}
+    assert {k: m["frame_metrics"] for k, m in manifests.items()} == {"lossy": True, "lossless": False, "none": False}
+    columns = {k: pq.read_schema(os.path.join(v, "index", "s", "000000.parquet")).names for k, v in outs.items()}
+    assert columns["lossy"] == list(INDEX_COLUMNS) + ["brightness", "contrast", "sharpness", "motion"]
+    assert columns["lossless"] == columns["none"] == list(INDEX_COLUMNS)
+    assert read_index(outs["lossy"], "s").schema.equals(index_schema())  # readers of the index columns see no change
+    m = {k: metrics.metrics_pandas([v]).set_index("frame_id") for k, v in outs.items()}
+    common = sorted(set(m["lossy"].index) & set(m["lossless"].index))
+    assert len(common) >= frames - 2
+    names = ["brightness", "contrast", "sharpness"]
+    np.testing.assert_allclose(m["lossy"].loc[common, names], m["lossless"].loc[common, names], rtol=1e-6)
+    after = [f for f in common if f - 1 in common]  # motion: the same previous frame in both
+    np.testing.assert_allclose(m["lossy"].loc[after, "motion"], m["lossless"].loc[after, "motion"], rtol=1e-6)
+    # without them the codec's loss shows: H.264 crf 23 softens the pattern's edges
+    decoded = m["none"].loc[sorted(set(common) & set(m["none"].index)), "sharpness"]
+    assert (decoded < m["lossless"].loc[decoded.index, "sharpness"] * 0.995).all()

@@ -15,6 +15,7 @@ import numpy as np
 from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.read import (
     INDEX_ARROW_SCHEMA,
+    QUALITY_ARROW_SCHEMA,
     Recording,
     RecordingError,
     _recordings,
@@ -113,28 +114,12 @@ def storage_of(recording_path: str, row) -> object:
         raise RecordingError(f"{recording_path}/recording.json: stream {row['stream']!r}: {e}") from e
 
 
-# Luma, one meaning on every storage path: full-range BT.601 Y' in 0..255 (float32),
-# the brightness of the picture as displayed. A stored YUV plane is video range
-# (Y 16..235, as OpenCV's YUV->BGR conversion and the lossy recorder read it): it is
-# stretched to full range; a BGR/RGB picture (the lossy recorder stores YUV streams
-# so) gives 0.299 R + 0.587 G + 0.114 B, the same number; gray formats are full range.
-_VIDEO_RANGE = 255.0 / 219.0
-
-
 def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     """The (h, w) full-range BT.601 luma plane (float32, 0..255) of a stored image
-    (``kind``: Storage.kind)."""
-    import cv2
+    (``kind``: Storage.kind); the definition is ``visionipc.apps.record.quality``'s."""
+    from visionipc.apps.record.quality import luma_of
 
-    if kind == "planes":
-        y = (image[:height].astype(np.float32) - 16.0) * np.float32(_VIDEO_RANGE)
-        return np.clip(y, 0.0, 255.0, out=y)
-    if kind == "gray":
-        return image.astype(np.float32)
-    if kind == "gray16":
-        return image.astype(np.float32) / np.float32(257.0)
-    code = cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY
-    return cv2.cvtColor(image.astype(np.float32), code)
+    return luma_of(image, kind, fmt, height).values()
 
 
 def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
@@ -149,15 +134,25 @@ def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
 
 
-def read_segment_index(index_file: str, recording_path: str = None):
+def read_segment_index(index_file: str, recording_path: str = None, *, quality: bool = False):
     """The index rows of one segment, in position order (pandas); the file is opened by
-    visionipc.apps.record.checks.open_file (a regular file inside the recording)."""
+    visionipc.apps.record.checks.open_file (a regular file inside the recording).
+    ``quality``: with the picture metrics the recorder measured as it captured
+    (``quality.COLUMNS``), or None when the segment has none."""
 
     import pyarrow.parquet as pq
 
     folder = recording_path or fs.parent(fs.parent(fs.parent(index_file)))
     with fs.open_member(folder, fs.relative(folder, index_file)) as f:
-        table = pq.read_table(f, schema=INDEX_ARROW_SCHEMA)
+        try:
+            table = pq.read_table(f, schema=QUALITY_ARROW_SCHEMA if quality else INDEX_ARROW_SCHEMA)
+        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+            raise RecordingError(f"{index_file}: {e} (docs/recording-format.md)") from None
+    if quality:
+        from visionipc.apps.record.quality import COLUMNS
+
+        if not len(table) or any(table.column(name).null_count for name in COLUMNS):
+            return None  # not measured as captured (an older recording, --frame-metrics none)
     return table.to_pandas().sort_values("position", ignore_index=True)
 
 

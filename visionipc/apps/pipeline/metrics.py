@@ -1,20 +1,30 @@
-"""Per-frame image metrics, computed with OpenCV where the frames are decoded.
+"""Per-frame image metrics: brightness, contrast, sharpness (the variance of the
+Laplacian) and motion (the mean absolute difference to the previous frame) of the
+luma, defined once in ``visionipc.apps.record.quality``.
 
-``frame_metrics`` is the kernel (brightness, contrast, sharpness as the variance
-of the Laplacian, motion as the mean absolute difference to the previous frame);
-``segment_metrics`` runs it over one segment; ``metrics_job`` over all segments
-in Spark executors (a run of segments per task) and ``metrics_pandas`` without Spark,
-optionally on a process pool.
+A segment whose index holds the metrics vipc-record measured as it captured (lossy
+streams by default) is read from its index, with no decoding: the numbers are those of
+the frames before the codec changed them. Other segments are decoded and measured
+where they are decoded. ``segment_metrics`` does one segment; ``metrics_job`` all
+segments in Spark executors (a run of segments per task) and ``metrics_pandas`` without
+Spark, optionally on a process pool.
 """
 
 from __future__ import annotations
 
-import math
 from functools import partial
 
 import numpy as np
 
-from visionipc.apps.pipeline.frames import iter_segment, last_frame, luma, map_segments, segment_table, segments_df
+from visionipc.apps.pipeline.frames import (
+    iter_segment,
+    last_frame,
+    map_segments,
+    read_segment_index,
+    segment_table,
+    segments_df,
+)
+from visionipc.apps.record.quality import COLUMNS, Luma, luma_of, measure
 
 METRIC_COLUMNS = [
     ("recording_id", "string"),
@@ -40,16 +50,8 @@ FROZEN_MOTION = 0.5  # mean |difference| to the previous frame (0..255) at or be
 def frame_metrics(gray: np.ndarray, previous: np.ndarray | None = None) -> tuple:
     """``(brightness, contrast, sharpness, motion)`` of one luma plane (``frames.luma``:
     full-range BT.601 Y', 0..255; an 8-bit gray frame is taken as that); motion is NaN
-    without a previous frame. cv2.meanStdDev on a float Laplacian: 4x cheaper than np.var."""
-    import cv2
-
-    if gray.dtype != np.float32:
-        gray = gray.astype(np.float32)
-        previous = previous.astype(np.float32) if previous is not None else None
-    mean, std = cv2.meanStdDev(gray)
-    _, lap_std = cv2.meanStdDev(cv2.Laplacian(gray, cv2.CV_32F))
-    motion = cv2.norm(gray, previous, cv2.NORM_L1) / gray.size if previous is not None else math.nan
-    return float(mean[0, 0]), float(std[0, 0]), float(lap_std[0, 0]) ** 2, float(motion)
+    without a previous frame (``quality.measure``)."""
+    return measure(Luma(gray), Luma(previous) if previous is not None else None)
 
 
 def segment_metrics(
@@ -69,37 +71,39 @@ def segment_metrics(
     cv2.setNumThreads(1)
     carry = {} if carry is None else carry
     key = (segment["recording_path"], segment["stream"])
-    rows, previous = [], None
+    stored = read_segment_index(segment["index_file"], segment["recording_path"], quality=True)
+    if stored is not None:  # measured as captured: no decoding
+        carry.clear()  # a next segment without stored metrics decodes this one's last frame
+        measured = zip(stored["position"], stored["frame_id"], stored["timestamp_eof"], *(stored[c] for c in COLUMNS))
+    else:
+        measured = _decode_and_measure(segment, carry, key)
+    rows = []
+    for position, frame_id, eof, b, c, s, m in measured:
+        b, c, s, m = float(b), float(c), float(s), float(m)
+        rows.append(
+            (segment["recording_id"], segment["recording_path"], segment["stream"], int(segment["segment"]))
+            + (int(position), int(frame_id), int(eof), b, c, s, m)
+            + (b < black_brightness and c < black_contrast, m <= frozen_motion)
+        )
+    return pd.DataFrame(rows, columns=[n for n, _ in METRIC_COLUMNS]).astype({"segment": "int32", "position": "int32"})
+
+
+def _decode_and_measure(segment: dict, carry: dict, key):
+    """Yield ``(position, frame_id, timestamp_eof, brightness, contrast, sharpness, motion)``
+    for the frames of one decoded segment; the last frame's luma is left in ``carry``."""
+    previous = None
     if carry.get("key") == key and carry.get("index_file") == segment.get("previous_index_file"):
         previous = carry["luma"]
     elif segment.get("previous_index_file"):
         before = last_frame(segment, segment["previous_index_file"], coded=True)
         if before is not None:
             row, image, storage = before
-            previous = luma(image, storage.kind, row["format"], int(row["height"]))
+            previous = luma_of(image, storage.kind, row["format"], int(row["height"]))
     for row, image, storage in iter_segment(segment, coded=True):
-        gray = luma(image, storage.kind, row["format"], int(row["height"]))
-        b, c, s, m = frame_metrics(gray, previous)
-        previous = gray
-        rows.append(
-            (
-                segment["recording_id"],
-                segment["recording_path"],
-                segment["stream"],
-                int(segment["segment"]),
-                int(row["position"]),
-                int(row["frame_id"]),
-                int(row["timestamp_eof"]),
-                b,
-                c,
-                s,
-                m,
-                b < black_brightness and c < black_contrast,
-                bool(m <= frozen_motion),
-            )
-        )
+        luma = luma_of(image, storage.kind, row["format"], int(row["height"]))
+        yield (row["position"], row["frame_id"], row["timestamp_eof"]) + measure(luma, previous)
+        previous = luma
     carry.update(key=key, index_file=segment["index_file"], luma=previous)
-    return pd.DataFrame(rows, columns=[n for n, _ in METRIC_COLUMNS]).astype({"segment": "int32", "position": "int32"})
 
 
 def _carrying(**thresholds):

@@ -18,9 +18,10 @@ import pyarrow as pa
 from msgq._printable import printable
 from visionipc.apps.pipeline import fs
 from visionipc.apps.record.checks import RecordingError, check_relpath, check_stream, parse_manifest
-from visionipc.apps.record.index import index_schema
+from visionipc.apps.record.index import index_schema, quality_schema
 
 INDEX_ARROW_SCHEMA = index_schema()  # the recorder's, docs/recording-format.md
+QUALITY_ARROW_SCHEMA = quality_schema()  # with the metrics measured as captured (null where not)
 INDEX_SPARK_SCHEMA = ", ".join(
     f"{f.name} {'string' if pa.types.is_string(f.type) else 'bigint' if f.type == pa.int64() else 'int'}"
     for f in INDEX_ARROW_SCHEMA

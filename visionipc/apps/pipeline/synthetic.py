@@ -61,7 +61,9 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
     shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
     ``lossless`` (True: FFV1; False: lossy mp4v, vipc-record --codec mp4v),
     ``codec`` (a vipc-record ``--codec``: mp4v, or a PyAV codec such as h264 fed the compact
-    image, with ``crf``; it overrides ``lossless``). Formats rgb8/bgr8 store the picture as R = G = B.
+    image, with ``crf``; it overrides ``lossless``), ``frame_metrics`` (measure the frames as written
+    and keep the numbers in the index, as vipc-record --frame-metrics; default: lossy streams).
+    Formats rgb8/bgr8 store the picture as R = G = B.
     """
     import cv2
 
@@ -87,7 +89,7 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
         black, frozen = set(spec.get("black", ())), set(spec.get("frozen", ()))
         start = spec.get("start_ns", 1_000_000_000_000)
         storage = _storage(cv2, spec, fmt, w, h)
-        writer = StreamWriter(cv2, str(path), stream, storage, 0)
+        writer = StreamWriter(cv2, str(path), stream, storage, 0, spec.get("frame_metrics"))
         previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
         for fid in range(spec["frames"]):
             backlog = max(0, backlog - period)
@@ -122,6 +124,7 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
             "height": h,
             "format": fmt,
             **storage.describe(),
+            "frame_metrics": writer.measures,
             "segments": writer.segments,
             "frames": writer.frames,
             "missed": 0,

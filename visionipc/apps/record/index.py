@@ -58,6 +58,16 @@ def index_schema():
     )
 
 
+def quality_schema():
+    """``index_schema`` and the picture metrics vipc-record measures as it captures
+    (``quality.COLUMNS``, float64; motion NaN at a recording's first frame): the index of
+    a stream recorded with --frame-metrics (lossy streams by default)."""
+    from visionipc.apps.record.quality import COLUMNS
+
+    p = pa()
+    return p.schema(list(index_schema()) + [(name, p.float64()) for name in COLUMNS])
+
+
 def topic_schema():
     p = pa()
     return p.schema(

@@ -31,9 +31,15 @@ renamed when complete, so stopping (SIGINT/SIGTERM, --duration, --frames, --idle
 never leaves a corrupt segment, and SIGKILL leaves at most hidden .partial files.
 Default storage is lossy H.264 (--codec: hevc, av1, NVENC; FFmpeg through PyAV, fed the
 stream's own YUV/gray planes); --lossless stores the exact pixels (FFV1; raw16 is always
-lossless). Frames the recorder could not keep (its encoder fell behind, or a frame was
-overwritten before it was copied) are counted and printed, as are gaps in frame ids.
+lossless). The index of a lossy stream also holds each frame's brightness, contrast,
+sharpness and motion measured as captured (--frame-metrics), so vipc-analyze reports the
+same numbers for a frame stored lossy or lossless. Frames the recorder could not keep (its
+encoder fell behind, or a frame was overwritten before it was copied) are counted and
+printed, as are gaps in frame ids.
 """
+
+
+FRAME_METRICS = ("lossy", "all", "none")
 
 
 def build_parser():
@@ -52,6 +58,14 @@ def build_parser():
     p.add_argument("--segment-seconds", type=float, default=60.0, help="start a new segment every N s (default 60)")
     p.add_argument("--lossless", action="store_true", help="bit-exact pixels (FFV1) instead of lossy H.264")
     codecs.add_codec_args(p)
+    p.add_argument(
+        "--frame-metrics",
+        choices=FRAME_METRICS,
+        default="lossy",
+        help="measure brightness/contrast/sharpness/motion of each frame as captured and keep them in the index: "
+        "for lossy streams (default: the analysis then sees the frames before the codec changed them), "
+        "all streams (vipc-analyze's metrics job then decodes nothing) or none",
+    )
     p.add_argument("--frames", type=int, default=0, help="stop each stream after N frames")
     p.add_argument("--idle-timeout", type=float, default=0, help="stop once no frame arrived for SEC s")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="how long to wait for the server (default 10 s)")
@@ -299,13 +313,15 @@ def run(args) -> int:
         }
         for client, storage in zip(clients, storages):
             fmt, w, h = client.format, client.width, client.height
-            writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds)
+            measure = {"lossy": not storage.lossless, "all": True, "none": False}[args.frame_metrics]
+            writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds, measure)
             recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
             manifest["streams"][str(client.stream)] = {
                 "width": w,
                 "height": h,
                 "format": fmt,
                 **storage.describe(),
+                "frame_metrics": measure,
                 "segments": 0,
                 "frames": 0,
             }

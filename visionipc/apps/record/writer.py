@@ -8,16 +8,29 @@ Used by one thread (the stream's encoder thread in vipc-record).
 
 import os
 
-from visionipc.apps.record import index
+from visionipc.apps.record import index, quality
 
+# the kind of a stream's compact image (Storage.capture), as lossless storage keeps it
+LOSSLESS_KIND = {"nv12": "planes", "i420": "planes", "gray8": "gray", "raw16": "gray16"}
 NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
 # A segment's container rate is nominal (whole frames per second, from its first two
 # frames' timestamp_sof); the index holds the real times.
 
 
 class StreamWriter:
-    def __init__(self, cv2, folder: str, stream: str, storage, segment_seconds: float):
+    """``frame_metrics``: measure each frame as it is written (``quality.Meter``: the
+    picture before the codec changes it) and keep the numbers in the index; None: for
+    lossy storage only (vipc-record --frame-metrics lossy, the default)."""
+
+    def __init__(self, cv2, folder: str, stream: str, storage, segment_seconds: float, frame_metrics=None):
         self.cv2, self.folder, self.stream, self.storage = cv2, folder, stream, storage
+        if frame_metrics is None:
+            frame_metrics = not storage.lossless
+        # the compact image's kind (what lossless storage keeps), whatever the storage
+        kind = storage.kind if storage.lossless else LOSSLESS_KIND.get(storage.fmt, "color")
+        self._meter = quality.Meter(kind, storage.fmt, storage.height) if frame_metrics else None
+        self._columns = index.INDEX_COLUMNS + (quality.COLUMNS if self._meter else ())
+        self.measures = self._meter is not None
         self.segment_ns = int(segment_seconds * 1e9) if segment_seconds else 0
         self.video_dir = os.path.join(folder, "frames", stream)
         self.index_dir = os.path.join(folder, "index", stream)
@@ -38,7 +51,7 @@ class StreamWriter:
         if self._rows is not None and self.segment_ns and meta["receive_time"] - self._start_ns >= self.segment_ns:
             self.close_segment()
         if self._rows is None:
-            self._rows = {name: [] for name in index.INDEX_COLUMNS}
+            self._rows = {name: [] for name in self._columns}
             self._start_ns = meta["receive_time"]
             self._held = (image, meta)
             return
@@ -62,6 +75,9 @@ class StreamWriter:
         else:
             self._video.write(image)
         rows = self._rows
+        if self._meter is not None:
+            for key, value in zip(quality.COLUMNS, self._meter(image)):
+                rows[key].append(value)
         for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
             rows[key].append(meta[key])
         rows["position"].append(len(rows["stream"]))
@@ -82,8 +98,9 @@ class StreamWriter:
         if not os.path.exists(self._tmp):
             raise RuntimeError(f"the encoder did not write {self._tmp} ({self.storage.codec}); see its messages above")
         os.replace(self._tmp, self._final)
+        schema = index.quality_schema() if self._meter else index.index_schema()
         index.write_table(
-            self._rows, index.index_schema(), os.path.join(self.index_dir, index.segment_name(self.segments, "parquet"))
+            self._rows, schema, os.path.join(self.index_dir, index.segment_name(self.segments, "parquet"))
         )
         self.frames += len(self._rows["stream"])
         self.segments += 1
