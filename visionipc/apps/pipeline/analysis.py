@@ -80,7 +80,7 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
                 _write_table(res[table], run.path(f"{name}.parquet"), dates)
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
     if "metrics" in args.jobs:
-        step("metrics: decoding every frame in the executors")
+        step("metrics: in the executors (read from the index where the recorder measured the frames, else decoded)")
         got = jobs.metrics_pass(spark, segments, slots, run.path("metrics"), dates)
         res["metrics_summary"], res["metrics_sample"] = got["summary"], got["sample"]
         if got["summary"] is not None:
