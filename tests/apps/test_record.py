@@ -337,27 +337,42 @@ def test_recorded_topics_are_replayed_beside_the_frames(tmp_path):
 
 
 def test_lossy_streams_keep_the_metrics_of_the_frames_as_captured(tmp_path):
-    """Three recorders of one camera: lossy H.264 (default: metrics measured before the codec,
-    kept in the index), lossless (decoded by the pipeline) and lossy --frame-metrics none. The
-    pipeline's numbers for the lossy recording equal the lossless recording's, frame by frame."""
+    """Four recorders of one camera: lossy H.264 (default: metrics measured before the codec,
+    kept in the index), lossless (decoded by the pipeline), lossless --frame-metrics all (kept
+    in the index too) and lossy --frame-metrics none. The pipeline's numbers for the lossy
+    recording equal the lossless recording's, frame by frame."""
     from visionipc.apps.pipeline import metrics
 
     name, frames = unique_name("cam"), 12
     camera = start(
         CAMERA, "--name", name, "--stream", "s", "--width", 160, "--height", 96, "--fps", 30,
-        "--frames", frames, "--wait-clients", 3,
+        "--frames", frames, "--wait-clients", 4,
     )  # fmt: skip
-    outs = {kind: str(tmp_path / kind) for kind in ("lossy", "lossless", "none")}
+    outs = {kind: str(tmp_path / kind) for kind in ("lossy", "lossless", "all", "none")}
     recorders = [
         start(RECORD, "--name", name, "--out", outs["lossy"], "-q", "--frames", frames),
         start(RECORD, "--name", name, "--out", outs["lossless"], "-q", "--lossless", "--frames", frames),
+        start(
+            RECORD,
+            "--name",
+            name,
+            "--out",
+            outs["all"],
+            "-q",
+            "--lossless",
+            "--frame-metrics",
+            "all",
+            "--frames",
+            frames,
+        ),
         start(RECORD, "--name", name, "--out", outs["none"], "-q", "--frame-metrics", "none", "--frames", frames),
     ]
-    assert [finish(r)[0] for r in recorders] == [0, 0, 0] and finish(camera)[0] == 0
+    assert [finish(r)[0] for r in recorders] == [0, 0, 0, 0] and finish(camera)[0] == 0
     manifests = {k: json.load(open(os.path.join(v, "recording.json")))["streams"]["s"] for k, v in outs.items()}
-    assert {k: m["frame_metrics"] for k, m in manifests.items()} == {"lossy": True, "lossless": False, "none": False}
+    want = {"lossy": True, "lossless": False, "all": True, "none": False}
+    assert {k: m["frame_metrics"] for k, m in manifests.items()} == want
     columns = {k: pq.read_schema(os.path.join(v, "index", "s", "000000.parquet")).names for k, v in outs.items()}
-    assert columns["lossy"] == list(INDEX_COLUMNS) + ["brightness", "contrast", "sharpness", "motion"]
+    assert columns["lossy"] == columns["all"] == list(INDEX_COLUMNS) + ["brightness", "contrast", "sharpness", "motion"]
     assert columns["lossless"] == columns["none"] == list(INDEX_COLUMNS)
     assert read_index(outs["lossy"], "s").schema.equals(index_schema())  # readers of the index columns see no change
     m = {k: metrics.metrics_pandas([v]).set_index("frame_id") for k, v in outs.items()}
@@ -365,6 +380,8 @@ def test_lossy_streams_keep_the_metrics_of_the_frames_as_captured(tmp_path):
     assert len(common) >= frames - 2
     names = ["brightness", "contrast", "sharpness"]
     np.testing.assert_allclose(m["lossy"].loc[common, names], m["lossless"].loc[common, names], rtol=1e-6)
+    both = sorted(set(m["all"].index) & set(m["lossless"].index))  # measured as captured = decoded, lossless
+    np.testing.assert_allclose(m["all"].loc[both, names], m["lossless"].loc[both, names], rtol=1e-6)
     after = [f for f in common if f - 1 in common]  # motion: the same previous frame in both
     np.testing.assert_allclose(m["lossy"].loc[after, "motion"], m["lossless"].loc[after, "motion"], rtol=1e-6)
     # without them the codec's loss shows: H.264 crf 23 softens the pattern's edges
