@@ -124,3 +124,16 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     with pytest.raises(SystemExit) as e:
         main([recordings["quality"], "--out", str(tmp_path / "o5"), "--jobs", "health,colour"])
     assert e.value.code == 2 and "unknown job" in capsys.readouterr().err
+
+
+def test_metrics_of_lossy_streams_without_recorder_metrics_are_flagged(spark, tmp_path, capsys):
+    from visionipc.apps.pipeline import synthetic
+
+    spec = dict(frames=4, width=64, height=48, codec="h264")
+    measured = synthetic.write_recording(tmp_path / "measured", {"s": spec})
+    decoded = synthetic.write_recording(tmp_path / "decoded", {"s": dict(spec, frame_metrics=False)})
+    assert main([measured, "--out", str(tmp_path / "a"), "--jobs", "metrics"]) == 0
+    assert "measured decoded" not in capsys.readouterr().err
+    assert main([measured, decoded, "--out", str(tmp_path / "b"), "--jobs", "metrics"]) == 0
+    note = [line for line in capsys.readouterr().err.splitlines() if "measured decoded" in line]
+    assert len(note) == 1 and "1 lossy stream(s)" in note[0] and note[0].endswith("/s")

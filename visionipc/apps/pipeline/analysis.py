@@ -41,6 +41,18 @@ def select_recordings(recs, args, out, warn):
     return recs, infos
 
 
+def unmeasured_lossy_streams(recs, infos) -> list:
+    """``recording/stream`` of the lossy streams whose recorder kept no frame metrics (made
+    before vipc-record measured frames, or with --frame-metrics none): their metrics are
+    measured on the decoded picture, which the codec changed."""
+    out = []
+    for r in recs:
+        for stream, info in (infos.get(r.recording_id, {}).get("streams") or {}).items():
+            if isinstance(info, dict) and info.get("lossless") is False and not info.get("frame_metrics"):
+                out.append(f"{r.recording_id}/{stream}")
+    return out
+
+
 def _write_table(df, location: str, dates: dict | None = None) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -81,6 +93,14 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
     if "metrics" in args.jobs:
         step("metrics: in the executors (read from the index where the recorder measured the frames, else decoded)")
+        decoded = unmeasured_lossy_streams(recs, infos)
+        if decoded:
+            step(
+                f"metrics: note: {len(decoded)} lossy stream(s) recorded without frame metrics are measured "
+                "decoded, with the codec's loss (sharpness a few % lower at default quality; docs/pipeline.md): "
+                + ", ".join(decoded[:5])
+                + (" ..." if len(decoded) > 5 else "")
+            )
         got = jobs.metrics_pass(spark, segments, slots, run.path("metrics"), dates)
         res["metrics_summary"], res["metrics_sample"] = got["summary"], got["sample"]
         if got["summary"] is not None:
