@@ -55,8 +55,8 @@ def luma_of(image: np.ndarray, kind: str, fmt: str, height: int) -> Luma:
 
     if kind == "planes":
         return Luma(np.clip(image[:height], 16, 235), VIDEO_RANGE, 16.0)
-    if kind == "gray":
-        return Luma(image if image.dtype == np.uint8 else image.astype(np.float32))
+    if kind == "gray":  # a copy: the caller may reuse its image, and this one is kept as the previous
+        return Luma(image.copy() if image.dtype == np.uint8 else image.astype(np.float32))
     if kind == "gray16":
         return Luma(image.astype(np.float32) / np.float32(257.0))
     code = cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY

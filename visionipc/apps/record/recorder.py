@@ -313,7 +313,7 @@ def run(args) -> int:
         }
         for client, storage in zip(clients, storages):
             fmt, w, h = client.format, client.width, client.height
-            measure = {"lossy": not storage.lossless, "all": True, "none": False}[args.frame_metrics]
+            measure = {"lossy": None, "all": True, "none": False}[args.frame_metrics]  # None: if lossy
             writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds, measure)
             recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
             manifest["streams"][str(client.stream)] = {
@@ -321,7 +321,7 @@ def run(args) -> int:
                 "height": h,
                 "format": fmt,
                 **storage.describe(),
-                "frame_metrics": measure,
+                "frame_metrics": writer.measures,
                 "segments": 0,
                 "frames": 0,
             }

@@ -70,14 +70,14 @@ class StreamWriter:
         self._write(*held)
 
     def _write(self, image, meta):
+        measured = self._meter(image) if self._meter is not None else ()  # before the encoder sees it
         if getattr(self._video, "wants_meta", False):  # an MCAP segment logs each frame with its times
             self._video.write(image, meta)
         else:
             self._video.write(image)
-        rows = self._rows
-        if self._meter is not None:
-            for key, value in zip(quality.COLUMNS, self._meter(image)):
-                rows[key].append(value)
+        rows = self._rows  # a row only for a written frame: every column one value longer
+        for key, value in zip(quality.COLUMNS, measured):
+            rows[key].append(value)
         for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
             rows[key].append(meta[key])
         rows["position"].append(len(rows["stream"]))
