@@ -96,6 +96,27 @@ def test_vipc_data_source_reads_the_same_index(spark, camera_recordings, recordi
         spark.read.format("vipc").load().count()
 
 
+def test_vipc_data_source_reads_the_recorders_frame_metrics(spark, tmp_path):
+    from visionipc.apps.pipeline import metrics, synthetic
+
+    names = ["brightness", "contrast", "sharpness", "motion"]
+    spec = dict(frames=5, width=64, height=48, segment_frames=2)
+    lossy = synthetic.write_recording(tmp_path / "lossy", {"s": dict(spec, codec="h264")})
+    lossless = synthetic.write_recording(tmp_path / "lossless", {"s": spec})
+    source = spark.read.format("vipc").option("paths", f"{lossy},{lossless}")
+    assert not set(names) & set(source.load().columns)  # only when asked for
+    df = source.option("frame_metrics", "true").load()
+    assert df.columns[-4:] == names
+    got = df.toPandas().set_index("recording_id")
+    measured = got.loc["lossy"].sort_values("frame_id")
+    expected = metrics.metrics_pandas([lossless]).sort_values("frame_id")
+    np.testing.assert_allclose(measured[names].to_numpy(float), expected[names].to_numpy(float), rtol=1e-6)
+    assert got.loc["lossless", names].isna().all().all()  # not measured by the recorder: null
+    assert df.where("sharpness > 0").count() == 5
+    pruned = spark.read.format("vipc").schema("frame_id bigint, sharpness double").load(lossy).toPandas()
+    assert list(pruned.columns) == ["frame_id", "sharpness"] and pruned["sharpness"].notna().all()
+
+
 def test_stream_health_is_a_pure_function_of_a_pandas_frame():
     ids = np.array([0, 1, 2, 5, 6, 7], np.int64)
     eof = 10**9 + ids * 100_000_000  # 10 fps

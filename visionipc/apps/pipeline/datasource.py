@@ -14,6 +14,11 @@ statistics) where the PySpark version has filter pushdown (``pushFilters``, 4.1+
 whatever is not pushed. Column pruning: a schema given with ``.schema("frame_id bigint,
 stream string")`` (any subset of the columns) is all pyarrow reads. The reader holds only
 strings: no open file or lock travels to the executors.
+
+The picture metrics vipc-record measured as it captured (``brightness``, ``contrast``,
+``sharpness``, ``motion``: lossy streams by default; null where a segment has none) are
+columns too when asked for: ``.option("frame_metrics", "true")`` adds them to the default
+schema, or name them in ``.schema(...)``.
 """
 
 from __future__ import annotations
@@ -21,9 +26,11 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from visionipc.apps.pipeline import fs
-from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, find_recordings
+from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, QUALITY_ARROW_SCHEMA, find_recordings
+from visionipc.apps.record.quality import COLUMNS as METRIC_COLUMNS
 
 SCHEMA = INDEX_SPARK_SCHEMA + ", recording_id string, recording_path string"
+SCHEMA_WITH_METRICS = SCHEMA + "".join(f", {c} double" for c in METRIC_COLUMNS)
 PARTITION_BYTES = 64 << 20
 _RANGE_OPS = {"GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<", "LessThanOrEqual": "<=", "EqualTo": "=="}
 
@@ -90,11 +97,11 @@ class VipcReader(DataSourceReader):
         filters = [("frame_id", op, v) for op, v in self.frame_filters] or None
         extra = {"recording_id", "recording_path"}
         wanted = [c for c in self.columns if c not in extra]
+        # the metric columns are read where a file has them, null where not
+        schema = QUALITY_ARROW_SCHEMA if set(wanted) & set(METRIC_COLUMNS) else INDEX_ARROW_SCHEMA
         for recording_id, recording_path, index_file in partition.files:
             filesystem, path = fs.resolve(index_file)
-            table = pq.read_table(
-                path, schema=INDEX_ARROW_SCHEMA, columns=wanted, filters=filters, filesystem=filesystem
-            )
+            table = pq.read_table(path, schema=schema, columns=wanted, filters=filters, filesystem=filesystem)
             n = len(table)
             if n == 0:
                 continue
@@ -105,29 +112,35 @@ class VipcReader(DataSourceReader):
 
 class VipcDataSource(DataSource):
     """Options: ``path`` (from ``load``) and/or ``paths`` (comma-separated), ``skip_empty``,
-    ``partition_bytes``."""
+    ``partition_bytes``, ``frame_metrics`` (the recorder's metric columns in the default schema)."""
 
     @classmethod
     def name(cls):
         return "vipc"
 
     def schema(self):
-        return SCHEMA
+        return SCHEMA_WITH_METRICS if _true(self.options.get("frame_metrics")) else SCHEMA
 
     def reader(self, schema):
         paths = [p for key in ("path", "paths") for p in self.options.get(key, "").split(",") if p]
         if not paths:
             raise ValueError('spark.read.format("vipc") needs a recording: .load(PATH) or .option("paths", "a,b")')
         columns = [f.name for f in schema.fields] if hasattr(schema, "fields") else _names(schema)
-        unknown = set(columns) - set(_names(SCHEMA))
+        unknown = set(columns) - set(_names(SCHEMA_WITH_METRICS))
         if unknown:
-            raise ValueError(f'spark.read.format("vipc"): no column(s) {sorted(unknown)} (the index has {SCHEMA})')
+            raise ValueError(
+                f'spark.read.format("vipc"): no column(s) {sorted(unknown)} (the index has {SCHEMA_WITH_METRICS})'
+            )
         return VipcReader(
             paths,
-            str(self.options.get("skip_empty", "false")).lower() == "true",
+            _true(self.options.get("skip_empty")),
             int(self.options.get("partition_bytes", PARTITION_BYTES)),
             columns,
         )
+
+
+def _true(value) -> bool:
+    return str(value).lower() == "true"
 
 
 def _names(ddl: str) -> list:
