@@ -22,6 +22,7 @@ Each keeps a :class:`ViewCache`: the views of every buffer, made once.
 
 from __future__ import annotations
 
+import types
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
@@ -109,20 +110,8 @@ class ViewCache:
         return views
 
 
-# The fields of the C base, _visionipc.Frame (cpp/python/frame_object.cpp).
-_FIELDS = (
-    "_views",
-    "_geometry",
-    "idx",
-    "generation",
-    "frame_id",
-    "timestamp_sof",
-    "timestamp_eof",
-    "timestamp_publish",
-    "timestamp_recv",
-    "_owner",
-    "stream",
-)
+# The fields of the C base, _visionipc.Frame (cpp/python/frame_object.cpp), as it declares them.
+_FIELDS = tuple(n for n, v in vars(_visionipc.Frame).items() if isinstance(v, types.MemberDescriptorType))
 
 
 class VisionBuf(_visionipc.Frame):

@@ -135,10 +135,11 @@ def test_stored_metrics_of_the_wrong_type_are_a_clear_error(tmp_path):
     rec = synthetic.write_recording(tmp_path / "r", {"s": dict(frames=4, width=W, height=H, codec="h264")})
     path = os.path.join(rec, "index", "s", "000000.parquet")
     table = pq.read_table(path)
-    bad = pa.array(["sharp"] * len(table))
-    pq.write_table(table.set_column(table.column_names.index("sharpness"), "sharpness", bad), path)
-    with pytest.raises(RecordingError, match="000000.parquet.*sharp"):
-        metrics.metrics_pandas([rec])
+    at = table.column_names.index("sharpness")
+    for bad in (pa.array(["sharp"] * len(table)), pa.array([[1.0]] * len(table))):
+        pq.write_table(table.set_column(at, "sharpness", bad), path)
+        with pytest.raises(RecordingError, match="000000.parquet: column 'sharpness' is .*, expected a number"):
+            metrics.metrics_pandas([rec])
 
 
 def _coded_planes(rec: str, segments: int) -> list:

@@ -140,13 +140,14 @@ def read_segment_index(index_file: str, recording_path: str = None, *, quality: 
     ``quality``: with the picture metrics the recorder measured as it captured
     (``quality.COLUMNS``), or None when the segment has none."""
 
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     folder = recording_path or fs.parent(fs.parent(fs.parent(index_file)))
     with fs.open_member(folder, fs.relative(folder, index_file)) as f:
         try:
             table = pq.read_table(f, schema=QUALITY_ARROW_SCHEMA if quality else INDEX_ARROW_SCHEMA)
-        except (OSError, ValueError) as e:  # pyarrow's ArrowInvalid is a ValueError
+        except (OSError, ValueError, pa.ArrowException) as e:
             raise RecordingError(f"{index_file}: {e} (docs/recording-format.md)") from None
     if quality:
         from visionipc.apps.record.quality import COLUMNS

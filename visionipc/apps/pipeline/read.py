@@ -143,6 +143,11 @@ def check_index_file(path: str, folder: str = None) -> None:
             got = schema.field(field.name).type
             if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
                 raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
+        for field in QUALITY_ARROW_SCHEMA:  # the recorder's frame metrics, where there
+            if field.name not in INDEX_ARROW_SCHEMA.names and field.name in schema.names:
+                got = schema.field(field.name).type
+                if not (pa.types.is_floating(got) or pa.types.is_integer(got) or pa.types.is_null(got)):
+                    raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected a number")
         f.seek(0)
         try:
             table = pq.read_table(f, columns=["stream", "position", "segment_file"])

@@ -8,10 +8,8 @@ Used by one thread (the stream's encoder thread in vipc-record).
 
 import os
 
-from visionipc.apps.record import index, quality
+from visionipc.apps.record import codecs, index, quality
 
-# the kind of a stream's compact image (Storage.capture), as lossless storage keeps it
-LOSSLESS_KIND = {"nv12": "planes", "i420": "planes", "gray8": "gray", "raw16": "gray16"}
 NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
 # A segment's container rate is nominal (whole frames per second, from its first two
 # frames' timestamp_sof); the index holds the real times.
@@ -26,8 +24,8 @@ class StreamWriter:
         self.cv2, self.folder, self.stream, self.storage = cv2, folder, stream, storage
         if frame_metrics is None:
             frame_metrics = not storage.lossless
-        # the compact image's kind (what lossless storage keeps), whatever the storage
-        kind = storage.kind if storage.lossless else LOSSLESS_KIND.get(storage.fmt, "color")
+        # measured on the compact image (Storage.capture), whatever the storage makes of it
+        kind = codecs.LAYOUT[storage.fmt][1]
         self._meter = quality.Meter(kind, storage.fmt, storage.height) if frame_metrics else None
         self._columns = index.INDEX_COLUMNS + (quality.COLUMNS if self._meter else ())
         self.measures = self._meter is not None
