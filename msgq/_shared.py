@@ -101,6 +101,22 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
     return check_int(name, value, low, high)
 
 
+WAKES = ("all", "handoff")
+
+
+def wake_choice(value=None) -> bool:
+    """How a publisher wakes sleeping subscribers: ``"all"`` (one system call wakes
+    every sleeper) or ``"handoff"`` (it wakes one, that subscriber wakes the rest);
+    ``None``: ``MSGQ_WAKE``, default ``"all"``. True for handoff; a bad value is an
+    InvalidArgumentError naming where it came from."""
+    where = "wake"
+    if value is None:
+        value, where = os.environ.get("MSGQ_WAKE", "").strip() or "all", "MSGQ_WAKE"
+    if value not in WAKES:
+        raise InvalidArgumentError(f"{where} must be 'all' or 'handoff', got {value!r}")
+    return value == "handoff"
+
+
 INT32_MAX = (1 << 31) - 1
 INT64_MAX = (1 << 63) - 1
 MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a mistake

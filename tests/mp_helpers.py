@@ -656,3 +656,16 @@ def publish_paced(name, results, topic, payloads, interval_s):
         pub.send(payload)
     pub.close()
     results.put((name, {"sent": len(payloads)}))
+
+
+@child
+def receive_and_ack(name, results, topic, count, ready):
+    """Receive ``count`` messages, one report (its sequence number) as each arrives."""
+    sub = msgq.sub_sock(topic, timeout=30_000)
+    ready.set()
+    for _ in range(count):
+        msg = sub.receive()
+        if msg is None:
+            raise AssertionError("a receive timed out after 30 s")
+        results.put((name, {"seq": decode(msg)[1]}))
+    sub.close()

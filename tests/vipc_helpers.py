@@ -173,3 +173,23 @@ def collect(results, n, timeout=DEADLINE_S):
         assert "exception" not in report, f"{name} failed:\n{report['exception']}"
         out[name] = report
     return out
+
+
+def client_acks(name, results, server, stream, count, ready):
+    """Receive ``count`` frames (each within 30 s), one report per frame as it arrives:
+    its id and whether it was intact and still valid (no other report, but a failure's)."""
+    from visionipc import VisionIpcClient
+
+    try:
+        client = VisionIpcClient(server, stream)
+        assert client.connect(True)
+        ready.put(name)
+        for _ in range(count):
+            frame = client.recv(30_000)
+            assert frame is not None, "a recv timed out after 30 s"
+            with frame:
+                ok = not stamp_problem(frame.data, frame.frame_id) and frame.valid
+                results.put((name, {"frame_id": frame.frame_id, "ok": ok}))
+        client.close()
+    except BaseException:
+        results.put((name, {"exception": traceback.format_exc()}))

@@ -23,8 +23,14 @@ class View:
 class Server:
     id: int
     def __init__(
-        self, name: str, prefix: str = "", shm_dir: str = "/dev/shm", allowed_uids: list[int] = ...
+        self,
+        name: str,
+        prefix: str = "",
+        shm_dir: str = "/dev/shm",
+        allowed_uids: list[int] = ...,
+        handoff_wakes: bool = False,
     ) -> None: ...
+    def readers_woken(self, stream: str) -> int: ...
     def create_buffers(self, stream: str, count: int, width: int, height: int, format: str) -> None: ...
     def create_buffers_with_sizes(
         self, stream: str, count: int, width: int, height: int, size: int, stride: int, uv_offset: int

@@ -4,7 +4,7 @@ import functools
 
 import numpy as np
 
-from msgq._shared import Closeable, disown_in_forked_child
+from msgq._shared import Closeable, disown_in_forked_child, wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_key
@@ -23,14 +23,23 @@ class VisionIpcServer(Closeable):
     holder's ``valid`` turns False. ``get_buffer`` never blocks. Only clients of the
     same user connect, plus ``allowed_uids``.
 
+    ``wake``: how ``send`` wakes clients asleep in ``recv``. ``"all"`` (the default,
+    or ``MSGQ_WAKE``): one system call of the server wakes every sleeping client,
+    each as early as it can, and the server's CPU per frame grows with the clients;
+    ``"handoff"``: the server wakes one and that client wakes the others, so a frame
+    costs the server what one client costs, and the others wake one hop later.
+
     Fork: a forked child (``multiprocessing`` forks by default on Linux) that
     inherits a server cannot use it (ClosedError); dropping or closing it there
     leaves the parent's listener, clients and topics untouched.
     """
 
-    def __init__(self, name, allowed_uids=()):
+    def __init__(self, name, allowed_uids=(), wake=None):
         self.name = server_name(name)
-        self._native = _visionipc.Server(self.name, allowed_uids=[int(u) for u in allowed_uids], **run_options())
+        handoff = wake_choice(wake)
+        self._native = _visionipc.Server(
+            self.name, allowed_uids=[int(u) for u in allowed_uids], handoff_wakes=handoff, **run_options()
+        )
         disown_in_forked_child(self)
         # Per stream key: the ViewCache of its pool. A stream's pool never changes
         # once created, so these stay valid.

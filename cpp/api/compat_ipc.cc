@@ -164,6 +164,7 @@ int PubSocket::connect(Context* context, std::string endpoint, bool check_endpoi
   }
   impl->pub.reset();
   vipc::TopicOptions options{vipc::RunOptions::from_environment(), segment_size, false};
+  options.wake = vipc::RunOptions::wake_from_environment();  // MSGQ_WAKE
   return attempt(&impl->why, [&] { impl->pub.emplace(endpoint, options); }) ? 0 : -1;
 }
 

@@ -106,8 +106,13 @@ std::string get_ipc_path(const std::string& name) {
 
 struct VisionIpcServer::Impl {
   explicit Impl(std::string name)
-      : server(std::move(name), vipc::visionipc::ServerOptions{vipc::RunOptions::from_environment().prefix,
-                                                               vipc::RunOptions::from_environment().shm_dir, {}}) {}
+      : server(std::move(name), core_options()) {}
+  static vipc::visionipc::ServerOptions core_options() {
+    const vipc::RunOptions run = vipc::RunOptions::from_environment();
+    vipc::visionipc::ServerOptions o{run.prefix, run.shm_dir, {}};
+    o.wake = vipc::api::wake_mode(vipc::RunOptions::wake_from_environment());  // MSGQ_WAKE
+    return o;
+  }
   vipc::visionipc::Server server;
   std::map<VisionStreamType, std::vector<std::unique_ptr<VisionBuf>>> buffers;
   std::map<VisionStreamType, std::map<size_t, uint64_t>> checked_out;  // index -> generation, from get_buffer()

@@ -49,4 +49,11 @@ std::chrono::microseconds RunOptions::spin_from_environment() {
   return std::chrono::microseconds(us);
 }
 
+Wake RunOptions::wake_from_environment() {
+  const char* text = std::getenv("MSGQ_WAKE");
+  if (text == nullptr || *text == '\0' || std::strcmp(text, "all") == 0) return Wake::all;
+  if (std::strcmp(text, "handoff") == 0) return Wake::handoff;
+  throw Error(ErrorKind::invalid_argument, std::string("MSGQ_WAKE='") + text + "' must be 'all' or 'handoff'");
+}
+
 }  // namespace vipc

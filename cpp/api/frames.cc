@@ -49,8 +49,9 @@ struct FrameServer::Impl {
 
 FrameServer::FrameServer(std::string_view name, const ServerOptions& options)
     : impl_(api::guarded([&] {
-        return std::make_unique<Impl>(api::str(name), visionipc::ServerOptions{options.run.prefix, options.run.shm_dir,
-                                                                                uids(options.allowed_uids)});
+        visionipc::ServerOptions core{options.run.prefix, options.run.shm_dir, uids(options.allowed_uids)};
+        core.wake = api::wake_mode(options.wake);
+        return std::make_unique<Impl>(api::str(name), std::move(core));
       })) {}
 FrameServer::~FrameServer() = default;
 FrameServer::FrameServer(FrameServer&&) noexcept = default;

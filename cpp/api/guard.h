@@ -9,6 +9,7 @@
 
 #include "common/clock.h"
 #include "common/errors.h"
+#include "msgq/publisher.h"
 #include "vipc/error.h"
 
 namespace vipc::api {
@@ -22,6 +23,11 @@ decltype(auto) guarded(F&& f) {
   } catch (const common::Error& e) {
     rethrow(e);
   }
+}
+
+// The public wake choice as the core's.
+inline msgq::WakeMode wake_mode(Wake wake) {
+  return wake == Wake::handoff ? msgq::WakeMode::kHandoff : msgq::WakeMode::kAll;
 }
 
 // A Timeout as the core's deadline (monotonic ns; common::kNever for kForever).

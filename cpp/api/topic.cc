@@ -40,7 +40,11 @@ struct Publisher::Impl {
 };
 
 Publisher::Publisher(std::string_view topic, const TopicOptions& options)
-    : impl_(api::guarded([&] { return std::make_unique<Impl>(spec_for(topic, options)); })) {}
+    : impl_(api::guarded([&] {
+        auto impl = std::make_unique<Impl>(spec_for(topic, options));
+        impl->pub.set_wake_mode(api::wake_mode(options.wake));
+        return impl;
+      })) {}
 Publisher::~Publisher() = default;
 Publisher::Publisher(Publisher&&) noexcept = default;
 Publisher& Publisher::operator=(Publisher&&) noexcept = default;

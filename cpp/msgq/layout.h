@@ -20,7 +20,7 @@
 namespace vipc::msgq {
 
 inline constexpr uint64_t kMagic = 0x474e4952'5147534dull;  // the bytes "MSGQRING" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 1;
+inline constexpr uint32_t kLayoutVersion = 2;  // 2: handoff_pending (readers hand wake-ups on)
 inline constexpr uint32_t kMaxReaders = 64;          // one bit each in the 64-bit masks below
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kNameCapacity = common::kBasenameCapacity;  // file basename incl. NUL
@@ -112,7 +112,13 @@ struct alignas(kCacheLine) SegmentHeader {
   // is non-zero. Readers: load before checking for data, then FUTEX_WAIT on
   // the loaded value, so a wake between check and sleep is never lost.
   std::atomic<uint32_t> futex_seq;
-  uint32_t reserved_wake;
+  // 1 while a wake-up the writer handed to one reader is still to be passed on
+  // (WakeMode::kHandoff, several sleepers). Writer: store(1, release) AFTER its
+  // fetch_add of futex_seq and before FUTEX_WAKE(1). A reader that comes out of
+  // FUTEX_WAIT with data: exchange(0, acq_rel); if it took the 1, FUTEX_WAKE(all).
+  // Whoever takes it wakes, after the bump, every reader that slept on the old
+  // futex_seq (later sleepers see the bump or the data). Model: model/wake.pml.
+  std::atomic<uint32_t> handoff_pending;
   // Bit i set while reader slot i sleeps on futex_seq. Readers: fetch_or(seq_cst)
   // before their final data check; fetch_and after waking. Writer: load(seq_cst)
   // after W3; zero means no syscall at all. A bitmask rather than a counter, so

@@ -177,9 +177,20 @@ void Publisher::wake_readers() {
   SegmentHeader& h = header();
   // SYNC: seq_cst loads after the seq_cst commit store (W3): either we see a
   // reader's bit, or that reader's own seq_cst check sees our write pointer.
-  if (h.sleeping_mask.load(std::memory_order_seq_cst) != 0) {
+  const uint64_t sleeping = h.sleeping_mask.load(std::memory_order_seq_cst);
+  if (sleeping != 0) {
     h.futex_seq.fetch_add(1, std::memory_order_release);
-    if (common::futex_wake(&h.futex_seq, INT_MAX) > 0) {
+    int woken;
+    if (wake_mode_ == WakeMode::kHandoff && (sleeping & (sleeping - 1)) != 0) {
+      // SYNC (model/wake.pml): the flag goes up after the bump, so whoever
+      // takes it wakes after the bump every reader that slept on the old value.
+      h.handoff_pending.store(1, std::memory_order_release);
+      woken = common::futex_wake(&h.futex_seq, 1);
+    } else {
+      woken = common::futex_wake(&h.futex_seq, INT_MAX);
+    }
+    if (woken > 0) {
+      readers_woken_.fetch_add(static_cast<uint64_t>(woken), std::memory_order_relaxed);
       fruitless_wakes_ = 0;
     } else if (++fruitless_wakes_ >= kFruitlessWakesBeforeReclaim) {
       fruitless_wakes_ = 0;  // bits of readers killed in their sleep: clear them

@@ -3,6 +3,7 @@
 // the token and this one's next send fails with kMultiplePublishers).
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -14,6 +15,15 @@
 #include "msgq/wake.h"
 
 namespace vipc::msgq {
+
+// How a send wakes readers asleep on the topic (cpp/msgq/README.md, "Waiting").
+//  kAll:     one FUTEX_WAKE of every sleeper; each is woken by the kernel from
+//            the publisher's system call (lowest latency for every reader; the
+//            publisher's CPU per message grows with the number of sleepers).
+//  kHandoff: with several sleepers the publisher wakes one, and that reader
+//            wakes the rest: the publisher's cost is one wake-up whatever the
+//            number of readers; the others wake one hop later.
+enum class WakeMode : uint8_t { kAll, kHandoff };
 
 class Publisher {
  public:
@@ -39,6 +49,11 @@ class Publisher {
   size_t segment_size() const { return seg_->data_size(); }
   const std::shared_ptr<Segment>& segment() const { return seg_; }
   uint64_t messages_sent() const { return messages_sent_; }
+  void set_wake_mode(WakeMode mode) { wake_mode_ = mode; }
+  WakeMode wake_mode() const { return wake_mode_; }
+  // Readers the publisher's own FUTEX_WAKE calls dequeued, since it was made
+  // (statistics: with kHandoff at most one per message).
+  uint64_t readers_woken() const { return readers_woken_.load(std::memory_order_relaxed); }
 
   // Safe while another thread is inside send() (large sends run without the
   // GIL): waits for it to finish, then unmaps.
@@ -61,6 +76,8 @@ class Publisher {
   std::optional<size_t> loan_size_;
   WakeSender sender_;
   uint64_t messages_sent_ = 0;
+  WakeMode wake_mode_ = WakeMode::kAll;
+  std::atomic<uint64_t> readers_woken_{0};  // relaxed: a statistic, read from any thread
   int fruitless_wakes_ = 0;  // futex wakes that woke nobody: a sleeper died, reclaim
   common::UseGate gate_;       // sends in flight on other threads
   off_t liveness_byte_ = 0; // our OFD lock: held while we live, so a successor can tell

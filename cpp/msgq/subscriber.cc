@@ -167,7 +167,16 @@ common::WaitStatus Subscriber::wait(int64_t deadline_ns) {
     }
     const common::FutexResult r = common::futex_wait(&h.futex_seq, seq, deadline_ns == common::kNever ? -1 : deadline_ns - now);
     h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
-    if (has_data(std::memory_order_acquire)) break;
+    if (has_data(std::memory_order_acquire)) {
+      // SYNC: a publisher in WakeMode::kHandoff woke only one of us; whichever
+      // reader comes out of its sleep with data first wakes the others (the
+      // flag is only ever set by such a publisher: no syscall otherwise).
+      if (h.handoff_pending.load(std::memory_order_acquire) != 0 &&
+          h.handoff_pending.exchange(0, std::memory_order_acq_rel) != 0) {
+        common::futex_wake(&h.futex_seq, INT_MAX);
+      }
+      break;
+    }
     if (r == common::FutexResult::kInterrupted) return common::WaitStatus::kInterrupted;
   }
   record_wait(common::monotonic_ns() - start);

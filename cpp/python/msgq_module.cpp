@@ -176,6 +176,10 @@ PYBIND11_MODULE(_msgq, m) {
       .def_property_readonly("max_message_size", &Publisher::max_message_size)
       .def_property_readonly("segment_size", &Publisher::segment_size)
       .def_property_readonly("messages_sent", &Publisher::messages_sent)
+      .def_property(
+          "handoff_wakes", [](const Publisher& p) { return p.wake_mode() == vipc::msgq::WakeMode::kHandoff; },
+          [](Publisher& p, bool on) { p.set_wake_mode(on ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll); })
+      .def_property_readonly("readers_woken", &Publisher::readers_woken)
       .def_property_readonly("path", [](const Publisher& p) { return p.closed() ? std::string() : p.segment()->path(); })
       .def_property_readonly("closed", &Publisher::closed)
       .def("close", &Publisher::close)

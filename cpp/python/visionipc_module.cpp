@@ -199,10 +199,14 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
 
   py::class_<Server>(m, "Server")
-      .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids) {
-             return std::make_unique<Server>(name, vipc::visionipc::ServerOptions{prefix, shm_dir, std::move(uids)});
+      .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids,
+                       bool handoff) {
+             vipc::visionipc::ServerOptions o{prefix, shm_dir, std::move(uids)};
+             o.wake = handoff ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll;
+             return std::make_unique<Server>(name, std::move(o));
            }),
-           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm", py::arg("allowed_uids") = std::vector<uid_t>{})
+           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm", py::arg("allowed_uids") = std::vector<uid_t>{},
+           py::arg("handoff_wakes") = false)
       .def("create_buffers",
            [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
              s.create_buffers(stream, count, vipc::visionipc::make_geometry(parse(format), w, h));
@@ -228,6 +232,7 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("geometry", [](const Server& s, const std::string& stream) { return geometry_tuple(s.geometry(stream)); })
       .def("count", &Server::count)
       .def("clients", &Server::clients)
+      .def("readers_woken", &Server::readers_woken)
       .def("generation", &Server::generation)
       .def_property_readonly("id", &Server::id)
       .def("_forget_after_fork", &Server::forget_after_fork);

@@ -178,6 +178,7 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->last_sent.assign(count, 0);
   s->generation.assign(count, 0);
   s->publisher = std::make_unique<msgq::Publisher>(topic_spec(options_, endpoint_name(name_, stream)));
+  s->publisher->set_wake_mode(options_.wake);
   unlink_topic(*s->publisher->segment());
   std::lock_guard<std::mutex> lock(mutex_);
   if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");

@@ -43,6 +43,9 @@ struct ServerOptions {
   // Connections one peer process may hold to this server (pending or
   // attached, all streams together): one process cannot take every lease slot.
   uint32_t max_per_peer = kMaxClientsPerPeer;
+  // How a send wakes clients asleep in recv() (msgq::WakeMode): kHandoff keeps
+  // the server's cost per frame that of one client, whatever their number.
+  msgq::WakeMode wake = msgq::WakeMode::kAll;
 };
 
 struct Acquired {
@@ -80,6 +83,9 @@ class Server {
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   uint32_t clients(const std::string& stream) const;
+  // Sleeping clients the stream's sends woke with the server's own system
+  // calls (msgq::Publisher::readers_woken): with WakeMode::kHandoff one per frame.
+  uint64_t readers_woken(const std::string& stream) const { return find(stream).publisher->readers_woken(); }
   // The generation the server last gave the buffer (odd: checked out).
   uint64_t generation(const std::string& stream, uint32_t index) const;
 

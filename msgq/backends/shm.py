@@ -4,7 +4,7 @@ import os
 import weakref
 
 from msgq import _msgq
-from msgq._shared import MAX_SPIN_US, env_int
+from msgq._shared import MAX_SPIN_US, env_int, wake_choice
 from msgq.errors import InvalidArgumentError
 from msgq.names import current_prefix, run_segment_prefix, segment_basename, segment_dir
 
@@ -54,9 +54,10 @@ def Publisher(endpoint, segment_size=0):
     if prefix not in _swept:
         _swept.add(prefix)
         remove_stale_segments(prefix)
-    return _track(
-        _msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(), _trusted_uids())
-    )
+    handoff = wake_choice()  # MSGQ_WAKE, checked before anything is created
+    pub = _msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(), _trusted_uids())
+    pub.handoff_wakes = handoff
+    return _track(pub)
 
 
 def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):

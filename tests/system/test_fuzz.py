@@ -3,7 +3,8 @@
 Builds the libFuzzer targets of cpp/fuzz with clang (AddressSanitizer +
 UndefinedBehaviorSanitizer) into ``build/fuzz`` and runs each one for a
 bounded time, starting from its committed seed corpus (copied, so the
-repository never changes). Any crash, sanitizer report, timeout (an input
+repository never changes); two targets run at a time (one per core of the
+CI machine: each still gets its whole time on a core of its own). Any crash, sanitizer report, timeout (an input
 that runs over 10 s: a hang) or leak fails the test, with the reproducer's
 path in the message. Missing clang is a failure, not a skip: tools/setup.sh
 installs it.
@@ -17,6 +18,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -84,12 +86,27 @@ def run_target(exe: Path, seconds: int, workdir: Path, extra=()):
     return proc.returncode, proc.stdout, int(done.group(1)) if done else 0
 
 
-@pytest.mark.parametrize("target", TARGETS)
-def test_fuzz_target_survives_hostile_input(fuzz_build, target):
+def _fuzz_one(exe: Path, parent: Path):
+    workdir = parent / exe.name
+    workdir.mkdir()
+    rc, out, runs = run_target(exe, SECONDS_EACH, workdir)
+    artifacts = [p.name for p in workdir.iterdir() if p.name.startswith(("crash-", "timeout-", "leak-", "oom-"))]
+    return rc, out, runs, artifacts
+
+
+@pytest.fixture(scope="module")
+def fuzz_results(fuzz_build):
+    """Every target's (exit code, output, runs, reproducers), two targets at a time."""
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(prefix="vipc-fuzz-", dir=shm) as tmp:
-        rc, out, runs = run_target(fuzz_build / target, SECONDS_EACH, Path(tmp))
-        artifacts = [p.name for p in Path(tmp).iterdir() if p.name.startswith(("crash-", "timeout-", "leak-", "oom-"))]
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {t: pool.submit(_fuzz_one, fuzz_build / t, Path(tmp)) for t in TARGETS}
+            return {t: f.result() for t, f in futures.items()}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_fuzz_target_survives_hostile_input(fuzz_results, target):
+    rc, out, runs, artifacts = fuzz_results[target]
     report = REPORT.search(out)
     assert rc == 0 and report is None and not artifacts, (
         f"{target} found a problem (exit {rc}, reproducers {artifacts}):\n{out[-10000:]}"

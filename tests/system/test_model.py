@@ -1,5 +1,6 @@
-"""Model-check the MSGQ ring protocol with spin (cpp/msgq/model/ring.pml),
-and the wait point every queue sleeps on (cpp/common/model/wait_point.pml).
+"""Model-check the MSGQ ring protocol with spin (cpp/msgq/model/ring.pml), how its
+readers sleep and are woken (cpp/msgq/model/wake.pml: both wake modes), and the
+wait point every queue sleeps on (cpp/common/model/wait_point.pml).
 
 The unmodified model must verify with a complete search of its state space
 (errors: 0, no truncated depth, no memory bound hit). Each mutation, a
@@ -21,6 +22,18 @@ from repo import ROOT
 
 MODEL = ROOT / "cpp" / "msgq" / "model" / "ring.pml"
 WAIT_POINT_MODEL = ROOT / "cpp" / "common" / "model" / "wait_point.pml"
+WAKE_MODEL = ROOT / "cpp" / "msgq" / "model" / "wake.pml"
+# The msgq wake-up: every mode must verify (KILL: a reader killed after its
+# wake-up, before it could hand it on). -DSPURIOUS (one early return from each
+# FUTEX_WAIT) verifies too but takes a minute: README.md's longer runs.
+WAKE_MODES = ["", "HANDOFF", "HANDOFF,KILL"]
+# Each undoes one step of the handoff; each must leave a reader asleep.
+WAKE_MUTATIONS = [
+    "HANDOFF,NO_PASS_ON",
+    "HANDOFF,FLAG_AFTER_WAKE",
+    "HANDOFF,FLAG_BEFORE_BUMP",
+    "HANDOFF,KILL,CLEAR_MASK",
+]
 # Each of these undoes one step of wait_point.h; each must leave a waiter
 # asleep forever (spin: "invalid end state").
 WAIT_POINT_MUTATIONS = ["NO_RECHECK", "LOAD_FIRST", "WAKE_ONE", "KEEP_OLD_WORD"]
@@ -121,9 +134,18 @@ def test_wait_point_model_loses_no_wake_up(tmp_path, defines):
     _assert_complete_and_clean(_check(tmp_path, defines, model=WAIT_POINT_MODEL))
 
 
-@pytest.mark.parametrize("defines", WAIT_POINT_MUTATIONS)
-def test_each_wait_point_mutation_loses_a_wake_up(tmp_path, defines):
-    out = _check(tmp_path, defines, exhaustive=False, model=WAIT_POINT_MODEL)
+@pytest.mark.parametrize("defines", WAKE_MODES, ids=["wake_all", "handoff", "handoff_reader_killed"])
+def test_msgq_wake_model_loses_no_wake_up(tmp_path, defines):
+    _assert_complete_and_clean(_check(tmp_path, defines, model=WAKE_MODEL))
+
+
+@pytest.mark.parametrize(
+    "model,defines",
+    [(WAIT_POINT_MODEL, d) for d in WAIT_POINT_MUTATIONS] + [(WAKE_MODEL, d) for d in WAKE_MUTATIONS],
+    ids=lambda v: v.stem if isinstance(v, Path) else v,
+)
+def test_each_wake_up_mutation_leaves_a_sleeper_asleep(tmp_path, model, defines):
+    out = _check(tmp_path, defines, exhaustive=False, model=model)
     assert _errors(out) > 0, f"-D{defines} should lose a wake-up but spin found no counterexample:\n{out}"
-    assert "invalid end state" in out, f"-D{defines}: the error is not a waiter left asleep:\n{out}"
-    assert (tmp_path / "wait_point.pml.trail").exists(), "pan left no counterexample trail"
+    assert "invalid end state" in out, f"-D{defines}: the error is not a sleeper left asleep:\n{out}"
+    assert (tmp_path / f"{model.name}.trail").exists(), "pan left no counterexample trail"

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import vipc_helpers as h
 
+from msgq.errors import InvalidArgumentError
 from visionipc import VisionIpcClient, VisionIpcServer
 
 pytestmark = pytest.mark.timeout(120)
@@ -180,3 +181,42 @@ def test_large_copying_sends_arrive_byte_exact_from_any_source_alignment(size):
         h.kill(proc)
         server.close()
     assert report == {fid: hashlib.sha256(bytes(data)).hexdigest() for fid, data in enumerate(sources, 1)}
+
+
+def test_a_handoff_server_wakes_one_sleeping_client_per_frame_and_every_client_gets_every_frame(monkeypatch):
+    """``VisionIpcServer(wake="handoff")``: four clients asleep in recv(); each frame
+    must reach all of them (intact, valid) before the next is sent, while the
+    server's own system calls wake at most one client per frame."""
+    monkeypatch.setenv("MSGQ_SPIN_US", "0")  # the clients sleep at once
+    frames, clients = 40, 4
+    results, ready = h.Results(), h.Results()
+    server = VisionIpcServer("handoff", wake="handoff")
+    server.create_buffers("road", clients + 4, 128, 64)
+    server.start_listener()
+    procs = [h.start(h.client_acks, f"c{i}", results, "handoff", "road", frames, ready) for i in range(clients)]
+    try:
+        for _ in range(clients):
+            ready.get(timeout=h.DEADLINE_S)
+        for fid in range(1, frames + 1):
+            time.sleep(0.005)  # every client back asleep
+            buf = server.get_buffer("road")
+            h.stamp(buf.data, fid)
+            server.send(buf, frame_id=fid)
+            acks = h.collect(results, clients, timeout=10)
+            assert acks == {f"c{i}": {"frame_id": fid, "ok": True} for i in range(clients)}, fid
+        woken = server._native.readers_woken("road")
+    finally:
+        for p in procs:
+            h.kill(p)
+        server.close()
+    assert 0 < woken <= frames, woken
+
+
+def test_a_bad_wake_choice_is_a_clear_error(monkeypatch):
+    with pytest.raises(InvalidArgumentError, match="wake must be 'all' or 'handoff', got 'fast'"):
+        VisionIpcServer("badwake", wake="fast")
+    monkeypatch.setenv("MSGQ_WAKE", "fast")
+    with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):
+        VisionIpcServer("badwake")
+    monkeypatch.setenv("MSGQ_WAKE", "handoff")
+    VisionIpcServer("badwake").close()  # the environment chooses when wake= is not given

@@ -104,7 +104,11 @@ def build_parser():
     ap.add_argument(
         "--transports",
         type=_names(list(transports.TRANSPORTS)),
-        help="comma-separated, from " + ", ".join(transports.TRANSPORTS) + " (default: all installed)",
+        help="comma-separated, from "
+        + ", ".join(transports.TRANSPORTS)
+        + " (default: all installed but "
+        + ", ".join(transports.ON_REQUEST)
+        + ")",
     )
     ap.add_argument(
         "--modes",
@@ -131,7 +135,7 @@ def build_parser():
 
 def make_config(args, ap):
     base = QUICK if args.quick else FULL
-    names = args.transports or list(transports.TRANSPORTS)
+    names = args.transports or [n for n in transports.TRANSPORTS if n not in transports.ON_REQUEST]
     skipped = [(n, transports.unavailable(n)) for n in names if transports.unavailable(n)]
     if args.transports and skipped:
         ap.error("; ".join(f"{n}: {why}" for n, why in skipped))

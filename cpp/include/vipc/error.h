@@ -42,6 +42,13 @@ class VIPC_API Error : public std::runtime_error {
 using Timeout = std::chrono::milliseconds;
 inline constexpr Timeout kForever{-1};
 
+// How a publisher (or a frame server's send) wakes subscribers asleep in a
+// blocking receive. all: one system call wakes every sleeper (each wakes as
+// early as it can; the publisher's CPU per message grows with the sleepers).
+// handoff: the publisher wakes one, that subscriber wakes the rest (the
+// publisher's cost stays that of one; the others wake one hop later).
+enum class Wake { all, handoff };
+
 // Where a run's shared memory lives. Processes that talk share these: the
 // prefix isolates every segment and socket name of a run.
 struct VIPC_API RunOptions {
@@ -49,11 +56,13 @@ struct VIPC_API RunOptions {
   std::string shm_dir = "/dev/shm";  // MSGQ_SHM_DIR: the directory of the topic segments
 
   // MSGQ_PREFIX (or the reference's OPENPILOT_PREFIX) and MSGQ_SHM_DIR, as the
-  // Python package reads them. With spin_from_environment(), the only places
+  // Python package reads them. With the two below, the only places
   // the C++ API reads the environment.
   static RunOptions from_environment();
   // MSGQ_SPIN_US (a subscriber's busy-wait before sleeping; TopicOptions::spin), default 50 us.
   static std::chrono::microseconds spin_from_environment();
+  // MSGQ_WAKE ("all" or "handoff"; TopicOptions::wake, ServerOptions::wake), default all.
+  static Wake wake_from_environment();
 };
 
 }  // namespace vipc

@@ -50,6 +50,7 @@ struct FrameInfo {
 struct ServerOptions {
   RunOptions run;
   std::vector<unsigned> allowed_uids = {};  // users besides our own that may connect
+  Wake wake = Wake::all;                    // how send() wakes sleeping clients (MSGQ_WAKE)
 };
 
 struct ClientOptions {

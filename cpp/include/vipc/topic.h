@@ -24,6 +24,8 @@ struct TopicOptions {
   // on a futex (Python's spin_us, MSGQ_SPIN_US; 0 never spins). Spinning
   // saves the wake-up on an idle core; on an oversubscribed machine it costs.
   std::chrono::microseconds spin{50};
+  // Publishers: how a send wakes sleeping subscribers (Wake; MSGQ_WAKE).
+  Wake wake = Wake::all;
 };
 
 using Bytes = std::vector<std::byte>;

@@ -2,10 +2,14 @@
 // zero copy both ways, the error model, fds for event loops, leases.
 #include <poll.h>
 
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <vipc/vipc.h>
 
@@ -115,6 +119,52 @@ TEST(test_frames_zero_copy_with_leases_and_generations) {
   client.close();
   CHECK(last->data()[0] == std::byte{2});  // the frame keeps its mapping
   CHECK(error_of([&] { server.create_buffers("bad", 0, 64, 48); }) == vipc::ErrorKind::invalid_argument);
+}
+
+// Four subscribers asleep on a topic whose publisher hands wake-ups on: every
+// message reaches every one of them before the next is sent (a wake-up lost
+// would leave one asleep until the 5 s timeout), and the publisher itself
+// wakes at most one subscriber per message.
+TEST(test_a_handoff_publisher_wakes_every_sleeping_subscriber) {
+  const std::string topic = random_sock();
+  vipc::TopicOptions options = topic_options();
+  options.spin = std::chrono::microseconds(0);  // sleep at once: every message finds sleepers
+  options.wake = vipc::Wake::handoff;
+  vipc::Publisher pub(topic, options);
+  constexpr int kReaders = 4, kMessages = 50;
+  std::atomic<int> received{0}, failures{0};
+  std::vector<std::thread> readers;
+  std::atomic<int> attached{0};
+  for (int r = 0; r < kReaders; r++) {
+    readers.emplace_back([&] {
+      vipc::Subscriber sub(topic, options);
+      attached++;
+      for (int i = 0; i < kMessages; i++) {
+        std::optional<vipc::Bytes> m = sub.receive(vipc::Timeout(5000));
+        if (!m || text(*m) != std::to_string(i)) failures++;
+        received++;
+      }
+    });
+  }
+  while (attached.load() < kReaders || pub.num_readers() < kReaders) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 0; i < kMessages; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them fall asleep
+    pub.send(std::to_string(i));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (received.load() < (i + 1) * kReaders && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    CHECK(received.load() == (i + 1) * kReaders);
+  }
+  for (auto& t : readers) t.join();
+  CHECK(failures.load() == 0);
+}
+
+TEST(test_msgq_wake_from_the_environment) {
+  CHECK(setenv("MSGQ_WAKE", "handoff", 1) == 0);
+  CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
+  CHECK(setenv("MSGQ_WAKE", "sometimes", 1) == 0);
+  CHECK(error_of([] { vipc::RunOptions::wake_from_environment(); }) == vipc::ErrorKind::invalid_argument);
+  CHECK(unsetenv("MSGQ_WAKE") == 0);
+  CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::all);
 }
 
 int main() { return run_compat_tests(); }

@@ -7,10 +7,12 @@ from visionipc.bench.workers import BenchError
 
 
 class Producer:
+    WAKE = "all"  # how send() wakes sleeping clients (VisionIpcServer's wake=)
+
     def __init__(self, state, tag, w, h, nbuf, nclients):
         from visionipc import VisionIpcServer
 
-        self.server = VisionIpcServer(f"vb{tag}")
+        self.server = VisionIpcServer(f"vb{tag}", wake=self.WAKE)
         self.server.create_buffers("s", nbuf, w, h, "nv12")
         self.server.start_listener()
         self.nbuf, self.nclients = nbuf, nclients

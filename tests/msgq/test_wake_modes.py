@@ -1,0 +1,93 @@
+"""How a send wakes subscribers asleep in a blocking receive (MSGQ_WAKE): "all"
+(one FUTEX_WAKE of the publisher wakes every sleeper) and "handoff" (the
+publisher wakes one, that subscriber wakes the rest), across real processes.
+
+Lock-step: each message is sent while every subscriber sleeps (spin 0, a pause
+first), and must reach all of them before the next one is sent, so a wake-up
+lost would leave a subscriber asleep past the deadline instead of being hidden
+by the next message. The publisher's own count of the sleepers it woke shows
+which mode ran. cpp/msgq/model/wake.pml checks the same protocol exhaustively.
+"""
+
+import os
+import signal
+import time
+
+import mp_helpers
+import pytest
+from mp_helpers import SPAWN, Children, encode
+
+import msgq
+from msgq.errors import InvalidArgumentError
+from msgq.testing import unique_topic
+
+READERS = 4
+MESSAGES = 60
+STEP_S = 10.0  # bound on one message reaching every subscriber (a loaded 2-core machine)
+
+
+def _start(children, topic, names, count):
+    readies = []
+    for name in names:
+        ready = SPAWN.Event()
+        children.start(mp_helpers.receive_and_ack, name, topic, count, ready)
+        readies.append(ready)
+    assert all(r.wait(60) for r in readies)
+
+
+def _lock_step(pub, children, names, first, last):
+    """Send messages ``first..last``; each must reach every one of ``names`` before the next."""
+    for seq in range(first, last + 1):
+        time.sleep(0.005)  # every subscriber back asleep
+        pub.send(encode(seq, b"x" * (seq % 97)))
+        reports = children.collect(names, timeout=STEP_S)
+        assert all(r["seq"] == seq for r in reports.values()), (seq, reports)
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("wake", ["all", "handoff"])
+def test_every_sleeping_subscriber_gets_every_message_in_lock_step(monkeypatch, wake):
+    monkeypatch.setenv("MSGQ_WAKE", wake)
+    monkeypatch.setenv("MSGQ_SPIN_US", "0")
+    topic = unique_topic()
+    names = [f"sub{i}" for i in range(READERS)]
+    with msgq.pub_sock(topic) as pub, Children() as children:
+        assert pub._impl.handoff_wakes == (wake == "handoff")
+        _start(children, topic, names, MESSAGES)
+        _lock_step(pub, children, names, 0, MESSAGES - 1)
+        woken = pub._impl.readers_woken
+    if wake == "handoff":
+        # The publisher woke at most one sleeper per message; the subscribers woke the rest.
+        assert 0 < woken <= MESSAGES, woken
+    else:
+        assert woken > 2 * MESSAGES, woken  # several sleepers per message, all by the publisher
+
+
+@pytest.mark.timeout(180)
+def test_a_subscriber_killed_mid_stream_does_not_stall_the_others(monkeypatch):
+    """SIGKILL one of the sleepers: its sleeping bit stays behind, and whichever
+    sleeper the publisher wakes still wakes the rest (the dead one is no longer
+    queued on the futex)."""
+    monkeypatch.setenv("MSGQ_WAKE", "handoff")
+    monkeypatch.setenv("MSGQ_SPIN_US", "0")
+    topic = unique_topic()
+    names = [f"sub{i}" for i in range(READERS)]
+    with msgq.pub_sock(topic) as pub, Children() as children:
+        _start(children, topic, names, MESSAGES)
+        _lock_step(pub, children, names, 0, 19)
+        victim = children.procs[0]
+        time.sleep(0.005)
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.join(10)
+        _lock_step(pub, children, names[1:], 20, MESSAGES - 1)
+        assert pub._impl.readers_woken <= MESSAGES
+
+
+@pytest.mark.parametrize("value", ["sometimes", "ALL", "1"])
+def test_a_bad_msgq_wake_is_refused_before_anything_is_created(monkeypatch, value):
+    monkeypatch.setenv("MSGQ_WAKE", value)
+    topic = unique_topic()
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):
+        msgq.pub_sock(topic)
+    assert set(os.listdir("/dev/shm")) == before
