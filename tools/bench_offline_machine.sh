@@ -25,7 +25,7 @@ python3 -c "from visionipc import _visionipc" || exit 1
 REF=""
 [ -f /tmp/ref/msgq/visionipc/visionipc_pyx.so ] && REF=",reference"
 VIPC_REFERENCE_MSGQ=/tmp/ref timeout 330 python3 -m visionipc.bench --sizes 64x64,3840x2160 --clients 1,8 \
-  --transports "visionipc,msgq,futex$REF" --modes paced --rounds "${ROUNDS:-5}" --plot '' \
+  --transports "visionipc,visionipc-handoff,msgq,futex$REF" --modes paced --rounds "${ROUNDS:-5}" --plot '' \
   --json "$OUT/bench.json" 2>"$OUT/bench.err" | tee "$OUT/bench.txt"
 echo "bench rc=${PIPESTATUS[0]}"
 cat /proc/loadavg
