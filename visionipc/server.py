@@ -37,6 +37,7 @@ class VisionIpcServer(Closeable):
     def __init__(self, name, allowed_uids=(), wake=None):
         self.name = server_name(name)
         handoff = wake_choice(wake)
+        self.wake = "handoff" if handoff else "all"  # what this server does (MSGQ_WAKE resolved)
         self._native = _visionipc.Server(
             self.name, allowed_uids=[int(u) for u in allowed_uids], handoff_wakes=handoff, **run_options()
         )

@@ -219,4 +219,7 @@ def test_a_bad_wake_choice_is_a_clear_error(monkeypatch):
     with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):
         VisionIpcServer("badwake")
     monkeypatch.setenv("MSGQ_WAKE", "handoff")
-    VisionIpcServer("badwake").close()  # the environment chooses when wake= is not given
+    with VisionIpcServer("badwake") as server:  # the environment chooses when wake= is not given
+        assert server.wake == "handoff"
+    with VisionIpcServer("badwake", wake="all") as server:  # an argument wins over the environment
+        assert server.wake == "all"

@@ -158,6 +158,42 @@ TEST(test_a_handoff_publisher_wakes_every_sleeping_subscriber) {
   CHECK(failures.load() == 0);
 }
 
+// The same for frames: a FrameServer with Wake::handoff and three clients
+// asleep in recv(); every frame reaches every client before the next.
+TEST(test_a_handoff_frame_server_reaches_every_sleeping_client) {
+  const std::string name = random_sock();
+  vipc::ServerOptions options{.run = vipc::RunOptions::from_environment()};
+  options.wake = vipc::Wake::handoff;
+  vipc::FrameServer server(name, options);
+  server.create_buffers("road", 8, 64, 48, vipc::PixelFormat::gray8);
+  server.start_listener();
+  constexpr int kClients = 3, kFrames = 30;
+  std::atomic<int> received{0}, connected{0}, failures{0};
+  std::vector<std::thread> clients;
+  for (int c = 0; c < kClients; c++) {
+    clients.emplace_back([&] {
+      vipc::FrameClient client(name, "road", {.run = vipc::RunOptions::from_environment()});
+      if (!client.connect(vipc::Timeout(5000))) failures++;
+      connected++;
+      for (int i = 1; i <= kFrames; i++) {
+        std::optional<vipc::Frame> f = client.recv(vipc::Timeout(5000));
+        if (!f || f->info().frame_id != static_cast<uint64_t>(i)) failures++;
+        received++;
+      }
+    });
+  }
+  while (connected.load() < kClients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  for (int i = 1; i <= kFrames; i++) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    server.send(server.get_buffer("road"), {.frame_id = static_cast<uint64_t>(i)});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    while (received.load() < i * kClients && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    CHECK(received.load() == i * kClients);
+  }
+  for (auto& t : clients) t.join();
+  CHECK(failures.load() == 0);
+}
+
 TEST(test_msgq_wake_from_the_environment) {
   CHECK(setenv("MSGQ_WAKE", "handoff", 1) == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
