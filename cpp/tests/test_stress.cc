@@ -282,6 +282,10 @@ void process_writer(const vipc::msgq::SegmentSpec& spec, const Payloads& payload
     shared.ctl.bytes_sent.fetch_add(n, std::memory_order_release);
     seq++;
     if (seq % 256 == 0) usleep(2000);  // let the fast readers catch up now and then
+    if (seq % 1024 == 0) {  // both wake modes, switched while readers sleep and wake
+      pub.set_wake_mode(pub.wake_mode() == vipc::msgq::WakeMode::kAll ? vipc::msgq::WakeMode::kHandoff
+                                                                       : vipc::msgq::WakeMode::kAll);
+    }
   }
   shared.ctl.sent.store(seq, std::memory_order_relaxed);
   shared.ctl.done.store(1, std::memory_order_release);
