@@ -9,8 +9,12 @@ by the next message. The publisher's own count of the sleepers it woke shows
 which mode ran. cpp/msgq/model/wake.pml checks the same protocol exhaustively.
 """
 
+import mmap
 import os
+import random
 import signal
+import struct
+import threading
 import time
 
 import mp_helpers
@@ -81,6 +85,55 @@ def test_a_subscriber_killed_mid_stream_does_not_stall_the_others(monkeypatch):
         victim.join(10)
         _lock_step(pub, children, names[1:], 20, MESSAGES - 1)
         assert pub._impl.readers_woken <= MESSAGES
+
+
+WAKE_LINE = 128  # cpp/msgq/layout.h: futex_seq at byte 128, handoff_pending at 132
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("wake", ["all", "handoff"])
+def test_a_peer_scribbling_on_the_wake_words_delays_wake_ups_but_loses_nothing(monkeypatch, wake):
+    """Another process with write access (the same user: the wake words are trusted
+    state, RELIABILITY.md) stores garbage into futex_seq and handoff_pending while
+    messages flow: subscribers may wake needlessly, or (handoff) late, at the next
+    message, but every message reaches every subscriber, intact and in order, and
+    once the scribbling stops a message wakes them all again."""
+    monkeypatch.setenv("MSGQ_WAKE", wake)
+    monkeypatch.setenv("MSGQ_SPIN_US", "0")
+    topic = unique_topic()
+    names = [f"sub{i}" for i in range(3)]
+    count = 60
+    stop = threading.Event()
+    with msgq.pub_sock(topic) as pub, Children() as children:
+        readies = []
+        for name in names:
+            readies.append(SPAWN.Event())
+            children.start(mp_helpers.receive_messages, name, topic, 0, count, readies[-1])
+        assert all(r.wait(60) for r in readies)
+        with open(pub._impl.path, "r+b") as f, mmap.mmap(f.fileno(), 4096) as header:
+
+            def scribble():
+                rng = random.Random(7)
+                while not stop.is_set():
+                    garbage = struct.pack("<II", rng.getrandbits(32), rng.choice((0, 1, 2**32 - 1)))
+                    header[WAKE_LINE : WAKE_LINE + 8] = garbage
+                    time.sleep(0.0003)
+
+            scribbler = threading.Thread(target=scribble)
+            scribbler.start()
+            try:
+                for seq in range(count - 1):
+                    time.sleep(0.005)
+                    pub.send(encode(seq, b"y" * (seq % 61)))
+            finally:
+                stop.set()
+                scribbler.join()
+        time.sleep(0.05)  # every subscriber asleep again, on words nobody scribbles now
+        pub.send(encode(count - 1, b"last"))
+        reports = children.collect(names, timeout=60)
+    for name, r in reports.items():
+        assert r["count"] == count and r["error_count"] == 0, (name, r)
+        assert r["generations"][0]["missed"] == 0, (name, r)
 
 
 @pytest.mark.parametrize("value", ["sometimes", "ALL", "1"])
