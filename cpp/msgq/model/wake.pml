@@ -4,10 +4,11 @@
  * Publisher::wake_readers), with both wake modes:
  *
  *   all      the writer wakes every sleeper with one FUTEX_WAKE(INT_MAX)
- *   handoff  (-DHANDOFF) the writer sets handoff_pending and wakes ONE
- *            sleeper; the reader it wakes takes the flag (exchange 0) and
- *            wakes the others (FUTEX_WAKE(INT_MAX)), so the writer's cost
- *            does not grow with the number of readers
+ *   handoff  (-DHANDOFF) with two or more bits in sleeping_mask the writer
+ *            sets handoff_pending and wakes ONE sleeper; the reader it wakes
+ *            takes the flag (exchange 0) and wakes the others
+ *            (FUTEX_WAKE(INT_MAX)), so the writer's cost does not grow with
+ *            the number of readers; with one bit it wakes all, as "all" does
  *
  * The writer sends MSGS messages (write_pointer counts them); NR readers each
  * wait for every message in turn without a timeout. Memory is sequentially
@@ -18,7 +19,7 @@
  * -DSPURIOUS lets each sleeper return from FUTEX_WAIT on its own once, at any
  * time (a signal, a timeout, a spurious wake-up): it must still lose nothing
  * (once, so that a reader left asleep for good is still an invalid end state).
- * -DKILL lets reader 0 die right after a FUTEX_WAKE dequeued it, before it
+ * -DKILL lets reader 0 die (or not) right after a FUTEX_WAKE dequeued it, before it
  * could hand the wake-up on (SIGKILL at the worst instant), for any message
  * but the last: the others must still receive every message (the next
  * message's wake-up reaches them, as the sleeping bits stay set).
@@ -31,6 +32,10 @@
  *   NO_PASS_ON      the woken reader does not wake the others
  *   FLAG_AFTER_WAKE the writer sets handoff_pending after its FUTEX_WAKE(1):
  *                   the woken reader may look before it is set
+ *   FLAG_BEFORE_BUMP the writer sets it before its fetch_add of futex_seq: a
+ *                   reader on its way out of an earlier sleep takes it and
+ *                   wakes everybody before a late sleeper queues on the old
+ *                   value, and the one the writer then wakes finds no flag
  *   CLEAR_MASK      the writer clears sleeping_mask when it wakes: a reader
  *                   left asleep by a killed leader is never woken again (-DKILL)
  */
@@ -50,6 +55,7 @@ bool dead[NR];
 bool strayed[NR];             /* SPURIOUS: this reader's one early return is used */
 
 #define BIT(i) (1 << (i))
+#define SEVERAL(m) ((m) & ((m) - 1))   /* two or more bits: (sleeping & (sleeping - 1)) != 0 */
 
 inline futex_wake_all() {
   atomic { asleep[0] = false; asleep[1] = false; asleep[2] = false }
@@ -67,30 +73,41 @@ inline futex_wake_one() {
 }
 
 proctype writer() {
-  byte m = 0;
+  byte m = 0, seen;
   do
   :: m < MSGS ->
     write_pointer++;                               /* W3 commit (seq_cst) */
     if
     :: sleeping_mask != 0 ->                       /* load sleeping_mask (seq_cst) */
+      seen = sleeping_mask;
 #ifdef CLEAR_MASK
       sleeping_mask = 0;
 #endif
 #if defined(HANDOFF) && defined(FLAG_BEFORE_BUMP)
-      handoff_pending = true;
+      if
+      :: SEVERAL(seen) -> handoff_pending = true
+      :: else -> skip
+      fi;
 #endif
       futex_seq++;                                 /* fetch_add(1) */
 #ifdef HANDOFF
+      if
+      :: SEVERAL(seen) ->
 #if !defined(FLAG_AFTER_WAKE) && !defined(FLAG_BEFORE_BUMP)
-      handoff_pending = true;                      /* after the bump, before the wake */
+        handoff_pending = true;                    /* after the bump, before the wake */
 #endif
-      futex_wake_one();
+        futex_wake_one();
 #ifdef FLAG_AFTER_WAKE
-      handoff_pending = true;
+        handoff_pending = true;
 #endif
+        skip
+      :: else -> futex_wake_all()                  /* one sleeper: wake it directly */
+      fi
 #else
-      futex_wake_all();
+      futex_wake_all()
 #endif
+      ;
+      seen = 0                                     /* a register: forgotten (fewer states) */
     :: else -> skip                                /* nobody sleeps: no syscall */
     fi;
     m++
@@ -136,7 +153,7 @@ proctype reader(byte me) {
          :: me == 0 && write_pointer >= target && write_pointer < MSGS ->
             dead[me] = true;                                  /* killed before handing on */
             goto gone
-         :: else -> skip
+         :: true -> skip                                      /* or not: both are explored */
          fi;
 #endif
          atomic { sleeping_mask = sleeping_mask & ~BIT(me) }  /* fetch_and */
