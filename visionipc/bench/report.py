@@ -27,6 +27,7 @@ def _row(cell, rs, **measured):
         "clients": n,
         **measured,
         "server_cpu_us": median([r["server_cpu_us"] for r in rs]),
+        "server_wakes": median([r.get("server_wakes") for r in rs]),
         "client_cpu_us": median([r["client_cpu_us"] for r in rs]),
         "timeouts": sum(e != "end" for r in rs for e in r["ended"]),
     }
@@ -240,6 +241,7 @@ PACED_COLUMNS = [
     ("p90", lambda r: fmt(r["p90_us"])),
     ("p99", lambda r: fmt(r["p99_us"])),
     ("server CPU", lambda r: fmt(r["server_cpu_us"])),
+    ("server wakes", lambda r: fmt(r["server_wakes"], "{:.2f}")),
     ("client CPU", lambda r: fmt(r["client_cpu_us"])),
     ("view p50 / visionipc's", lambda r: fmt(r["vipc_advantage"], "{:.2f}x")),
     ("last / first client", lambda r: fmt(ratio(r["last_p50_us"], r["first_p50_us"]), "{:.2f}x")),
@@ -266,6 +268,7 @@ TABLES = (
             "  the producer sleeps between frames, as a camera daemon does (it sends cold)",
             "  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view",
             "  last / first client: per frame, p50 of the last client to hold it / p50 of the first",
+            "  server wakes: sleeping clients woken per frame by the server's own system calls (visionipc)",
         ],
     ),
     (

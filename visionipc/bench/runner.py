@@ -155,6 +155,7 @@ class Runner:
             cell_s=time.monotonic() - started,
             sent=p["sent"],
             server_cpu_us=p["cpu_ns"] / p["sent"] * 1e-3 if p["sent"] else None,
+            server_wakes=p["woken"] / p["sent"] if p.get("woken") is not None and p["sent"] else None,
             client_cpu_us=median([x["cpu_ns"] / x["frames"] * 1e-3 for x in cs if x["frames"]]),
             received=[x["received"] for x in cs],
             intact=[x["intact"] for x in cs],

@@ -28,7 +28,9 @@ def task_producer(
 
     CPU per frame: the process's CPU time over the measured frames (every thread:
     a transport's I/O or listener threads count), paced minus the CPU the producer
-    thread spent pacing (sleep + spin), divided by the frames sent."""
+    thread spent pacing (sleep + spin), divided by the frames sent. ``woken``: the
+    sleeping clients the producer's own system calls woke over those frames, for a
+    transport that counts them (``readers_woken()``), else None."""
     p = transports.load(kind).Producer(state, tag, w, h, nbuf, nclients)
     try:
         if mode == "flat":
@@ -41,6 +43,8 @@ def task_producer(
         thread_time, sleep = time.thread_time_ns, time.sleep
         send_call = []
         pacing_cpu = 0
+        woken = getattr(p, "readers_woken", None)
+        woken0 = None
         fid = 0
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         if mode == "paced":
@@ -57,6 +61,7 @@ def task_producer(
                 nxt += period
                 if fid == warmup + 1:
                     cpu0, t0, pacing_cpu = time.process_time_ns(), perf(), 0
+                    woken0 = woken() if woken else None
                 else:
                     pacing_cpu += thread_time() - c
                 ts = send(fid, fill)
@@ -66,6 +71,7 @@ def task_producer(
             send_call = send_call[warmup:]
             sleep(period)  # a conflating client must not see the end marker replace the last frame
         else:
+            woken0 = woken() if woken else None
             cpu0, t0 = time.process_time_ns(), perf()
             deadline = t0 + seconds
             while True:
@@ -76,6 +82,7 @@ def task_producer(
             cpu1, t1 = time.process_time_ns(), perf()
             sent = fid
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        woken1 = woken() if woken else None
         p.end()
         ctl.barrier("done")
     finally:
@@ -85,6 +92,7 @@ def task_producer(
         "wall_s": t1 - t0,
         "cpu_ns": cpu1 - cpu0 - pacing_cpu,
         "pacing_cpu_ns": pacing_cpu,
+        "woken": woken1 - woken0 if woken0 is not None else None,
         "send_call_ns": send_call,
         "preempted": ru1.ru_nivcsw - ru0.ru_nivcsw,
     }

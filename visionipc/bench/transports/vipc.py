@@ -42,6 +42,10 @@ class Producer:
         self._send(buf, frame_id=fid, timestamp_eof=ts)
         return ts
 
+    def readers_woken(self):
+        """Sleeping clients this server's own system calls have woken so far."""
+        return self.server._native.readers_woken("s")
+
     def end(self):
         buf = self._get("s")
         FID.pack_into(buf.array, 0, END)
