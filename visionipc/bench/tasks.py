@@ -60,8 +60,8 @@ def task_producer(
                     pass
                 nxt += period
                 if fid == warmup + 1:
+                    woken0 = woken() if woken else None  # before the CPU clock starts
                     cpu0, t0, pacing_cpu = time.process_time_ns(), perf(), 0
-                    woken0 = woken() if woken else None
                 else:
                     pacing_cpu += thread_time() - c
                 ts = send(fid, fill)
