@@ -109,12 +109,9 @@ def wake_choice(value=None) -> bool:
     every sleeper) or ``"handoff"`` (it wakes one, that subscriber wakes the rest);
     ``None``: ``MSGQ_WAKE``, default ``"all"``. True for handoff; a bad value is an
     InvalidArgumentError naming where it came from."""
-    where = "wake"
     if value is None:
-        value, where = os.environ.get("MSGQ_WAKE", "").strip() or "all", "MSGQ_WAKE"
-    if value not in WAKES:
-        raise InvalidArgumentError(f"{where} must be 'all' or 'handoff', got {value!r}")
-    return value == "handoff"
+        return check_choice("MSGQ_WAKE", os.environ.get("MSGQ_WAKE", "").strip() or "all", WAKES) == "handoff"
+    return check_choice("wake", value, WAKES) == "handoff"
 
 
 INT32_MAX = (1 << 31) - 1

@@ -213,7 +213,7 @@ def test_a_handoff_server_wakes_one_sleeping_client_per_frame_and_every_client_g
 
 
 def test_a_bad_wake_choice_is_a_clear_error(monkeypatch):
-    with pytest.raises(InvalidArgumentError, match="wake must be 'all' or 'handoff', got 'fast'"):
+    with pytest.raises(InvalidArgumentError, match="wake must be 'all' or 'handoff', not 'fast'"):
         VisionIpcServer("badwake", wake="fast")
     monkeypatch.setenv("MSGQ_WAKE", "fast")
     with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):

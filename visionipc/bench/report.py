@@ -1,9 +1,9 @@
 """Summary tables, ratios against the peers and the issue-4 targets (MET / NOT MET)."""
 
 from visionipc.bench.stats import fmt, fmt_rate, format_table, latency_stats, median, ratio
+from visionipc.bench.transports import HANDOFF
 
 PEERS = ("pyzmq", "shm+pipe", "iceoryx2")
-HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): its rows get the 8-client targets too
 
 
 def _group(results, mode):
