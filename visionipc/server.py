@@ -148,6 +148,12 @@ class VisionIpcServer(Closeable):
     def num_clients(self, stream) -> int:
         return self._server().clients(stream_key(stream))
 
+    def readers_woken(self, stream) -> int:
+        """Sleeping clients of ``stream`` that this server's own system calls have woken
+        so far: about clients x frames with ``wake="all"``, at most one per frame with
+        ``wake="handoff"`` (the clients woke the others)."""
+        return self._server().readers_woken(stream_key(stream))
+
     def close(self):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         native, self._native = self._native, None

@@ -1,6 +1,8 @@
 """vipc-camera: real daemon processes, real clients, real frames."""
 
+import re
 import signal
+from concurrent.futures import ThreadPoolExecutor
 
 import cv2
 import numpy as np
@@ -137,11 +139,33 @@ def test_dropped_frames_never_arrive_and_delayed_ones_arrive_late():
     assert _on_schedule([f["sof"] for f in frames])  # capture kept its schedule meanwhile
 
 
+@pytest.mark.parametrize("wake", ["handoff", "all"])
+def test_wake_choice_reaches_every_client_and_the_summary_counts_the_servers_wake_ups(wake, monkeypatch):
+    """``--wake handoff``: three clients asleep in recv() (threads here) get every frame
+    while the camera's own system calls wake at most one of them per frame; with
+    ``--wake all`` they wake every sleeper (three per frame, bar a client still awake)."""
+    monkeypatch.setenv("MSGQ_SPIN_US", "0")  # the clients sleep at once
+    name, frames, clients = unique_name("cam"), 20, 3
+    proc = _camera(name, "--stream", "s", "--wake", wake, "--wait-clients", clients, frames=frames)
+    conns = [connect(name, "s") for _ in range(clients)]
+    with ThreadPoolExecutor(clients) as pool:
+        got = list(pool.map(lambda c: receive(name, "s", client=c), conns))
+    rc, _, err = finish(proc)
+    assert rc == 0, err
+    for frames_of_one in got:
+        assert [f["stamp"] for f in frames_of_one] == list(range(frames))
+    woken = int(re.search(rf"(\d+) sleeping clients woken by the server \(wake {wake}\)", err).group(1))
+    if wake == "handoff":
+        assert 0 < woken <= frames, err
+    else:
+        assert woken > 2 * frames, err
+
+
 def test_config_file_gives_each_stream_its_own_settings(tmp_path):
     config = tmp_path / "cams.toml"
     name = unique_name("cam")
     config.write_text(
-        f'name = "{name}"\n'
+        f'name = "{name}"\nwake = "handoff"\n'
         '[[stream]]\nname = "road"\nwidth = 128\nheight = 96\nformat = "bgr"\ndrop_frames = [2]\n'
         '[[stream]]\nname = "wide"\nwidth = 96\nheight = 64\nformat = "nv12"\nframes = 5\n'
     )
@@ -153,6 +177,7 @@ def test_config_file_gives_each_stream_its_own_settings(tmp_path):
     assert [f["frame_id"] for f in road] == [0, 1, 3, 4, 5] and road[0]["format"] == "bgr8"
     assert (road[0]["width"], wide[0]["width"]) == (128, 96)
     assert [f["frame_id"] for f in wide] == list(range(5)) and wide[0]["format"] == "nv12"
+    assert "(wake handoff)" in err
 
 
 @pytest.mark.parametrize(
@@ -177,11 +202,28 @@ def test_bad_input_is_a_clear_error(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_unknown_config_key_is_named(tmp_path, capsys):
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ('[[stream]]\nname = "s"\nwidht = 3\n', "widht"),
+        ('wak = "handoff"\n[[stream]]\nname = "s"\n', "unknown key(s) wak"),
+        ('wake = "fast"\n[[stream]]\nname = "s"\n', "wake must be 'all' or 'handoff', not 'fast'"),
+    ],
+)
+def test_unknown_or_bad_config_key_is_named(tmp_path, capsys, text, message):
     config = tmp_path / "c.toml"
-    config.write_text('[[stream]]\nname = "s"\nwidht = 3\n')
-    assert main(["--name", "x", "--config", str(config)]) == 2
-    assert "widht" in capsys.readouterr().err
+    config.write_text(text)
+    assert main(["--name", unique_name("x"), "--config", str(config)]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_wake_is_a_clear_error(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as e:
+        main(["--name", "x", "--stream", "s", "--wake", "fast"])
+    assert e.value.code == 2 and "invalid choice: 'fast'" in capsys.readouterr().err
+    monkeypatch.setenv("MSGQ_WAKE", "fast")
+    assert main(["--name", unique_name("x"), "--stream", "s"]) == 2
+    assert "MSGQ_WAKE must be 'all' or 'handoff', not 'fast'" in capsys.readouterr().err
 
 
 def test_read_stamp_rejects_an_unstamped_image():

@@ -272,7 +272,7 @@ def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
     out = _recorded(tmp_path, frames=10, size=("--width", 160, "--height", 96), mode="-q")
     assert json.load(open(os.path.join(out, "recording.json")))["streams"]["s"]["stored_as"] == "planes"  # H.264
     name = unique_name("replay")
-    replay = start(REPLAY, out, "--name", name, "--wait-clients", 1)
+    replay = start(REPLAY, out, "--name", name, "--wait-clients", 1, "--wake", "handoff")
     frames = receive(name, "s", count=10)
     assert finish(replay)[0] == 0
     assert [f["frame_id"] for f in frames] == list(range(10)) and frames[0]["format"] == "nv12"

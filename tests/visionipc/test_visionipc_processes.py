@@ -204,7 +204,7 @@ def test_a_handoff_server_wakes_one_sleeping_client_per_frame_and_every_client_g
             server.send(buf, frame_id=fid)
             acks = h.collect(results, clients, timeout=10)
             assert acks == {f"c{i}": {"frame_id": fid, "ok": True} for i in range(clients)}, fid
-        woken = server._native.readers_woken("road")
+        woken = server.readers_woken("road")
     finally:
         for p in procs:
             h.kill(p)

@@ -54,6 +54,18 @@ def run_command(prog: str, parser, run, argv=None) -> int:
         return error(prog, str(e))
 
 
+def add_wake(parser) -> None:
+    """``--wake all|handoff`` of the commands that publish frames (vipc-camera, vipc-replay):
+    VisionIpcServer's ``wake=`` (default: ``MSGQ_WAKE``, else ``all``)."""
+    parser.add_argument(
+        "--wake",
+        choices=("all", "handoff"),
+        help="how a frame wakes sleeping clients: all (default; each as early as it can) or handoff "
+        "(the server wakes one, that client the others: the server's CPU per frame stays flat "
+        "in the number of clients); default: $MSGQ_WAKE, else all",
+    )
+
+
 def add_wait_clients(parser) -> None:
     """``--wait-clients N`` of the commands that publish frames (vipc-camera, vipc-replay)."""
     parser.add_argument(

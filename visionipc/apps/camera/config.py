@@ -2,6 +2,7 @@
 optional TOML file (``--config cams.toml``) with one ``[[stream]]`` table per stream::
 
     name = "camd"                 # server name, if --name is not given
+    wake = "handoff"              # "all" or "handoff", if --wake is not given (default: $MSGQ_WAKE, else all)
     [[stream]]
     name = "road"                 # required; every other key defaults to the command line's value
     source = "synthetic"          # or a video file, or /dev/video0
@@ -27,6 +28,7 @@ from visionipc.apps._cli import UsageError
 from visionipc.formats import FORMATS, normalize_format
 
 DEFAULT_FPS = 20.0
+TOP_KEYS = {"name", "wake", "stream"}
 STREAM_KEYS = {"name", "source", "width", "height", "fps", "format", "frames", "drop_frames", "delay_frames", "loop"}
 
 
@@ -155,6 +157,9 @@ def build_streams(args, config: dict) -> list:
         delay_frames=args.delay_frames,
         loop=args.loop,
     )
+    unknown = set(config) - TOP_KEYS
+    if unknown:
+        raise UsageError(f"config: unknown key(s) {', '.join(sorted(unknown))} (known: {', '.join(sorted(TOP_KEYS))})")
     entries = config.get("stream", [])
     if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
         raise UsageError("config: streams are [[stream]] tables")

@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, run_command
+from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, run_command
 from visionipc.apps.camera.config import DEFAULT_FPS, build_streams, load_toml
 from visionipc.apps.camera.sources import open_source
 
@@ -26,6 +26,7 @@ examples:
   vipc-camera --name camd --stream road --stream wide --fps 30 --format bgr
   vipc-camera --name camd --stream road --source clip.mp4 --loop --width 1280 --height 720 --fps 30
   vipc-camera --name camd --config cams.toml        # per-stream source/size/fps/format/faults
+  vipc-camera --name camd --stream road --fps 30 --wake handoff   # server CPU per frame flat in the clients
 
   # fault injection (tests, pipelines): frames 10, 20, 35 never published (ids keep counting);
   # frame 30 published 50 ms and frame 40 120 ms after their timestamp_eof
@@ -33,6 +34,7 @@ examples:
 
 cams.toml:
   name = "camd"
+  wake = "handoff"       # optional: as --wake
   [[stream]]
   name = "road"
   source = "synthetic"
@@ -79,6 +81,7 @@ def build_parser():
         help=f"buffers per stream (default {DEFAULT_BUFFERS}; more when --delay-frames needs them)",
     )
     add_wait_clients(p)
+    add_wake(p)
     p.add_argument("--drop-frames", default="", metavar="ID,ID,...", help="frame ids never published")
     p.add_argument(
         "--delay-frames",
@@ -185,7 +188,7 @@ def run(args) -> int:
             sources[s.name] = open_source(s.source, s.format, s.width, s.height, s.fps or DEFAULT_FPS, s.loop)
             s.resolve_fps(sources[s.name])
         try:
-            server = VisionIpcServer(name)
+            server = VisionIpcServer(name, wake=args.wake or config.get("wake"))
             for s in streams:
                 server.create_buffers(
                     s.name, min(MAX_BUFFERS, args.buffers + s.max_delay_frames()), s.width, s.height, s.format
@@ -220,7 +223,8 @@ def run(args) -> int:
             for r in runners:
                 print(
                     f"{PROG}: {name}/{r.cfg.name}: {r.published} frames published, {r.dropped} dropped "
-                    f"(--drop-frames), {r.skipped_slots} slots skipped (late)",
+                    f"(--drop-frames), {r.skipped_slots} slots skipped (late), "
+                    f"{server.readers_woken(r.cfg.name)} sleeping clients woken by the server (wake {server.wake})",
                     file=sys.stderr,
                 )
         return 1 if failed else 0

@@ -9,7 +9,7 @@ import threading
 import time
 
 from msgq._printable import printable
-from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, need, run_command
+from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError
 from visionipc.apps.record.reader import iter_segment_frames, open_video
@@ -53,6 +53,7 @@ def build_parser():
     p.add_argument("--stream", action="append", help="replay only these streams (repeatable; default: all)")
     p.add_argument("--no-topics", action="store_true", help="do not publish the recorded msgq topics")
     add_wait_clients(p)
+    add_wake(p)
     p.add_argument("--original-timestamps", action="store_true", help="publish timestamps exactly as recorded")
     p.add_argument("--buffers", type=int, default=8, help="buffers per stream (default 8)")
     p.add_argument(
@@ -252,7 +253,7 @@ def serve(args, rate, geometry, storages, events, topics, make_decoders) -> int:
     server, pubs, decoders = None, {}, {}
     try:
         try:
-            server = VisionIpcServer(args.name)
+            server = VisionIpcServer(args.name, wake=args.wake)
         except ValueError as e:
             raise UsageError(str(e)) from None
         for s, info in geometry.items():

@@ -44,7 +44,7 @@ class Producer:
 
     def readers_woken(self):
         """Sleeping clients this server's own system calls have woken so far."""
-        return self.server._native.readers_woken("s")
+        return self.server.readers_woken("s")
 
     def end(self):
         buf = self._get("s")
