@@ -78,6 +78,7 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
                 else:  # a client preempted past the next frame loses the older one
                     assert 0 < row["n"] <= FRAMES * n, row
                 assert 0 < row["p50_us"] <= row["p99_us"]
+                assert row["server_cpu_p50_us"] > 0, row  # the producer thread's CPU per frame, median
                 if name == "futex":
                     assert (name, w, h, n) not in flat  # no frame to send flat out
                     continue
@@ -88,6 +89,9 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
                 if name in ("pyzmq", "iceoryx2") and frow["intact_pct"] is not None:
                     assert frow["intact_pct"] == 100.0  # private messages / loaned samples are never overwritten
     assert len(paced) == len(names) * len(SIZES) * len(CLIENTS)
+    for r in report["results"]:  # one CPU reading of the producer thread per measured paced frame
+        if r["mode"] in ("paced", "warm"):
+            assert len(r["server_frame_cpu_ns"]) == FRAMES and min(r["server_frame_cpu_ns"]) > 0, r
     assert len(flat) == len([n for n in names if n != "futex"]) * len(SIZES) * len(CLIENTS)
 
     for name in names:

@@ -167,6 +167,7 @@ class Runner:
             rec["samples_ns"] = [s for x in cs for s in x["lat_view_ns"]]
             rec["recv_samples_ns"] = [s for x in cs for s in x["lat_recv_ns"]]
             rec["send_call_ns"] = p["send_call_ns"]
+            rec["server_frame_cpu_ns"] = p["frame_cpu_ns"]
             rec["first_ns"], rec["last_ns"] = first_and_last(cs)
             st = latency_stats(rec["samples_ns"])
             what = f"p50 {st.get('p50', float('nan')):9.1f} µs  p99 {st.get('p99', float('nan')):9.1f}"
