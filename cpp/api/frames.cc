@@ -119,6 +119,21 @@ uint32_t FrameServer::num_buffers(std::string_view stream) const {
   return api::guarded([&] { return impl_->server.count(api::str(stream)); });
 }
 
+uint32_t FrameServer::num_clients(std::string_view stream) const {
+  if (!impl_) moved_from();
+  return api::guarded([&] { return impl_->server.clients(api::str(stream)); });
+}
+
+Wake FrameServer::wake() const {
+  if (!impl_) moved_from();
+  return api::public_wake(impl_->server.wake());
+}
+
+uint64_t FrameServer::readers_woken(std::string_view stream) const {
+  if (!impl_) moved_from();
+  return api::guarded([&] { return impl_->server.readers_woken(api::str(stream)); });
+}
+
 std::vector<std::string> FrameServer::streams() const {
   if (!impl_) moved_from();
   return impl_->server.streams();

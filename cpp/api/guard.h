@@ -29,6 +29,7 @@ decltype(auto) guarded(F&& f) {
 inline msgq::WakeMode wake_mode(Wake wake) {
   return wake == Wake::handoff ? msgq::WakeMode::kHandoff : msgq::WakeMode::kAll;
 }
+inline Wake public_wake(msgq::WakeMode mode) { return mode == msgq::WakeMode::kHandoff ? Wake::handoff : Wake::all; }
 
 // A Timeout as the core's deadline (monotonic ns; common::kNever for kForever).
 inline int64_t deadline_of(Timeout timeout) {

@@ -64,6 +64,16 @@ void Publisher::commit(std::size_t size) {
   api::guarded([&] { impl_->pub.commit(size); });
 }
 
+Wake Publisher::wake() const {
+  if (!impl_) moved_from();
+  return api::public_wake(impl_->pub.wake_mode());
+}
+
+uint64_t Publisher::readers_woken() const {
+  if (!impl_) moved_from();
+  return impl_->pub.readers_woken();
+}
+
 std::size_t Publisher::num_readers() {
   if (!impl_) moved_from();
   return api::guarded([&] { return impl_->pub.num_readers(); });

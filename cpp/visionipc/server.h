@@ -86,6 +86,7 @@ class Server {
   // Sleeping clients the stream's sends woke with the server's own system
   // calls (msgq::Publisher::readers_woken): with WakeMode::kHandoff one per frame.
   uint64_t readers_woken(const std::string& stream) const { return find(stream).publisher->readers_woken(); }
+  msgq::WakeMode wake() const { return options_.wake; }
   // The generation the server last gave the buffer (odd: checked out).
   uint64_t generation(const std::string& stream, uint32_t index) const;
 

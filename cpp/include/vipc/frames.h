@@ -105,6 +105,11 @@ class VIPC_API FrameServer {
 
   Geometry geometry(std::string_view stream) const;
   uint32_t num_buffers(std::string_view stream) const;
+  uint32_t num_clients(std::string_view stream) const;  // connected now
+  // How send() wakes sleeping clients, and how many of the stream's clients this
+  // server's own system calls have woken so far (Wake::handoff: at most one per frame).
+  Wake wake() const;
+  uint64_t readers_woken(std::string_view stream) const;
   std::vector<std::string> streams() const;
   const std::string& name() const;
   void close();

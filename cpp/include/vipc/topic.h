@@ -50,6 +50,10 @@ class VIPC_API Publisher {
   std::size_t num_readers();
   bool all_readers_updated();
   std::size_t max_message_size() const;
+  // How send() wakes sleeping subscribers, and how many this publisher's own system
+  // calls have woken so far (Wake::handoff: at most one per message).
+  Wake wake() const;
+  uint64_t readers_woken() const;
   void close();
 
  private:

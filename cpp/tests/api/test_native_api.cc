@@ -156,6 +156,8 @@ TEST(test_a_handoff_publisher_wakes_every_sleeping_subscriber) {
   }
   for (auto& t : readers) t.join();
   CHECK(failures.load() == 0);
+  CHECK(pub.wake() == vipc::Wake::handoff);
+  CHECK(pub.readers_woken() > 0 && pub.readers_woken() <= static_cast<uint64_t>(kMessages));
 }
 
 // The same for frames: a FrameServer with Wake::handoff and three clients
@@ -183,6 +185,8 @@ TEST(test_a_handoff_frame_server_reaches_every_sleeping_client) {
     });
   }
   while (connected.load() < kClients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  CHECK(server.num_clients("road") == kClients && server.wake() == vipc::Wake::handoff);
+  CHECK(error_of([&] { server.num_clients("nope"); }) == vipc::ErrorKind::invalid_argument);
   for (int i = 1; i <= kFrames; i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     server.send(server.get_buffer("road"), {.frame_id = static_cast<uint64_t>(i)});
@@ -192,6 +196,7 @@ TEST(test_a_handoff_frame_server_reaches_every_sleeping_client) {
   }
   for (auto& t : clients) t.join();
   CHECK(failures.load() == 0);
+  CHECK(server.readers_woken("road") > 0 && server.readers_woken("road") <= static_cast<uint64_t>(kFrames));
 }
 
 TEST(test_msgq_wake_from_the_environment) {
