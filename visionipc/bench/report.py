@@ -279,7 +279,7 @@ TABLES = (
             "  recv() p50: send -> the receive call returned; view: -> the client holds the numpy view",
             "  last / first client: per frame, p50 of the last client to hold it / p50 of the first",
             "  server CPU: the producer process's CPU per frame (every thread), mean over a round's frames, "
-            "median of the rounds;",
+            "median of the rounds",
             "  server CPU p50: the producer thread's own CPU for one frame's calls, median over every frame",
             "  server wakes: sleeping clients woken per frame by the server's own system calls (visionipc)",
         ],

@@ -57,7 +57,7 @@ def task_producer(
             cpu0 = t0 = paced = None
             for fid in range(1, warmup + count + 1):
                 c = thread_time()
-                if paced is not None and fid > warmup + 1:
+                if fid > warmup + 1:
                     frame_cpu.append(c - paced)  # the previous frame's calls
                 delay = nxt - perf() - spin
                 if delay > 0:
@@ -68,9 +68,8 @@ def task_producer(
                 if fid == warmup + 1:
                     woken0 = woken() if woken else None  # before the CPU clock starts
                     cpu0, t0, pacing_cpu = time.process_time_ns(), perf(), 0
-                    paced = thread_time()
-                else:
-                    paced = thread_time()
+                paced = thread_time()
+                if fid != warmup + 1:
                     pacing_cpu += paced - c
                 ts = send(fid, fill)
                 send_call.append(now() - ts)
