@@ -223,3 +223,7 @@ def test_a_bad_wake_choice_is_a_clear_error(monkeypatch):
         assert server.wake == "handoff"
     with VisionIpcServer("badwake", wake="all") as server:  # an argument wins over the environment
         assert server.wake == "all"
+        server.create_buffers("road", 2, 64, 64)
+        assert server.readers_woken("road") == 0
+        with pytest.raises(InvalidArgumentError, match="has no stream 'nope'"):
+            server.readers_woken("nope")
