@@ -165,6 +165,8 @@ inline constexpr size_t kHeaderSize = 16384;  // page multiple, room to grow wit
 static_assert(sizeof(SegmentHeader) <= kHeaderSize, "header must fit before the data ring");
 static_assert(offsetof(SegmentHeader, write_pointer) == 1 * kCacheLine, "writer line");
 static_assert(offsetof(SegmentHeader, futex_seq) == 2 * kCacheLine, "wake line");
+// tests/msgq/test_wake_modes.py (WAKE_LINE) scribbles on these two words by offset.
+static_assert(offsetof(SegmentHeader, handoff_pending) == 2 * kCacheLine + 4, "handoff flag beside futex_seq");
 static_assert(offsetof(SegmentHeader, reader_mask) == 3 * kCacheLine, "registry line");
 static_assert(offsetof(SegmentHeader, readers) % kCacheLine == 0, "slots on their own lines");
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "shared atomics must be lock-free");

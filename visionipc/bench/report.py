@@ -169,19 +169,17 @@ def targets(out):
     t += camera_pace_targets(paced)
     # Context, not targets: the server thread's per-frame median, and what waking 8 sleeping
     # processes instead of 1 costs a bare futex waker.
-    for kind, what, key in (
-        ("visionipc", "server thread CPU/frame p50", "server_cpu_p50_us"),
-        (HANDOFF, "server thread CPU/frame p50", "server_cpu_p50_us"),
-        ("futex", "futex waker CPU/frame", "server_cpu_us"),
+    for kind, label, what, key in (
+        ("visionipc", "visionipc, per-frame median", "server thread CPU/frame p50", "server_cpu_p50_us"),
+        (HANDOFF, f"{HANDOFF}, per-frame median", "server thread CPU/frame p50", "server_cpu_p50_us"),
+        ("futex", "the same for a bare futex wake", "futex waker CPU/frame", "server_cpu_us"),
     ):
         one, eight = _find(paced, kind, 3840, 2160, 1), _find(paced, kind, 3840, 2160, 8)
         r = ratio(eight and eight[key], one and one[key])
         if r is not None:
             t.append(
                 {
-                    "target": "  (context: the same for a bare futex wake)"
-                    if kind == "futex"
-                    else f"  (context: {kind}, per-frame median)",
+                    "target": f"  (context: {label})",
                     "measured": f"{what} 8 / 1 clients, 4K, paced",
                     "value": f"{fmt(eight[key])} / {fmt(one[key])} µs",
                     "ratio": r,
