@@ -85,11 +85,13 @@ def fake_event_handle(
     return handle
 
 
-def pub_sock(endpoint: str, segment_size: int = 0) -> PubSocket:
+def pub_sock(endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -> PubSocket:
     """A publisher on ``endpoint``. ``segment_size`` (bytes of ring; 0: the
-    existing size, or 1 MiB for a new topic) bounds the largest message."""
+    existing size, or 1 MiB for a new topic) bounds the largest message.
+    ``wake`` (``"all"`` or ``"handoff"``; None: ``MSGQ_WAKE``, else ``"all"``):
+    how a send wakes subscribers asleep in a blocking receive."""
     sock = PubSocket()
-    sock.connect(context, endpoint, segment_size)
+    sock.connect(context, endpoint, segment_size, wake)
     return sock
 
 

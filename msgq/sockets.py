@@ -265,11 +265,13 @@ class PubSocket(_Socket):
         self._backend = None
         self.endpoint = None
 
-    def connect(self, context, endpoint, segment_size=0):
+    def connect(self, context, endpoint, segment_size=0, wake=None):
+        """Publish on ``endpoint``; ``wake`` ("all" or "handoff"; None: ``MSGQ_WAKE``,
+        else "all") is how a send wakes subscribers asleep in a blocking receive."""
         if self._impl is not None:
             raise IpcError(f"PubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
-        impl = context.backend.Publisher(endpoint, _size("segment_size", segment_size))
+        impl = context.backend.Publisher(endpoint, _size("segment_size", segment_size), wake)
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         self.send = impl.send
 
@@ -300,6 +302,20 @@ class PubSocket(_Socket):
                 return False
             time.sleep(0.002)
         return True
+
+    @property
+    def wake(self) -> str:
+        """How a send wakes subscribers asleep in a blocking receive: ``"all"`` (the
+        publisher wakes every sleeper with one system call) or ``"handoff"`` (it wakes
+        one, and that subscriber wakes the others)."""
+        return "handoff" if self._connected().handoff_wakes else "all"
+
+    @property
+    def readers_woken(self) -> int:
+        """Sleeping subscribers this publisher's own system calls have woken so far:
+        about sleepers x messages with ``wake="all"``, at most one per message with
+        ``"handoff"``; always 0 on the zmq backend (ZeroMQ wakes its subscribers)."""
+        return self._connected().readers_woken
 
     @property
     def max_message_size(self) -> int:

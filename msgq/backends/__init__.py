@@ -5,12 +5,14 @@ load; the conformance suite in tests/msgq/test_conformance.py checks behaviour):
 
 ``NAME``
     its name, as accepted by ``MSGQ_BACKEND`` and ``Context(backend=...)``.
-``Publisher(endpoint, segment_size=0)``
+``Publisher(endpoint, segment_size=0, wake=None)``
     ``send(data)`` (bytes or any C-contiguous buffer; ``TypeError`` otherwise),
     ``loan(n)`` -> a writable buffer-protocol object of n bytes, ``commit(n)``,
     ``cancel_loan()``, ``num_readers()``, ``all_readers_updated()``,
     properties ``max_message_size``, ``segment_size``, ``messages_sent``,
-    ``closed``, and ``close()``.
+    ``handoff_wakes`` (``wake``, else ``MSGQ_WAKE``, is "handoff"; a bad
+    value is an ``InvalidArgumentError`` before anything is made),
+    ``readers_woken``, ``closed``, and ``close()``.
 ``Subscriber(endpoint, address, conflate, segment_size)``
     ``receive(non_blocking=False)`` -> bytes or None (honours ``set_timeout``),
     ``receive_batch(max_messages, timeout_ms)`` -> list of bytes,

@@ -49,12 +49,12 @@ def _track(obj):
 _swept = set()  # run prefixes whose stale segments this process already removed
 
 
-def Publisher(endpoint, segment_size=0):
+def Publisher(endpoint, segment_size=0, wake=None):
     prefix = current_prefix()
     if prefix not in _swept:
         _swept.add(prefix)
         remove_stale_segments(prefix)
-    handoff = wake_choice()  # MSGQ_WAKE, checked before anything is created
+    handoff = wake_choice(wake)  # (or MSGQ_WAKE) checked before anything is created
     pub = _msgq.Publisher(segment_dir(), segment_basename(endpoint), int(segment_size), _mode(), _trusted_uids())
     pub.handoff_wakes = handoff
     return _track(pub)

@@ -66,7 +66,9 @@ subscriber is connected: ZeroMQ cannot see how far a reader has read);
 drops are invisible (``resets`` is always 0); ``num_readers()`` follows
 connects and disconnects with a network delay; ``max_message_size`` has
 no ring behind it (2**31 bytes, memory permitting) and ``segment_size`` is
-only reported back; ``spin_us`` is accepted and ignored; ``Poller.fileno()``
+only reported back; ``spin_us`` is accepted and ignored; the publisher's
+``wake`` (or ``MSGQ_WAKE``) is checked and reported back but changes nothing
+(ZeroMQ's own threads wake its subscribers: ``readers_woken`` stays 0); ``Poller.fileno()``
 is not supported; ``fileno()`` is ZeroMQ's edge-triggered descriptor
 (call ``arm()`` before each wait; it may wake without a message).
 Loaned buffers are ordinary memory, copied into ZeroMQ at ``commit``.
@@ -97,7 +99,7 @@ import zmq
 
 from msgq import curve as msgq_curve
 from msgq._descriptors import ensure_descriptors
-from msgq._shared import Closeable
+from msgq._shared import Closeable, wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import zmq_port
 
@@ -393,9 +395,10 @@ class Publisher(_Guarded):
 
     _kind = "publisher"
 
-    def __init__(self, endpoint, segment_size=0):
+    def __init__(self, endpoint, segment_size=0, wake=None):
         port = zmq_port(endpoint)
         self._segment_size = _segment_size(segment_size)
+        self.handoff_wakes = wake_choice(wake)  # checked as the msgq backend does; nothing to hand off here
         host, ipv6 = _host(os.environ.get("MSGQ_ZMQ_BIND", "*"), "MSGQ_ZMQ_BIND")
         self.endpoint, self.port = endpoint, port
         self.url = f"tcp://{host}:{port}"
@@ -528,6 +531,10 @@ class Publisher(_Guarded):
     @property
     def messages_sent(self) -> int:
         return self._count_sent(0)
+
+    @property
+    def readers_woken(self) -> int:
+        return 0  # ZeroMQ's I/O threads wake its subscribers, never this publisher's calls
 
     def _mark_closing(self):
         self._block(True, True)

@@ -11,6 +11,7 @@ import multiprocessing
 import os
 import random
 import select
+import threading
 import time
 
 import numpy as np
@@ -140,6 +141,41 @@ def test_invalid_names_and_use_after_close(backend):
         pub.send(b"x")
     with pytest.raises(msgq.ClosedError):
         sub.receive()
+
+
+@pytest.mark.parametrize("wake", ["all", "handoff"])
+def test_the_wake_mode_is_chosen_checked_and_every_sleeper_still_gets_each_message(backend, monkeypatch, wake):
+    monkeypatch.delenv("MSGQ_WAKE", raising=False)
+    topic = unique_topic()
+    with pytest.raises(msgq.InvalidArgumentError, match="wake must be 'all' or 'handoff', not 'some'"):
+        msgq.pub_sock(topic, wake="some")
+    monkeypatch.setenv("MSGQ_WAKE", "bogus")
+    with pytest.raises(msgq.InvalidArgumentError, match="MSGQ_WAKE must be"):
+        msgq.pub_sock(topic)
+    monkeypatch.setenv("MSGQ_WAKE", wake)
+    assert msgq.pub_sock(unique_topic()).wake == wake  # the environment's mode
+    monkeypatch.delenv("MSGQ_WAKE")
+    assert msgq.pub_sock(unique_topic()).wake == "all"  # the default
+    # The refusals made nothing: the topic is free for this publisher.
+    pub = msgq.pub_sock(topic, wake=wake)
+    subs = [msgq.sub_sock(topic, timeout=5000) for _ in range(3)]
+    assert pub.wake == wake and pub.wait_for_readers(3, timeout=10)
+    got = {}
+
+    def receive_two(i, sub):
+        got[i] = [sub.receive(), sub.receive()]
+
+    threads = [threading.Thread(target=receive_two, args=(i, s)) for i, s in enumerate(subs)]
+    for t in threads:
+        t.start()
+    time.sleep(0.1)  # every subscriber asleep in receive()
+    pub.send(b"one")
+    time.sleep(0.05)
+    pub.send(b"two")
+    for t in threads:
+        t.join(10)
+    assert got == {i: [b"one", b"two"] for i in range(3)}
+    assert 0 <= pub.readers_woken <= (2 if wake == "handoff" else 6)
 
 
 def test_fileno_becomes_readable_for_select(backend):

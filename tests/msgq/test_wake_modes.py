@@ -48,18 +48,23 @@ def _lock_step(pub, children, names, first, last):
         assert all(r["seq"] == seq for r in reports.values()), (seq, reports)
 
 
+OTHER = {"all": "handoff", "handoff": "all"}
+
+
 @pytest.mark.timeout(180)
+@pytest.mark.parametrize("via", ["env", "argument"])
 @pytest.mark.parametrize("wake", ["all", "handoff"])
-def test_every_sleeping_subscriber_gets_every_message_in_lock_step(monkeypatch, wake):
-    monkeypatch.setenv("MSGQ_WAKE", wake)
+def test_every_sleeping_subscriber_gets_every_message_in_lock_step(monkeypatch, wake, via):
+    """The mode from MSGQ_WAKE, or from ``pub_sock(wake=...)``, which wins over it."""
+    monkeypatch.setenv("MSGQ_WAKE", wake if via == "env" else OTHER[wake])
     monkeypatch.setenv("MSGQ_SPIN_US", "0")
     topic = unique_topic()
     names = [f"sub{i}" for i in range(READERS)]
-    with msgq.pub_sock(topic) as pub, Children() as children:
-        assert pub._impl.handoff_wakes == (wake == "handoff")
+    with msgq.pub_sock(topic, wake=wake if via == "argument" else None) as pub, Children() as children:
+        assert pub.wake == wake
         _start(children, topic, names, MESSAGES)
         _lock_step(pub, children, names, 0, MESSAGES - 1)
-        woken = pub._impl.readers_woken
+        woken = pub.readers_woken
     if wake == "handoff":
         # The publisher woke at most one sleeper per message; the subscribers woke the rest.
         assert 0 < woken <= MESSAGES, woken
@@ -84,7 +89,7 @@ def test_a_subscriber_killed_mid_stream_does_not_stall_the_others(monkeypatch):
         os.kill(victim.pid, signal.SIGKILL)
         victim.join(10)
         _lock_step(pub, children, names[1:], 20, MESSAGES - 1)
-        assert pub._impl.readers_woken <= MESSAGES
+        assert pub.readers_woken <= MESSAGES
 
 
 WAKE_LINE = 128  # cpp/msgq/layout.h: futex_seq at byte 128, handoff_pending at 132
@@ -143,4 +148,14 @@ def test_a_bad_msgq_wake_is_refused_before_anything_is_created(monkeypatch, valu
     before = set(os.listdir("/dev/shm"))
     with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):
         msgq.pub_sock(topic)
+    assert set(os.listdir("/dev/shm")) == before
+
+
+@pytest.mark.parametrize("value", ["sometimes", "ALL", "", 1, True])
+def test_a_bad_wake_argument_is_refused_before_anything_is_created(monkeypatch, value):
+    monkeypatch.setenv("MSGQ_WAKE", "handoff")  # a good environment does not excuse a bad argument
+    topic = unique_topic()
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(InvalidArgumentError, match="wake must be 'all' or 'handoff'"):
+        msgq.pub_sock(topic, wake=value)
     assert set(os.listdir("/dev/shm")) == before
