@@ -1,6 +1,9 @@
 // vipc::Error from the core's common::Error, and the run options' one look at
 // the environment.
+#include <cerrno>
 #include <cstdlib>
+#include <string>
+#include <string_view>
 
 #include "api/guard.h"
 
@@ -38,22 +41,45 @@ RunOptions RunOptions::from_environment() {
   return r;
 }
 
+namespace {
+
+// A variable's value as Python's msgq reads it: unset or blank is "", and
+// surrounding whitespace does not count.
+std::string env_text(const char* name) {
+  const char* raw = std::getenv(name);
+  std::string_view text = raw == nullptr ? std::string_view() : std::string_view(raw);
+  constexpr std::string_view kSpace = " \t\n\r\f\v";
+  const size_t first = text.find_first_not_of(kSpace);
+  if (first == std::string_view::npos) return "";
+  return std::string(text.substr(first, text.find_last_not_of(kSpace) - first + 1));
+}
+
+constexpr long long kMaxSpinUs = 1'000'000;  // msgq._shared.MAX_SPIN_US
+
+}  // namespace
+
+// The errors are worded as the Python package words them (msgq/_shared.py).
 std::chrono::microseconds RunOptions::spin_from_environment() {
-  const char* text = std::getenv("MSGQ_SPIN_US");
-  if (text == nullptr || *text == '\0') return std::chrono::microseconds(50);
+  const std::string text = env_text("MSGQ_SPIN_US");
+  if (text.empty()) return std::chrono::microseconds(50);
+  const std::string range = "0 to " + std::to_string(kMaxSpinUs);
   char* end = nullptr;
-  const long long us = std::strtoll(text, &end, 10);
-  if (*end != '\0' || us < 0) {
-    throw Error(ErrorKind::invalid_argument, std::string("MSGQ_SPIN_US='") + text + "' must be a non-negative integer (microseconds)");
+  errno = 0;
+  const long long us = std::strtoll(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0') {
+    throw Error(ErrorKind::invalid_argument, "MSGQ_SPIN_US='" + text + "' must be an integer from " + range);
+  }
+  if (errno == ERANGE || us < 0 || us > kMaxSpinUs) {
+    throw Error(ErrorKind::invalid_argument, "MSGQ_SPIN_US must be " + range + ", got " + text);
   }
   return std::chrono::microseconds(us);
 }
 
 Wake RunOptions::wake_from_environment() {
-  const char* text = std::getenv("MSGQ_WAKE");
-  if (text == nullptr || *text == '\0' || std::strcmp(text, "all") == 0) return Wake::all;
-  if (std::strcmp(text, "handoff") == 0) return Wake::handoff;
-  throw Error(ErrorKind::invalid_argument, std::string("MSGQ_WAKE='") + text + "' must be 'all' or 'handoff'");
+  const std::string text = env_text("MSGQ_WAKE");
+  if (text.empty() || text == "all") return Wake::all;
+  if (text == "handoff") return Wake::handoff;
+  throw Error(ErrorKind::invalid_argument, "MSGQ_WAKE must be 'all' or 'handoff', not '" + text + "'");
 }
 
 }  // namespace vipc

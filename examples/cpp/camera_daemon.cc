@@ -5,7 +5,7 @@
 //
 //   vipc_camera_daemon [--name camerad] [--stream 0] [--width 320] [--height 240]
 //                      [--fps 20] [--frames N (0: until killed)] [--buffers 4]
-//                      [--device /dev/videoN]
+//                      [--device /dev/videoN] [--wake all|handoff (default: MSGQ_WAKE, else all)]
 // Exit status: 0 done, 1 runtime error, 2 bad arguments or no such device.
 #include <chrono>
 #include <csignal>
@@ -26,7 +26,7 @@ namespace {
 volatile std::sig_atomic_t stop = 0;
 
 struct Args {
-  std::string name = "camerad", stream = "0", device;
+  std::string name = "camerad", stream = "0", device, wake;
   uint32_t width = 320, height = 240, buffers = 4;
   double fps = 20;
   uint64_t frames = 0;
@@ -53,6 +53,7 @@ Args parse(int argc, char** argv) {
     if (flag == "--name") a.name = v;
     else if (flag == "--stream") a.stream = v;
     else if (flag == "--device") a.device = v;
+    else if (flag == "--wake") a.wake = v;
     else if (flag == "--width") a.width = static_cast<uint32_t>(number("--width", v));
     else if (flag == "--height") a.height = static_cast<uint32_t>(number("--height", v));
     else if (flag == "--buffers") a.buffers = static_cast<uint32_t>(number("--buffers", v));
@@ -61,6 +62,7 @@ Args parse(int argc, char** argv) {
     else usage("unknown option " + flag);
   }
   if (a.fps <= 0) usage("--fps must be at least 1");
+  if (!a.wake.empty() && a.wake != "all" && a.wake != "handoff") usage("--wake must be 'all' or 'handoff', not '" + a.wake + "'");
   return a;
 }
 
@@ -83,12 +85,16 @@ int main(int argc, char** argv) {
     height = camera->height();
   }
   try {
-    vipc::FrameServer server(args.name, {.run = vipc::RunOptions::from_environment()});
+    const vipc::Wake wake = args.wake.empty()       ? vipc::RunOptions::wake_from_environment()
+                            : args.wake == "handoff" ? vipc::Wake::handoff
+                                                     : vipc::Wake::all;
+    vipc::FrameServer server(args.name, {.run = vipc::RunOptions::from_environment(), .wake = wake});
     server.create_buffers(args.stream, args.buffers, width, height, vipc::PixelFormat::nv12);
     server.start_listener();
     const vipc::Geometry g = server.geometry(args.stream);
-    std::printf("serving %s/%s: %ux%u nv12, %u buffers, %s\n", args.name.c_str(), args.stream.c_str(), g.width,
-                g.height, args.buffers, camera ? args.device.c_str() : "synthetic pattern");
+    std::printf("serving %s/%s: %ux%u nv12, %u buffers, %s, wake %s\n", args.name.c_str(), args.stream.c_str(), g.width,
+                g.height, args.buffers, camera ? args.device.c_str() : "synthetic pattern",
+                server.wake() == vipc::Wake::handoff ? "handoff" : "all");
     std::fflush(stdout);
     const auto period = std::chrono::duration<double>(1.0 / args.fps);
     auto next = std::chrono::steady_clock::now();

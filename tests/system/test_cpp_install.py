@@ -315,3 +315,32 @@ def test_the_daemon_refuses_a_missing_v4l2_device_clearly(installed):
     )
     assert proc.returncode == 2
     assert "/dev/video-none-such" in proc.stdout and "No such file" in proc.stdout
+
+
+@pytest.mark.parametrize("value", ["sometimes", "ALL"])
+def test_a_bad_msgq_wake_is_refused_in_the_same_words_by_cpp_and_python(installed, monkeypatch, value):
+    import msgq
+    from msgq.testing import unique_name, unique_topic
+
+    monkeypatch.setenv("MSGQ_WAKE", value)
+    with pytest.raises(msgq.InvalidArgumentError) as python:
+        msgq.pub_sock(unique_topic())
+    proc = subprocess.run(
+        [_find(installed, "vipc_camera_daemon"), "--name", unique_name("cam"), "--frames", "1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=30,
+    )
+    assert proc.returncode == 2 and proc.stdout == f"vipc_camera_daemon: {python.value}\n"
+
+
+@pytest.mark.parametrize(("env", "flag", "mode"), [(" handoff\t", None, "handoff"), ("handoff", "all", "all")])
+def test_the_cpp_daemon_takes_its_wake_mode_from_msgq_wake_or_the_flag(installed, monkeypatch, env, flag, mode):
+    """Blanks around MSGQ_WAKE do not count in C++ either; --wake wins over it."""
+    from msgq.testing import unique_name
+
+    monkeypatch.setenv("MSGQ_WAKE", env)
+    cmd = [_find(installed, "vipc_camera_daemon"), "--name", unique_name("cam"), "--frames", "2", "--fps", "50"]
+    out = _run(cmd + (["--wake", flag] if flag else []), timeout=30)
+    assert out.startswith("serving ") and out.rstrip().endswith(f"synthetic pattern, wake {mode}"), out

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <vipc/vipc.h>
@@ -199,13 +200,54 @@ TEST(test_a_handoff_frame_server_reaches_every_sleeping_client) {
   CHECK(server.readers_woken("road") > 0 && server.readers_woken("road") <= static_cast<uint64_t>(kFrames));
 }
 
+// The invalid_argument message F throws ("" if it throws none).
+template <class F>
+static std::string refusal_of(F&& f) {
+  try {
+    f();
+  } catch (const vipc::Error& e) {
+    CHECK(e.kind() == vipc::ErrorKind::invalid_argument);
+    return e.what();
+  }
+  return "";
+}
+
 TEST(test_msgq_wake_from_the_environment) {
   CHECK(setenv("MSGQ_WAKE", "handoff", 1) == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
+  CHECK(setenv("MSGQ_WAKE", " handoff\n", 1) == 0);  // blanks around it do not count, as in Python
+  CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
+  CHECK(setenv("MSGQ_WAKE", "  ", 1) == 0);
+  CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::all);
   CHECK(setenv("MSGQ_WAKE", "sometimes", 1) == 0);
   CHECK(error_of([] { vipc::RunOptions::wake_from_environment(); }) == vipc::ErrorKind::invalid_argument);
+  // Worded as Python's msgq words it (tests/system/test_cpp_install.py compares the two).
+  CHECK(refusal_of([] { vipc::RunOptions::wake_from_environment(); }) == "MSGQ_WAKE must be 'all' or 'handoff', not 'sometimes'");
   CHECK(unsetenv("MSGQ_WAKE") == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::all);
+}
+
+TEST(test_msgq_spin_from_the_environment) {
+  using std::chrono::microseconds;
+  const auto spin = [] { return vipc::RunOptions::spin_from_environment(); };
+  CHECK(unsetenv("MSGQ_SPIN_US") == 0);
+  CHECK(spin() == microseconds(50));
+  CHECK(setenv("MSGQ_SPIN_US", " 0 ", 1) == 0);
+  CHECK(spin() == microseconds(0));
+  CHECK(setenv("MSGQ_SPIN_US", "1000000", 1) == 0);
+  CHECK(spin() == microseconds(1'000'000));
+  const std::pair<const char*, const char*> refused[] = {
+      {"abc", "MSGQ_SPIN_US='abc' must be an integer from 0 to 1000000"},
+      {"12us", "MSGQ_SPIN_US='12us' must be an integer from 0 to 1000000"},
+      {"1000001", "MSGQ_SPIN_US must be 0 to 1000000, got 1000001"},
+      {"-5", "MSGQ_SPIN_US must be 0 to 1000000, got -5"},
+      {"99999999999999999999", "MSGQ_SPIN_US must be 0 to 1000000, got 99999999999999999999"},
+  };
+  for (const auto& [value, message] : refused) {
+    CHECK(setenv("MSGQ_SPIN_US", value, 1) == 0);
+    CHECK(refusal_of(spin) == message);
+  }
+  CHECK(unsetenv("MSGQ_SPIN_US") == 0);
 }
 
 int main() { return run_compat_tests(); }
