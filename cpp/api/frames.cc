@@ -95,7 +95,7 @@ WriteBuffer FrameServer::get_buffer(std::string_view stream) {
     b.index_ = a.index;
     b.generation_ = a.generation;
     b.data_ = std::span(reinterpret_cast<std::byte*>(a.data), impl_->server.geometry(key).size);
-    b.mapping_ = impl_->server.pool(key);
+    b.mapping_ = a.pool;
     return b;
   });
 }

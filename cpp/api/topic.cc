@@ -1,9 +1,12 @@
 // vipc::Publisher / Subscriber / Poller on the core's msgq ring (cpp/msgq).
 #include "vipc/topic.h"
 
+#include <unistd.h>
+
 #include <utility>
 
 #include "api/guard.h"
+#include "common/use_gate.h"
 #include "msgq/publisher.h"
 #include "msgq/segment.h"
 #include "msgq/subscriber.h"
@@ -31,6 +34,21 @@ struct VectorSink {
 };
 
 [[noreturn]] void moved_from() { throw Error(ErrorKind::closed, "use of a moved-from or closed object"); }
+
+// A message into `out`, waiting up to `timeout` for one (false: none came).
+bool read_or_wait(msgq::Subscriber& sub, Bytes& out, Timeout timeout) {
+  VectorSink sink{out};
+  if (sub.try_read(sink)) return true;
+  if (timeout.count() == 0) return false;
+  const int64_t deadline = api::deadline_of(timeout);
+  for (;;) {
+    const common::WaitStatus st = sub.wait(deadline);
+    if (st == common::WaitStatus::kClosed) common::fail(common::ErrorKind::kClosed, "subscriber was closed while waiting");
+    if (sub.try_read(sink)) return true;
+    if (st == common::WaitStatus::kTimeout) return false;
+    if (deadline != common::kNever && common::monotonic_ns() >= deadline) return false;
+  }
+}
 
 }  // namespace
 
@@ -96,6 +114,16 @@ void Publisher::close() {
 struct Subscriber::Impl {
   explicit Impl(std::shared_ptr<msgq::Subscriber> s) : sub(std::move(s)) {}
   std::shared_ptr<msgq::Subscriber> sub;
+  // Calls in flight (receive, fd, arm, disarm): a close() on another thread
+  // ends a wait (interrupt), waits for them to leave, then unmaps; later calls
+  // throw closed. SYNC: UseGate's enter/begin_close pairing.
+  common::UseGate calls;
+  template <class F>
+  auto use(F&& f) {
+    const common::UseGuard in(calls);
+    if (!in.ok()) common::fail(common::ErrorKind::kClosed, "subscriber is closed");
+    return f();
+  }
 };
 
 Subscriber::Subscriber(std::string_view topic, const TopicOptions& options)
@@ -110,20 +138,7 @@ Subscriber& Subscriber::operator=(Subscriber&&) noexcept = default;
 
 bool Subscriber::receive_into(Bytes& out, Timeout timeout) {
   if (!impl_) moved_from();
-  msgq::Subscriber& sub = *impl_->sub;
-  return api::guarded([&] {
-    VectorSink sink{out};
-    if (sub.try_read(sink)) return true;
-    if (timeout.count() == 0) return false;
-    const int64_t deadline = api::deadline_of(timeout);
-    for (;;) {
-      const common::WaitStatus st = sub.wait(deadline);
-      if (st == common::WaitStatus::kClosed) common::fail(common::ErrorKind::kClosed, "subscriber was closed while waiting");
-      if (sub.try_read(sink)) return true;
-      if (st == common::WaitStatus::kTimeout) return false;
-      if (deadline != common::kNever && common::monotonic_ns() >= deadline) return false;
-    }
-  });
+  return api::guarded([&] { return impl_->use([&] { return read_or_wait(*impl_->sub, out, timeout); }); });
 }
 
 std::optional<Bytes> Subscriber::receive(Timeout timeout) {
@@ -134,21 +149,25 @@ std::optional<Bytes> Subscriber::receive(Timeout timeout) {
 
 int Subscriber::fd() {
   if (!impl_) moved_from();
-  return api::guarded([&] { return impl_->sub->fileno(); });
+  return api::guarded([&] { return impl_->use([&] { return impl_->sub->fileno(); }); });
 }
 
 bool Subscriber::arm() {
   if (!impl_) moved_from();
-  return api::guarded([&] { return impl_->sub->arm(); });
+  return api::guarded([&] { return impl_->use([&] { return impl_->sub->arm(); }); });
 }
 
 void Subscriber::disarm() {
   if (!impl_) moved_from();
-  api::guarded([&] { impl_->sub->disarm(); });
+  api::guarded([&] { impl_->use([&] { impl_->sub->disarm(); }); });
 }
 
 void Subscriber::close() {
-  if (impl_) impl_->sub->close();
+  if (!impl_) return;
+  impl_->calls.begin_close();
+  impl_->sub->interrupt();  // a receive asleep on the ring returns: closed
+  while (!impl_->calls.idle()) usleep(50);  // one reading a message finishes it
+  impl_->sub->close();
 }
 
 struct Poller::Impl {

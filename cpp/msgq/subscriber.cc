@@ -31,7 +31,7 @@ Subscriber::Subscriber(const SegmentSpec& spec, bool conflate, std::shared_ptr<S
 
 Subscriber::~Subscriber() { close(); }
 
-void Subscriber::close() {
+void Subscriber::interrupt() {
   if (!seg_) return;
   gate_.begin_close();
   WakeSender sender;
@@ -42,6 +42,11 @@ void Subscriber::close() {
     if (wake_) sender.poke(wake_->name(), wake_->name_length());
     usleep(50);
   }
+}
+
+void Subscriber::close() {
+  if (!seg_) return;
+  interrupt();
   release_slot();
   reader_.reset();
   seg_.reset();

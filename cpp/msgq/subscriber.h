@@ -62,8 +62,14 @@ class Subscriber {
   size_t segment_size() const { return seg_ ? seg_->data_size() : 0; }
 
   // Safe while another thread waits on this subscriber (in wait() or a
-  // Poller): wakes it, waits for it to leave, then unmaps.
+  // Poller): wakes it, waits for it to leave, then unmaps. Not while another
+  // thread is in try_read() (a caller that allows that gates it itself and
+  // calls interrupt() first, as visionipc::Client::close does).
   void close();
+  // The first half of close(): from here on wait() returns kClosed; wakes the
+  // waiters and waits for them to leave, but keeps the mapping (a try_read()
+  // running on another thread finishes on it).
+  void interrupt();
   bool closed() const { return seg_ == nullptr || gate_.closing(); }
   void forget_after_fork();
   common::UseGate& gate() { return gate_; }

@@ -128,7 +128,7 @@ PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nar
       vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
                          "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
     }
-    const vipc::visionipc::Acquired a = s.get_buffer(stream);
+    const vipc::visionipc::Acquired a = s.get_buffer(stream);  // a.pool keeps a.data mapped if another thread closes s
     vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(a.data, data.data(), n); });
     s.send(stream, a.index, a.generation, frame_id, sof, eof);
     return PyLong_FromUnsignedLong(a.index);
@@ -217,7 +217,7 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("get_buffer",
            [](Server& s, const std::string& stream) {
              const vipc::visionipc::Acquired a = s.get_buffer(stream);
-             return py::make_tuple(a.index, a.generation, View{s.pool(stream), a.data, s.geometry(stream).size, false});
+             return py::make_tuple(a.index, a.generation, View{a.pool, a.data, s.geometry(stream).size, false});
            })
       .def("view",
            [](const Server& s, const std::string& stream, uint32_t index) {

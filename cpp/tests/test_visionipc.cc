@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <thread>
 #include <vector>
@@ -278,6 +279,135 @@ TEST(leased_frames_are_never_overwritten_under_a_fast_producer) {
   stop.store(true);
   producer.join();
   CHECK(checked >= 20);
+}
+
+// The threading contract: each stream may have its own producer thread, all
+// sending at once, while clients connect and hang up (the listener thread)
+// and another thread adds a stream. Every frame a client holds a valid lease
+// on is its stream's own, intact, and each client's frames come in order.
+TEST(each_stream_may_have_its_own_producer_thread) {
+  Rig rig;
+  ServerOptions options = rig.sopt();
+  options.wake = vipc::msgq::WakeMode::kHandoff;  // the clients' hand-offs run beside the sends too
+  Server server("cam", options);
+  const std::vector<std::string> streams = {"road", "wide", "driver"};
+  for (const auto& name : streams) server.create_buffers(name, 6, make_geometry(Format::kGray8, 64, 48));
+  server.start_listener();
+  constexpr uint64_t kFrames = 400;
+  std::atomic<int> started{0}, finished{0};
+  std::atomic<uint64_t> checked{0};
+  std::vector<std::thread> threads;
+  for (size_t k = 0; k < streams.size(); k++) {
+    const std::string name = streams[k];
+    const auto tag = [k](uint64_t id) { return static_cast<uint8_t>(id * 3 + k); };
+    for (int c = 0; c < 2; c++) {
+      threads.emplace_back([&, name, tag] {
+        Client client("cam", name, false, rig.copt());
+        CHECK(client.connect());
+        uint64_t last = 0;
+        while (last < kFrames) {
+          Frame f;
+          if (!recv_frame(client, f, 2000)) break;
+          CHECK(f.frame_id > last);
+          last = f.frame_id;
+          const uint8_t* p = client.buffer(f.index);
+          const uint8_t want = tag(f.frame_id);
+          bool intact = true;
+          for (uint64_t i = 0; i < client.geometry().size; i += 97) intact = intact && p[i] == want;
+          if (client.is_valid(f.index, f.generation)) {
+            CHECK(intact);  // read under a valid lease: the stream's own frame, untouched
+            checked.fetch_add(1, std::memory_order_relaxed);
+          }
+        }
+        CHECK_EQ(last, kFrames);
+      });
+    }
+    threads.emplace_back([&, name, tag] {
+      while (server.clients(name) < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      started.fetch_add(1);
+      for (uint64_t id = 1; id <= kFrames; id++) {
+        const Acquired a = server.get_buffer(name);
+        std::memset(a.data, tag(id), server.geometry(name).size);
+        server.send(name, a.index, a.generation, id, id, id);
+        if (id % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));
+      }
+      finished.fetch_add(1);
+    });
+  }
+  threads.emplace_back([&] {  // connections come and go on the listener thread meanwhile
+    while (started.load() < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    for (int i = 0; finished.load() < 3; i++) {
+      Client churn("cam", streams[i % streams.size()], true, rig.copt());
+      CHECK(churn.connect());
+      Frame f;
+      recv_frame(churn, f, 5);
+    }
+  });
+  threads.emplace_back([&] {  // and a new stream is added while the others send
+    server.create_buffers("late", 2, make_geometry(Format::kGray8, 16, 16));
+    fill(server, "late", 7, 1);
+  });
+  for (auto& t : threads) t.join();
+  CHECK(checked.load() > 0);
+  CHECK_EQ(server.streams().size(), 4u);
+}
+
+// close() from another thread, while frames flow: the client's close ends its
+// recv() (kClosed) or makes the reader's next call throw kClosed, and the
+// server's close makes the producer's next call throw kClosed; nothing is
+// unmapped under a call in flight (the sanitizer builds run this).
+TEST(client_and_server_close_from_another_thread_while_frames_flow) {
+  for (int round = 0; round < 40; round++) {
+    Rig rig;
+    Server server("cam", rig.sopt());
+    server.create_buffers("s", 4, make_geometry(Format::kGray8, 128, 64));
+    server.start_listener();
+    Client client("cam", "s", round % 2 == 1, rig.copt());
+    CHECK(client.connect());
+    std::atomic<bool> reading{false};
+    const auto closed = [](const vipc::common::Error& e) { return e.kind() == vipc::common::ErrorKind::kClosed; };
+    std::thread producer([&] {
+      try {
+        for (uint64_t id = 1;; id++) {
+          fill(server, "s", static_cast<uint8_t>(id), id);
+          if (id % 8 == 0) std::this_thread::yield();
+        }
+      } catch (const vipc::common::Error& e) {
+        CHECK(closed(e));
+      }
+    });
+    std::thread reader([&] {
+      try {
+        for (;;) {
+          Frame f;
+          const auto st = client.recv(vipc::common::deadline_after(1'000'000'000), f);
+          if (st == vipc::common::WaitStatus::kClosed) break;
+          if (st != vipc::common::WaitStatus::kReady) continue;
+          reading.store(true);
+          const std::shared_ptr<Mapping> mapped = client.pool();  // what keeps p readable after a close()
+          const uint8_t* p = client.buffer(f.index);
+          bool intact = true;
+          for (uint64_t i = 8; i < client.geometry().size; i += 53) intact = intact && p[i] == static_cast<uint8_t>(f.frame_id);
+          if (client.is_valid(f.index, f.generation)) CHECK(intact);
+          client.release_lease();
+          (void)client.take_lease(f.index, f.generation);
+        }
+      } catch (const vipc::common::Error& e) {
+        CHECK(closed(e));
+      }
+    });
+    while (!reading.load()) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(50 * (round % 7)));
+    client.close();
+    reader.join();
+    CHECK(!client.is_valid(0, 1));
+    CHECK_THROWS_KIND(client.buffer(0), vipc::common::ErrorKind::kClosed);
+    Frame f;
+    CHECK(client.recv(vipc::common::deadline_after(0), f) == vipc::common::WaitStatus::kClosed);
+    server.close();
+    producer.join();
+    CHECK_THROWS_KIND(server.get_buffer("s"), vipc::common::ErrorKind::kClosed);
+  }
 }
 
 // The copying sends' copy: every byte, at any alignment of either side, on both

@@ -104,6 +104,12 @@ void Client::close() {
     forget_after_fork();
     return;
   }
+  gate_.begin_close();
+  {
+    std::lock_guard<std::mutex> lock(sub_mutex_);
+    if (sub_) sub_->interrupt();  // a recv() asleep on the ring returns kClosed
+  }
+  while (!gate_.idle()) usleep(50);  // recv() (at most one reconnect slice) and the lease calls leave
   disconnect();
   topic_fd_.reset();
   pool_.reset();
@@ -136,6 +142,7 @@ void Client::disconnect() {
 // attach): a reconnect to a restarted server moves to its new ring.
 void Client::adopt_topic(bool same_server) {
   if (!topic_fd_) return;
+  std::lock_guard<std::mutex> lock(sub_mutex_);
   if (sub_ && same_server) {  // connect() again to the same server: its ring is the one we read
     topic_fd_.reset();
     return;
@@ -166,6 +173,7 @@ void Client::check_owner() const {
 }
 
 bool Client::connect() {
+  const Call call(*this);
   check_owner();
   const std::string who = "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
   common::UniqueFd fd = dial(options_.prefix, name_);
@@ -239,7 +247,8 @@ bool Client::accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds) {
 }
 
 bool Client::connected() {
-  if (!sock_) return false;
+  const common::UseGuard use(gate_);
+  if (!use.ok() || !sock_) return false;
   pollfd p{sock_.get(), POLLIN, 0};
   if (poll(&p, 1, 0) > 0 && (p.revents & (POLLHUP | POLLERR | POLLIN))) {
     disconnect();  // the server went away (it never sends after the handshake)
@@ -248,20 +257,38 @@ bool Client::connected() {
   return true;
 }
 
+std::shared_ptr<Mapping> Client::pool() const {
+  const common::UseGuard use(gate_);
+  return use.ok() ? pool_ : nullptr;
+}
+
+int Client::fileno() {
+  const Call call(*this);
+  return connected_subscriber().fileno();
+}
+
+bool Client::arm() {
+  const Call call(*this);
+  return connected_subscriber().arm();
+}
+
 const uint8_t* Client::buffer(uint32_t index) const {
+  const Call call(*this);
   if (!pool_ || index >= layout_.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return pool_->data() + layout_.data_offset + uint64_t{index} * layout_.slot_size;
 }
 
 bool Client::is_valid(uint32_t index, uint64_t generation) const {
-  if (!pool_ || index >= layout_.count) return false;
+  const common::UseGuard use(gate_);
+  if (!use.ok() || !pool_ || index >= layout_.count) return false;
   std::atomic_thread_fence(std::memory_order_acquire);  // V: the caller's pixel reads come first
   const uint64_t g = meta(index).generation.load(std::memory_order_relaxed);
   return g == generation || g == (generation | kProbeBit);
 }
 
 bool Client::take_lease(uint32_t index, uint64_t generation) {
-  if (lease_ == nullptr || index >= layout_.count) return false;
+  const common::UseGuard use(gate_);
+  if (!use.ok() || lease_ == nullptr || index >= layout_.count) return false;
   // L1: publish the lease, then confirm the frame is still there.
   lease_->word.store(lease_word(index, generation), std::memory_order_seq_cst);
   // A probe resolves within a few instructions; a server preempted (or
@@ -283,7 +310,8 @@ bool Client::take_lease(uint32_t index, uint64_t generation) {
 }
 
 void Client::release_lease() {
-  if (lease_ != nullptr) lease_->word.store(0, std::memory_order_release);  // L2
+  const common::UseGuard use(gate_);
+  if (use.ok() && lease_ != nullptr) lease_->word.store(0, std::memory_order_release);  // L2
 }
 
 bool Client::handle(const Packet& p, Frame& out) {
@@ -308,6 +336,8 @@ bool Client::handle(const Packet& p, Frame& out) {
 // checks the connection and reconnects to a restarted server (whose frames
 // go to a new ring). Frames arriving never pay for the check.
 common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
+  const common::UseGuard use(gate_);
+  if (!use.ok()) return common::WaitStatus::kClosed;
   check_owner();  // an inherited subscriber would move the parent's read position
   if (receiving_.exchange(true, std::memory_order_acquire)) {
     common::fail(common::ErrorKind::kIpc,
@@ -318,6 +348,7 @@ common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
     ~Done() { flag.store(false, std::memory_order_release); }
   } done{receiving_};
   for (;;) {
+    if (gate_.closing()) return common::WaitStatus::kClosed;  // close() on another thread waits for us
     if (sub_) {
       PacketSink sink;
       while (sub_->try_read(sink)) {
@@ -337,6 +368,7 @@ common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
       timespec ts{static_cast<time_t>(ns / 1'000'000'000), static_cast<long>(ns % 1'000'000'000)};
       if (nanosleep(&ts, nullptr) != 0 && errno == EINTR) return common::WaitStatus::kInterrupted;
     }
+    if (gate_.closing()) return common::WaitStatus::kClosed;
     if (!connected()) connect();
   }
 }

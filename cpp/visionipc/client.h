@@ -9,11 +9,19 @@
 //
 // Fork: only the process that made the client writes its lease slot or
 // touches the segment's locks; in a forked child close() only forgets.
+//
+// Threads: one recv() at a time (a second one throws kIpc). close() may come
+// from any thread while another one is in recv() or the lease and buffer
+// calls: it ends a wait on the ring (Subscriber::interrupt), waits for every
+// call in flight to leave (gate_), then drops the mapping and the connection.
+// From then on recv() returns kClosed, buffer()/connect() throw kClosed,
+// pool() is null, and the lease calls do nothing (is_valid() is false).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <sys/types.h>
 #include <string>
@@ -21,6 +29,7 @@
 
 #include "common/errors.h"
 #include "common/files.h"
+#include "common/use_gate.h"
 #include "common/wait_status.h"
 #include "msgq/subscriber.h"
 #include "visionipc/format.h"
@@ -73,7 +82,7 @@ class Client {
 
   const Geometry& geometry() const { return geometry_; }
   uint32_t count() const { return layout_.count; }
-  std::shared_ptr<Mapping> pool() const { return pool_; }
+  std::shared_ptr<Mapping> pool() const;
   const uint8_t* buffer(uint32_t index) const;
   uint64_t server_id() const { return server_id_; }
   // Bumped each time a (re)connect maps a pool: views made under an older
@@ -81,8 +90,8 @@ class Client {
   uint64_t epoch() const { return epoch_; }
   uint64_t dropped() const { return dropped_; }  // packets that failed validation
   // The frame topic's wake descriptor for event loops (msgq::Subscriber::fileno / arm); once connected.
-  int fileno() { return connected_subscriber().fileno(); }
-  bool arm() { return connected_subscriber().arm(); }
+  int fileno();
+  bool arm();
   // Drop the lease and the connection. In a forked child (another pid than
   // the one that made the client) this is forget_after_fork().
   void close();
@@ -104,6 +113,20 @@ class Client {
   }
   void adopt_topic(bool same_server);
   void check_owner() const;  // kClosed in a forked child that did not close() the client first
+  // A call that uses the connection's state: close() waits for it to leave;
+  // one that starts after close() began throws kClosed.
+  class Call {
+   public:
+    explicit Call(const Client& c) : gate_(c.gate_) {
+      if (!gate_.enter()) common::fail(common::ErrorKind::kClosed, "VisionIPC client is closed");
+    }
+    ~Call() { gate_.leave(); }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    common::UseGate& gate_;
+  };
   // How long recv() waits on the ring before it checks that the server is
   // still there (and reconnects to a restarted one).
   static constexpr int64_t kReconnectCheckNs = 50'000'000;
@@ -128,7 +151,12 @@ class Client {
   // second thread's recv() is refused. acquire/release: a recv() that follows
   // another one in a different thread sees everything the first one did.
   std::atomic<bool> receiving_{false};
-  std::unique_ptr<msgq::Subscriber> sub_;
+  std::unique_ptr<msgq::Subscriber> sub_;  // replaced (adopt_topic) only under sub_mutex_
+  std::mutex sub_mutex_;                   // sub_'s replacement vs close()'s interrupt of the old one
+  // Calls in flight (recv, leases, buffer, pool, connect): close() waits for them.
+  // SYNC: UseGate's enter/begin_close pairing; a call's leave (release) before
+  // close()'s idle check (seq_cst) orders its writes before the teardown.
+  mutable common::UseGate gate_;
   pid_t owner_ = 0;  // the process that made the client: the only one that writes its lease or locks
   Refusal refusal_ = Refusal::kNone;
   std::string error_;

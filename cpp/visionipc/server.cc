@@ -91,6 +91,10 @@ void Server::close() {
     forget_after_fork();
     return;
   }
+  // A get_buffer/send/... on another thread finishes first (none blocks); any
+  // later one throws kClosed. SYNC: UseGate's enter/begin_close pairing.
+  gate_.begin_close();
+  while (!gate_.idle()) usleep(50);
   if (listener_.joinable()) {
     const uint64_t one = 1;
     if (write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) std::abort();  // eventfd write cannot fail here
@@ -120,6 +124,12 @@ void Server::forget_after_fork() {
   listen_fd_.reset();
 }
 
+Server::Call::Call(const Server& server) : server_(server) {
+  if (!server.gate_.enter()) {
+    common::fail(common::ErrorKind::kClosed, "server '" + server.name_ + "' is closed");
+  }
+}
+
 void Server::check_open() const {
   if (!listen_fd_ || common::current_pid() != owner_) {
     common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
@@ -134,7 +144,28 @@ Server::Stream& Server::find(const std::string& stream) const {
   return *it->second;
 }
 
+Geometry Server::geometry(const std::string& stream) const {
+  const Call call(*this);
+  return find(stream).geometry;
+}
+
+uint32_t Server::count(const std::string& stream) const {
+  const Call call(*this);
+  return find(stream).layout.count;
+}
+
+std::shared_ptr<Mapping> Server::pool(const std::string& stream) const {
+  const Call call(*this);
+  return find(stream).pool;
+}
+
+uint64_t Server::readers_woken(const std::string& stream) const {
+  const Call call(*this);
+  return find(stream).publisher->readers_woken();
+}
+
 std::vector<std::string> Server::streams() const {
+  const Call call(*this);
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> out;
   for (const auto& kv : streams_) out.push_back(kv.first);
@@ -142,23 +173,27 @@ std::vector<std::string> Server::streams() const {
 }
 
 uint8_t* Server::buffer(const std::string& stream, uint32_t index) const {
+  const Call call(*this);
   const Stream& s = find(stream);
   if (index >= s.layout.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return s.pool->data() + s.layout.data_offset + uint64_t{index} * s.layout.slot_size;
 }
 
 uint32_t Server::clients(const std::string& stream) const {
+  const Call call(*this);
   const Stream& s = find(stream);
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<uint32_t>(__builtin_popcountll(s.slot_used));
 }
 
 uint64_t Server::generation(const std::string& stream, uint32_t index) const {
+  const Call call(*this);
   const Stream& s = find(stream);
   return index < s.layout.count ? s.generation[index] : 0;
 }
 
 void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
+  const Call call(*this);
   check_open();
   check_name("stream name", stream);
   {
@@ -196,6 +231,7 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
 }
 
 Acquired Server::get_buffer(const std::string& stream) {
+  const Call call(*this);
   Stream& s = find(stream);
   const uint32_t n = s.layout.count;
   uint8_t* const data = s.pool->data() + s.layout.data_offset;
@@ -228,7 +264,7 @@ Acquired Server::get_buffer(const std::string& stream) {
     s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
     std::atomic_thread_fence(std::memory_order_release);              // pixel writes after it
     s.generation[i] = gen + 1;
-    return Acquired{i, gen + 1, pixels(i)};
+    return Acquired{i, gen + 1, pixels(i), s.pool};
   }
   // Everything is leased (or checked out): take the least recently sent one;
   // its holder's validity check fails from here on.
@@ -236,10 +272,11 @@ Acquired Server::get_buffer(const std::string& stream) {
   gen += (gen & 1) ? 2 : 1;
   s.meta(chosen).generation.store(gen, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_release);
-  return Acquired{chosen, gen, pixels(chosen)};
+  return Acquired{chosen, gen, pixels(chosen), s.pool};
 }
 
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+  const Call call(*this);
   Stream& s = find(stream);
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
@@ -260,6 +297,7 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
 }
 
 void Server::start_listener() {
+  const Call call(*this);  // a close() on another thread waits, then stops the thread started here
   check_open();
   if (listener_.joinable()) return;
   if (listen(listen_fd_.get(), 64) != 0) common::fail_errno("listen");

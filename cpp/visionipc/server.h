@@ -6,9 +6,14 @@
 // directory whatever kills it. Fork: only the process that made the server
 // stops its listener (close() in a forked child only forgets its copies).
 //
-// Threads: get_buffer() / send() / create_buffers() belong to one producer
-// thread at a time; the listener thread only reads stream geometry (under
-// mutex_) and clears lease slots of clients that hung up.
+// Threads: each stream's get_buffer() / send() belong to one producer thread
+// at a time; different streams may have producer threads of their own, all
+// sending at once (a stream's state is touched by its producer only; the map
+// of streams is under mutex_, and create_buffers() may add one meanwhile). The
+// listener thread only reads stream geometry (under mutex_) and clears lease
+// slots of clients that hung up. close() may come from any thread: it waits
+// for calls in flight (gate_) before it drops the streams, and later calls
+// throw kClosed; a buffer handed out keeps its pool mapped (Acquired::pool).
 //
 // Buffer choice (get_buffer): the least recently sent buffer that no client
 // holds a lease on and the producer has not already checked out. When every
@@ -29,6 +34,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/use_gate.h"
 #include "msgq/publisher.h"
 #include "visionipc/format.h"
 #include "visionipc/pool.h"
@@ -52,6 +58,7 @@ struct Acquired {
   uint32_t index;
   uint64_t generation;  // odd: the producer owns the buffer until send()
   uint8_t* data;
+  std::shared_ptr<Mapping> pool;  // keeps data mapped, even past the server's close()
 };
 
 class Server {
@@ -76,16 +83,16 @@ class Server {
   void forget_after_fork();
 
   std::vector<std::string> streams() const;
-  const Geometry& geometry(const std::string& stream) const { return find(stream).geometry; }
-  uint32_t count(const std::string& stream) const { return find(stream).layout.count; }
-  std::shared_ptr<Mapping> pool(const std::string& stream) const { return find(stream).pool; }
+  Geometry geometry(const std::string& stream) const;
+  uint32_t count(const std::string& stream) const;
+  std::shared_ptr<Mapping> pool(const std::string& stream) const;
   uint8_t* buffer(const std::string& stream, uint32_t index) const;
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   uint32_t clients(const std::string& stream) const;
   // Sleeping clients the stream's sends woke with the server's own system
   // calls (msgq::Publisher::readers_woken): with WakeMode::kHandoff one per frame.
-  uint64_t readers_woken(const std::string& stream) const { return find(stream).publisher->readers_woken(); }
+  uint64_t readers_woken(const std::string& stream) const;
   msgq::WakeMode wake() const { return options_.wake; }
   // The generation the server last gave the buffer (odd: checked out).
   uint64_t generation(const std::string& stream, uint32_t index) const;
@@ -116,6 +123,18 @@ class Server {
   };
 
   void check_open() const;  // kClosed after close() and in a forked child
+  // One call that uses the streams: close() waits for it to leave (gate_);
+  // entering after close() began throws kClosed.
+  class Call {
+   public:
+    explicit Call(const Server& server);
+    ~Call() { server_.gate_.leave(); }
+    Call(const Call&) = delete;
+    Call& operator=(const Call&) = delete;
+
+   private:
+    const Server& server_;
+  };
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
   static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
@@ -133,6 +152,7 @@ class Server {
   pid_t owner_ = 0;  // the process that made the server: the only one that may stop its listener
   uint64_t id_;
   mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
+  mutable common::UseGate gate_;  // calls in flight that use streams_ (see Call)
   std::map<std::string, std::unique_ptr<Stream>> streams_;
   common::UniqueFd listen_fd_, stop_fd_;
   std::vector<Connection> connections_;  // listener thread only

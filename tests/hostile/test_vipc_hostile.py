@@ -7,6 +7,7 @@ Children are forked (cheap) and always leave through ``os._exit``.
 """
 
 import gc
+import itertools
 import os
 import signal
 import socket
@@ -366,3 +367,65 @@ def test_a_second_thread_receiving_on_the_same_client_gets_an_error_not_part_of_
     finally:
         client.close()
         server.close()
+
+
+def _close_while_frames_flow(name, send, pause_s):
+    """One camera thread sending, one consumer thread reading frames; the caller's
+    thread closes the client, then the server. Returns what each thread raised."""
+    import threading
+
+    import numpy as np
+
+    frame = np.zeros(640 * 480 * 3 // 2, np.uint8)
+    server = VisionIpcServer(name)
+    server.create_buffers("s", 4, 640, 480)
+    server.start_listener()
+    client = VisionIpcClient(name, "s")
+    assert client.connect(True)
+    outcome, reading = {}, threading.Event()
+
+    def produce():
+        try:
+            for fid in itertools.count(1):
+                if send == "copying":
+                    server.send("s", frame, fid)
+                else:
+                    buf = server.get_buffer("s")
+                    buf.data[:8] = fid.to_bytes(8, "little")
+                    server.send(buf, frame_id=fid)
+        except Exception as e:  # the caller's assertion names it
+            outcome["producer"] = e
+
+    def consume():
+        try:
+            while True:
+                got = client.recv(1000)
+                if got is not None:
+                    with got:
+                        assert int(got.array.sum()) >= 0 and got.valid in (True, False)
+                    reading.set()
+        except Exception as e:
+            outcome["consumer"] = e
+
+    threads = [threading.Thread(target=produce), threading.Thread(target=consume)]
+    for t in threads:
+        t.start()
+    assert reading.wait(10)
+    time.sleep(pause_s)
+    client.close()
+    threads[1].join(10)
+    server.close()
+    threads[0].join(10)
+    assert not any(t.is_alive() for t in threads), "a thread hangs after the close"
+    return outcome
+
+
+@pytest.mark.parametrize("send", ["zero-copy", "copying"])
+def test_closing_the_server_and_client_from_another_thread_while_frames_flow_raises_closed_error(send):
+    """A camera thread sends and a consumer thread receives and reads frames while the
+    main thread closes the client, then the server (Ctrl-C handling often does this):
+    each thread's next call raises ClosedError; no crash, no hang, no other error. The
+    copying send copies 460 KB frames without the GIL, so the close lands mid-copy too."""
+    for round_ in range(25):
+        outcome = _close_while_frames_flow(f"closing{round_}", send, 0.0003 * (round_ % 6))
+        assert {k: type(v) for k, v in outcome.items()} == {"producer": ClosedError, "consumer": ClosedError}, outcome

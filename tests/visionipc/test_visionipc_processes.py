@@ -2,6 +2,7 @@
 policy under a fast producer, a client killed while holding a lease, a server
 killed and restarted. Children are spawned (tests/vipc_helpers.py)."""
 
+import threading
 import time
 
 import numpy as np
@@ -37,6 +38,67 @@ def test_eight_client_processes_receive_every_frame_intact_and_in_order():
     for name, r in reports.items():
         assert r["ids"] == list(range(1, frames + 1)), name
         assert r["torn"] == [], (name, r["torn"][:3])
+
+
+def test_producer_threads_of_one_server_feed_its_streams_at_once():
+    """One producer thread per stream, and two threads on one stream whose copying
+    sends copy without the GIL at the same time: client processes get every frame
+    of their stream, intact, and a one-producer stream's in order."""
+    per_thread, clients = 50, 2
+    results, ready = h.Results(), h.Results()
+    server = VisionIpcServer("threads")
+    server.create_buffers("road", 10, 640, 480)  # 460,800-byte frames: send_copy drops the GIL to copy
+    server.create_buffers("wide", 10, 128, 64)
+    server.start_listener()
+    procs = [
+        h.start(h.client_reads, f"{stream}{i}", results, "threads", stream, count, False, ready)
+        for stream, count in (("road", 2 * per_thread), ("wide", per_thread))
+        for i in range(clients)
+    ]
+    size = 640 * 480 * 3 // 2  # NV12 (send_copy refuses any other size)
+    errors = []
+
+    def copying(first_id):
+        frame = np.empty(size, np.uint8)
+        for fid in range(first_id, first_id + per_thread):
+            h.stamp(frame, fid)
+            server.send("road", frame, fid)
+            time.sleep(0.003)
+
+    def zero_copy():
+        for fid in range(1, per_thread + 1):
+            buf = server.get_buffer("wide")
+            h.stamp(buf.data, fid)
+            server.send(buf, frame_id=fid)
+            time.sleep(0.003)
+
+    def run(fn, *args):
+        try:
+            fn(*args)
+        except BaseException as e:  # reported below: a thread's failure must fail the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=a) for a in ((copying, 1), (copying, 1001), (zero_copy,))]
+    try:
+        for _ in procs:
+            ready.get(timeout=h.DEADLINE_S)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        reports = h.collect(results, len(procs))
+    finally:
+        for p in procs:
+            h.kill(p)
+        server.close()
+    assert errors == []
+    road = sorted([*range(1, per_thread + 1), *range(1001, 1001 + per_thread)])
+    for name, r in reports.items():
+        assert r["torn"] == [] and r["invalid"] == 0, (name, r["torn"][:3], r["invalid"])
+        if name.startswith("road"):
+            assert sorted(r["ids"]) == road, name
+        else:
+            assert r["ids"] == list(range(1, per_thread + 1)), name
 
 
 @pytest.mark.parametrize("lease", [True, False], ids=["leased", "unleased"])

@@ -11,9 +11,10 @@
 //     the server had to recycle it (every buffer was leased), so bytes read
 //     since may be torn; never a silent torn frame.
 //
-// Threads: a FrameServer's get_buffer/send belong to one producer thread at a
-// time (the listener runs on its own thread); a FrameClient is used by one
-// thread at a time, except close().
+// Threads: each stream's get_buffer/send belong to one producer thread at a
+// time, and each stream may have its own (the listener runs on its own
+// thread); a FrameClient is used by one thread at a time. close() of either
+// may come from any thread: later calls throw Error(closed).
 #pragma once
 
 #include <cstddef>

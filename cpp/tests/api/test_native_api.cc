@@ -87,6 +87,73 @@ TEST(test_close_from_another_thread_ends_a_blocking_receive) {
   closer.join();
 }
 
+// close() from another thread while messages and frames flow: the reader's
+// call in flight finishes or ends with Error(closed), never on unmapped memory.
+TEST(test_close_from_another_thread_while_messages_and_frames_flow) {
+  for (int round = 0; round < 20; round++) {
+    const std::string topic = random_sock();
+    vipc::Publisher pub(topic, topic_options());
+    vipc::Subscriber sub(topic, topic_options());
+    vipc::FrameServer server(topic, {.run = vipc::RunOptions::from_environment()});
+    server.create_buffers("road", 4, 256, 128, vipc::PixelFormat::gray8);
+    server.start_listener();
+    vipc::FrameClient client(topic, "road", {.run = vipc::RunOptions::from_environment()});
+    CHECK(client.connect(vipc::Timeout(5000)));
+    std::atomic<bool> stop{false};
+    std::atomic<int> busy{0};
+    std::thread producer([&] {
+      const std::string payload(4096, 'm');
+      for (uint64_t id = 1; !stop.load(); id++) {
+        pub.send(std::string_view(payload));
+        try {
+          vipc::WriteBuffer buf = server.get_buffer("road");
+          std::memset(buf.data().data(), static_cast<int>(id & 0xff), buf.data().size());
+          server.send(std::move(buf), {id, 0, 0});
+        } catch (const vipc::Error& e) {
+          CHECK(e.kind() == vipc::ErrorKind::closed);
+        }
+      }
+    });
+    std::thread messages([&] {
+      vipc::Bytes out;
+      try {
+        for (;;) {
+          if (sub.receive_into(out, vipc::Timeout(1000))) busy.fetch_or(1);
+        }
+      } catch (const vipc::Error& e) {
+        CHECK(e.kind() == vipc::ErrorKind::closed);
+      }
+    });
+    std::thread frames([&] {
+      try {
+        for (;;) {
+          std::optional<vipc::Frame> f = client.recv(vipc::Timeout(1000));
+          if (!f) continue;
+          busy.fetch_or(2);
+          const auto want = static_cast<std::byte>(f->info().frame_id & 0xff);
+          bool intact = true;
+          for (size_t i = 0; i < f->data().size(); i += 37) intact = intact && f->data()[i] == want;
+          if (f->valid()) CHECK(intact);
+        }
+      } catch (const vipc::Error& e) {
+        CHECK(e.kind() == vipc::ErrorKind::closed);
+      }
+    });
+    while (busy.load() != 3) std::this_thread::yield();
+    std::this_thread::sleep_for(std::chrono::microseconds(100 * (round % 5)));
+    sub.close();
+    client.close();
+    messages.join();
+    frames.join();
+    server.close();  // while the producer may be in get_buffer or send
+    stop.store(true);
+    producer.join();
+    CHECK(error_of([&] { sub.receive(vipc::Timeout(0)); }) == vipc::ErrorKind::closed);
+    CHECK(error_of([&] { client.recv(vipc::Timeout(0)); }) == vipc::ErrorKind::closed);
+    CHECK(error_of([&] { server.get_buffer("road"); }) == vipc::ErrorKind::closed);
+  }
+}
+
 TEST(test_frames_zero_copy_with_leases_and_generations) {
   const std::string name = random_sock();
   vipc::FrameServer server(name, {.run = vipc::RunOptions::from_environment()});
