@@ -49,7 +49,7 @@ void Publisher::close() {
   if (!seg_) return;
   gate_.begin_close();
   while (!gate_.idle()) usleep(50);  // a send on another thread finishes its copy
-  if (loan_size_) cancel_loan();
+  if (loan_size_) drop_loan();  // a thread may still fill it: loaned_seg_ keeps it mapped
   common::ofd_unlock(seg_->fd(), liveness_byte_);
   // Leave the token in place: a publisher that restarts later continues at
   // the write pointer, and readers keep what is already in the ring.
@@ -149,6 +149,7 @@ uint8_t* Publisher::loan(size_t n) {
   begin_write();
   uint8_t* p = writer_->reserve(n);
   loan_size_ = n;
+  loaned_seg_ = seg_;
   return p;
 }
 
@@ -163,12 +164,17 @@ void Publisher::commit(size_t n) {
   }
   writer_->commit(n);
   loan_size_.reset();
+  loaned_seg_.reset();
   end_write();
   wake_readers();
 }
 
 void Publisher::cancel_loan() {
-  if (!loan_size_) return;
+  loaned_seg_.reset();  // after a close(): the bytes held for the loan's writer
+  if (loan_size_) drop_loan();
+}
+
+void Publisher::drop_loan() {
   loan_size_.reset();
   header().publisher.store(token_ << 1, std::memory_order_release);
 }

@@ -36,7 +36,9 @@ class Publisher {
   void send(const void* data, size_t n);
 
   // Zero-copy: reserve room for up to n bytes in the ring, fill it, then
-  // commit(m <= n). Until commit() or cancel_loan(), no other send.
+  // commit(m <= n). Until commit() or cancel_loan(), no other send. The bytes
+  // stay mapped until then even if close() comes first from another thread
+  // (the loan is dropped, commit() throws kClosed; nothing is published).
   uint8_t* loan(size_t n);
   void commit(size_t n);
   void cancel_loan();
@@ -69,11 +71,15 @@ class Publisher {
   void begin_write();
   void end_write();
   void wake_readers();
+  void drop_loan();  // the loan is over (loaned_seg_ untouched)
 
   std::shared_ptr<Segment> seg_;
   std::optional<RingWriter> writer_;
   uint64_t token_ = 0;
   std::optional<size_t> loan_size_;
+  // The segment a loan's bytes live in, held from loan() to commit() or
+  // cancel_loan() (not close(): a thread may still be filling them).
+  std::shared_ptr<Segment> loaned_seg_;
   WakeSender sender_;
   uint64_t messages_sent_ = 0;
   WakeMode wake_mode_ = WakeMode::kAll;

@@ -44,6 +44,8 @@ class VIPC_API Publisher {
 
   // Zero-copy: room for up to max_size bytes inside the ring; fill it, then
   // commit(n <= max_size) publishes n bytes. Nothing else is sent in between.
+  // The span stays writable until commit(), even when another thread closes
+  // the publisher meanwhile (commit() then throws Error(closed), nothing is sent).
   std::span<std::byte> loan(std::size_t max_size);
   void commit(std::size_t size);
 

@@ -154,6 +154,18 @@ TEST(test_close_from_another_thread_while_messages_and_frames_flow) {
   }
 }
 
+TEST(test_a_loan_stays_writable_when_another_thread_closes_the_publisher) {
+  const std::string topic = random_sock();
+  vipc::Subscriber sub(topic, topic_options());
+  vipc::Publisher pub(topic, topic_options());
+  std::span<std::byte> loan = pub.loan(64 * 1024);
+  std::thread closer([&] { pub.close(); });
+  closer.join();
+  std::memset(loan.data(), 7, loan.size());  // still mapped: no crash
+  CHECK(error_of([&] { pub.commit(loan.size()); }) == vipc::ErrorKind::closed);
+  CHECK(!sub.receive(vipc::Timeout(0)).has_value());  // nothing was published
+}
+
 TEST(test_frames_zero_copy_with_leases_and_generations) {
   const std::string name = random_sock();
   vipc::FrameServer server(name, {.run = vipc::RunOptions::from_environment()});
