@@ -96,15 +96,15 @@ def build_parser():
 class StreamRunner(threading.Thread):
     """Captures one stream on its schedule and publishes it.
 
-    Invariants: only this thread touches its source and its checked-out
-    buffers; calls into the server go through ``server_lock`` (the server
-    allows one producer thread at a time). ``pending`` holds captured frames
+    Invariants: only this thread touches its source, its checked-out buffers
+    and its stream's get_buffer/send (a server takes one producer thread per
+    stream, all sending at once). ``pending`` holds captured frames
     in frame-id order; the head is published once its time has come, so a
     delayed frame holds back (never reorders) the frames behind it."""
 
-    def __init__(self, cfg, source, server, server_lock, stop, start_ns):
+    def __init__(self, cfg, source, server, stop, start_ns):
         super().__init__(name=f"camera-{cfg.name}", daemon=True)
-        self.cfg, self.source, self.server, self.lock, self.stop = cfg, source, server, server_lock, stop
+        self.cfg, self.source, self.server, self.stop = cfg, source, server, stop
         self.start_ns = start_ns
         self.published = self.dropped = self.skipped_slots = 0
         self.error = None
@@ -124,8 +124,7 @@ class StreamRunner(threading.Thread):
             now = time.monotonic_ns()
             while pending and pending[0][0] <= now:
                 _, buf, fid, sof, eof = pending.popleft()
-                with self.lock:
-                    self.server.send(buf, frame_id=fid, timestamp_sof=sof, timestamp_eof=eof)
+                self.server.send(buf, frame_id=fid, timestamp_sof=sof, timestamp_eof=eof)
                 self.published += 1
             if capturing and cfg.frames and frame_id >= cfg.frames:
                 capturing = False
@@ -142,8 +141,7 @@ class StreamRunner(threading.Thread):
                 slot = behind
                 deadline = self.start_ns + int(slot * period)
             if spare is None:
-                with self.lock:
-                    spare = self.server.get_buffer(cfg.name)
+                spare = self.server.get_buffer(cfg.name)
             buf, spare = spare, None
             stamps = self.source.fill(buf, frame_id, deadline)
             if stamps is None:  # the file ended
@@ -206,8 +204,8 @@ def run(args) -> int:
                 )
         if args.wait_clients:
             _wait_for_clients(server, streams, args.wait_clients, stopper.event)
-        lock, start_ns = threading.Lock(), time.monotonic_ns()
-        runners = [StreamRunner(s, sources[s.name], server, lock, stopper.event, start_ns) for s in streams]
+        start_ns = time.monotonic_ns()
+        runners = [StreamRunner(s, sources[s.name], server, stopper.event, start_ns) for s in streams]
         for r in runners:
             r.start()
         while any(r.is_alive() for r in runners) and not stopper.event.wait(0.05):
