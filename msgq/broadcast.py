@@ -400,8 +400,10 @@ class BroadcastQueue(Closeable):
                 return True
             if status == "too_large":
                 return False
-            if status in ("shutdown", "closed"):
+            if status == "shutdown":
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+            if status == "closed":  # by another thread, while this one waited
+                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
             waiting = self._describe_readers(self._writer.pending_readers())
             if _expired(deadline):
                 raise IpcTimeoutError(
@@ -534,8 +536,10 @@ class BroadcastQueue(Closeable):
                 return _decode(*self._take_overflow())
             if got is _queues.TIMEOUT:
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
-            if got is _queues.SHUTDOWN or got is _queues.CLOSED:
+            if got is _queues.SHUTDOWN:
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+            if got is _queues.CLOSED:  # by another thread, while this one waited or read
+                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
         self._seq += 1
         return got
 
@@ -561,21 +565,26 @@ class BroadcastQueue(Closeable):
         if self._stash is not None:
             got, self._stash = self._stash, None
             return got
-        if self._reader is None:
+        reader = self._reader  # once: a close() on another thread sets it to None (the object then raises ClosedError)
+        if reader is None:
+            if self._sub is None:
+                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
             return self._recv_remote(deadline)
         while True:
-            got = self._reader.read()
+            got = reader.read()
             if got is not None:
                 flags, parts = got
                 if flags & _queues.FLAG_OVERFLOW:
                     return self._take_overflow()
                 self._seq += 1
                 return (_KIND_RAW if flags & _queues.FLAG_RAW else _KIND_PICKLE), parts
-            status = self._reader.wait(_left(deadline))
+            status = reader.wait(_left(deadline))
             if status == "timeout":
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
-            if status in ("shutdown", "closed"):
+            if status == "shutdown":
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+            if status == "closed":  # by another thread, while this one waited
+                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
 
     def _recv_frames(self, deadline):
         zmq = _zmq()

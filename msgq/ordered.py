@@ -224,11 +224,10 @@ class OrderedReader(_Attached):
 
     def recv(self, timeout: Optional[float] = None) -> Message:
         """The next message (copied out and checked); ``TimeoutError`` after ``timeout`` s."""
-        got = self._r().recv(_left(_deadline(timeout)))
+        native = self._r()  # once: a close() on another thread sets _native to None
+        got = native.recv(_left(_deadline(timeout)))
         if isinstance(got, str):
-            _raise_status(
-                got, f"ordered topic {self.name!r}: message {self._native.cursor} did not come within {timeout} s"
-            )
+            _raise_status(got, f"ordered topic {self.name!r}: message {native.cursor} did not come within {timeout} s")
         return Message(*got)
 
     def _recv_view(self, timeout: Optional[float]):

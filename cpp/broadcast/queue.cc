@@ -237,7 +237,8 @@ void Writer::shutdown() {
 }
 
 void Reader::shutdown() {
-  if (file_) shutdown_queue(file_->header());
+  const common::UseGuard use(gate_);
+  if (use.ok() && file_) shutdown_queue(file_->header());
 }
 
 // ------------------------------------------------------------------ reader
@@ -313,8 +314,14 @@ common::WaitStatus Reader::wait_readable(int64_t deadline_ns) {
   return r;  // kReady, kTimeout or kInterrupted
 }
 
+bool Reader::closed() const {
+  const common::UseGuard use(gate_);
+  return !use.ok() || file_ == nullptr;
+}
+
 bool Reader::peek(ChunkView& view) {
-  if (closed()) fail(ErrorKind::kClosed, "broadcast queue reader is closed");
+  const common::UseGuard use(gate_);
+  if (!use.ok() || !file_) fail(ErrorKind::kClosed, "broadcast queue reader is closed");
   if (!readable()) return false;
   // BR2: the chunk is ours to read until BR3. Every size read from it is
   // bounds-checked: a corrupt peer cannot make us read outside the chunk.
@@ -339,7 +346,8 @@ bool Reader::peek(ChunkView& view) {
 }
 
 bool Reader::consume() {
-  if (closed()) fail(ErrorKind::kClosed, "broadcast queue reader is closed");
+  const common::UseGuard use(gate_);
+  if (!use.ok() || !file_) fail(ErrorKind::kClosed, "broadcast queue reader is closed");
   if (!readable()) return false;
   QueueHeader& h = file_->header();
   ChunkMeta& m = file_->meta(static_cast<uint32_t>(seq_ % file_->n_chunks()));

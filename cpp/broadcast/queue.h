@@ -126,9 +126,16 @@ class Reader {
   uint32_t rank() const { return rank_; }
   uint64_t consumed() const { return seq_; }
   const std::shared_ptr<QueueFile>& file() const { return file_; }
+  // May come from another thread: waits for calls in flight (wait, peek,
+  // consume, and whatever a caller holds the gate() across, such as a copy out
+  // of the chunk peek() found), then unmaps. Later calls throw kClosed.
   void close();
-  bool closed() const { return file_ == nullptr || gate_.closing(); }
+  bool closed() const;
   void forget_after_fork();
+  // Held across peek() .. consume() by a caller that reads the chunk in
+  // between without other protection (the Python binding, which copies and
+  // unpickles there): close() waits for it.
+  common::UseGate& gate() { return gate_; }
 
  private:
   bool readable() const;
@@ -141,7 +148,7 @@ class Reader {
   // sleeps: a stream of messages is then caught without a futex wake-up, and
   // an idle queue costs no CPU once kMaxPollNs have passed without a message.
   int64_t typical_wait_ns_ = 100'000;
-  common::UseGate gate_;
+  mutable common::UseGate gate_;  // SYNC: UseGate's enter/begin_close pairing; file_ is reset only once idle
 };
 
 }  // namespace vipc::broadcast

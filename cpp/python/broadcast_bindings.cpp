@@ -128,6 +128,17 @@ py::object copy_out(const vipc::broadcast::Part& part, bool as_bytes) {
   return py::reinterpret_steal<py::object>(o);
 }
 
+// BR3, or false when another thread closed the reader first.
+bool consume_unless_closed(vipc::broadcast::Reader& r) {
+  try {
+    r.consume();
+    return true;
+  } catch (const vipc::common::Error& e) {
+    if (e.kind() != vipc::common::ErrorKind::kClosed) throw;
+    return false;
+  }
+}
+
 // Write a message whose chunk wait_writable() freed; large copies run without the GIL.
 void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadcast::Part* parts, size_t n) {
   size_t total = 0;
@@ -135,19 +146,8 @@ void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadca
   vipc::python::copy_maybe_without_gil(total, [&] { w.write(flags, parts, n); });
 }
 
-py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
-  // An overflow marker stays unconsumed until the caller has read the
-  // payload's file: a reader that dies before then finds it again.
-  if (v.flags & vipc::broadcast::kFlagOverflow) return sentinels().overflow;
-  struct ConsumeOnExit {  // BR3 even if unpickling raises: the message is spent either way
-    vipc::broadcast::Reader& r;
-    ~ConsumeOnExit() {
-      try {
-        r.consume();
-      } catch (const vipc::common::Error&) {  // closed meanwhile by another thread: nothing to hand back
-      }
-    }
-  } consume{r};
+// The message of a (non-overflow) chunk, decoded: see take_message.
+py::object decode_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
   if (v.parts.empty()) vipc::common::fail(vipc::common::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
   if (v.flags & vipc::broadcast::kFlagRaw) return copy_out(v.parts[0], true);
   py::object buffers;  // out-of-band buffers, if any (most messages have none)
@@ -173,6 +173,43 @@ py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::Chunk
   } release{stream};
   PyObject* args[] = {stream.ptr(), buffers.ptr()};
   return buffers ? call(pickler().loads, args, 1, pickler().buffers_kw) : call(pickler().loads, args, 1);
+}
+
+
+py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
+  // An overflow marker stays unconsumed until the caller has read the
+  // payload's file: a reader that dies before then finds it again.
+  if (v.flags & vipc::broadcast::kFlagOverflow) return sentinels().overflow;
+  py::object out;
+  {
+    struct ConsumeOnError {  // BR3 even if unpickling raises: the message is spent either way
+      vipc::broadcast::Reader& r;
+      bool armed = true;
+      ~ConsumeOnError() {
+        if (!armed) return;
+        try {
+          r.consume();
+        } catch (const vipc::common::Error&) {  // closed meanwhile by another thread
+        }
+      }
+    } on_error{r};
+    out = decode_message(r, v);
+    on_error.armed = false;
+  }
+  // Closed by another thread while we decoded (it waits for us: gate): not
+  // consumed, so not delivered either; the rank's next reader gets it.
+  if (!consume_unless_closed(r)) return sentinels().closed;
+  return out;
+}
+
+// The next message if one is there (take_message), else a null object;
+// CLOSED once another thread closes r. Under r's gate: the close() waits
+// until the chunk is copied out or unpickled (its GIL is released meanwhile).
+py::object take_if_ready(vipc::broadcast::Reader& r, vipc::broadcast::ChunkView& v) {
+  const vipc::common::UseGuard use(r.gate());
+  if (!use.ok()) return sentinels().closed;
+  if (!r.peek(v)) return py::object();
+  return take_message(r, v);
 }
 
 }  // namespace
@@ -332,12 +369,12 @@ void bind_broadcast(py::module_& m) {
           [](vipc::broadcast::Reader& r, const py::handle& timeout) -> py::object {
             thread_local vipc::broadcast::ChunkView v;  // keeps its capacity: no allocation per message
             const std::optional<double> timeout_s = vipc::python::timeout_from_py(timeout);  // checked even when a message waits
-            if (r.peek(v)) return take_message(r, v);
+            if (py::object got = take_if_ready(r, v)) return got;
             const int64_t deadline = vipc::python::deadline_from(timeout_s);
             for (;;) {
               const vipc::common::WaitStatus st = vipc::python::blocking([&] { return r.wait_readable(deadline); });
               if (st != vipc::common::WaitStatus::kReady) return status_sentinel(st);
-              if (r.peek(v)) return take_message(r, v);
+              if (py::object got = take_if_ready(r, v)) return got;
             }
           },
           py::arg("timeout"),
@@ -349,12 +386,16 @@ void bind_broadcast(py::module_& m) {
              // The next message, copied out: (flags, [first part as bytes,
              // further parts as writable bytearrays]); then BR3. None if there is none.
              // An overflow marker: (flags, []), not consumed (see take_message).
+             const vipc::common::UseGuard use(r.gate());  // a close() on another thread waits for the copy
+             if (!use.ok()) vipc::common::fail(vipc::common::ErrorKind::kClosed, "broadcast queue reader is closed");
              vipc::broadcast::ChunkView v;
              if (!r.peek(v)) return py::none();
              if (v.flags & vipc::broadcast::kFlagOverflow) return py::make_tuple(v.flags, py::list());
              py::list parts;
              for (size_t i = 0; i < v.parts.size(); i++) parts.append(copy_out(v.parts[i], i == 0));
-             r.consume();
+             if (!consume_unless_closed(r)) {  // closed by another thread meanwhile: not consumed, not delivered
+               vipc::common::fail(vipc::common::ErrorKind::kClosed, "broadcast queue reader is closed");
+             }
              return py::make_tuple(v.flags, parts);
            })
       .def("consume", &vipc::broadcast::Reader::consume,
@@ -363,7 +404,11 @@ void bind_broadcast(py::module_& m) {
       .def_property_readonly("rank", &vipc::broadcast::Reader::rank)
       .def_property_readonly("consumed", &vipc::broadcast::Reader::consumed)
       .def_property_readonly("closed", &vipc::broadcast::Reader::closed)
-      .def("close", &vipc::broadcast::Reader::close)
+      .def("close",
+           [](vipc::broadcast::Reader& r) {
+             py::gil_scoped_release nogil;  // a take() on another thread may need the GIL to finish
+             r.close();
+           })
       .def("_forget_after_fork", &vipc::broadcast::Reader::forget_after_fork);
 }
 

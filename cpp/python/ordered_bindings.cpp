@@ -136,6 +136,9 @@ void bind_ordered(py::module_& m) {
                 if (o == nullptr) throw py::error_already_set();
                 py::object data = py::reinterpret_steal<py::object>(o);
                 if (msg.size != 0) {
+                  // A close() on another thread may come during a copy without the GIL: the slot stays mapped
+                  // (still_valid() then says false, and the next call raises ClosedError).
+                  const std::shared_ptr<vipc::ordered::Topic> mapped = r.topic();
                   vipc::python::copy_maybe_without_gil(msg.size, [&] { std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size); });
                 }
                 if (r.still_valid(msg)) return py::make_tuple(msg.id, data, msg.t0, msg.t1);
