@@ -120,8 +120,7 @@ struct Subscriber::Impl {
   common::UseGate calls;
   template <class F>
   auto use(F&& f) {
-    const common::UseGuard in(calls);
-    if (!in.ok()) common::fail(common::ErrorKind::kClosed, "subscriber is closed");
+    const common::UseOrClosed in(calls, "subscriber is closed");
     return f();
   }
 };

@@ -4,6 +4,8 @@
 
 #include <atomic>
 
+#include "common/errors.h"
+
 namespace vipc::common {
 
 class UseGate {
@@ -41,6 +43,21 @@ class UseGuard {
  private:
   UseGate& gate_;
   bool ok_;
+};
+
+// enter() for a scope, or throw kClosed saying `what` (a call that must not
+// start once close() has begun: close() waits for the ones that did).
+class UseOrClosed {
+ public:
+  UseOrClosed(UseGate& gate, const char* what) : gate_(gate) {
+    if (!gate.enter()) fail(ErrorKind::kClosed, what);
+  }
+  ~UseOrClosed() { gate_.leave(); }
+  UseOrClosed(const UseOrClosed&) = delete;
+  UseOrClosed& operator=(const UseOrClosed&) = delete;
+
+ private:
+  UseGate& gate_;
 };
 
 }  // namespace vipc::common

@@ -173,7 +173,7 @@ void Client::check_owner() const {
 }
 
 bool Client::connect() {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   check_owner();
   const std::string who = "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
   common::UniqueFd fd = dial(options_.prefix, name_);
@@ -263,17 +263,17 @@ std::shared_ptr<Mapping> Client::pool() const {
 }
 
 int Client::fileno() {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return connected_subscriber().fileno();
 }
 
 bool Client::arm() {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return connected_subscriber().arm();
 }
 
 const uint8_t* Client::buffer(uint32_t index) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   if (!pool_ || index >= layout_.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return pool_->data() + layout_.data_offset + uint64_t{index} * layout_.slot_size;
 }

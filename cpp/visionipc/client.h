@@ -113,20 +113,8 @@ class Client {
   }
   void adopt_topic(bool same_server);
   void check_owner() const;  // kClosed in a forked child that did not close() the client first
-  // A call that uses the connection's state: close() waits for it to leave;
-  // one that starts after close() began throws kClosed.
-  class Call {
-   public:
-    explicit Call(const Client& c) : gate_(c.gate_) {
-      if (!gate_.enter()) common::fail(common::ErrorKind::kClosed, "VisionIPC client is closed");
-    }
-    ~Call() { gate_.leave(); }
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-
-   private:
-    common::UseGate& gate_;
-  };
+  // A call that uses the connection's state (close() waits for it), or kClosed.
+  common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC client is closed"); }
   // How long recv() waits on the ring before it checks that the server is
   // still there (and reconnects to a restarted one).
   static constexpr int64_t kReconnectCheckNs = 50'000'000;

@@ -124,12 +124,6 @@ void Server::forget_after_fork() {
   listen_fd_.reset();
 }
 
-Server::Call::Call(const Server& server) : server_(server) {
-  if (!server.gate_.enter()) {
-    common::fail(common::ErrorKind::kClosed, "server '" + server.name_ + "' is closed");
-  }
-}
-
 void Server::check_open() const {
   if (!listen_fd_ || common::current_pid() != owner_) {
     common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
@@ -145,27 +139,27 @@ Server::Stream& Server::find(const std::string& stream) const {
 }
 
 Geometry Server::geometry(const std::string& stream) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return find(stream).geometry;
 }
 
 uint32_t Server::count(const std::string& stream) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return find(stream).layout.count;
 }
 
 std::shared_ptr<Mapping> Server::pool(const std::string& stream) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return find(stream).pool;
 }
 
 uint64_t Server::readers_woken(const std::string& stream) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   return find(stream).publisher->readers_woken();
 }
 
 std::vector<std::string> Server::streams() const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::string> out;
   for (const auto& kv : streams_) out.push_back(kv.first);
@@ -173,27 +167,27 @@ std::vector<std::string> Server::streams() const {
 }
 
 uint8_t* Server::buffer(const std::string& stream, uint32_t index) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   const Stream& s = find(stream);
   if (index >= s.layout.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
   return s.pool->data() + s.layout.data_offset + uint64_t{index} * s.layout.slot_size;
 }
 
 uint32_t Server::clients(const std::string& stream) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   const Stream& s = find(stream);
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<uint32_t>(__builtin_popcountll(s.slot_used));
 }
 
 uint64_t Server::generation(const std::string& stream, uint32_t index) const {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   const Stream& s = find(stream);
   return index < s.layout.count ? s.generation[index] : 0;
 }
 
 void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   check_open();
   check_name("stream name", stream);
   {
@@ -231,7 +225,7 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
 }
 
 Acquired Server::get_buffer(const std::string& stream) {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   Stream& s = find(stream);
   const uint32_t n = s.layout.count;
   uint8_t* const data = s.pool->data() + s.layout.data_offset;
@@ -276,7 +270,7 @@ Acquired Server::get_buffer(const std::string& stream) {
 }
 
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
-  const Call call(*this);
+  const common::UseOrClosed call = use();
   Stream& s = find(stream);
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
@@ -297,7 +291,7 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
 }
 
 void Server::start_listener() {
-  const Call call(*this);  // a close() on another thread waits, then stops the thread started here
+  const common::UseOrClosed call = use();  // a close() on another thread waits, then stops the thread started here
   check_open();
   if (listener_.joinable()) return;
   if (listen(listen_fd_.get(), 64) != 0) common::fail_errno("listen");

@@ -123,18 +123,8 @@ class Server {
   };
 
   void check_open() const;  // kClosed after close() and in a forked child
-  // One call that uses the streams: close() waits for it to leave (gate_);
-  // entering after close() began throws kClosed.
-  class Call {
-   public:
-    explicit Call(const Server& server);
-    ~Call() { server_.gate_.leave(); }
-    Call(const Call&) = delete;
-    Call& operator=(const Call&) = delete;
-
-   private:
-    const Server& server_;
-  };
+  // One call that uses the streams (close() waits for it: gate_), or kClosed.
+  common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC server is closed"); }
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
   static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
@@ -152,7 +142,7 @@ class Server {
   pid_t owner_ = 0;  // the process that made the server: the only one that may stop its listener
   uint64_t id_;
   mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
-  mutable common::UseGate gate_;  // calls in flight that use streams_ (see Call)
+  mutable common::UseGate gate_;  // calls in flight that use streams_ (see use())
   std::map<std::string, std::unique_ptr<Stream>> streams_;
   common::UniqueFd listen_fd_, stop_fd_;
   std::vector<Connection> connections_;  // listener thread only
