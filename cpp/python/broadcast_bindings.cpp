@@ -175,7 +175,6 @@ py::object decode_message(vipc::broadcast::Reader& r, const vipc::broadcast::Chu
   return buffers ? call(pickler().loads, args, 1, pickler().buffers_kw) : call(pickler().loads, args, 1);
 }
 
-
 py::object take_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
   // An overflow marker stays unconsumed until the caller has read the
   // payload's file: a reader that dies before then finds it again.
