@@ -165,7 +165,7 @@ void Subscriber::close() {
   if (!impl_) return;
   impl_->calls.begin_close();
   impl_->sub->interrupt();  // a receive asleep on the ring returns: closed
-  while (!impl_->calls.idle()) usleep(50);  // one reading a message finishes it
+  impl_->calls.wait_idle();  // one reading a message finishes it
   impl_->sub->close();
 }
 

@@ -2,6 +2,8 @@
 // run with the GIL released) instead of unmapping memory under them.
 #pragma once
 
+#include <unistd.h>
+
 #include <atomic>
 
 #include "common/errors.h"
@@ -23,6 +25,10 @@ class UseGate {
   void begin_close() { closing_.store(true, std::memory_order_seq_cst); }
   bool closing() const { return closing_.load(std::memory_order_acquire); }
   bool idle() const { return users_.load(std::memory_order_seq_cst) == 0; }
+  // After begin_close() (and waking any waiter): until every call has left.
+  void wait_idle() const {
+    while (!idle()) usleep(50);
+  }
 
  private:
   std::atomic<int> users_{0};

@@ -48,7 +48,7 @@ Publisher::~Publisher() { close(); }
 void Publisher::close() {
   if (!seg_) return;
   gate_.begin_close();
-  while (!gate_.idle()) usleep(50);  // a send on another thread finishes its copy
+  gate_.wait_idle();  // a send on another thread finishes its copy
   if (loan_size_) drop_loan();  // a thread may still fill it: loaned_seg_ keeps it mapped
   common::ofd_unlock(seg_->fd(), liveness_byte_);
   // Leave the token in place: a publisher that restarts later continues at

@@ -109,7 +109,7 @@ void Client::close() {
     std::lock_guard<std::mutex> lock(sub_mutex_);
     if (sub_) sub_->interrupt();  // a recv() asleep on the ring returns kClosed
   }
-  while (!gate_.idle()) usleep(50);  // recv() (at most one reconnect slice) and the lease calls leave
+  gate_.wait_idle();  // recv() (at most one reconnect slice) and the lease calls leave
   disconnect();
   topic_fd_.reset();
   pool_.reset();

@@ -94,7 +94,7 @@ void Server::close() {
   // A get_buffer/send/... on another thread finishes first (none blocks); any
   // later one throws kClosed. SYNC: UseGate's enter/begin_close pairing.
   gate_.begin_close();
-  while (!gate_.idle()) usleep(50);
+  gate_.wait_idle();
   if (listener_.joinable()) {
     const uint64_t one = 1;
     if (write(stop_fd_.get(), &one, sizeof(one)) != sizeof(one)) std::abort();  // eventfd write cannot fail here
