@@ -29,12 +29,12 @@ import os
 import pickle
 import secrets
 import socket
-import struct
 import time
 from typing import Optional, Sequence
 
 from msgq import _queues
-from msgq._descriptors import DescriptorsExhaustedError, ensure_descriptors
+from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN, RemoteChannel, zmq_module
+from msgq._descriptors import DescriptorsExhaustedError
 from msgq._overflow import OverflowDir
 from msgq._shared import Closeable, check_int
 from msgq._shared import deadline as _deadline
@@ -73,11 +73,6 @@ DEFAULT_CHUNK_BYTES = 64 << 10
 DEFAULT_MAX_CHUNKS = 256
 DEFAULT_WARN_INTERVAL = 60.0
 
-_KIND_PICKLE, _KIND_RAW, _KIND_SHUTDOWN = 0, 1, 2
-_FRAME = struct.Struct("<BQ")  # first ZeroMQ frame of a message: kind, sequence number
-_HELLO = b"\xffmsgq-broadcast-reader:"  # a subscription that only says "reader N is here"
-_REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits (never drops)
-
 
 def queue_basename(name: str, prefix: str) -> str:
     """File name of a queue's shared memory: ``msgq@PREFIX@NAME#broadcast``."""
@@ -105,23 +100,6 @@ class BroadcastHandle:
     curve_server_key: Optional[str] = None  # the writer's CURVE public key (z85) if remote readers must use CURVE
 
 
-def _zmq():
-    try:
-        import zmq
-    except ImportError as e:  # optional dependency
-        raise ImportError(
-            "messages larger than a chunk and remote readers need pyzmq: pip install 'visionipc[zmq]'"
-        ) from e
-    return zmq
-
-
-def _curve():
-    """msgq.curve, imported on first use (``python -m msgq.curve`` imports msgq first)."""
-    from msgq import curve
-
-    return curve
-
-
 def _default_ip() -> str:
     """This host's address on its default route (no packet is sent), else 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -138,7 +116,7 @@ _serialize = _queues.serialize
 
 
 def _decode(kind: int, parts: Sequence):
-    if kind == _KIND_RAW:
+    if kind == KIND_RAW:
         return bytes(parts[0])
     return pickle.loads(parts[0], buffers=parts[1:])
 
@@ -181,7 +159,6 @@ class BroadcastQueue(Closeable):
         self._is_writer = True
         self.warn_interval = float(warn_interval)
         prefix, shm_dir = current_prefix(), segment_dir()
-        self._subscribed = {}  # socket -> ranks whose hello arrived
         self._mode = _mode()
         remote_addr = overflow_dir = curve_key = None
         basename = queue_basename(self.name, prefix)
@@ -194,10 +171,11 @@ class BroadcastQueue(Closeable):
                 overflow_dir = self._overflow.path
             if n_remote_readers:
                 host = remote_host or _default_ip()
-                self._remote_sock = self._xpub(hwm=_REMOTE_HWM, curve_dir=curve_dir)
                 if curve_dir is not None:
-                    curve_key = _curve().server_public_key(curve_dir).decode()
-                port = self._remote_sock.bind_to_random_port(f"tcp://{remote_bind}")
+                    from msgq import curve
+
+                    curve_key = curve.server_public_key(curve_dir).decode()
+                self._remote_sock, port = RemoteChannel.writer(self.name, f"tcp://{remote_bind}", curve_dir)
                 remote_addr = f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
         except BaseException:
             self.close()
@@ -227,30 +205,6 @@ class BroadcastQueue(Closeable):
         self._in_overflow = []  # writer: sequence numbers whose overflow file may still exist
         self._stash = None  # a message dequeue_bytes refused, kept for the next dequeue
         self._n_total = n_total
-
-    def _socket(self, kind, what):
-        """A ZeroMQ socket of ``kind`` (a name: "XPUB"; LINGER 0), once enough
-        descriptors are left (checked before pyzmq is even imported)."""
-        ensure_descriptors(f"broadcast queue {self.name!r}: {what}")
-        zmq = _zmq()
-        sock = zmq.Context.instance().socket(getattr(zmq, kind))
-        sock.setsockopt(zmq.LINGER, 0)
-        return sock
-
-    def _xpub(self, hwm, curve_dir):
-        sock = self._socket("XPUB", "the remote readers' socket")
-        zmq = _zmq()
-        try:
-            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
-            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
-            sock.setsockopt(zmq.SNDHWM, hwm)
-            if curve_dir is not None:
-                _curve().make_server(sock, curve_dir)
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        self._subscribed[sock] = set()
-        return sock
 
     # ---------------------------------------------------------------- readers
 
@@ -295,28 +249,13 @@ class BroadcastQueue(Closeable):
                     raise InvalidArgumentError(
                         f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
                     )
-                self._sub = self._subscribe(handle.remote_addr, curve_dir)
+                self._sub = RemoteChannel.reader(
+                    handle.name, rank, handle.remote_addr, curve_dir, handle.curve_server_key
+                )
         except BaseException:
             self.close()
             raise
         return self
-
-    def _subscribe(self, addr, curve_dir):
-        sock = self._socket("SUB", f"remote reader {self.rank}'s socket")
-        zmq = _zmq()
-        try:
-            sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
-            if addr.startswith("tcp://["):
-                sock.setsockopt(zmq.IPV6, 1)
-            if curve_dir is not None:
-                _curve().make_client(sock, curve_dir, self.handle.curve_server_key)
-            sock.setsockopt(zmq.SUBSCRIBE, b"")
-            sock.setsockopt(zmq.SUBSCRIBE, _HELLO + str(self.rank).encode())
-            sock.connect(addr)
-        except BaseException:
-            sock.close(linger=0)
-            raise
-        return sock
 
     # ---------------------------------------------------------------- writing
 
@@ -348,7 +287,7 @@ class BroadcastQueue(Closeable):
         if writer is None or self._remote_sock is not None or self._generation != _fork_generation:
             deadline = _deadline(timeout)
             self._check_writer()  # remote readers need the parts too
-            self._send(_KIND_RAW if raw else _KIND_PICKLE, [obj] if raw else _serialize(obj), deadline)
+            self._send(KIND_RAW if raw else KIND_PICKLE, [obj] if raw else _serialize(obj), deadline)
             return
         # The hot path: one native call checks the timeout, pickles, waits
         # (up to one warning interval) and writes; only a wait that ran out or
@@ -359,7 +298,7 @@ class BroadcastQueue(Closeable):
             self._seq += 1
             return
         status, parts, deadline, started = got
-        self._send(_KIND_RAW if raw else _KIND_PICKLE, parts, deadline, status, started)
+        self._send(KIND_RAW if raw else KIND_PICKLE, parts, deadline, status, started)
 
     def _send(
         self,
@@ -371,14 +310,13 @@ class BroadcastQueue(Closeable):
     ) -> None:
         seq = self._seq
         if self._writer is not None:
-            flags = _queues.FLAG_RAW if kind == _KIND_RAW else 0
+            flags = _queues.FLAG_RAW if kind == KIND_RAW else 0
             if not self._write_chunk(flags, parts, deadline, status, started):
                 self._write_overflow(seq, kind, flags, parts, deadline)
-        if self._remote_sock is not None:
+        remote = self._remote_sock  # once: a close() on another thread sets it to None
+        if remote is not None:
             first = self.handle.n_readers
-            self._zmq_send(
-                self._remote_sock, range(first, first + self.handle.n_remote_readers), kind, seq, parts, deadline
-            )
+            self._zmq_send(remote, range(first, first + self.handle.n_remote_readers), kind, seq, parts, deadline)
         self._seq = seq + 1
 
     def _write_chunk(
@@ -403,7 +341,7 @@ class BroadcastQueue(Closeable):
             if status == "shutdown":
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             if status == "closed":  # by another thread, while this one waited
-                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
+                raise ClosedError(f"broadcast queue {self.name!r} is closed")
             waiting = self._describe_readers(self._writer.pending_readers())
             if _expired(deadline):
                 raise IpcTimeoutError(
@@ -467,52 +405,36 @@ class BroadcastQueue(Closeable):
                 out.append(f"reader {rank} (never attached)")
         return ", ".join(out) or "nobody"
 
-    def _drain_subscriptions(self, sock) -> None:
-        zmq = _zmq()
-        ranks = self._subscribed[sock]
-        while True:
-            try:
-                msg = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if msg[1:].startswith(_HELLO):
-                rank = int(msg[1 + len(_HELLO) :])
-                if msg[0] == 1:
-                    ranks.add(rank)
-                else:
-                    ranks.discard(rank)
-
-    def _zmq_send(self, sock, ranks, kind: int, seq: int, parts: list, deadline: Optional[float]) -> None:
+    def _zmq_send(self, remote, ranks, kind: int, seq: int, parts: list, deadline: Optional[float]) -> None:
         """Send one message to every reader in ``ranks`` once each has subscribed;
         waits (with warnings) while a slow remote reader's queue is full."""
-        zmq = _zmq()
+        zmq = zmq_module()
         wanted = set(ranks)
         started = time.monotonic()
-        frames = [_FRAME.pack(kind, seq), *parts]
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        while True:
-            self._drain_subscriptions(sock)
-            missing = wanted - self._subscribed[sock]
-            if not missing:
-                try:
-                    sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
-                    return
-                except zmq.Again:  # a reader's queue is full (XPUB_NODROP): wait for it
-                    poller.modify(sock, zmq.POLLIN | zmq.POLLOUT)
-            if _expired(deadline):
-                what = f"readers {sorted(missing)} to subscribe" if missing else "a slow remote reader"
-                raise IpcTimeoutError(f"broadcast queue {self.name!r}: message {seq} timed out waiting for {what}")
-            slice_s = _left(deadline, self.warn_interval)
-            poller.poll(None if slice_s is None else int(slice_s * 1000) + 1)
-            poller.modify(sock, zmq.POLLIN)
-            if time.monotonic() - started >= self.warn_interval:
-                started = time.monotonic()
-                logger.warning(
-                    "broadcast queue %r: the writer is waiting for %s on the ZeroMQ channel",
-                    self.name,
-                    f"readers {sorted(missing)} to connect" if missing else "a slow remote reader",
-                )
+        frames = [FRAME.pack(kind, seq), *parts]
+        with remote.use("enqueue()") as sock:
+            while True:
+                remote.drain_subscriptions()
+                missing = wanted - remote.subscribed
+                events = zmq.POLLIN
+                if not missing:
+                    try:
+                        sock.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+                        return
+                    except zmq.Again:  # a reader's queue is full (XPUB_NODROP): wait for it
+                        events = zmq.POLLIN | zmq.POLLOUT
+                if _expired(deadline):
+                    what = f"readers {sorted(missing)} to subscribe" if missing else "a slow remote reader"
+                    raise IpcTimeoutError(f"broadcast queue {self.name!r}: message {seq} timed out waiting for {what}")
+                slice_s = _left(deadline, self.warn_interval)
+                remote.wait(events, None if slice_s is None else int(slice_s * 1000) + 1)
+                if time.monotonic() - started >= self.warn_interval:
+                    started = time.monotonic()
+                    logger.warning(
+                        "broadcast queue %r: the writer is waiting for %s on the ZeroMQ channel",
+                        self.name,
+                        f"readers {sorted(missing)} to connect" if missing else "a slow remote reader",
+                    )
 
     # ---------------------------------------------------------------- reading
 
@@ -547,7 +469,7 @@ class BroadcastQueue(Closeable):
         """The next message, which must have been sent with ``enqueue_bytes``;
         a pickled one raises ``TypeError`` and stays for ``dequeue()``."""
         kind, parts = self._next(_deadline(timeout))
-        if kind != _KIND_RAW:
+        if kind != KIND_RAW:
             self._stash = (kind, parts)
             raise TypeError("the next message was enqueued as an object: use dequeue()")
         return bytes(parts[0])
@@ -567,9 +489,10 @@ class BroadcastQueue(Closeable):
             return got
         reader = self._reader  # once: a close() on another thread sets it to None (the object then raises ClosedError)
         if reader is None:
-            if self._sub is None:
+            remote = self._sub  # the same
+            if remote is None:
                 raise ClosedError(f"broadcast queue reader {self.rank} is closed")
-            return self._recv_remote(deadline)
+            return self._recv_remote(remote, deadline)
         while True:
             got = reader.read()
             if got is not None:
@@ -577,7 +500,7 @@ class BroadcastQueue(Closeable):
                 if flags & _queues.FLAG_OVERFLOW:
                     return self._take_overflow()
                 self._seq += 1
-                return (_KIND_RAW if flags & _queues.FLAG_RAW else _KIND_PICKLE), parts
+                return (KIND_RAW if flags & _queues.FLAG_RAW else KIND_PICKLE), parts
             status = reader.wait(_left(deadline))
             if status == "timeout":
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
@@ -586,13 +509,14 @@ class BroadcastQueue(Closeable):
             if status == "closed":  # by another thread, while this one waited
                 raise ClosedError(f"broadcast queue reader {self.rank} is closed")
 
-    def _recv_frames(self, deadline):
-        zmq = _zmq()
+    def _recv_frames(self, remote, deadline):
+        zmq = zmq_module()
         left = _left(deadline)
-        if not self._sub.poll(None if left is None else int(left * 1000), zmq.POLLIN):
-            raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
-        frames = self._sub.recv_multipart(copy=False)
-        kind, seq = _FRAME.unpack(frames[0].bytes)
+        with remote.use("dequeue()") as sock:
+            if not remote.wait(zmq.POLLIN, None if left is None else int(left * 1000)):
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
+            frames = sock.recv_multipart(copy=False)
+        kind, seq = FRAME.unpack(frames[0].bytes)
         return kind, seq, [f.buffer for f in frames[1:]]
 
     def _take_overflow(self):
@@ -622,9 +546,9 @@ class BroadcastQueue(Closeable):
         if last and self._overflow is not None:
             self._overflow.remove(seq)
 
-    def _recv_remote(self, deadline):
-        kind, seq, parts = self._recv_frames(deadline)
-        if kind == _KIND_SHUTDOWN:
+    def _recv_remote(self, remote, deadline):
+        kind, seq, parts = self._recv_frames(remote, deadline)
+        if kind == KIND_SHUTDOWN:
             self._stash = (kind, parts)  # stays shut down
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
         if self._seq is None:  # our first message: a reader that (re)joins starts where the writer is
@@ -649,10 +573,10 @@ class BroadcastQueue(Closeable):
             missing = []
             if self._writer is not None:
                 missing += [r for r in range(self.handle.n_readers) if not self._writer.reader_attached(r)]
-            sock = self._remote_sock
-            if sock is not None:
-                self._drain_subscriptions(sock)
-                missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in self._subscribed[sock]]
+            remote = self._remote_sock
+            if remote is not None:
+                subscribed = remote.refresh_subscriptions()
+                missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in subscribed]
             if not missing:
                 return
             if _expired(deadline):
@@ -666,12 +590,9 @@ class BroadcastQueue(Closeable):
             self._writer.shutdown()
         elif self._reader is not None:
             self._reader.shutdown()
-        if self._remote_sock is not None:
-            zmq = _zmq()
-            try:
-                self._remote_sock.send_multipart([_FRAME.pack(_KIND_SHUTDOWN, self._seq)], flags=zmq.NOBLOCK)
-            except zmq.Again:
-                pass
+        remote = self._remote_sock
+        if remote is not None:
+            remote.shut_down_with(FRAME.pack(KIND_SHUTDOWN, self._seq))
 
     def close(self) -> None:
         """Leave the queue. The writer's close shuts the queue down (readers
@@ -700,10 +621,13 @@ class BroadcastQueue(Closeable):
         if left and overflow is not None and not os.path.exists(self._ring_path):
             overflow.remove_all()  # we were the last to leave (the ring goes with the last detach)
         for attr in ("_remote_sock", "_sub"):
-            sock = getattr(self, attr, None)
+            remote = getattr(self, attr, None)
             setattr(self, attr, None)
-            if sock is not None and self._pid == os.getpid():
-                sock.close(linger=0)
+            if remote is not None:
+                if ours:
+                    remote.close()  # a dequeue() or enqueue() in another thread ends with ClosedError
+                else:
+                    remote._forget_after_fork()
 
     @property
     def closed(self) -> bool:

@@ -80,7 +80,7 @@ thread-safe), except ``close()``, which may come from any thread: it ends a
 receive or poll waiting on the subscriber in another thread (that wait
 raises :class:`ClosedError`), and a send or receive running meanwhile
 finishes first. The hot paths take no lock for this (a lock would cost as
-much as the send itself): see :class:`_Guarded`.
+much as the send itself): see msgq/_guarded.py.
 Processes: each process (a forked child too) gets its own ZeroMQ context;
 sockets inherited across ``fork()`` are disowned in the child, which
 cannot use them (``ClosedError``) and never closes the parent's.
@@ -99,7 +99,8 @@ import zmq
 
 from msgq import curve as msgq_curve
 from msgq._descriptors import ensure_descriptors
-from msgq._shared import Closeable, wake_choice
+from msgq._guarded import Guarded
+from msgq._shared import wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import zmq_port
 
@@ -255,87 +256,11 @@ def _payload(data):
 # ------------------------------------------------------------------ closing from any thread
 
 
-class _Guarded(Closeable):
-    """One user thread at a time, plus ``close()`` from any thread.
+class _Guarded(Guarded):
+    """msgq._guarded's protocol; a forked child keeps the parent's sockets untouched."""
 
-    The user marks itself inside before it touches the zmq socket and then
-    checks for closing; ``close()`` marks closing and then checks for a user
-    inside. Under the GIL these steps are sequentially consistent, so at
-    least one side sees the other (Dekker): either the user backs out before
-    the socket, or close() leaves the socket to the user, who closes it on
-    its way out (and close() wakes it if it waits). Only the closing itself
-    takes a lock, so that it happens exactly once. (This leans on the GIL;
-    a free-threaded build would need the flags to be atomics.)
-
-    The flags are ``_inside`` / ``_closing`` for the ordinary methods, and
-    cells of the per-message closure (``send`` or ``receive``, made by the
-    subclass: a cell costs less than an attribute on that path), which
-    ``_hot_inside()`` reads and ``_mark_closing()`` sets.
-    """
-
-    _closing = True  # until a subclass has its socket
-    _inside = False
-    _zsock = None
-
-    @staticmethod
-    def _hot_inside():
-        return False
-
-    def _init_guard(self):
-        self._close_lock = threading.Lock()
-        self._inside = False
-        self._closing = False
-
-    def _enter(self, what):
-        self._inside = True
-        if self._closing:
-            self._leave()
-            raise ClosedError(f"{what} on a closed {self._kind}")
-
-    def _leave(self):
-        self._inside = False
-        if self._closing:
-            self._finish_close()
-
-    def close(self):
-        lock = getattr(self, "_close_lock", None)
-        if lock is None:  # the constructor failed
-            return
-        with lock:
-            if self._closing:
-                return
-            self._closing = True
-            self._mark_closing()
-            if self._inside or self._hot_inside():
-                self._wake_user()  # the user closes the socket when it leaves it
-            else:
-                self._close_socket()
-
-    @property
-    def closed(self) -> bool:
-        return self._closing
-
-    def _finish_close(self):
-        with self._close_lock:
-            if self._zsock is not None:
-                self._close_socket()
-
-    def _mark_closing(self):
-        """Raise whatever flag the subclass's hot path tests (before close() looks for a user inside)."""
-
-    def _wake_user(self):
-        pass
-
-    def _close_socket(self):  # with _close_lock held and no user inside
-        raise NotImplementedError
-
-    def _forget_after_fork(self):
-        self._closing, self._inside = True, False
-        self._mark_closing()
-        self._close_lock = threading.Lock()  # a lock held by a parent thread stays held in the child
-        if self._zsock is not None:
-            _inherited.append(self._zsock)  # never closed here: it belongs to the parent
-            self._zsock = None
+    def _disown(self, sock):
+        _inherited.append(sock)
 
 
 # ------------------------------------------------------------------ publisher

@@ -21,6 +21,7 @@ from msgq.errors import (
     IpcTimeoutError,
     MultiplePublishersError,
     NoSpaceError,
+    QueueShutdownError,
 )
 from msgq.names import segment_basename, segment_dir
 from msgq.testing import unique_name, unique_topic
@@ -339,6 +340,15 @@ def _broadcast_objects():
     return (lambda: q.enqueue(obj, timeout=5)), (lambda: r.dequeue(timeout=5)), [r.close, q.close]
 
 
+def _broadcast_remote():
+    pytest.importorskip("zmq")
+    q = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    r = msgq.BroadcastQueue.create_from_handle(q.handle, rank=0)
+    q.wait_until_ready(timeout=10)
+    data = b"z" * 300_000
+    return (lambda: q.enqueue_bytes(data, timeout=5)), (lambda: r.dequeue_bytes(timeout=5)), [r.close, q.close]
+
+
 def _ordered():
     from msgq.ordered import OrderedProducer, OrderedReader
 
@@ -354,12 +364,56 @@ def _ordered():
     return send, (lambda: reader.recv(timeout=5)), [reader.close, producer.close]
 
 
-@pytest.mark.parametrize("make", [_broadcast, _broadcast_objects, _ordered], ids=["broadcast", "objects", "ordered"])
+@pytest.mark.parametrize(
+    "make",
+    [_broadcast, _broadcast_objects, _broadcast_remote, _ordered],
+    ids=["broadcast", "objects", "remote", "ordered"],
+)
 def test_closing_a_queue_from_another_thread_while_messages_flow_raises_closed_error(make):
     """The reader, then the writer, closed by another thread while a writer thread and a
-    reader thread move 300-400 KB messages (copied without the GIL): each loop ends with
-    ClosedError, never a crash (these crashed: the close unmapped the chunk or slot under
-    the copy), a hang, or another error."""
+    reader thread move 300-400 KB messages (copied without the GIL; over ZeroMQ TCP for
+    "remote"): each loop ends with ClosedError, never a crash (these crashed: the close
+    unmapped the chunk or slot under the copy, or closed the ZeroMQ socket under a poll),
+    a hang, or another error."""
     for round_ in range(30):
         outcome = _close_while_messages_flow(make, 0.0003 * (round_ % 7))
         assert outcome == {"writer": ClosedError, "reader": ClosedError}, (round_, outcome)
+
+
+@pytest.mark.parametrize("stop", ["shutdown", "close"])
+def test_a_writer_waiting_on_a_remote_reader_is_stopped_from_another_thread(stop):
+    """A writer thread blocked in enqueue() (no timeout) on remote reader 1, which never
+    connects, while reader 0 is connected: shutdown() from another thread ends the wait
+    with QueueShutdownError, close() with ClosedError; either way reader 0 is told the
+    queue was shut down (once), and later calls raise the same errors."""
+    import threading
+
+    pytest.importorskip("zmq")
+    q = msgq.BroadcastQueue(n_readers=0, n_remote_readers=2, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    r = msgq.BroadcastQueue.create_from_handle(q.handle, rank=0)
+    outcome = {}
+
+    def write():
+        try:
+            q.enqueue("never sent")
+        except Exception as e:  # the assertion below names it
+            outcome["writer"] = e
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.3)
+    assert writer.is_alive(), outcome  # waiting for reader 1 to subscribe
+    getattr(q, stop)()
+    writer.join(10)
+    assert not writer.is_alive(), "the writer still waits"
+    expected = {"shutdown": QueueShutdownError, "close": ClosedError}[stop]
+    assert type(outcome.get("writer")) is expected, outcome
+    with pytest.raises(expected):
+        q.enqueue("after", timeout=1)
+    with pytest.raises(QueueShutdownError):
+        r.dequeue(timeout=10)
+    with pytest.raises(QueueShutdownError):  # it stays shut down
+        r.dequeue(timeout=0.2)
+    r.close()
+    q.close()
+    assert q.closed and r.closed

@@ -296,9 +296,8 @@ def test_a_remote_reader_that_comes_back_under_its_rank_gets_what_is_sent_from_t
     first.close()
     # What the writer sends before it has seen the reader leave goes to the dead connection
     # (ZeroMQ has no replay): wait until it has, so that the test is deterministic.
-    sock, deadline = queue._remote_sock, time.monotonic() + 10
-    while 0 in queue._subscribed[sock] and time.monotonic() < deadline:
-        queue._drain_subscriptions(sock)
+    remote, deadline = queue._remote_sock, time.monotonic() + 10
+    while 0 in remote.refresh_subscriptions() and time.monotonic() < deadline:
         time.sleep(0.01)
     again = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
     queue.enqueue(1, timeout=10)  # waits until the new reader has subscribed

@@ -1,0 +1,248 @@
+"""The ZeroMQ side of a broadcast queue (msgq/broadcast.py): the writer's XPUB
+to its remote readers and each remote reader's SUB, each in a :class:`RemoteChannel`.
+
+Wire: a message is ``[kind+sequence, *parts]`` (``FRAME``); a remote reader
+subscribes to everything plus ``HELLO + rank``, a subscription that only tells
+the writer (``XPUB_VERBOSE``) that reader ``rank`` is there. The writer never
+drops (``XPUB_NODROP``, readers' ``RCVHWM`` 0): a full queue makes it wait.
+
+Threads: a queue is used by one thread at a time, except ``close()`` and
+``shutdown()``, which may come from any thread, e.g. to stop a consumer thread
+blocked in ``dequeue()`` or a writer blocked on a slow remote reader. ZeroMQ
+sockets are not thread-safe, so a channel follows msgq/_guarded.py's protocol:
+every use of the socket is inside ``use()``, every wait there goes through
+``wait()``, which polls the socket together with a pipe that ``close()`` and
+``shutdown()`` write a byte to, and the socket is closed by whoever leaves it
+last (``close()`` itself if nobody is inside, else the user on its way out,
+which raises ClosedError). ``shutdown()`` puts the shutdown message in
+``_farewell``; it is sent exactly once (taken under ``_close_lock``), by
+``shutdown()`` if nobody is inside, else by the user when it wakes or leaves,
+or at the latest by the close.
+"""
+
+import contextlib
+import errno
+import os
+import struct
+
+from msgq._descriptors import ensure_descriptors
+from msgq._guarded import Guarded
+from msgq.errors import ClosedError, QueueShutdownError
+
+KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN = 0, 1, 2
+FRAME = struct.Struct("<BQ")  # first ZeroMQ frame of a message: kind, sequence number
+HELLO = b"\xffmsgq-broadcast-reader:"  # a subscription that only says "reader N is here"
+REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits (never drops)
+FAREWELL_LINGER_MS = 1000  # how long ZeroMQ's I/O thread may go on delivering the shutdown message after close
+
+
+def zmq_module():
+    try:
+        import zmq
+    except ImportError as e:  # optional dependency
+        raise ImportError(
+            "messages larger than a chunk and remote readers need pyzmq: pip install 'visionipc[zmq]'"
+        ) from e
+    return zmq
+
+
+def _curve():
+    """msgq.curve, imported on first use (``python -m msgq.curve`` imports msgq first)."""
+    from msgq import curve
+
+    return curve
+
+
+def _socket(kind, what):
+    """A ZeroMQ socket of ``kind`` (a name: "XPUB"; LINGER 0), once enough
+    descriptors are left (checked before pyzmq is even imported)."""
+    ensure_descriptors(what)
+    zmq = zmq_module()
+    sock = zmq.Context.instance().socket(getattr(zmq, kind))
+    sock.setsockopt(zmq.LINGER, 0)
+    return sock
+
+
+class RemoteChannel(Guarded):
+    """One ZeroMQ socket of a broadcast queue; see the module docstring.
+    ``name``: the queue's, for messages; ``closed_message``: what ClosedError says."""
+
+    _kind = "broadcast queue"
+
+    def __init__(self, sock, name, closed_message):
+        zmq = zmq_module()
+        try:
+            self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # [read, write]: close() wakes a wait
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        self._zsock, self.name, self._closed_message = sock, name, closed_message
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._pipe[0], zmq.POLLIN)
+        self.subscribed = set()  # writer: the remote ranks whose hello arrived
+        self.shut_down = False
+        self._farewell = None  # the shutdown message, until it is sent
+        self._farewell_sent = False
+        self._init_guard()
+
+    @classmethod
+    def writer(cls, name, bind_url, curve_dir=None):
+        """The writer's XPUB bound to ``bind_url`` (``tcp://IFACE``, a random port): ``(channel, port)``."""
+        sock = _socket("XPUB", f"broadcast queue {name!r}: the remote readers' socket")
+        zmq = zmq_module()
+        try:
+            sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every subscription reaches us: we count readers
+            sock.setsockopt(zmq.XPUB_NODROP, 1)  # a full queue makes send() wait, never drop
+            sock.setsockopt(zmq.SNDHWM, REMOTE_HWM)
+            if curve_dir is not None:
+                _curve().make_server(sock, curve_dir)
+            port = sock.bind_to_random_port(bind_url)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return cls(sock, name, f"broadcast queue {name!r} is closed"), port
+
+    @classmethod
+    def reader(cls, name, rank, addr, curve_dir=None, curve_server_key=None):
+        """Remote reader ``rank``'s SUB, connected to the writer at ``addr``."""
+        sock = _socket("SUB", f"broadcast queue {name!r}: remote reader {rank}'s socket")
+        zmq = zmq_module()
+        try:
+            sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
+            if addr.startswith("tcp://["):
+                sock.setsockopt(zmq.IPV6, 1)
+            if curve_dir is not None:
+                _curve().make_client(sock, curve_dir, curve_server_key)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.setsockopt(zmq.SUBSCRIBE, HELLO + str(rank).encode())
+            sock.connect(addr)
+        except BaseException:
+            sock.close(linger=0)
+            raise
+        return cls(sock, name, f"broadcast queue reader {rank} is closed")
+
+    # -------------------------------------------------------------- using
+
+    def _closed_error(self, what) -> ClosedError:
+        return ClosedError(self._closed_message)
+
+    @contextlib.contextmanager
+    def use(self, what, after_shutdown=False):
+        """The socket, for this thread alone until the block ends (ClosedError
+        if the channel is closed; QueueShutdownError once it was shut down,
+        unless ``after_shutdown``)."""
+        self._enter(what)
+        try:
+            if not after_shutdown:
+                self._check_shut_down()
+            yield self._zsock
+        finally:
+            self._leave()
+
+    def wait(self, events, timeout_ms) -> bool:
+        """Inside ``use()``: wait up to ``timeout_ms`` (None: no limit) for
+        ``events`` on the socket; False if the time ran out. A close() or
+        shutdown() from another thread ends the wait with its error."""
+        self._poller.modify(self._zsock, events)
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._pipe[0] in ready:
+            self._drain_pipe()
+        if self._closing:
+            raise self._closed_error("wait")
+        self._check_shut_down()
+        return self._zsock in ready
+
+    def _check_shut_down(self):
+        if self.shut_down:
+            self._send_farewell()  # we may be the one who has the socket
+            raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
+
+    def drain_subscriptions(self) -> None:
+        """Inside ``use()`` on the writer: take the (un)subscriptions waiting on the socket."""
+        zmq = zmq_module()
+        while True:
+            try:
+                msg = self._zsock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if msg[1:].startswith(HELLO):
+                rank = int(msg[1 + len(HELLO) :])
+                if msg[0] == 1:
+                    self.subscribed.add(rank)
+                else:
+                    self.subscribed.discard(rank)
+
+    def refresh_subscriptions(self) -> set:
+        """The remote ranks subscribed now (writer)."""
+        with self.use("wait_until_ready()", after_shutdown=True):
+            self.drain_subscriptions()
+        return self.subscribed
+
+    # -------------------------------------------------------------- shutting down, closing
+
+    def shut_down_with(self, frame: bytes) -> None:
+        """Send ``frame`` (the shutdown message) once, now or as soon as the
+        thread using the socket wakes or leaves; every later use raises
+        QueueShutdownError."""
+        with self._close_lock:
+            if self._closing or self.shut_down:
+                return
+            self._farewell = frame
+            self.shut_down = True  # before looking for a user (Dekker, as close())
+            if self._inside:
+                self._wake_user()  # it sends the farewell
+            else:
+                self._send_farewell_locked()  # a user that enters now sees shut_down and waits for the lock
+
+    def _leave(self):
+        super()._leave()
+        if self._farewell is not None:
+            self._send_farewell()
+
+    def _send_farewell(self):
+        with self._close_lock:
+            if self._zsock is not None:
+                self._send_farewell_locked()
+
+    def _send_farewell_locked(self):
+        frame, self._farewell = self._farewell, None
+        if frame is not None:
+            zmq = zmq_module()
+            try:
+                self._zsock.send(frame, zmq.NOBLOCK)
+                self._farewell_sent = True
+            except zmq.ZMQError:  # a full queue or a gone peer: the readers see the socket close instead
+                pass
+
+    def _wake_user(self):
+        try:
+            os.write(self._pipe[1], b"\0")
+        except BlockingIOError:  # the pipe is full of wake-ups already
+            pass
+
+    def _drain_pipe(self):
+        if self._closing:
+            return  # left readable: every later wait returns at once
+        try:
+            while os.read(self._pipe[0], 4096):
+                pass
+        except OSError as e:
+            if e.errno != errno.EAGAIN:
+                raise
+
+    def _close_socket(self):  # with _close_lock held and no user inside
+        self._send_farewell_locked()
+        sock, self._zsock = self._zsock, None
+        sock.close(linger=FAREWELL_LINGER_MS if self._farewell_sent else 0)  # close() itself never waits
+        self._close_pipe()
+
+    def _close_pipe(self):
+        pipe, self._pipe = self._pipe, None
+        if pipe is not None:
+            for fd in pipe:
+                os.close(fd)
+
+    def _forget_after_fork(self):
+        super()._forget_after_fork()
+        self._close_pipe()  # our copies; the parent's stay open
