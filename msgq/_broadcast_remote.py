@@ -195,6 +195,16 @@ class RemoteChannel(Guarded):
             else:
                 self._send_farewell_locked()  # a user that enters now sees shut_down and waits for the lock
 
+    def close(self, farewell=None):
+        """Close (from any thread); ``farewell``: a shutdown message to send
+        first unless the channel was shut down already (the writer's close)."""
+        lock = getattr(self, "_close_lock", None)
+        if farewell is not None and lock is not None:
+            with lock:
+                if not self.shut_down and not self._closing:
+                    self._farewell = farewell  # sent by whoever closes the socket, or by a user leaving first
+        super().close()
+
     def _leave(self):
         super()._leave()
         if self._farewell is not None:

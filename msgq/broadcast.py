@@ -485,6 +485,8 @@ class BroadcastQueue(Closeable):
     def _next(self, deadline):
         self._check_reader()
         if self._stash is not None:
+            if self._stash[0] == KIND_SHUTDOWN:  # a remote reader stays shut down
+                raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             got, self._stash = self._stash, None
             return got
         reader = self._reader  # once: a close() on another thread sets it to None (the object then raises ClosedError)
@@ -600,11 +602,12 @@ class BroadcastQueue(Closeable):
         goes once every reader has left too, and with it the overflow
         directory (by whoever leaves last). Safe to call twice."""
         ours = self._pid == os.getpid()
+        # The writer's close shuts the queue down, after the calls in flight on
+        # other threads ended with ClosedError: the native close does so for the
+        # local readers, the remote channel sends its farewell as it closes.
+        farewell = None
         if self._is_writer and ours and not self.closed:
-            try:
-                self.shutdown()
-            except Exception:  # closing must not fail: a remote socket may be gone already
-                pass
+            farewell = FRAME.pack(KIND_SHUTDOWN, self._seq)
             if self._writer is not None and self._overflow is not None:
                 self._drop_consumed_overflow()
         left = False
@@ -625,7 +628,7 @@ class BroadcastQueue(Closeable):
             setattr(self, attr, None)
             if remote is not None:
                 if ours:
-                    remote.close()  # a dequeue() or enqueue() in another thread ends with ClosedError
+                    remote.close(farewell)  # a dequeue() or enqueue() in another thread ends with ClosedError
                 else:
                     remote._forget_after_fork()
 

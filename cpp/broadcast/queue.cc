@@ -119,6 +119,8 @@ void Writer::close() {
     common::wake_all_now(h.space_free);
     usleep(50);
   }
+  // Only now, so that a call on another thread ends with kClosed, not kShutdown.
+  shutdown_queue(h);
   file_.reset();
 }
 

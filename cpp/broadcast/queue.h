@@ -87,6 +87,8 @@ class Writer {
   void shutdown();
   uint64_t written() const { return seq_; }
   const std::shared_ptr<QueueFile>& file() const { return file_; }
+  // Calls in flight on other threads end (kClosed / Error(closed)); then the
+  // queue is shut down: readers drain what was written, then see kShutdown.
   void close();
   bool closed() const { return file_ == nullptr || gate_.closing(); }
   void forget_after_fork();
