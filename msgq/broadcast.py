@@ -572,12 +572,12 @@ class BroadcastQueue(Closeable):
         self._check_writer()
         deadline = _deadline(timeout)
         while True:
-            missing = []
-            if self._writer is not None:
-                missing += [r for r in range(self.handle.n_readers) if not self._writer.reader_attached(r)]
-            remote = self._remote_sock
+            writer, remote = self._writer, self._remote_sock  # once each: close() on another thread drops them
+            if (self.handle.n_readers and writer is None) or (self.handle.n_remote_readers and remote is None):
+                raise ClosedError(f"broadcast queue {self.name!r} is closed")
+            missing = [r for r in range(self.handle.n_readers) if not writer.reader_attached(r)]
             if remote is not None:
-                subscribed = remote.refresh_subscriptions()
+                subscribed = remote.refresh_subscriptions()  # ClosedError once closing
                 missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in subscribed]
             if not missing:
                 return

@@ -417,3 +417,32 @@ def test_a_writer_waiting_on_a_remote_reader_is_stopped_from_another_thread(stop
     r.close()
     q.close()
     assert q.closed and r.closed
+
+
+@pytest.mark.parametrize("where", ["local", "remote"])
+def test_wait_until_ready_ends_with_closed_error_when_another_thread_closes_the_writer(where):
+    """A thread waiting for a reader that never comes; the writer closed meanwhile is
+    not "ready" (wait_until_ready returned as if every reader had attached)."""
+    import threading
+
+    if where == "remote":
+        pytest.importorskip("zmq")
+        q = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    else:
+        q = msgq.BroadcastQueue(n_readers=1)
+    outcome = {}
+
+    def wait():
+        try:
+            q.wait_until_ready(timeout=30)
+            outcome["waiter"] = "ready"
+        except Exception as e:  # the assertion below names it
+            outcome["waiter"] = e
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    time.sleep(0.2)
+    q.close()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert type(outcome["waiter"]) is ClosedError, outcome
