@@ -36,6 +36,23 @@ REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits (
 FAREWELL_LINGER_MS = 1000  # how long ZeroMQ's I/O thread may go on delivering the shutdown message after close
 
 
+def parse(frames):
+    """``(kind, sequence, parts)`` of a message as received; ValueError saying
+    what is wrong with one the writer cannot have sent."""
+    head = frames[0].bytes
+    if len(head) != FRAME.size:
+        raise ValueError(f"a first frame of {len(head)} bytes, not {FRAME.size}")
+    kind, seq = FRAME.unpack(head)
+    parts = [f.buffer for f in frames[1:]]
+    if kind == KIND_RAW and len(parts) != 1:
+        raise ValueError(f"a bytes message in {len(parts)} parts, not 1")
+    if kind == KIND_PICKLE and not parts:
+        raise ValueError("a pickled message without its pickle stream")
+    if kind not in (KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN):
+        raise ValueError(f"unknown kind {kind}")
+    return kind, seq, parts
+
+
 def zmq_module():
     try:
         import zmq
@@ -167,7 +184,10 @@ class RemoteChannel(Guarded):
             except zmq.Again:
                 return
             if msg[1:].startswith(HELLO):
-                rank = int(msg[1 + len(HELLO) :])
+                try:
+                    rank = int(msg[1 + len(HELLO) :])
+                except ValueError:  # not a reader's: a stray or hostile peer on our port
+                    continue
                 if msg[0] == 1:
                     self.subscribed.add(rank)
                 else:

@@ -34,6 +34,7 @@ from typing import Optional, Sequence
 
 from msgq import _queues
 from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN, RemoteChannel, zmq_module
+from msgq._broadcast_remote import parse as parse_message
 from msgq._descriptors import DescriptorsExhaustedError
 from msgq._overflow import OverflowDir
 from msgq._shared import Closeable, check_int
@@ -518,8 +519,13 @@ class BroadcastQueue(Closeable):
             if not remote.wait(zmq.POLLIN, None if left is None else int(left * 1000)):
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
             frames = sock.recv_multipart(copy=False)
-        kind, seq = FRAME.unpack(frames[0].bytes)
-        return kind, seq, [f.buffer for f in frames[1:]]
+        try:
+            return parse_message(frames)
+        except ValueError as e:  # spent: the next dequeue takes the next message
+            raise IpcError(
+                f"broadcast queue {self.name!r}: remote reader {self.rank} got a malformed message "
+                f"from {self.handle.remote_addr} ({e}) and skipped it"
+            ) from None
 
     def _take_overflow(self):
         """The message whose chunk (not yet consumed) says it is in an overflow

@@ -446,3 +446,63 @@ def test_wait_until_ready_ends_with_closed_error_when_another_thread_closes_the_
     waiter.join(10)
     assert not waiter.is_alive()
     assert type(outcome["waiter"]) is ClosedError, outcome
+
+
+def test_stray_subscriptions_on_the_writers_port_are_ignored():
+    """Anyone who reaches a writer's remote port (a queue made without CURVE) can
+    connect and subscribe. Subscriptions that are not a reader's hello, or a hello
+    whose rank is no number, are ignored: the writer goes on serving its reader
+    (a hello with a rank that is no number raised ValueError in every enqueue)."""
+    zmq = pytest.importorskip("zmq")
+    from msgq._broadcast_remote import HELLO
+
+    q = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    stray = zmq.Context.instance().socket(zmq.XSUB)
+    stray.setsockopt(zmq.LINGER, 0)
+    stray.connect(q.handle.remote_addr)
+    for junk in (
+        b"\x01" + HELLO + b"x",
+        b"\x01" + HELLO,
+        b"\x01" + HELLO + b"\xff\x00",
+        b"\x00" + HELLO + b"-",
+        b"\x07",
+    ):
+        stray.send(junk)
+    r = msgq.BroadcastQueue.create_from_handle(q.handle, rank=0)
+    try:
+        q.wait_until_ready(timeout=10)
+        q.enqueue({"n": 1}, timeout=10)
+        assert r.dequeue(timeout=10) == {"n": 1}
+    finally:
+        stray.close(linger=0)
+        r.close()
+        q.close()
+
+
+def test_a_remote_reader_refuses_malformed_messages_with_a_clear_error():
+    """A remote reader is handed a handle whose address is a peer that sends junk
+    (a first frame of the wrong size, an unknown kind, no payload): each dequeue
+    raises IpcError saying so (it raised struct.error, or unpickled nothing:
+    IndexError), and the next good message is delivered."""
+    zmq = pytest.importorskip("zmq")
+    from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW
+    from msgq.broadcast import BroadcastHandle
+    from msgq.errors import IpcError
+
+    peer = zmq.Context.instance().socket(zmq.XPUB)
+    peer.setsockopt(zmq.LINGER, 0)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    handle = BroadcastHandle(unique_name(), "", "/dev/shm", 0, 1, 1 << 16, 4, None, f"tcp://127.0.0.1:{port}")
+    r = msgq.BroadcastQueue.create_from_handle(handle, rank=0)
+    try:
+        peer.setsockopt(zmq.RCVTIMEO, 10_000)
+        peer.recv()  # the reader's subscription: what is sent from now on reaches it
+        for junk in ([b"short"], [FRAME.pack(9, 0), b"x"], [FRAME.pack(KIND_PICKLE, 0)], [FRAME.pack(KIND_RAW, 0)]):
+            peer.send_multipart(junk)
+            with pytest.raises(IpcError, match="malformed"):
+                r.dequeue(timeout=10)
+        peer.send_multipart([FRAME.pack(KIND_RAW, 0), b"good"])
+        assert r.dequeue_bytes(timeout=10) == b"good"
+    finally:
+        r.close()
+        peer.close(linger=0)
