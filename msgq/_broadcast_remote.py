@@ -10,7 +10,7 @@ Threads: a queue is used by one thread at a time, except ``close()`` and
 ``shutdown()``, which may come from any thread, e.g. to stop a consumer thread
 blocked in ``dequeue()`` or a writer blocked on a slow remote reader. ZeroMQ
 sockets are not thread-safe, so a channel follows msgq/_guarded.py's protocol:
-every use of the socket is inside ``use()``, every wait there goes through
+every use of the socket is between ``enter()`` and ``leave()``, every wait there goes through
 ``wait()``, which polls the socket together with a pipe that ``close()`` and
 ``shutdown()`` write a byte to, and the socket is closed by whoever leaves it
 last (``close()`` itself if nobody is inside, else the user on its way out,
@@ -20,7 +20,6 @@ which raises ClosedError). ``shutdown()`` puts the shutdown message in
 or at the latest by the close.
 """
 
-import contextlib
 import errno
 import os
 import struct
@@ -94,9 +93,8 @@ class RemoteChannel(Guarded):
             sock.close(linger=0)
             raise
         self._zsock, self.name, self._closed_message = sock, name, closed_message
-        self._poller = zmq.Poller()
-        self._poller.register(sock, zmq.POLLIN)
-        self._poller.register(self._pipe[0], zmq.POLLIN)
+        self._poll_in = [(sock, zmq.POLLIN), (self._pipe[0], zmq.POLLIN)]  # zmq_poll items of a wait to read
+        self._zmq_poll = zmq.zmq_poll
         self.subscribed = set()  # writer: the remote ranks whose hello arrived
         self.shut_down = False
         self._farewell = None  # the shutdown message, until it is sent
@@ -144,31 +142,40 @@ class RemoteChannel(Guarded):
     def _closed_error(self, what) -> ClosedError:
         return ClosedError(self._closed_message)
 
-    @contextlib.contextmanager
-    def use(self, what, after_shutdown=False):
-        """The socket, for this thread alone until the block ends (ClosedError
-        if the channel is closed; QueueShutdownError once it was shut down,
-        unless ``after_shutdown``)."""
+    def enter(self, what, after_shutdown=False):
+        """The socket, for this thread alone until ``leave()`` (call it in a
+        ``finally``): ClosedError if the channel is closed; QueueShutdownError
+        once it was shut down, unless ``after_shutdown``. (Not a context
+        manager: this is on every message's path.)"""
         self._enter(what)
-        try:
-            if not after_shutdown:
+        if self.shut_down and not after_shutdown:
+            try:
                 self._check_shut_down()
-            yield self._zsock
-        finally:
-            self._leave()
+            finally:
+                self._leave()
+        return self._zsock
+
+    def leave(self):
+        self._leave()
 
     def wait(self, events, timeout_ms) -> bool:
-        """Inside ``use()``: wait up to ``timeout_ms`` (None: no limit) for
+        """Between ``enter()`` and ``leave()``: wait up to ``timeout_ms`` (None: no limit) for
         ``events`` on the socket; False if the time ran out. A close() or
         shutdown() from another thread ends the wait with its error."""
-        self._poller.modify(self._zsock, events)
-        ready = dict(self._poller.poll(timeout_ms))
-        if self._pipe[0] in ready:
-            self._drain_pipe()
+        items = self._poll_in
+        if events != items[0][1]:
+            items = [(self._zsock, events), items[1]]
+        sock_ready = False
+        for what, _ in self._zmq_poll(items, -1 if timeout_ms is None else timeout_ms):
+            if what is self._zsock:
+                sock_ready = True
+            else:
+                self._drain_pipe()
         if self._closing:
             raise self._closed_error("wait")
-        self._check_shut_down()
-        return self._zsock in ready
+        if self.shut_down:
+            self._check_shut_down()
+        return sock_ready
 
     def _check_shut_down(self):
         if self.shut_down:
@@ -176,7 +183,7 @@ class RemoteChannel(Guarded):
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
 
     def drain_subscriptions(self) -> None:
-        """Inside ``use()`` on the writer: take the (un)subscriptions waiting on the socket."""
+        """Between ``enter()`` and ``leave()`` on the writer: take the (un)subscriptions waiting on the socket."""
         zmq = zmq_module()
         while True:
             try:
@@ -195,8 +202,11 @@ class RemoteChannel(Guarded):
 
     def refresh_subscriptions(self) -> set:
         """The remote ranks subscribed now (writer)."""
-        with self.use("wait_until_ready()", after_shutdown=True):
+        self.enter("wait_until_ready()", after_shutdown=True)
+        try:
             self.drain_subscriptions()
+        finally:
+            self.leave()
         return self.subscribed
 
     # -------------------------------------------------------------- shutting down, closing

@@ -413,7 +413,8 @@ class BroadcastQueue(Closeable):
         wanted = set(ranks)
         started = time.monotonic()
         frames = [FRAME.pack(kind, seq), *parts]
-        with remote.use("enqueue()") as sock:
+        sock = remote.enter("enqueue()")
+        try:
             while True:
                 remote.drain_subscriptions()
                 missing = wanted - remote.subscribed
@@ -436,6 +437,8 @@ class BroadcastQueue(Closeable):
                         self.name,
                         f"readers {sorted(missing)} to connect" if missing else "a slow remote reader",
                     )
+        finally:
+            remote.leave()
 
     # ---------------------------------------------------------------- reading
 
@@ -515,10 +518,13 @@ class BroadcastQueue(Closeable):
     def _recv_frames(self, remote, deadline):
         zmq = zmq_module()
         left = _left(deadline)
-        with remote.use("dequeue()") as sock:
+        sock = remote.enter("dequeue()")
+        try:
             if not remote.wait(zmq.POLLIN, None if left is None else int(left * 1000)):
                 raise IpcTimeoutError(f"broadcast queue {self.name!r}: reader {self.rank} got no message in time")
             frames = sock.recv_multipart(copy=False)
+        finally:
+            remote.leave()
         try:
             return parse_message(frames)
         except ValueError as e:  # spent: the next dequeue takes the next message
