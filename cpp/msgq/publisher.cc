@@ -115,6 +115,11 @@ void Publisher::begin_write() {
   uint64_t mine = token_ << 1;
   if (!header().publisher.compare_exchange_strong(mine, mine | 1, std::memory_order_acquire,
                                                   std::memory_order_relaxed)) {
+    if (mine == ((token_ << 1) | 1)) {  // our own mark: another thread is inside send() on this publisher
+      fail(ErrorKind::kIpc, "send() on " + seg_->path() +
+                                " while another thread is inside a send() on the same publisher: a publisher is used "
+                                "by one thread at a time (serialize the threads' sends, e.g. with a lock)");
+    }
     const bool retired = (mine >> 1) == 1;
     fail(ErrorKind::kMultiplePublishers,
          retired ? seg_->path() + " was replaced by a publisher asking for another segment_size; this one can no longer send"
