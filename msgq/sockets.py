@@ -13,6 +13,7 @@ Receives always copy out of the ring (the copy is what makes a lapped reader
 safe); sends copy in, unless you fill a loan in place.
 """
 
+import os
 import sys
 import time
 
@@ -65,6 +66,10 @@ class _Socket(ClosesOnExit):
         if self._impl is not None:
             self._impl.close()
         self.__dict__.pop(self._FAST, None)
+        self._wake_async_waiters()
+
+    def _wake_async_waiters(self):
+        pass
 
     @property
     def closed(self) -> bool:
@@ -95,6 +100,7 @@ class SubSocket(_Socket):
         self._backend = None
         self._timeout = -1
         self.endpoint = None
+        self._async_waits = {}  # receive_async()'s pending future -> its event loop (close() resolves it)
 
     def connect(self, context, endpoint, address="127.0.0.1", conflate=False, segment_size=0):
         if self._impl is not None:
@@ -167,26 +173,45 @@ class SubSocket(_Socket):
         impl = self._connected()
         loop = asyncio.get_running_loop()
         deadline = None if timeout is None else loop.time() + timeout
-        fd = impl.fileno()
-        while True:
-            msg = impl.receive(True)
-            if msg is not None:
-                return msg
-            if impl.arm():  # a message arrived between the receive and arming
-                continue
-            readable = loop.create_future()
-            loop.add_reader(fd, _resolve, readable)
-            try:
-                left = None if deadline is None else max(0.0, deadline - loop.time())
-                await asyncio.wait_for(readable, left)
-            except asyncio.TimeoutError:
-                if impl.ready():
+        fd = None  # our own duplicate of the wake-up descriptor: a close() elsewhere cannot close it under the loop
+        try:
+            while True:
+                msg = impl.receive(True)  # ClosedError once closed meanwhile
+                if msg is not None:
+                    return msg
+                if impl.arm():  # a message arrived between the receive and arming
                     continue
-                return None
-            finally:
-                loop.remove_reader(fd)
-                if not impl.closed:
-                    impl.disarm()
+                if fd is None:
+                    fd = os.dup(impl.fileno())
+                readable = loop.create_future()
+                self._async_waits[readable] = loop
+                loop.add_reader(fd, _resolve, readable)
+                try:
+                    if impl.closed:  # by a close() that looked for waiters before we registered
+                        continue
+                    left = None if deadline is None else max(0.0, deadline - loop.time())
+                    await asyncio.wait_for(readable, left)
+                except asyncio.TimeoutError:
+                    if impl.ready():
+                        continue
+                    return None
+                finally:
+                    loop.remove_reader(fd)
+                    self._async_waits.pop(readable, None)
+                    if not impl.closed:
+                        impl.disarm()
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+    def _wake_async_waiters(self):
+        """close() from any thread or task: every receive_async() waiting wakes
+        and raises ClosedError (its descriptor is its own, closed by itself)."""
+        for future, loop in list(self._async_waits.items()):
+            try:
+                loop.call_soon_threadsafe(_resolve, future)
+            except RuntimeError:  # that loop is closed: nothing waits there any more
+                pass
 
     def __iter__(self):
         """Yield messages until a receive times out."""

@@ -201,6 +201,43 @@ def test_receive_async_awaits_without_threads(backend):
     assert asyncio.run(scenario()) == (b"later", None)
 
 
+@pytest.mark.parametrize("closer", ["task", "thread"])
+def test_close_ends_a_receive_async_waiting_with_closed_error(backend, closer):
+    """close() from another task of the loop, or from another thread while the loop
+    runs in its own, wakes a receive_async() waiting without a timeout: ClosedError
+    (it waited forever on the msgq backend: the close shut the wake-up descriptor the
+    loop watched; from another thread, on every backend). Then a fresh socket waits
+    and receives as usual (the loop is not left watching a stale descriptor)."""
+    topic = unique_topic()
+    pub, (sub,) = connected(topic)
+    outcome = {}
+
+    async def wait_on(s):
+        try:
+            outcome["got"] = await s.receive_async(timeout=None)
+        except Exception as e:  # the assertion names it
+            outcome["got"] = e
+
+    async def in_the_loop():
+        waiting = asyncio.create_task(wait_on(sub))
+        await asyncio.sleep(0.2)
+        if closer == "task":
+            sub.close()
+        else:
+            threading.Thread(target=sub.close).start()
+        await asyncio.wait_for(waiting, 10)
+        fresh = msgq.sub_sock(topic)
+        assert pub.wait_for_readers(1, timeout=10)
+        asyncio.get_running_loop().call_later(0.05, pub.send, b"again")
+        again = await fresh.receive_async(timeout=10)
+        fresh.close()
+        return again
+
+    assert asyncio.run(in_the_loop()) == b"again"
+    assert type(outcome["got"]) is msgq.ClosedError, outcome
+    pub.close()
+
+
 def _echo(topic_in, topic_out, count, backend):
     os.environ["MSGQ_BACKEND"] = backend
     sub = msgq.sub_sock(topic_in, timeout=20000)
