@@ -76,7 +76,8 @@ Closing discards messages not yet sent (``LINGER`` 0), so an exiting
 process never hangs on a dead peer.
 
 Threads: a socket is used by one thread at a time (ZeroMQ sockets are not
-thread-safe), except ``close()``, which may come from any thread: it ends a
+thread-safe; a ``send()`` while another thread is inside one raises IpcError
+instead of entering libzmq beside it), except ``close()``, which may come from any thread: it ends a
 receive or poll waiting on the subscriber in another thread (that wait
 raises :class:`ClosedError`), and a send or receive running meanwhile
 finishes first. The hot paths take no lock for this (a lock would cost as
@@ -280,6 +281,11 @@ def _publisher_send(raw_send, publisher):
         nonlocal inside, sent
         if type(data) is not bytes:
             data = _payload(data)
+        if inside:  # pyzmq releases the GIL while it sends: another thread of ours is in there
+            raise IpcError(
+                "send() while another thread is inside a send() on the same publisher: a publisher is used "
+                "by one thread at a time (serialize the threads' sends, e.g. with a lock)"
+            )
         inside = True  # _Guarded's protocol
         try:
             if blocked:

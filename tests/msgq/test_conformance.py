@@ -238,6 +238,44 @@ def test_close_ends_a_receive_async_waiting_with_closed_error(backend, closer):
     pub.close()
 
 
+def test_two_threads_sending_on_one_publisher_get_a_clear_error_and_no_torn_message(backend):
+    """A publisher is used by one thread at a time. Two threads sending 300 KB messages
+    (copied without the GIL) on one anyway: a send that overlaps the other's raises
+    IpcError saying so (it raised MultiplePublishersError: "another publisher (pid <our
+    own>) took over ...; this one can no longer send"), every message that arrives is
+    whole, and the publisher goes on."""
+    topic = unique_topic()
+    pub = msgq.pub_sock(topic, segment_size=8 << 20)
+    sub = msgq.sub_sock(topic, timeout=2000)
+    assert pub.wait_for_readers(1, timeout=10)
+    size, errors, sent = 300_000, [], []
+
+    def send(tag):
+        for _ in range(150):
+            try:
+                pub.send(bytes([tag]) * size)
+                sent.append(tag)
+            except Exception as e:  # the assertion below names it
+                errors.append(e)
+
+    threads = [threading.Thread(target=send, args=(tag,)) for tag in (1, 2)]
+    for t in threads:
+        t.start()
+    received = []
+    while (m := sub.receive()) is not None:
+        assert len(m) == size and m.count(m[:1]) == size, "a torn message"
+        received.append(m[0])
+    for t in threads:
+        t.join()
+    for e in errors:
+        assert type(e) is msgq.IpcError and "another thread is inside a send()" in str(e), repr(e)
+    assert received and all(received.count(tag) <= sent.count(tag) for tag in (1, 2))  # the ring may lap us
+    pub.send(b"after")
+    assert sub.receive() == b"after"
+    sub.close()
+    pub.close()
+
+
 def _echo(topic_in, topic_out, count, backend):
     os.environ["MSGQ_BACKEND"] = backend
     sub = msgq.sub_sock(topic_in, timeout=20000)
