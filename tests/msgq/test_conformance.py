@@ -205,9 +205,9 @@ def test_receive_async_awaits_without_threads(backend):
 def test_close_ends_a_receive_async_waiting_with_closed_error(backend, closer):
     """close() from another task of the loop, or from another thread while the loop
     runs in its own, wakes a receive_async() waiting without a timeout: ClosedError
-    (it waited forever on the msgq backend: the close shut the wake-up descriptor the
-    loop watched; from another thread, on every backend). Then a fresh socket waits
-    and receives as usual (the loop is not left watching a stale descriptor)."""
+    (it waited forever, either way, on every backend; on msgq and fake the close also
+    shut the wake-up descriptor the loop watched). Then a fresh socket waits and
+    receives as usual (the loop is not left watching a stale descriptor)."""
     topic = unique_topic()
     pub, (sub,) = connected(topic)
     outcome = {}
@@ -240,10 +240,10 @@ def test_close_ends_a_receive_async_waiting_with_closed_error(backend, closer):
 
 def test_two_threads_sending_on_one_publisher_get_a_clear_error_and_no_torn_message(backend):
     """A publisher is used by one thread at a time. Two threads sending 300 KB messages
-    (copied without the GIL) on one anyway: a send that overlaps the other's raises
-    IpcError saying so (it raised MultiplePublishersError: "another publisher (pid <our
-    own>) took over ...; this one can no longer send"), every message that arrives is
-    whole, and the publisher goes on."""
+    (sent without the GIL) on one anyway: a send that overlaps the other's raises
+    IpcError saying so (msgq raised MultiplePublishersError: "another publisher (pid <our
+    own>) took over ...; this one can no longer send"; zmq let both threads into libzmq's
+    send at once), every message that arrives is whole, and the publisher goes on."""
     topic = unique_topic()
     pub = msgq.pub_sock(topic, segment_size=8 << 20)
     sub = msgq.sub_sock(topic, timeout=2000)
