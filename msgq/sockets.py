@@ -66,10 +66,6 @@ class _Socket(ClosesOnExit):
         if self._impl is not None:
             self._impl.close()
         self.__dict__.pop(self._FAST, None)
-        self._wake_async_waiters()
-
-    def _wake_async_waiters(self):
-        pass
 
     @property
     def closed(self) -> bool:
@@ -204,9 +200,10 @@ class SubSocket(_Socket):
             if fd is not None:
                 os.close(fd)
 
-    def _wake_async_waiters(self):
-        """close() from any thread or task: every receive_async() waiting wakes
-        and raises ClosedError (its descriptor is its own, closed by itself)."""
+    def close(self):
+        """Also from any thread or task: every receive_async() waiting wakes and
+        raises ClosedError (its descriptor is its own, closed by itself)."""
+        super().close()
         for future, loop in list(self._async_waits.items()):
             try:
                 loop.call_soon_threadsafe(_resolve, future)

@@ -115,10 +115,7 @@ void Writer::close() {
   if (!file_) return;
   gate_.begin_close();
   QueueHeader& h = file_->header();
-  while (!gate_.idle()) {  // a wait on another thread: wake it and let it leave
-    common::wake_all_now(h.space_free);
-    usleep(50);
-  }
+  gate_.wait_idle([&] { common::wake_all_now(h.space_free); });  // a wait on another thread: wake it, let it leave
   // Only now, so that a call on another thread ends with kClosed, not kShutdown.
   shutdown_queue(h);
   file_.reset();
@@ -275,10 +272,7 @@ void Reader::close() {
   if (!file_) return;
   gate_.begin_close();
   QueueHeader& h = file_->header();
-  while (!gate_.idle()) {
-    common::wake_all_now(h.data_ready);
-    usleep(50);
-  }
+  gate_.wait_idle([&] { common::wake_all_now(h.data_ready); });
   common::ofd_unlock(file_->fd(), kLockReaderBase + rank_);
   file_.reset();
 }

@@ -29,6 +29,15 @@ class UseGate {
   void wait_idle() const {
     while (!idle()) usleep(50);
   }
+  // The same, calling wake() before each look: for calls that may be asleep
+  // (or between their check and their sleep) on a futex only a wake-up ends.
+  template <class Wake>
+  void wait_idle(Wake&& wake) const {
+    while (!idle()) {
+      wake();
+      usleep(50);
+    }
+  }
 
  private:
   std::atomic<int> users_{0};

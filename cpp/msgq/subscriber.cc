@@ -35,13 +35,12 @@ void Subscriber::interrupt() {
   if (!seg_) return;
   gate_.begin_close();
   WakeSender sender;
-  while (!gate_.idle()) {  // a waiter may be between its check and its sleep: keep waking
+  gate_.wait_idle([&] {  // a waiter may be between its check and its sleep: keep waking
     SegmentHeader& h = header();
     h.futex_seq.fetch_add(1, std::memory_order_release);
     common::futex_wake(&h.futex_seq, INT_MAX);
     if (wake_) sender.poke(wake_->name(), wake_->name_length());
-    usleep(50);
-  }
+  });
 }
 
 void Subscriber::close() {

@@ -205,10 +205,7 @@ common::WaitStatus Producer::wait_reclaiming(Done&& done, Stuck&& stuck, int64_t
 void Producer::close() {
   if (!topic_) return;
   gate_.begin_close();
-  while (!gate_.idle()) {  // a reserve waiting on another thread: wake it
-    topic_->wake_all_now();
-    usleep(50);
-  }
+  gate_.wait_idle([&] { topic_->wake_all_now(); });  // a reserve waiting on another thread: wake it
   std::set<uint64_t> left;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -367,10 +364,7 @@ Reader::Reader(const TopicSpec& spec, Mode mode) : topic_(Topic::attach(spec)), 
 void Reader::close() {
   if (!topic_) return;
   gate_.begin_close();
-  while (!gate_.idle()) {
-    topic_->wake_all_now();
-    usleep(50);
-  }
+  gate_.wait_idle([&] { topic_->wake_all_now(); });
   topic_.reset();
 }
 

@@ -466,10 +466,15 @@ def test_stray_subscriptions_on_the_writers_port_are_ignored():
         b"\x01" + HELLO + b"\xff\x00",
         b"\x00" + HELLO + b"-",
         b"\x07",
+        b"\x01" + HELLO + b"7",  # last: a well-formed hello (rank 7 is no reader of this queue)
     ):
         stray.send(junk)
     r = msgq.BroadcastQueue.create_from_handle(q.handle, rank=0)
     try:
+        # The stray's subscriptions arrive in order: once its last is seen, the writer went over the junk.
+        deadline = time.monotonic() + 10
+        while 7 not in q._remote_sock.refresh_subscriptions() and time.monotonic() < deadline:
+            time.sleep(0.01)
         q.wait_until_ready(timeout=10)
         q.enqueue({"n": 1}, timeout=10)
         assert r.dequeue(timeout=10) == {"n": 1}
