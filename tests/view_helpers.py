@@ -148,20 +148,37 @@ class Output:
         return "".join(self.output)
 
 
-class ViewProcess:
-    """``vipc-view --name NAME ... --http 127.0.0.1:0`` as a child; ``url`` is where it serves."""
+SERVING = r"serving (http://[^/\s]+)/(?:\?token=(\S+))? "  # vipc-view's first line: URL and token
 
-    def __init__(self, *args, start_timeout=30):
+
+class ViewProcess:
+    """``vipc-view --name NAME ... --http 127.0.0.1:0`` as a child; ``url`` is where it serves
+    (no trailing slash), ``token`` the per-run secret it printed (None with --no-auth) and
+    ``page_url`` the URL it printed (the page, with the token)."""
+
+    def __init__(self, *args, start_timeout=30, preexec_fn=None, stderr=subprocess.STDOUT):
         self.proc = subprocess.Popen(
-            [VIEW, *args, "--http", "127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            [VIEW, *args, "--http", "127.0.0.1:0"],
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            text=True,
+            preexec_fn=preexec_fn,
         )
         self.out = Output(self.proc)
-        self.url = self.out.wait_for(r"serving (http://\S+)/ ", start_timeout).group(1)
+        match = self.out.wait_for(SERVING, start_timeout)
+        self.url, self.token = match.group(1), match.group(2)
+        self.page_url = f"{self.url}/" + (f"?token={self.token}" if self.token else "")
 
-    def get(self, path, timeout=10):
-        """(status, headers, body) of GET url+path; HTTP errors are answers too."""
+    def auth(self):
+        """The header that shows the token (none with --no-auth)."""
+        return {"Authorization": f"Bearer {self.token}"} if self.token else {}
+
+    def get(self, path, timeout=10, headers=None, token=True):
+        """(status, headers, body) of GET url+path (with the token unless ``token=False``);
+        HTTP errors are answers too."""
+        request = urllib.request.Request(self.url + path, headers={**(self.auth() if token else {}), **(headers or {})})
         try:
-            with urllib.request.urlopen(self.url + path, timeout=timeout) as r:
+            with urllib.request.urlopen(request, timeout=timeout) as r:
                 return r.status, dict(r.headers), r.read()
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers), e.read()
@@ -212,13 +229,15 @@ class _SmallWindowConnection(http.client.HTTPConnection):
 
 class MjpegReader:
     """Reads parts of ``/stream/<s>.mjpg`` in a thread; ``delay`` s between parts makes it
-    slow (and gives it a small receive window)."""
+    slow (and gives it a small receive window); ``token``: vipc-view's (ViewProcess.token)."""
 
-    def __init__(self, url, stream, delay=0.0):
+    def __init__(self, url, stream, delay=0.0, token=None):
         host, port = url.split("//", 1)[1].split(":")
         connection = _SmallWindowConnection if delay else http.client.HTTPConnection
         self.conn = connection(host, int(port), timeout=10)
-        self.conn.request("GET", f"/stream/{stream}.mjpg")
+        self.conn.request(
+            "GET", f"/stream/{stream}.mjpg", headers={"Authorization": f"Bearer {token}"} if token else {}
+        )
         self.sock = self.conn.sock  # kept: getresponse() may hand it over to the response
         self.response = self.conn.getresponse()
         self.status = self.response.status

@@ -64,7 +64,7 @@ def test_the_page_in_headless_chromium_shows_the_live_test_pattern(name, browser
     from selenium.webdriver.support.ui import WebDriverWait
 
     with Producer(name, ["road"], 320, 240, fps=30), ViewProcess("--name", name) as view:
-        browser.get(view.url + "/")
+        browser.get(view.page_url)  # the printed URL, with the token; the page's own requests use the cookie
         wait = WebDriverWait(browser, 20)
         card = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, '.card[data-stream="road"]'))
         img = card.find_element(By.TAG_NAME, "img")
@@ -130,8 +130,8 @@ def test_unknown_stream_is_a_404_that_names_the_known_ones(name):
 def test_a_slow_viewer_skips_frames_and_frames_are_encoded_once_not_per_viewer(name):
     with Producer(name, ["road"], 640, 480, fps=30, texture=True) as producer, ViewProcess("--name", name) as view:
         view.wait_for(live("road"), what="road live")
-        fast = [MjpegReader(view.url, "road") for _ in range(2)]
-        slow = MjpegReader(view.url, "road", delay=0.5)
+        fast = [MjpegReader(view.url, "road", token=view.token) for _ in range(2)]
+        slow = MjpegReader(view.url, "road", delay=0.5, token=view.token)
         assert fast[0].status == 200 and fast[0].content_type.startswith("multipart/x-mixed-replace")
         sent_before = producer.sent
         before = view.stats()["streams"]["road"]
@@ -184,7 +184,7 @@ def test_sigint_stops_it_cleanly_while_viewers_are_connected(name):
     with Producer(name, ["road"], 160, 120):
         view = ViewProcess("--name", name, "--stream", "road")
         view.wait_for(live("road"), what="road live")
-        reader = MjpegReader(view.url, "road")
+        reader = MjpegReader(view.url, "road", token=view.token)
         deadline = time.monotonic() + 10
         while not reader.frame_ids and time.monotonic() < deadline:
             time.sleep(0.05)

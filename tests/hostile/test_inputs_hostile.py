@@ -271,6 +271,7 @@ def test_vipc_view_answers_only_its_own_host_names():
             conn.putrequest("GET", "/stats", skip_host=True)
             for host in hosts:
                 conn.putheader("Host", host)
+            conn.putheader("Authorization", f"Bearer {view.token}")
             conn.endheaders()
             r = conn.getresponse()
             body = r.read().decode()

@@ -2,35 +2,40 @@
 
 import argparse
 import asyncio
-import logging
-import re
 import signal
 import sys
 import threading
 
-from msgq._printable import printable
 from msgq.errors import IpcError
 from visionipc._streams import server_name, stream_key
+from visionipc.apps.web import flags as web_flags
 
 DEFAULT_HTTP = "127.0.0.1:8080"
 
 EPILOG = """\
 examples:
-  vipc-view --name camerad                       every stream of server camerad, at http://127.0.0.1:8080/
+  vipc-view --name camerad                       every stream of server camerad, at the printed
+                                                 http://127.0.0.1:8080/?token=... (open that URL)
   vipc-view --name camerad --stream road --http :9000
-  vipc-view --name camerad --http 0.0.0.0:8080   reachable from other hosts (no authentication!)
+  vipc-view --name camerad --http 0.0.0.0:8080   reachable from other hosts (with the token)
   vipc-view --name camerad --http 0.0.0.0:8080 --allow-host cam.lan   also answer http://cam.lan:8080/
-  curl -o road.jpg http://127.0.0.1:8080/snapshot/road.jpg
-  curl http://127.0.0.1:8080/stats
+  curl -o road.jpg 'http://127.0.0.1:8080/snapshot/road.jpg?token=TOKEN'
+  curl -H 'Authorization: Bearer TOKEN' http://127.0.0.1:8080/stats
 
 Pages: /  (all streams live, MJPEG, with fps / frame id / latency / drops),
 /stream/<stream>.mjpg, /snapshot/<stream>.jpg, /stats (JSON).
 Each stream is received once and JPEG-encoded once per frame, only while someone
 watches; every browser tab gets the newest encoded frame, so slow tabs skip frames
 and never slow the producer. Streams that appear later and a restarted server are
-picked up on their own. Only requests whose Host is the bound address, localhost
-or an --allow-host name are answered (others: 421), against DNS rebinding.
-Ctrl-C (SIGINT) or SIGTERM stops it.
+picked up on their own.
+
+Who is answered (one policy for every visionipc web surface): the owner, who has the
+per-run token of the printed URL (the page keeps it in a cookie; other local users
+get 401; --no-auth on a trusted machine); requests whose Host is the bound address,
+localhost or an --allow-host name (others: 421, against DNS rebinding); pages of its
+own origin or an --allow-origin one (others: 403). At most --max-connections open
+connections: a new one closes the oldest idle or half-open one (slowloris); headers
+must come within 10 s. Ctrl-C (SIGINT) or SIGTERM stops it.
 """
 
 
@@ -43,13 +48,6 @@ def parse_http(text: str):
     if not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"--http wants HOST:PORT with a port in 0..65535, got {text!r}")
     return host, int(port)
-
-
-def check_host_name(text: str) -> str:
-    """An --allow-host value: a DNS name or an IP address, without a port."""
-    if not re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9.-]{0,252})|\[?[0-9A-Fa-f:.]+\]?", text or ""):
-        raise ValueError(f"--allow-host wants a host name or address without a port, got '{printable(text)}'")
-    return text.strip("[]")
 
 
 def _parser():
@@ -74,14 +72,7 @@ def _parser():
         metavar="HOST:PORT",
         help=f"where to serve the page (default {DEFAULT_HTTP}; port 0 picks a free one, printed at start)",
     )
-    p.add_argument(
-        "--allow-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="also answer requests for this host name (repeatable); by default only the bound address and "
-        "localhost are answered, so a web page cannot reach the frames through DNS rebinding",
-    )
+    web_flags.add_arguments(p, "vipc-view")
     p.add_argument("--quality", type=int, default=80, help="JPEG quality 1-100 (default 80)")
     p.add_argument(
         "--window",
@@ -98,7 +89,7 @@ def main(argv=None) -> int:
         host, port = parse_http(args.http)
         name = server_name(args.name)
         streams = list(dict.fromkeys(stream_key(s) for s in args.stream))
-        allow_hosts = [check_host_name(h) for h in args.allow_host]
+        web_flags.policy_from_args(args, "vipc-view", host)  # checks the values; _serve makes its own
     except (ValueError, IpcError) as exc:
         parser.error(str(exc))
     if not 1 <= args.quality <= 100:
@@ -117,7 +108,7 @@ def main(argv=None) -> int:
         except WindowError as exc:
             print(f"vipc-view: error: {exc}", file=sys.stderr)
             return 2
-    settings = dict(name=name, streams=streams, host=host, port=port, quality=args.quality, allow_hosts=allow_hosts)
+    settings = dict(name=name, streams=streams, host=host, port=port, quality=args.quality, web_args=args)
     if args.window:
         from visionipc.apps.view.window import run_with_windows
 
@@ -125,57 +116,45 @@ def main(argv=None) -> int:
     return asyncio.run(_serve(**settings))
 
 
-class _OneLineLog(logging.Handler):
-    """aiohttp's server log (a malformed request: duplicate or missing Host...) as one escaped
-    line on stderr, not a traceback per request a stranger sends."""
-
-    def emit(self, record):
-        exc = record.exc_info[1] if record.exc_info else None
-        why = f": {' '.join(str(exc).split())}" if exc is not None else ""
-        print(f"vipc-view: {printable(record.getMessage() + why)}", file=sys.stderr, flush=True)
-
-
-def _quiet_server_log():
-    log = logging.getLogger("aiohttp.server")
-    if not any(isinstance(h, _OneLineLog) for h in log.handlers):
-        log.addHandler(_OneLineLog())
-    log.propagate = False
-
-
-async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=None, allow_hosts=()) -> int:
+async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=None, web_args=None) -> int:
     """Serve until SIGINT/SIGTERM (in the main thread) or until the ``stop`` event passed
-    to ``on_started(loop, stop, view)`` is set; 0 on a clean stop, 1 if the port is taken."""
-    from aiohttp import web
+    to ``on_started(loop, stop, view)`` is set; 0 on a clean stop, 1 if the port is taken.
+    ``web_args``: parsed web_policy flags (default: none given)."""
+    from visionipc.apps.view.web import ViewServer
+    from visionipc.apps.web.listener import Guard, start_site
+    from visionipc.apps.web.peerlog import PeerLog, capture_library_logs
 
-    from visionipc.apps.view.web import HostCheck, ViewServer
-
+    if web_args is None:
+        web_args = _parser().parse_args(["--name", name])
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
-    _quiet_server_log()
-    view = ViewServer(name, streams, quality, keep_bgr=keep_bgr, hosts=HostCheck(host, allow_hosts))
-    runner = web.AppRunner(view.app, access_log=None)
-    await runner.setup()
+    log = PeerLog("vipc-view")
+    capture_library_logs(log)
+    policy = web_flags.policy_from_args(web_args, "vipc-view", host, log)
+    guard = Guard("vipc-view", web_args.max_connections, log)
+    view = ViewServer(name, streams, quality, keep_bgr=keep_bgr, policy=policy, guard=guard)
     try:
-        site = web.TCPSite(runner, host, port, shutdown_timeout=1.0)
-        try:
-            await site.start()
-        except OSError as exc:
-            print(f"vipc-view: error: cannot serve on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
-            return 1
-        bound = runner.addresses[0][1]
+        runner, site = await start_site(view.app, host, port, guard)
+    except OSError as exc:
+        print(f"vipc-view: error: cannot serve on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    try:
         shown = f"[{host}]" if ":" in host else host
         print(
-            f"vipc-view: serving http://{shown}:{bound}/ (VisionIPC server {name!r}, "
+            f"vipc-view: serving http://{shown}:{site.port}/{policy.url_query()} (VisionIPC server {name!r}, "
             f"streams: {', '.join(streams) or 'all'}); Ctrl-C stops",
             flush=True,
         )
+        if guard.limit < guard.wanted:
+            print(f"vipc-view: at most {guard.limit} connections (what RLIMIT_NOFILE leaves)", flush=True)
         if on_started is not None:
             on_started(loop, stop, view)
         await stop.wait()
         return 0
     finally:
         await runner.cleanup()
+        log.flush()
         print("vipc-view: stopped", flush=True)

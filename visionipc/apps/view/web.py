@@ -5,11 +5,12 @@
     GET /snapshot/<stream>.jpg one JPEG of the newest frame
     GET /stats                 JSON: per stream fps, frame_id, latency, drops, viewers, frames encoded
 
-Every handler runs on the event-loop thread; the feeds' contract is in feed.py.
+Every request passes the shared web policy first (visionipc/apps/web: Host, Origin, the
+owner's token; connection limit and timeouts). Every handler runs on the event-loop
+thread; the feeds' contract is in feed.py.
 """
 
 import asyncio
-import ipaddress
 import json
 import pathlib
 import socket
@@ -18,8 +19,9 @@ import time
 
 from aiohttp import web
 
-from msgq._printable import printable
 from visionipc.apps.view.feed import BOUNDARY, StreamFeed
+from visionipc.apps.web.listener import Guard
+from visionipc.apps.web.policy import WebPolicy
 from visionipc.client import available_streams
 
 DISCOVERY_INTERVAL_S = 0.5  # how often a viewer of "every stream" asks the server for new ones
@@ -30,57 +32,6 @@ KEEPALIVE_S = 1.0  # MJPEG handlers look at the stop flag at least this often
 # write wait early, so it skips to the newest frame instead (the kernel doubles it).
 SEND_BUFFER_BYTES = 128 * 1024
 PAGE = pathlib.Path(__file__).with_name("page.html")
-LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
-WILDCARDS = ("", "0.0.0.0", "::")
-
-
-def host_of(header: str) -> str:
-    """The host of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``), lower case,
-    without a trailing dot."""
-    header = header.strip().lower()
-    if header.startswith("["):
-        host = header[1:].partition("]")[0]
-    else:
-        host = header.rpartition(":")[0] if header.count(":") == 1 else header
-    return host.rstrip(".")
-
-
-def _is_ip(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        return False
-
-
-class HostCheck:
-    """Which ``Host`` headers vipc-view answers (against DNS rebinding: a page of another
-    site whose name is made to resolve to this machine sends that name as Host): the bound
-    address, localhost names, and the ``--allow-host`` names. Bound to every address
-    (0.0.0.0, ::), any IP literal is the bound address; a name never is, unless allowed."""
-
-    def __init__(self, bound_host: str, allowed=()):
-        self.bound = host_of(bound_host) if bound_host not in WILDCARDS else None
-        self.names = {host_of(h) for h in allowed} | set(LOCAL_NAMES)
-        if self.bound is not None:
-            self.names.add(self.bound)
-
-    def allows(self, header) -> bool:
-        if header is None:
-            return True  # HTTP/1.0 without Host: not a browser, nothing to rebind
-        host = host_of(header)
-        return host in self.names or (self.bound is None and _is_ip(host))
-
-    @web.middleware
-    async def middleware(self, request, handler):
-        header = request.headers.get("Host")
-        if not self.allows(header):
-            shown, name = printable(header)[:100], printable(host_of(header))[:100]
-            raise web.HTTPMisdirectedRequest(
-                text=f"vipc-view does not answer Host '{shown}' (it answers its own address and localhost); "
-                f"if that name is really this machine, start vipc-view with --allow-host {name}\n"
-            )
-        return await handler(request)
 
 
 class ViewServer:
@@ -90,10 +41,12 @@ class ViewServer:
     including ones that appear later (asked every DISCOVERY_INTERVAL_S).
     """
 
-    def __init__(self, name: str, streams=(), quality: int = 80, keep_bgr: bool = False, hosts=None):
-        """``hosts``: a HostCheck (default: a server bound to 127.0.0.1)."""
+    def __init__(self, name: str, streams=(), quality: int = 80, keep_bgr: bool = False, policy=None, guard=None):
+        """``policy``: a WebPolicy (default: bound to 127.0.0.1, with a token); ``guard``:
+        the listener's Guard (connection limit and timeouts)."""
         self.name = name
-        self.hosts = hosts or HostCheck("127.0.0.1")
+        self.policy = policy or WebPolicy("vipc-view")
+        self.guard = guard or Guard("vipc-view")
         self.fixed_streams = list(streams)
         self.quality = quality
         self.keep_bgr = keep_bgr
@@ -102,7 +55,7 @@ class ViewServer:
         self.feeds = {}
         self.started = time.monotonic()
         self._discovery = None
-        self.app = web.Application(middlewares=[self.hosts.middleware])
+        self.app = web.Application(middlewares=[self.guard.middleware, self.policy.middleware])
         self.app.add_routes(
             [
                 web.get("/", self.page),
@@ -168,6 +121,8 @@ class ViewServer:
             "server": self.name,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "streams": {stream: feed.report() for stream, feed in sorted(self.feeds.items())},
+            "connections": self.guard.report(),
+            "refused": dict(self.policy.counts),
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=1))
 

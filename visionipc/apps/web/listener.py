@@ -1,0 +1,298 @@
+"""GuardedSite: the listening socket of a web surface, with our own accept loop.
+
+asyncio's accept loop has no connection limit, no header timeout, and on EMFILE logs a
+traceback per attempt; aiohttp keeps an idle connection for an hour. Here:
+
+- **A connection limit** (``--max-connections``, lowered to what RLIMIT_NOFILE leaves).
+  When full, a new connection takes the place of the oldest one that is *not* inside a
+  request (half-open: headers not complete; or idle between keep-alive requests): a
+  slowloris holding hundreds of half-open connections cannot keep a real request out,
+  because each real request arrives newer than all of them. If every connection is inside
+  a request (live streams, WebSockets), the new one gets a short 503 and is closed.
+- **A header timeout** (HEADER_TIMEOUT_S from accept to the first complete request) and
+  **an idle timeout** (IDLE_TIMEOUT_S between requests), checked every second.
+- **Accept errors** (EMFILE, ENFILE, ENOBUFS, ENOMEM) close the oldest idle connection,
+  pause accepting with an exponential back-off (50 ms .. 1 s; the waiting connection stays
+  in the kernel's backlog) and are logged once; ``counts`` has the rest.
+
+A connection is "inside a request" from the moment its request reaches the ``middleware``
+(headers parsed) until the handler returns (an MJPEG stream or a WebSocket: its whole life).
+"""
+
+import asyncio
+import errno
+import os
+import resource
+import socket
+
+from aiohttp import web
+
+from visionipc.apps.web.flags import MAX_CONNECTIONS
+
+HEADER_TIMEOUT_S = 10.0  # accept -> first request's headers complete
+IDLE_TIMEOUT_S = 30.0  # between two requests of one keep-alive connection
+FD_RESERVE = 48  # descriptors kept for everything else (clients of the VisionIPC server, files)
+ACCEPT_BATCH = 64  # connections taken per readiness event
+BACKOFF_S = (0.05, 1.0)  # first and longest pause after an accept error
+SWEEP_S = 1.0
+RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
+TRANSIENT_ERRNOS = (errno.ECONNABORTED, errno.EPROTO, errno.EAGAIN, errno.EINTR, errno.EPERM)
+
+
+class _Conn:
+    __slots__ = ("transport", "since", "requests", "busy")
+
+    def __init__(self, now):
+        self.transport = None
+        self.since = now  # accept time, then the end of its last request
+        self.requests = 0
+        self.busy = 0  # requests in a handler now
+
+
+def descriptor_limit(wanted: int) -> int:
+    """``wanted`` connections, at most what RLIMIT_NOFILE leaves after the open
+    descriptors and FD_RESERVE (never below 4)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 32
+    return max(4, min(wanted, soft - used - FD_RESERVE))
+
+
+class Guard:
+    """The connections of one surface: limit, timeouts, counters; ``middleware`` marks
+    the ones inside a request."""
+
+    def __init__(self, prog, max_connections=MAX_CONNECTIONS, log=None):
+        self.prog = prog
+        self.wanted = max_connections
+        self.limit = descriptor_limit(max_connections)
+        self.log = log
+        self.conns = {}  # transport -> _Conn, for connections handed to aiohttp
+        self.connecting = 0  # accepted, not yet handed over
+        self.counts = {
+            "accepted": 0,
+            "closed_for_newer": 0,
+            "refused_full": 0,
+            "header_timeouts": 0,
+            "idle_timeouts": 0,
+            "accept_errors": 0,
+        }
+        self._said_full = False
+
+    def report(self) -> dict:
+        return {"open": len(self.conns), "limit": self.limit, **self.counts}
+
+    def _prune(self):
+        for transport in [t for t in self.conns if t.is_closing()]:
+            del self.conns[transport]
+
+    def full(self) -> bool:
+        if len(self.conns) + self.connecting < self.limit:
+            return False
+        self._prune()
+        return len(self.conns) + self.connecting >= self.limit
+
+    def close_oldest_idle(self) -> bool:
+        """Close the connection that has waited longest outside a request; False if none."""
+        idle = [(c.since, t) for t, c in self.conns.items() if not c.busy and not t.is_closing()]
+        if not idle:
+            return False
+        _, transport = min(idle, key=lambda pair: pair[0])
+        transport.abort()
+        del self.conns[transport]
+        return True
+
+    def make_room(self) -> bool:
+        """Room for one more connection (closing the oldest idle one if full)."""
+        if not self.full():
+            return True
+        if not self._said_full and self.log is not None:
+            self._said_full = True
+            self.log.say(
+                f"connection limit {self.limit} reached: each new connection now closes the oldest idle or "
+                "half-open one (logged once; counted in the stats)"
+            )
+        if self.close_oldest_idle():
+            self.counts["closed_for_newer"] += 1
+            return True
+        return False
+
+    def sweep(self, now):
+        """Close the connections past their header or idle timeout."""
+        for transport, conn in list(self.conns.items()):
+            if transport.is_closing():
+                del self.conns[transport]
+            elif not conn.busy:
+                first = conn.requests == 0
+                if now - conn.since > (HEADER_TIMEOUT_S if first else IDLE_TIMEOUT_S):
+                    self.counts["header_timeouts" if first else "idle_timeouts"] += 1
+                    transport.abort()
+                    del self.conns[transport]
+
+    @web.middleware
+    async def middleware(self, request, handler):
+        conn = self.conns.get(request.transport)
+        if conn is None:  # already closed for a newer one, or not ours
+            return await handler(request)
+        conn.busy += 1
+        conn.requests += 1
+        try:
+            return await handler(request)
+        finally:
+            conn.busy -= 1
+            conn.since = asyncio.get_running_loop().time()
+
+
+class _Listening:
+    """What aiohttp's runner expects of a site's server: ``sockets`` and ``close()``."""
+
+    def __init__(self, site, sock):
+        self.site = site
+        self.sockets = [sock]
+
+    def close(self):
+        self.site._close()
+
+
+class GuardedSite(web.BaseSite):
+    def __init__(self, runner, host, port, guard: Guard, backlog=128):
+        super().__init__(runner, backlog=backlog)
+        self._host, self._port, self.guard = host, port, guard
+        self._sock = None
+        self._loop = None
+        self._timers = []
+        self._backoff = BACKOFF_S[0]
+        self._said_errors = set()
+        self._tasks = set()
+
+    @property
+    def name(self) -> str:
+        return f"http://{self._host}:{self.port}"
+
+    @property
+    def port(self) -> int:
+        return self._sock.getsockname()[1] if self._sock else self._port
+
+    async def start(self):
+        await super().start()
+        self._loop = asyncio.get_running_loop()
+        family, _, _, _, address = socket.getaddrinfo(
+            self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6 and self._host in ("", "::"):
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(address)
+            sock.listen(self._backlog)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+        self._server = _Listening(self, sock)
+        self._loop.add_reader(sock.fileno(), self._accept)
+        self._timers.append(self._loop.call_later(SWEEP_S, self._sweep))
+
+    def _close(self):
+        for timer in self._timers:
+            timer.cancel()
+        if self._sock is not None:
+            self._loop.remove_reader(self._sock.fileno())
+            self._sock.close()
+
+    def _sweep(self):
+        self.guard.sweep(self._loop.time())
+        self._timers = [t for t in self._timers if not t.cancelled()]
+        self._timers.append(self._loop.call_later(SWEEP_S, self._sweep))
+
+    def _say_once(self, key, text):
+        if key not in self._said_errors and self.guard.log is not None:
+            self._said_errors.add(key)
+            self.guard.log.say(text)
+
+    def _pause(self):
+        self._loop.remove_reader(self._sock.fileno())
+        self._timers.append(self._loop.call_later(self._backoff, self._resume))
+        self._backoff = min(BACKOFF_S[1], self._backoff * 2)
+
+    def _resume(self):
+        if self._sock.fileno() >= 0:
+            self._loop.add_reader(self._sock.fileno(), self._accept)
+
+    def _accept(self):
+        for _ in range(ACCEPT_BATCH):
+            try:
+                conn, _ = self._sock.accept()
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                self.guard.counts["accept_errors"] += 1
+                if exc.errno in TRANSIENT_ERRNOS:
+                    continue
+                name = errno.errorcode.get(exc.errno, str(exc.errno))
+                if exc.errno in RESOURCE_ERRNOS:
+                    self.guard.close_oldest_idle()
+                    self._say_once(
+                        name,
+                        f"accept() failed: {name} ({os.strerror(exc.errno)}): closing the oldest idle connection "
+                        f"and accepting again after a pause of up to {BACKOFF_S[1]:g} s (logged once; counted "
+                        "in the stats)",
+                    )
+                else:
+                    self._say_once(name, f"accept() failed: {name} ({os.strerror(exc.errno)}) (logged once)")
+                self._pause()
+                return
+            self._backoff = BACKOFF_S[0]
+            self.guard.counts["accepted"] += 1
+            if not self.guard.make_room():
+                self._refuse(conn)
+                continue
+            conn.setblocking(False)
+            self.guard.connecting += 1
+            task = self._loop.create_task(self._hand_over(conn))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _refuse(self, conn):
+        self.guard.counts["refused_full"] += 1
+        body = f"{self.guard.prog}: every one of its {self.guard.limit} connections is in use; try again later\n"
+        head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+        try:
+            conn.setblocking(False)
+            conn.send(f"{head}Connection: close\r\n\r\n{body}".encode())
+        except OSError:
+            pass
+        conn.close()
+
+    async def _hand_over(self, conn):
+        record = _Conn(self._loop.time())
+        try:
+            transport, _ = await self._loop.connect_accepted_socket(self._runner.server, conn)
+        except Exception:
+            conn.close()
+            return
+        finally:
+            self.guard.connecting -= 1
+        record.transport = transport
+        self.guard.conns[transport] = record
+
+
+async def start_site(app, host, port, guard: Guard):
+    """Run ``app`` on a GuardedSite at host:port: (runner, site); OSError if it cannot
+    listen (the runner is cleaned up then). aiohttp's own keep-alive limit is set to
+    IDLE_TIMEOUT_S too."""
+    runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_TIMEOUT_S, shutdown_timeout=1.0)
+    await runner.setup()
+    site = GuardedSite(runner, host, port, guard)
+    try:
+        await site.start()
+    except OSError:
+        await runner.cleanup()
+        raise
+    return runner, site

@@ -1,0 +1,106 @@
+"""PeerLog: what a web surface says on stderr about its peers, escaped and rate-limited.
+
+Whatever a peer sends (a Host header, a WebSocket message, a reason for closing) is
+untrusted: printed as is, an ESC sequence would act on the terminal and a newline would
+forge a line of our own. Every line goes through ``msgq._printable.printable`` (one
+line, escapes visible), is cut at MAX_CHARS, and at most BURST lines plus RATE per
+second reach stderr; the rest are counted and reported in one line when the log may
+speak again (or at ``flush()``), so a peer that sends 10,000 bad messages costs a few
+lines, not 10,000.
+
+The same log takes aiohttp's and asyncio's own log records (``capture_library_logs``),
+so a malformed request or a failing ``accept()`` is one escaped line too, never a
+traceback per connection.
+"""
+
+import logging
+import sys
+import threading
+import time
+
+from msgq._printable import printable
+
+MAX_CHARS = 300  # of one line, after escaping
+BURST = 20  # lines that may come at once
+RATE = 2.0  # lines per second after the burst
+
+
+class PeerLog:
+    def __init__(self, prog: str, stream=None, burst: int = BURST, rate: float = RATE):
+        self.prog = prog
+        self.stream = stream
+        self.burst, self.rate = burst, rate
+        self._tokens = float(burst)
+        self._last = time.monotonic()
+        self.suppressed = 0  # lines not printed since the last report of them
+        self.printed = 0
+        self._lock = threading.Lock()  # pump threads log too
+
+    def _out(self):
+        return self.stream or sys.stderr
+
+    def say(self, text) -> bool:
+        """Print ``prog: text`` (escaped, cut) if the rate allows; True if printed."""
+        with self._lock:
+            now = time.monotonic()
+            self._tokens = min(self.burst, self._tokens + (now - self._last) * self.rate)
+            self._last = now
+            if self._tokens < 1:
+                self.suppressed += 1
+                return False
+            self._tokens -= 1
+            line = printable(text)
+            if len(line) > MAX_CHARS:
+                line = line[:MAX_CHARS] + "..."
+            self._report_suppressed()
+            print(f"{self.prog}: {line}", file=self._out(), flush=True)
+            self.printed += 1
+            return True
+
+    def _report_suppressed(self):
+        if self.suppressed:
+            print(
+                f"{self.prog}: {self.suppressed} more log lines were left out (at most {self.rate:g} a second)",
+                file=self._out(),
+                flush=True,
+            )
+            self.printed += 1
+            self.suppressed = 0
+
+    def flush(self):
+        """Say how many lines were left out, if any (at exit, or now and then)."""
+        with self._lock:
+            self._report_suppressed()
+
+
+class _ToPeerLog(logging.Handler):
+    """A library's log record as one escaped, rate-limited line (the exception's own
+    message, never its traceback)."""
+
+    def __init__(self, log: PeerLog):
+        super().__init__()
+        self.log = log
+
+    def emit(self, record):
+        exc = record.exc_info[1] if record.exc_info else None
+        why = f": {type(exc).__name__}: {' '.join(str(exc).split())}" if exc is not None else ""
+        try:
+            message = record.getMessage()
+        except Exception:  # a record whose arguments do not fit its format
+            message = str(record.msg)
+        self.log.say(message + why)
+
+
+LIBRARY_LOGGERS = ("aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.websocket", "asyncio")
+
+
+def capture_library_logs(log: PeerLog):
+    """Route aiohttp's and asyncio's log records to ``log`` (replacing an earlier PeerLog)."""
+    for name in LIBRARY_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in [h for h in logger.handlers if isinstance(h, _ToPeerLog)]:
+            logger.removeHandler(handler)
+        logger.addHandler(_ToPeerLog(log))
+        logger.propagate = False
+        if logger.level == logging.NOTSET or logger.level > logging.WARNING:
+            logger.setLevel(logging.WARNING)
