@@ -1,13 +1,14 @@
 """The demo: a synthetic camera, an OpenCV consumer and vipc-view, on this machine.
 
-    bash tools/demo.sh                  # set-up, then this; open the printed URL, Ctrl-C stops
+    bash tools/demo.sh                  # set-up, then this; open the printed URL (it has the
+                                        # per-run token: only you can watch), Ctrl-C stops
     python tools/demo.py --seconds 20   # a bounded run
 
 Starts three processes under one run prefix (MSGQ_PREFIX; a fresh one unless set):
   camera    vipc-camera --source synthetic (a moving test pattern, frame id burned in)
   consumer  examples/opencv_consumer.py: Canny edges + motion on every frame, zero-copy
   view      vipc-view: the live stream with fps / latency / drops, in the browser
-  foxglove  vipc-foxglove: the same stream for Foxglove / Lichtblick (ws://127.0.0.1:8765)
+  foxglove  vipc-foxglove: the same stream for Foxglove / Lichtblick (ws://127.0.0.1:8765/?token=...)
 Their output is shown with a [name] prefix. Ctrl-C (or SIGTERM, or --seconds) stops
 the viewers first and the camera last, waits for each, and checks that no process
 and no shared-memory segment of the run is left. Exit status 0 only if all of that holds.

@@ -42,10 +42,16 @@ class Demo:
         return [int(p) for p in re.findall(r"demo: started \w+ \(pid (\d+)\)", self.out.text())]
 
 
+def at(url, path):
+    """``path`` of the printed page URL ``http://host:port/?token=...`` (the token kept)."""
+    base, _, query = url.partition("?")
+    return f"{base}{path}?{query}"
+
+
 def stats_when_live(url, timeout=30):
     deadline = time.monotonic() + timeout
     while True:
-        with urllib.request.urlopen(url + "stats", timeout=10) as r:
+        with urllib.request.urlopen(at(url, "stats"), timeout=10) as r:
             stats = json.loads(r.read())
         road = stats["streams"].get("road")
         if road and road["live"]:
@@ -60,7 +66,7 @@ def assert_ran_and_stopped_cleanly(demo, code):
     assert "demo: stopped cleanly" in out, out
     assert "{'foxglove': 0, 'view': 0, 'consumer': 0, 'camera': 0}" in out, out
     assert re.search(
-        r"demo: Foxglove / Lichtblick: open connection -> Foxglove WebSocket -> ws://127\.0\.0\.1:\d+", out
+        r"demo: Foxglove / Lichtblick: open connection -> Foxglove WebSocket -> ws://127\.0\.0\.1:\d+/\?token=\S+", out
     ), out
     processed = int(re.search(r"\[consumer\] consumer: processed (\d+) frames", out).group(1))
     assert processed > 0, out
@@ -88,7 +94,8 @@ def test_a_bounded_demo_runs_all_three_and_stops_cleanly(start_demo):
     stats = stats_when_live(url)
     assert stats["server"] == "demo"
     assert (stats["streams"]["road"]["width"], stats["streams"]["road"]["height"]) == (640, 360)
-    with urllib.request.urlopen(url + "snapshot/road.jpg", timeout=10) as r:
+    assert "?token=" in url  # the owner's per-run secret is in the URL the demo prints
+    with urllib.request.urlopen(at(url, "snapshot/road.jpg"), timeout=10) as r:
         frame_id, jpeg = int(r.headers["X-Frame-Id"]), r.read()
     picture = cv2.imdecode(np.frombuffer(jpeg, np.uint8), cv2.IMREAD_COLOR)
     assert picture.shape == (360, 640, 3)

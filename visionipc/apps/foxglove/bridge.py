@@ -1,32 +1,47 @@
 """vipc-foxglove: serve the streams of a VisionIPC server (and msgq topics) live over the
-Foxglove WebSocket protocol (the ``foxglove-sdk`` package), for Foxglove and Lichtblick.
+Foxglove WebSocket protocol, for Foxglove and Lichtblick.
 
 Each stream is a channel ``/<stream>``: ``foxglove.CompressedImage`` (JPEG, default) or
 ``foxglove.CompressedVideo`` (``--encoding h264``: H.264 through PyAV, no B-frames, a
 keyframe every second and one as soon as a client subscribes, so it can decode at once),
-logged at the frame's timestamp_eof with that time in the
-message. Each ``--topic`` is a channel ``/<topic>`` of its raw message bytes, logged at
-their receive time (CLOCK_MONOTONIC). One thread per stream and topic; a client that is
-slower than the camera gets the newest frames (the VisionIPC client skips the others).
+logged at the frame's timestamp_eof with that time in the message (schemas and message
+encoding from the ``foxglove-sdk`` package). Each ``--topic`` is a channel ``/<topic>`` of
+its raw message bytes, logged at their receive time (CLOCK_MONOTONIC). One thread per
+stream and topic.
+
+The WebSocket server is our own (hub.py, aiohttp) under the policy every visionipc web
+surface shares (visionipc/apps/web): the owner's per-run token in the printed URL, Host
+and Origin checks (``--allow-origin https://app.foxglove.dev`` for the Foxglove web app),
+a connection limit, per-client queues that keep only the newest frames, escaped and
+rate-limited logging.
 """
 
 import argparse
+import asyncio
 import sys
 import threading
 import time
+import urllib.parse
 
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
+from visionipc.apps.web import flags as web_flags
 
 PROG = "vipc-foxglove"
 RECV_MS = 100
+FOXGLOVE_APP = "https://app.foxglove.dev"
 
 EPILOG = """\
 examples:
-  vipc-foxglove --name camd                                 # every stream as JPEG, ws://127.0.0.1:8765
+  vipc-foxglove --name camd                        # every stream as JPEG, ws://127.0.0.1:8765/?token=...
   vipc-foxglove --name camd --stream road --encoding h264 --topic events --port 9000
+  vipc-foxglove --name camd --allow-origin https://app.foxglove.dev   # for the Foxglove web app
 
-Open it in Foxglove (app.foxglove.dev or the desktop app) or Lichtblick: Open connection ->
-Foxglove WebSocket -> ws://127.0.0.1:8765, then an Image panel on /<stream>.
+Open it in Foxglove (the desktop app, or app.foxglove.dev with --allow-origin) or Lichtblick:
+Open connection -> Foxglove WebSocket -> the printed ws://127.0.0.1:8765/?token=... URL,
+then an Image panel on /<stream>. The token is made per run (owner only; other local
+users get 401); --no-auth drops it on a trusted machine. A client that reads slower than
+the camera gets the newest frame whenever it is ready for one; a client that stops
+reading holds one frame, and is closed after 30 s.
 """
 
 
@@ -46,23 +61,32 @@ def build_parser():
     p.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765; 0: any free port)")
     p.add_argument("--duration", type=float, help="stop after SEC seconds")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="how long to wait for the server (default 10 s)")
+    web_flags.add_arguments(p, PROG)
     return p
 
 
 class StreamPump(threading.Thread):
-    """One stream: receive, encode, log to its channel. Invariant: only this thread touches
-    the client and the encoder; ``sent`` is written here only."""
+    """One stream: receive, encode (only while a client subscribes), publish to its
+    channel. Invariant: only this thread touches the client and the encoder; ``sent`` is
+    written here only."""
 
-    def __init__(self, client, encoding, quality, context, stop, keyframe=None):
+    def __init__(self, client, encoding, quality, hub, stop):
         super().__init__(daemon=True)
-        self.keyframe = keyframe or threading.Event()  # set: the next frame is a keyframe
-        import foxglove.channels as channels
         import foxglove.messages as messages
 
-        self.client, self.encoding, self.quality, self.stop = client, encoding, quality, stop
+        self.client, self.encoding, self.quality, self.stop, self.hub = client, encoding, quality, stop, hub
         self.stream, self.messages = str(client.stream), messages
-        kind = channels.CompressedVideoChannel if encoding == "h264" else channels.CompressedImageChannel
-        self.channel = kind(f"/{self.stream}", context=context)
+        kind = messages.CompressedVideo if encoding == "h264" else messages.CompressedImage
+        schema = kind.get_schema()
+        self.channel = hub.add_channel(
+            f"/{self.stream}",
+            "video" if encoding == "h264" else "image",
+            "protobuf",
+            schema.name,
+            schema.encoding,
+            schema.data,
+        )
+        self.keyframe = self.channel.keyframe_wanted  # set: the next frame is a keyframe
         self.encoder = self.storage = None
         self.sent, self.error = 0, None
 
@@ -70,14 +94,15 @@ class StreamPump(threading.Thread):
         try:
             while not self.stop.is_set():
                 frame = self.client.recv(RECV_MS)
-                if frame is None:
+                if frame is None or not self.channel.subscribers:
                     continue
                 with frame:
-                    msg = self._encode(frame)
+                    out = self._encode(frame)
                     if not frame.valid:  # overwritten while we read it
                         continue
-                if msg is not None:
-                    self.channel.log(msg, log_time=frame.timestamp_eof)
+                if out is not None:
+                    msg, keyframe = out
+                    self.hub.publish(self.channel, frame.timestamp_eof, msg.encode(), keyframe)
                     self.sent += 1
         except BaseException as e:
             self.error = e
@@ -92,9 +117,10 @@ class StreamPump(threading.Thread):
             cv2 = need("cv2", "view")
             ok, jpeg = cv2.imencode(".jpg", frame.to_bgr(), [cv2.IMWRITE_JPEG_QUALITY, self.quality])
             data = jpeg.tobytes()
-            return self.messages.CompressedImage(
+            image = self.messages.CompressedImage(
                 timestamp=self._stamp(frame), frame_id=self.stream, data=data, format="jpeg"
             )
+            return image, True
         from visionipc.apps.record import codecs, mcap_io
 
         if self.encoder is None or (frame.format, frame.width, frame.height) != (
@@ -109,36 +135,36 @@ class StreamPump(threading.Thread):
         if self.keyframe.is_set():  # a client subscribed: it decodes from a keyframe
             self.keyframe.clear()
             video.pict_type = need("av", "record").video.frame.PictureType.I
-        data = b"".join(bytes(p) for p in self.encoder.encode(video))
+        packets = self.encoder.encode(video)
+        data = b"".join(bytes(p) for p in packets)
         if not data:
             return None
-        return self.messages.CompressedVideo(
+        keyframe = any(p.is_keyframe for p in packets)
+        message = self.messages.CompressedVideo(
             timestamp=self._stamp(frame), frame_id=self.stream, data=data, format="h264"
         )
+        return message, keyframe
 
 
 class TopicPump(threading.Thread):
     """One msgq topic's messages, as raw bytes, to its channel."""
 
-    def __init__(self, topic, context, stop):
+    def __init__(self, topic, hub, stop):
         super().__init__(daemon=True)
-        import foxglove
-
         import msgq
 
-        self.topic, self.stop = topic, stop
+        self.topic, self.stop, self.hub = topic, stop, hub
         self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
         # schemaless raw bytes (msgq messages have no schema of their own)
-        schema = foxglove.Schema(name="msgq.raw", encoding="", data=b"")
-        self.channel = foxglove.Channel(f"/{topic}", message_encoding="raw", schema=schema, context=context)
+        self.channel = hub.add_channel(f"/{topic}", "raw", "raw", "msgq.raw")
         self.sent, self.error = 0, None
 
     def run(self):
         try:
             while not self.stop.is_set():
                 data = self.sock.receive()
-                if data is not None:
-                    self.channel.log(bytes(data), log_time=time.monotonic_ns())
+                if data is not None and self.channel.subscribers:
+                    self.hub.publish(self.channel, time.monotonic_ns(), bytes(data))
                     self.sent += 1
         except BaseException as e:
             self.error = e
@@ -147,86 +173,93 @@ class TopicPump(threading.Thread):
             self.sock.close()
 
 
-class Subscriptions:
-    """A foxglove ServerListener: a client subscribing to a stream's channel asks its pump
-    for a keyframe (H.264 decodes only from one; the next periodic one may be a second away)."""
-
-    def __init__(self):
-        self.keyframe = {}  # channel topic -> threading.Event of its StreamPump
-
-    def on_subscribe(self, client, channel):
-        event = self.keyframe.get(channel.topic)
-        if event is not None:
-            event.set()
-
-
 def run(args) -> int:
     if not 1 <= args.quality <= 100:
         raise UsageError(f"--quality must be in 1..100, got {args.quality}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    try:
+        web_flags.policy_from_args(args, PROG, args.host)  # the values, before anything starts
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    need("aiohttp", "view")
     need("foxglove", "record")
     need("cv2", "view")
     if args.encoding == "h264":
         need("av", "record")
-    import foxglove
-
+    from visionipc.apps.foxglove.hub import Hub
     from visionipc.apps.record.recorder import connect_streams
+    from visionipc.apps.web.peerlog import PeerLog, capture_library_logs
 
     stopper = Stopper()
     stop = stopper.event
-    pumps, clients, server = [], [], None
+    pumps, clients = [], []
+    log = PeerLog(PROG)
+    capture_library_logs(log)
     try:
         clients = connect_streams(args.name, args.stream, args.connect_timeout, stop)
-        context = foxglove.Context()
-        subscriptions = Subscriptions()
-        subscriptions.keyframe = {f"/{c.stream}": threading.Event() for c in clients}
+        hub = Hub(PROG, log)
         try:
-            server = foxglove.start_server(
-                name=PROG, host=args.host, port=args.port, context=context, server_listener=subscriptions
-            )
-        except Exception as e:
-            raise UsageError(f"cannot listen on {args.host}:{args.port}: {e}") from None
-        try:
-            pumps = [TopicPump(t, context, stop) for t in args.topic]
+            pumps = [TopicPump(t, hub, stop) for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
-        pumps += [
-            StreamPump(c, args.encoding, args.quality, context, stop, subscriptions.keyframe[f"/{c.stream}"])
-            for c in clients
-        ]
-        url = f"ws://{args.host}:{server.port}"
-        print(f"{PROG}: serving {', '.join('/' + str(c.stream) for c in clients)} on {url}", file=sys.stderr)
-        print(
-            f"{PROG}: open in Foxglove: https://app.foxglove.dev/~/view?ds=foxglove-websocket&ds.url={url}",
-            file=sys.stderr,
-            flush=True,
-        )
-        for p in pumps:
-            p.start()
-        start = time.monotonic()
-        while not stop.wait(0.05):
-            if args.duration and time.monotonic() - start >= args.duration:
-                break
-        stop.set()
-        for p in pumps:
-            p.join()
+        pumps += [StreamPump(c, args.encoding, args.quality, hub, stop) for c in clients]
+        code = asyncio.run(_serve(args, hub, pumps, stop, log))
         failed = [p for p in pumps if p.error]
         for p in failed:
             print(f"{PROG}: {type(p.error).__name__}: {p.error}", file=sys.stderr)
-        return 1 if failed else 0
+        return code or (1 if failed else 0)
     finally:
-        _shut_down(stop, pumps, server, clients)
+        _shut_down(stop, pumps, clients)
+        log.flush()
         stopper.restore()
 
 
-def _shut_down(stop, pumps, server, clients):
-    """Pumps first (they use the clients and the server's channels), then the server."""
+async def _serve(args, hub, pumps, stop, log) -> int:
+    """Serve until ``stop`` (a signal, a failed pump) or --duration; pumps start once it listens."""
+    from visionipc.apps.web.listener import Guard, start_site
+
+    policy = web_flags.policy_from_args(args, PROG, args.host, log)
+    guard = Guard(PROG, args.max_connections, log)
+    app = hub.app([guard.middleware, policy.middleware])
+    app["extra_stats"] = lambda: {"connections": guard.report(), "refused": dict(policy.counts)}
+    try:
+        runner, site = await start_site(app, args.host, args.port, guard)
+    except OSError as e:
+        raise UsageError(f"cannot listen on {args.host}:{args.port}: {e.strerror or e}") from None
+    try:
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        url = f"ws://{shown}:{site.port}/{policy.url_query()}"
+        streams = ", ".join(p.channel.topic for p in pumps if isinstance(p, StreamPump))
+        print(f"{PROG}: serving {streams} on {url}", file=sys.stderr)
+        if FOXGLOVE_APP in policy.origins:
+            link = f"{FOXGLOVE_APP}/~/view?ds=foxglove-websocket&ds.url={urllib.parse.quote(url, safe='')}"
+            print(f"{PROG}: open in Foxglove: {link}", file=sys.stderr)
+        else:
+            print(
+                f"{PROG}: for the Foxglove web app ({FOXGLOVE_APP}) start with --allow-origin {FOXGLOVE_APP}; "
+                "the desktop apps connect as they are",
+                file=sys.stderr,
+            )
+        sys.stderr.flush()
+        for p in pumps:
+            p.start()
+        start = time.monotonic()
+        while not stop.is_set():
+            await asyncio.sleep(0.05)
+            if args.duration and time.monotonic() - start >= args.duration:
+                break
+        return 0
+    finally:
+        stop.set()
+        await runner.cleanup()
+
+
+def _shut_down(stop, pumps, clients):
+    """Pumps first (they use the clients), then the clients."""
     stop.set()
     for p in (p for p in pumps if p.is_alive()):
         p.join()
-    if server is not None:
-        server.stop()
     for c in clients:
         c.close()
 
