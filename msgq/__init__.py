@@ -18,6 +18,7 @@ from msgq.errors import (
     IpcError,
     IpcPermissionError,
     IpcTimeoutError,
+    IpcTypeError,
     MessageTooLargeError,
     MultiplePublishersError,
     NoSpaceError,

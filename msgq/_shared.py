@@ -115,6 +115,7 @@ def wake_choice(value=None) -> bool:
 
 
 INT32_MAX = (1 << 31) - 1
+INT32_MIN = -(1 << 31)
 INT64_MAX = (1 << 63) - 1
 MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a mistake
 

@@ -47,6 +47,7 @@ from msgq.errors import (
     InvalidArgumentError,
     IpcError,
     IpcTimeoutError,
+    IpcTypeError,
     NoSpaceError,
     QueueShutdownError,
 )
@@ -272,7 +273,7 @@ class BroadcastQueue(Closeable):
         try:
             view = memoryview(data)
         except TypeError:
-            raise TypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
+            raise IpcTypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
         self._put(view, True, timeout)
 
     def _check_writer(self):
@@ -475,7 +476,7 @@ class BroadcastQueue(Closeable):
         kind, parts = self._next(_deadline(timeout))
         if kind != KIND_RAW:
             self._stash = (kind, parts)
-            raise TypeError("the next message was enqueued as an object: use dequeue()")
+            raise IpcTypeError("the next message was enqueued as an object: use dequeue()")
         return bytes(parts[0])
 
     def _check_reader(self):
@@ -654,7 +655,7 @@ class BroadcastQueue(Closeable):
         )
 
     def __getstate__(self):
-        raise TypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
+        raise IpcTypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
 
     def __repr__(self):
         role = "writer" if self._is_writer else f"reader {self.rank}"

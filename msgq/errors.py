@@ -38,6 +38,10 @@ class InvalidArgumentError(IpcError, ValueError):
     """A bad size, count or option."""
 
 
+class IpcTypeError(IpcError, TypeError):
+    """An argument of the wrong type (a str where bytes go, a float where an int goes, ...)."""
+
+
 class InvalidNameError(InvalidArgumentError):
     """A topic, prefix or server name that is empty, too long, or not made of [A-Za-z0-9_.:-]."""
 
@@ -63,6 +67,7 @@ __all__ = [
     "ClosedError",
     "IpcPermissionError",
     "InvalidArgumentError",
+    "IpcTypeError",
     "InvalidNameError",
     "NoSpaceError",
     "IpcTimeoutError",

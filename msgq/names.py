@@ -7,37 +7,33 @@ isolates every segment and socket of a run.
 """
 
 import os
-import re
 
-from msgq.errors import InvalidNameError
+from msgq import _msgq
+from msgq.errors import InvalidArgumentError, InvalidNameError
 
-MAX_NAME_LENGTH = 128
-MAX_PREFIX_LENGTH = 64
+MAX_NAME_LENGTH = _msgq.MAX_TOPIC_NAME_LENGTH
+MAX_PREFIX_LENGTH = _msgq.MAX_PREFIX_LENGTH
 SEGMENT_DIR = "/dev/shm"
 SEGMENT_PREFIX = "msgq@"
 
-_NAME = re.compile(r"[A-Za-z0-9_:-][A-Za-z0-9_.:-]*\Z")
-
 
 def _check(kind: str, name, limit: int) -> str:
+    """The rule itself is the C++ core's (``cpp/common/names.cc``), so Python and the
+    C++ API accept exactly the same names; here only the Python types."""
     if isinstance(name, bytes):
         name = name.decode("utf-8", "replace")
     if not isinstance(name, str):
         raise InvalidNameError(f"{kind} must be a str, not {type(name).__name__}")
-    if not name:
-        raise InvalidNameError(f"{kind} must not be empty")
-    if len(name) > limit:
-        raise InvalidNameError(f"{kind} {name[:40]!r}... is {len(name)} characters long (at most {limit})")
-    if ".." in name or not _NAME.match(name):
-        raise InvalidNameError(
-            f"{kind} {name!r} may only use letters, digits and _ . : - (no '/', no '..', not starting with '.')"
-        )
+    try:
+        _msgq.check_name(kind, name.encode("utf-8", "surrogateescape"), limit)
+    except InvalidArgumentError as e:
+        raise InvalidNameError(str(e)) from None
     return name
 
 
-def validate_name(name, kind: str = "topic name") -> str:
+def validate_name(name, kind: str = "topic name", max_length: int = MAX_NAME_LENGTH) -> str:
     """Return ``name`` as a str, or raise :class:`InvalidNameError`."""
-    return _check(kind, name, MAX_NAME_LENGTH)
+    return _check(kind, name, max_length)
 
 
 def current_prefix() -> str:

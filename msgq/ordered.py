@@ -35,7 +35,7 @@ from msgq._shared import Closeable, check_choice, check_int
 from msgq._shared import deadline as _deadline
 from msgq._shared import time_left as _left
 from msgq.backends.shm import _mode
-from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, QueueShutdownError
+from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, IpcTypeError, QueueShutdownError
 from msgq.names import segment_basename, segment_dir, validate_name
 
 MODES = ("sequential", "newest")
@@ -181,7 +181,7 @@ class OrderedProducer(_Attached):
         try:
             view = memoryview(data)
         except TypeError:
-            raise TypeError(f"send() takes a bytes-like object, not {type(data).__name__}") from None
+            raise IpcTypeError(f"send() takes a bytes-like object, not {type(data).__name__}") from None
         got = native.send(view, _left(_deadline(timeout)), _uint("t0", t0), _uint("t1", t1))
         if isinstance(got, str):
             _raise_status(

@@ -2,7 +2,7 @@
 readable names. Both become the stream's name on the wire: ``str(int(id))``
 for ints, the str itself otherwise; names that look like ints come back as ints."""
 
-from msgq.errors import InvalidArgumentError, InvalidNameError
+from msgq.errors import InvalidArgumentError
 from msgq.names import current_prefix, segment_dir, validate_name
 from visionipc._visionipc import MAX_NAME_LENGTH
 
@@ -31,10 +31,7 @@ def server_name(name) -> str:
 def _vipc_name(name, kind: str) -> str:
     """A msgq name no longer than the native core's one limit for VisionIPC
     names (``MAX_NAME_LENGTH``: the socket address and topic are built from it)."""
-    name = validate_name(name, kind)
-    if len(name) > MAX_NAME_LENGTH:
-        raise InvalidNameError(f"{kind} {name[:40]!r}... is {len(name)} characters; at most {MAX_NAME_LENGTH}")
-    return name
+    return validate_name(name, kind, MAX_NAME_LENGTH)
 
 
 def run_options() -> dict:

@@ -3,8 +3,8 @@
 import time
 import types
 
-from msgq._shared import Closeable, disown_in_forked_child
-from msgq.errors import ClosedError, IpcError
+from msgq._shared import INT32_MAX, INT32_MIN, Closeable, check_timeout_ms, disown_in_forked_child
+from msgq.errors import ClosedError, IpcError, IpcTypeError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
@@ -41,7 +41,7 @@ class VisionIpcClient(Closeable):
 
     def __init__(self, name, stream, conflate=False, context=None, trusted_uids=()):
         if context is not None:
-            raise TypeError("OpenCL contexts are not supported; pass context=None")
+            raise IpcTypeError("OpenCL contexts are not supported; pass context=None")
         self.name = server_name(name)
         self.stream = stream
         self._key = stream_key(stream)
@@ -105,7 +105,9 @@ class VisionIpcClient(Closeable):
         f = self._blank
         if f is None:
             f = self._blank = VisionBuf.blank(self, self._key)
-        got = native.recv_into(f, self._views, self._epoch, timeout_ms if type(timeout_ms) is int else int(timeout_ms))
+        if type(timeout_ms) is not int or not INT32_MIN <= timeout_ms <= INT32_MAX:
+            timeout_ms = check_timeout_ms(timeout_ms, "timeout_ms")  # NaN, 2**40, "1": InvalidArgumentError
+        got = native.recv_into(f, self._views, self._epoch, timeout_ms)
         if got is None:
             return None
         self._blank = None

@@ -28,7 +28,7 @@ a frame longer should copy it.
 import struct
 from typing import Optional
 
-from msgq._shared import Closeable
+from msgq._shared import Closeable, check_timeout_ms
 from msgq.errors import InvalidArgumentError, IpcTimeoutError, SegmentError
 from msgq.ordered import OrderedProducer, OrderedReader
 from visionipc._streams import server_name, stream_key
@@ -138,6 +138,7 @@ class OrderedFrameClient(Closeable):
     def recv(self, timeout_ms: int = 100) -> Optional[VisionBuf]:
         """The next frame as a read-only VisionBuf, or None after ``timeout_ms``
         (< 0: wait forever)."""
+        timeout_ms = check_timeout_ms(timeout_ms, "timeout_ms")
         timeout = None if timeout_ms < 0 else timeout_ms / 1000.0
         try:
             id_, view, sof, eof, stamp = self._reader._recv_view(timeout)

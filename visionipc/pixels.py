@@ -16,6 +16,7 @@ into a strided view directly it returns a new array, which is then copied in.
 
 import numpy as np
 
+from msgq.errors import InvalidArgumentError
 from visionipc._optional import need
 from visionipc.formats import format_info
 
@@ -55,7 +56,7 @@ def unpack(compact: np.ndarray, buf):
     """Write a compact image (see module doc) into ``buf`` exactly."""
     fmt, w, h = buf.format, buf.width, buf.height
     if compact.shape != compact_shape(fmt, w, h):
-        raise ValueError(f"image of shape {compact.shape} does not fit a {w}x{h} {fmt} frame")
+        raise InvalidArgumentError(f"image of shape {compact.shape} does not fit a {w}x{h} {fmt} frame")
     if fmt == "nv12":
         np.copyto(buf.array[:, :w], compact)
     elif fmt == "i420":

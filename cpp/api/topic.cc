@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "api/guard.h"
+#include "common/names.h"
 #include "common/use_gate.h"
 #include "msgq/publisher.h"
 #include "msgq/segment.h"
@@ -16,6 +17,9 @@ namespace vipc {
 namespace {
 
 msgq::SegmentSpec spec_for(std::string_view topic, const TopicOptions& options) {
+  // The rule Python's msgq.names applies (one implementation: common/names.h).
+  common::check_name("topic name", topic, common::kMaxTopicNameLength);
+  if (!options.run.prefix.empty()) common::check_name("prefix", options.run.prefix, common::kMaxPrefixLength);
   msgq::SegmentSpec spec;
   spec.dir = options.run.shm_dir;
   spec.basename = msgq::segment_basename(options.run.prefix, api::str(topic));

@@ -215,20 +215,24 @@ std::vector<std::string> remove_stale_files(const std::string& dir, const std::s
   while (dirent* e = readdir(d)) {
     const std::string name = e->d_name;
     if (name.compare(0, name_prefix.size(), name_prefix) != 0) continue;
-    const std::string path = dir + "/" + name;
-    UniqueFd fd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
-    if (!fd) continue;
-    struct stat st {}, now {};
-    if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) continue;
-    if (!ofd_try_lock(fd.get(), kLockInit, true)) continue;  // someone is attaching right now
-    if (stat(path.c_str(), &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev) continue;
-    if (ofd_try_lock(fd.get(), kLockPresence, true)) {
-      unlink(path.c_str());
-      removed.push_back(name);
-    }
+    if (stale_file(dir, name, true)) removed.push_back(name);
   }
   closedir(d);
   return removed;
+}
+
+bool stale_file(const std::string& dir, const std::string& name, bool remove) {
+  if (name.empty() || name.find('/') != std::string::npos || name == "." || name == "..") return false;
+  const std::string path = dir + "/" + name;
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
+  if (!fd) return false;
+  struct stat st {}, now {};
+  if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) return false;
+  if (!ofd_try_lock(fd.get(), kLockInit, true)) return false;  // someone is attaching right now
+  if (stat(path.c_str(), &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev) return false;
+  if (!ofd_try_lock(fd.get(), kLockPresence, true)) return false;  // a live process is attached
+  if (remove) unlink(path.c_str());
+  return true;  // closing fd releases both locks (OFD locks belong to the open file)
 }
 
 }  // namespace vipc::common

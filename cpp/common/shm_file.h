@@ -113,4 +113,12 @@ class ShmFile {
 // Returns the basenames removed. Works for every layout built on ShmFile.
 std::vector<std::string> remove_stale_files(const std::string& dir, const std::string& name_prefix);
 
+// Whether `dir/name` is a regular file of this user that no live process is
+// attached to (no presence lock held; nobody attaching right now, which holds the
+// init lock). With `remove`, such a file is unlinked, checked as above while both
+// locks are held (so a process that attaches meanwhile keeps it); without, the
+// locks are only probed and released (nothing changes). The test
+// remove_stale_files applies to each name.
+bool stale_file(const std::string& dir, const std::string& name, bool remove);
+
 }  // namespace vipc::common

@@ -57,6 +57,14 @@ inline void set_python_error(const vipc::common::Error& e) {
   }
 }
 
+// A wrong argument type, raised as msgq.errors.IpcTypeError (an IpcError and a
+// TypeError: every error of the library is an IpcError).
+[[noreturn]] inline void type_error(const std::string& what) {
+  py::object cls = py::module_::import("msgq.errors").attr("IpcTypeError");
+  PyErr_SetString(cls.ptr(), what.c_str());
+  throw py::error_already_set();
+}
+
 inline void register_error_translator() {
   vipc::common::set_interrupt_check(&interrupt_check);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -35,7 +35,7 @@ class Parts {
       if (PyObject_GetBuffer(o.ptr(), &views_[i], PyBUF_C_CONTIGUOUS) != 0) {
         PyErr_Clear();
         release(i);
-        throw py::type_error(std::string("message parts must be bytes-like, C-contiguous buffers, not ") +
+        vipc::python::type_error(std::string("message parts must be bytes-like, C-contiguous buffers, not ") +
                              Py_TYPE(o.ptr())->tp_name);
       }
       parts_.push_back(vipc::broadcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});

@@ -38,7 +38,7 @@ T& self_of(PyObject* self) {
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
   if (!inst->simple_layout) return py::handle(self).cast<T&>();
   if (!inst->simple_holder_constructed || inst->simple_value_holder[0] == nullptr) {
-    throw py::type_error(std::string(Py_TYPE(self)->tp_name) + " object was not initialized (its __init__ never ran)");
+    vipc::python::type_error(std::string(Py_TYPE(self)->tp_name) + " object was not initialized (its __init__ never ran)");
   }
   return *static_cast<T*>(inst->simple_value_holder[0]);
 }
@@ -68,7 +68,7 @@ PyObject* guarded(F&& body) noexcept {
 // Argument checks of the fast methods (TypeError as pybind11 would raise).
 inline void check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
   if (nargs < least || nargs > most) {
-    throw py::type_error(std::string(name) + "() takes " + std::to_string(least) +
+    vipc::python::type_error(std::string(name) + "() takes " + std::to_string(least) +
                          (least == most ? "" : " to " + std::to_string(most)) + " arguments (" + std::to_string(nargs) +
                          " given)");
   }
@@ -87,7 +87,7 @@ inline long long int_arg(PyObject* v, const char* what, long long lo, long long 
     if (n == -1 && PyErr_Occurred()) throw py::error_already_set();
     if (overflow == 0 && n >= lo && n <= hi) return n;
   }
-  throw py::type_error(std::string(what) + " must be an int in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+  vipc::python::type_error(std::string(what) + " must be an int in [" + std::to_string(lo) + ", " + std::to_string(hi) +
                        "], got " + py::repr(v).cast<std::string>());
 }
 
@@ -116,7 +116,7 @@ inline bool try_u64(PyObject* v, uint64_t& out) {
 inline uint64_t u64_arg(PyObject* v, const char* what) {
   uint64_t n = 0;
   if (try_u64(v, n)) return n;
-  throw py::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
+  vipc::python::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
 }
 
 // A str argument as UTF-8 (TypeError otherwise).
@@ -126,7 +126,7 @@ inline std::string str_arg(PyObject* v, const char* what) {
   if (s == nullptr) {
     if (PyErr_Occurred() && !PyErr_ExceptionMatches(PyExc_TypeError)) throw py::error_already_set();
     PyErr_Clear();
-    throw py::type_error(std::string(what) + " must be a str, got " + Py_TYPE(v)->tp_name);
+    vipc::python::type_error(std::string(what) + " must be a str, got " + Py_TYPE(v)->tp_name);
   }
   return std::string(s, static_cast<size_t>(n));
 }
@@ -140,7 +140,7 @@ inline PyObject* one_optional_arg(const char* fn, const char* name, PyObject* co
   if (nkw == 0) return nargs ? args[0] : nullptr;
   PyObject* key = PyTuple_GET_ITEM(kwnames, 0);
   if (PyUnicode_CompareWithASCIIString(key, name) != 0) {
-    throw py::type_error(std::string(fn) + "() got an unexpected keyword argument " + py::repr(key).cast<std::string>());
+    vipc::python::type_error(std::string(fn) + "() got an unexpected keyword argument " + py::repr(key).cast<std::string>());
   }
   return args[nargs];
 }
@@ -156,7 +156,7 @@ class Payload {
     }
     if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
-      throw py::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
+      vipc::python::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
                            Py_TYPE(data.ptr())->tp_name);
     }
     has_view_ = true;

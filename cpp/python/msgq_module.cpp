@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "common/names.h"
+#include "common/shm_file.h"
 #include "msgq/layout.h"
 #include "msgq/publisher.h"
 #include "msgq/segment.h"
@@ -152,6 +154,15 @@ PYBIND11_MODULE(_msgq, m) {
   m.attr("HEADER_SIZE") = vipc::msgq::kHeaderSize;
   m.attr("LAYOUT_VERSION") = vipc::msgq::kLayoutVersion;
   m.def("max_message_size", [](size_t segment_size) { return vipc::msgq::max_message_size(segment_size); });
+  // The one name rule (common/names.h); msgq.names calls it with the name's UTF-8 bytes.
+  m.def(
+      "check_name",
+      [](const std::string& kind, py::bytes name, size_t max_length) {
+        vipc::common::check_name(kind, std::string(name), max_length);
+      },
+      py::arg("kind"), py::arg("name"), py::arg("max_length"));
+  m.attr("MAX_TOPIC_NAME_LENGTH") = vipc::common::kMaxTopicNameLength;
+  m.attr("MAX_PREFIX_LENGTH") = vipc::common::kMaxPrefixLength;
 
   vipc::python::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
 
@@ -236,6 +247,8 @@ PYBIND11_MODULE(_msgq, m) {
       .def("__len__", &vipc::msgq::Poller::size);
 
   m.def("remove_stale_segments", &vipc::msgq::remove_stale_segments, py::arg("dir"), py::arg("name_prefix"));
+  m.def("stale_file", &vipc::common::stale_file, py::arg("dir"), py::arg("name"), py::arg("remove") = false,
+        "Whether DIR/NAME is this user's segment file with no live process attached (remove=True: unlink it then).");
   m.def(
       "segment_stats",
       [](const std::string& dir, const std::string& basename) {

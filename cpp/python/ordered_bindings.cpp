@@ -76,7 +76,7 @@ void bind_ordered(py::module_& m) {
           [](vipc::ordered::Producer& p, py::buffer data, std::optional<double> timeout_s, uint64_t t0,
              uint64_t t1) -> py::object {
             py::buffer_info info = data.request();
-            if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::type_error("send() needs a C-contiguous buffer");
+            if (!PyBuffer_IsContiguous(info.view(), 'C')) vipc::python::type_error("send() needs a C-contiguous buffer");
             const auto size = static_cast<uint64_t>(info.size * info.itemsize);
             if (size > p.topic()->slot_bytes()) {
               vipc::common::fail(vipc::common::ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) +

@@ -69,7 +69,7 @@ PyObject* client_recv_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
     namespace vp = vipc::python;
     vp::check_nargs("recv_into", nargs, 4, 4);
     if (!PyObject_TypeCheck(args[0], vp::frame_type())) {
-      throw py::type_error(std::string("recv_into() needs a visionipc Frame, not ") + Py_TYPE(args[0])->tp_name);
+      vipc::python::type_error(std::string("recv_into() needs a visionipc Frame, not ") + Py_TYPE(args[0])->tp_name);
     }
     const int64_t timeout_ms = vp::int_arg(args[3], "timeout_ms", INT32_MIN, INT32_MAX);
     Client& c = vp::self_of<Client>(self);

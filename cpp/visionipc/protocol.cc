@@ -99,22 +99,10 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::Unique
 
 }  // namespace vipc::visionipc
 
-#include "common/errors.h"
+#include "common/names.h"
 
 namespace vipc::visionipc {
 
-void check_name(const char* kind, const std::string& name) {
-  bool ok = !name.empty() && name.size() <= kMaxNameLength && name[0] != '.' && name.find("..") == std::string::npos;
-  for (char ch : name) {
-    ok = ok && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-                ch == '.' || ch == ':' || ch == '-');
-  }
-  if (!ok) {
-    const std::string shown = name.size() > 40 ? name.substr(0, 40) + "...' (" + std::to_string(name.size()) + " characters)" : name + "'";
-    common::fail(common::ErrorKind::kInvalidArgument, std::string(kind) + " '" + shown + " must be 1-" +
-                                                          std::to_string(kMaxNameLength) +
-                                                          " of [A-Za-z0-9_.:-], no '..', not starting with '.'");
-  }
-}
+void check_name(const char* kind, const std::string& name) { common::check_name(kind, name, kMaxNameLength); }
 
 }  // namespace vipc::visionipc

@@ -108,8 +108,8 @@ ssize_t recv_with_fds(int sock, void* data, size_t n, std::vector<common::Unique
 }  // namespace vipc::visionipc
 
 namespace vipc::visionipc {
-// Server and stream names: 1..kMaxNameLength of [A-Za-z0-9_.:-], no "..",
-// not starting with '.'; throws common::Error(kInvalidArgument, "<kind> ...").
+// Server and stream names: the project's one name rule (common/names.h) with
+// at most kMaxNameLength characters; throws common::Error(kInvalidArgument, "<kind> ...").
 // The one limit (Python reads it as _visionipc.MAX_NAME_LENGTH; the socket
 // address and the topic name are built from it).
 inline constexpr size_t kMaxNameLength = 100;

@@ -102,7 +102,14 @@ from msgq import curve as msgq_curve
 from msgq._descriptors import ensure_descriptors
 from msgq._guarded import Guarded
 from msgq._shared import wake_choice
-from msgq.errors import ClosedError, InvalidArgumentError, IpcError, MessageTooLargeError, MultiplePublishersError
+from msgq.errors import (
+    ClosedError,
+    InvalidArgumentError,
+    IpcError,
+    IpcTypeError,
+    MessageTooLargeError,
+    MultiplePublishersError,
+)
 from msgq.names import zmq_port
 
 try:
@@ -246,9 +253,9 @@ def _payload(data):
     try:
         view = memoryview(data)
     except TypeError:
-        raise TypeError(f"send() takes bytes or a C-contiguous buffer, not {type(data).__name__}") from None
+        raise IpcTypeError(f"send() takes bytes or a C-contiguous buffer, not {type(data).__name__}") from None
     if not view.c_contiguous:
-        raise TypeError(
+        raise IpcTypeError(
             "send() takes a C-contiguous buffer; this one is strided (copy it, e.g. numpy.ascontiguousarray)"
         )
     return view
@@ -761,7 +768,7 @@ class Poller:
 
     def add(self, subscriber):
         if not isinstance(subscriber, Subscriber):
-            raise TypeError(f"a zmq Poller takes zmq backend subscribers, not {type(subscriber).__name__}")
+            raise IpcTypeError(f"a zmq Poller takes zmq backend subscribers, not {type(subscriber).__name__}")
         if subscriber.closed:
             raise ClosedError("Poller.add() of a closed subscriber")
         self._subs.append(subscriber)

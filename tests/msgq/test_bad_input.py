@@ -39,6 +39,26 @@ def test_longest_valid_name_works():
     assert sub.receive() == b"ok"
 
 
+@pytest.mark.parametrize("name", ["with space", "..", "a\x1b[2Jb", "", "x" * 129, ".hidden", "ünïcode", "ok_A-9.:z"])
+def test_python_and_the_native_core_apply_one_name_rule(name):
+    """One rule (cpp/common/names.cc): what the C++ API refuses, msgq refuses in the same
+    words; before, ``vipc::Publisher`` made segments of ``"with space"``, ``".."``, ``""``."""
+    try:
+        _msgq.check_name("topic name", name.encode(), 128)
+        native = None
+    except msgq.InvalidArgumentError as e:
+        native = str(e)
+    try:
+        msgq.names.validate_name(name)
+        python = None
+    except msgq.InvalidNameError as e:
+        python = str(e)
+    assert python == native
+    assert (native is None) == (name == "ok_A-9.:z")
+    if native is not None:
+        assert "\x1b" not in native  # escaped: a name never drives the terminal
+
+
 @pytest.mark.parametrize("prefix", ["a/b", "..", "x" * 65])
 def test_invalid_prefix_is_refused(monkeypatch, prefix):
     monkeypatch.setenv("MSGQ_PREFIX", prefix)

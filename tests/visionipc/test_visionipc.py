@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from vipc_helpers import stamp, stamp_problem
 
-from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError
+from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError, IpcTypeError
 from visionipc import (
     BUFFER_ALIGN,
     STRIDE_ALIGN,
@@ -310,8 +310,14 @@ def test_bad_formats_streams_names_and_data_raise_clear_errors(pair):
         VisionIpcServer("../etc")
     with pytest.raises(InvalidNameError):
         VisionIpcClient("cam", "bad/stream", False)
-    with pytest.raises(TypeError):
+    with pytest.raises(IpcTypeError):  # and so a TypeError
         VisionIpcClient("cam", 0, False, context=object())
+    # timeouts: NaN and 2**40 ms were a plain ValueError and TypeError
+    for bad in (float("nan"), 2**40, "100", True):
+        with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+            client.recv(bad)
+    with pytest.raises(IpcTypeError):  # the native methods too
+        client._native.recv_into(None, None, 0, 0)
     client.close()
     with pytest.raises(ClosedError):
         client.recv()

@@ -291,6 +291,23 @@ static std::string refusal_of(F&& f) {
   return "";
 }
 
+// The names Python's msgq.names refuses, refused here too in the same words
+// (one rule: cpp/common/names.cc); before, the C++ API made segments of them.
+TEST(test_topic_names_follow_the_one_name_rule) {
+  const vipc::TopicOptions options = topic_options();
+  CHECK(refusal_of([&] { vipc::Publisher bad("with space", options); }) ==
+        "topic name 'with space' may only use letters, digits and _ . : - (no '/', no '..', not starting with '.')");
+  CHECK(refusal_of([&] { vipc::Publisher bad("..", options); }).find("topic name '..' may only use") == 0);
+  CHECK(refusal_of([&] { vipc::Subscriber bad("a\x1b[2Jb", options); }).find("topic name 'a\\x1b[2Jb' may") == 0);
+  CHECK(refusal_of([&] { vipc::Publisher bad("", options); }) == "topic name must not be empty");
+  CHECK(refusal_of([&] { vipc::Publisher bad(std::string(129, 'x'), options); }).find("is 129 characters long") !=
+        std::string::npos);
+  vipc::TopicOptions prefixed = options;
+  prefixed.run.prefix = "../up";
+  CHECK(refusal_of([&] { vipc::Publisher bad("fine", prefixed); }).find("prefix '../up' may only use") == 0);
+  CHECK(refusal_of([&] { vipc::Publisher good(random_sock() + "_Az09.:-", options); }).empty());
+}
+
 TEST(test_msgq_wake_from_the_environment) {
   CHECK(setenv("MSGQ_WAKE", "handoff", 1) == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
