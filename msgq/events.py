@@ -48,8 +48,9 @@ import stat
 import struct
 import weakref
 
+from msgq import artifacts
 from msgq._shared import ClosesOnExit
-from msgq.errors import ClosedError, IpcError, IpcPermissionError, IpcTimeoutError, SegmentError
+from msgq.errors import ClosedError, IpcError, IpcPermissionError, IpcTimeoutError, IpcTypeError, SegmentError
 from msgq.names import current_prefix, run_segment_prefix, segment_dir, validate_name
 
 __all__ = [
@@ -112,7 +113,7 @@ def _text(value, what) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise TypeError(f"{what} must be str or bytes, not {type(value).__name__}")
+        raise IpcTypeError(f"{what} must be str or bytes, not {type(value).__name__}")
     return value
 
 
@@ -152,50 +153,10 @@ def _same_file(path, st) -> bool:
     return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
 
 
-def _pid_alive(pid) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _sweep_stale(directory, prefix):
-    """Remove fake-event files of this run that killed processes left behind:
-    FIFOs whose creator is gone, and state files nobody has attached."""
-    base = run_segment_prefix(prefix)
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return
-    for name in names:
-        if not name.startswith(base):
-            continue
-        rest = name[len(base) :]
-        path = os.path.join(directory, name)
-        if rest.startswith("fake~"):
-            token = rest[5:].rsplit(".", 1)[0]
-            m = _TOKEN.match(token)
-            if m and not _pid_alive(int(m.group(1))):
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
-        elif rest.startswith(("fake@", "fake#")):
-            with contextlib.suppress(OSError):
-                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-                try:
-                    st = os.fstat(fd)
-                    if (
-                        stat.S_ISREG(st.st_mode)
-                        and st.st_uid == os.geteuid()
-                        and _ofd_lock(fd, _LOCK_INIT, True, wait=False)
-                        and _same_file(path, st)
-                        and _ofd_lock(fd, _LOCK_PRESENCE, True, wait=False)
-                    ):
-                        os.unlink(path)
-                finally:
-                    os.close(fd)
+    """Remove what killed processes of this run left behind (FIFOs whose creator is
+    gone, state files nobody has attached, and every other kind: msgq.artifacts)."""
+    artifacts.sweep(directory, prefix)
 
 
 class _State:

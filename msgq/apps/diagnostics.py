@@ -10,8 +10,11 @@ them (exit status 1 if there are any); :func:`problems` gives them to scripts::
         print(line)
 """
 
+import os
 import re
 from typing import List, Optional
+
+from msgq import artifacts as _artifacts
 
 _VIPC_TOPIC = re.compile(r"visionipc_(?P<server>.+)_(?P<stream>[^_]+)\Z")
 
@@ -29,6 +32,34 @@ def _name(topic: dict) -> str:
     return f"{topic['prefix']}@{topic['topic']}" if topic.get("prefix") else topic["topic"]
 
 
+def _bytes_under(path: str) -> int:
+    """Bytes of a file, or of the files directly in a directory (a large-message directory)."""
+    try:
+        if not os.path.isdir(path) or os.path.islink(path):
+            return os.lstat(path).st_size
+        with os.scandir(path) as entries:
+            return sum(e.stat(follow_symlinks=False).st_size for e in entries if e.is_file(follow_symlinks=False))
+    except OSError:
+        return 0
+
+
+def leftovers(directory: str, found: List[_artifacts.Artifact]) -> List[str]:
+    """Problems of the files other than topic rings (``msgq.artifacts``): stale ones
+    (left by killed processes), and names in our namespace we do not know."""
+    out = []
+    for a in found:
+        name = f"{a.prefix}@{a.rest}" if a.prefix else a.rest
+        if a.kind == _artifacts.UNKNOWN:
+            out.append(f"{name}: not a file msgq makes, under its name prefix in {directory}; check who made it")
+        elif a.stale and a.kind != _artifacts.TOPIC:
+            size = _bytes_under(os.path.join(directory, a.file))
+            out.append(
+                f"{name}: {a.kind} ({size / 1e6:.1f} MB) left behind by killed processes; the next publisher "
+                f"of this run removes it, or msgq-top --clean"
+            )
+    return out
+
+
 def problems(report: dict) -> List[str]:
     """Human-readable problems of a ``msgq-top`` report (``{"topics": [...]}``)."""
     out = []
@@ -40,7 +71,7 @@ def problems(report: dict) -> List[str]:
         if t["stale"]:
             out.append(
                 f"{name}: nobody uses this segment file any more (its processes were killed); the next "
-                f"publisher of this run removes it, or call msgq.backends.shm.remove_stale_segments()"
+                f"publisher of this run removes it, or msgq-top --clean"
             )
             continue
         live_readers = [r for r in t["readers"] if r["alive"]]

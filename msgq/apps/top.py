@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from msgq import _msgq
+from msgq import _msgq, artifacts
 from msgq._printable import printable
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
@@ -40,7 +40,8 @@ examples:
   msgq-top --all-prefixes --once    one table of every run's topics
   msgq-top --json --interval 0.5    one JSON document: {"topics": [...]}
   msgq-top --check                  what is wrong and what to do (exit status 1 if anything)
-  msgq-top --clean                  list the STALE topics (every user dead), ask, remove them
+  msgq-top --clean                  list what killed processes left (STALE topics, queues,
+                                    large-message directories), ask, remove them
   msgq-top --clean --yes            remove them without asking (scripts; needed without a terminal)
 """
 
@@ -270,47 +271,36 @@ def _shown(name: str) -> str:
 
 
 def clean(directory: str, prefix: Optional[str], yes: bool, out) -> int:
-    """``--clean``: list the stale topic segments, confirm (unless ``yes``),
-    remove them. Removal re-checks each file under its attach lock (a file a
-    process attached to since the listing stays). Exit 2 when asking is
-    impossible (no terminal, no ``--yes``)."""
-    stale = [t["file"] for t in build_report({}, snapshot(directory, prefix))["topics"] if t.get("stale")]
+    """``--clean``: list every stale file of the run (``msgq.artifacts``: topic rings,
+    ordered topics, broadcast rings and their large-message directories, fake-event
+    files), confirm (unless ``yes``), remove them. Removal re-checks each one (a file
+    a process attached to since the listing stays). Exit 2 when asking is impossible
+    (no terminal, no ``--yes``)."""
+    stale = [a for a in artifacts.scan(directory, prefix) if a.stale]
     if not stale:
-        out.write("nothing to clean: no topic in %s has only dead users\n" % _shown(directory))
+        out.write("nothing to clean: nothing in %s has only dead users\n" % _shown(directory))
         return 0
-    out.write("topics whose users are all dead, in %s:\n" % _shown(directory))
-    out.write("".join(f"  {_shown(name)}\n" for name in stale))
+    out.write("left behind by processes that are all dead, in %s:\n" % _shown(directory))
+    out.write("".join(f"  {_shown(a.file)}  ({a.kind})\n" for a in stale))
     out.flush()
     if not yes:
         if not sys.stdin.isatty():
             sys.stderr.write("msgq-top: error: --clean asks before removing; without a terminal, pass --yes\n")
             return 2
         try:
-            answer = input(f"remove these {len(stale)} segment(s)? [y/N] ")
+            answer = input(f"remove these {len(stale)} file(s)? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
             out.write("nothing removed\n")
             return 0
-    try:
-        present = os.listdir(directory)
-    except OSError:
-        present = []
-    removed, kept = [], []
-    for name in stale:
-        # The native sweep matches a name's beginning: never let it reach a file not listed above.
-        if any(other != name and other.startswith(name) for other in present):
-            kept.append(name)
-            continue
-        removed += _msgq.remove_stale_segments(directory, name)
-    in_use = [name for name in stale if name not in removed and name not in kept]
+    # files before directories: a broadcast ring goes before its large-message directory
+    ordered = sorted(stale, key=lambda a: a.kind == artifacts.OVERFLOW)
+    removed = [a.file for a in ordered if artifacts.remove(directory, a)]
+    in_use = [a.file for a in stale if a.file not in removed]
     out.write(f"removed {len(removed)} segment(s)\n")
     if in_use:
         out.write("kept (in use again): " + ", ".join(_shown(n) for n in in_use) + "\n")
-    if kept:
-        out.write(
-            "kept (another file's name begins with it; remove by hand): " + ", ".join(_shown(n) for n in kept) + "\n"
-        )
     return 0
 
 
@@ -345,7 +335,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--clean",
         action="store_true",
-        help="remove the segments of topics whose users are all dead (STALE), after listing them and asking",
+        help="remove every file of the run whose users are all dead (stale topics, queues, "
+        "large-message directories, fake-event files), after listing them and asking",
     )
     parser.add_argument("--yes", action="store_true", help="with --clean: remove without asking")
     parser.add_argument(
@@ -378,9 +369,10 @@ def main(argv=None) -> int:
         if args.clean:
             return clean(directory, prefix, args.yes, out)
         if args.check:
-            from msgq.apps.diagnostics import problems
+            from msgq.apps.diagnostics import leftovers, problems
 
             found = problems(build_report({}, snapshot(directory, prefix)))
+            found += leftovers(directory, artifacts.scan(directory, prefix))
             out.write("\n".join(printable(line) for line in found) + "\n" if found else "no problems\n")
             out.flush()
             return 1 if found else 0

@@ -3,10 +3,10 @@
 import os
 import weakref
 
-from msgq import _msgq
+from msgq import _msgq, artifacts
 from msgq._shared import MAX_SPIN_US, env_int, wake_choice
 from msgq.errors import InvalidArgumentError
-from msgq.names import current_prefix, run_segment_prefix, segment_basename, segment_dir
+from msgq.names import current_prefix, segment_basename, segment_dir
 
 NAME = "msgq"
 
@@ -72,10 +72,12 @@ Poller = _msgq.Poller
 
 
 def remove_stale_segments(prefix=None):
-    """Unlink this user's segments that no live process uses (left behind when
-    every participant was killed); returns their file names. With ``prefix``,
-    only that run prefix's segments."""
-    return _msgq.remove_stale_segments(segment_dir(), run_segment_prefix(prefix))
+    """Unlink this user's files that no live process uses (left behind when every
+    participant was killed): every kind ``msgq.artifacts`` knows (topic rings,
+    ordered topics, broadcast rings and large-message directories, fake-event
+    files); returns their names. With ``prefix``, only that run prefix's files
+    (without one, as before: every run's)."""
+    return artifacts.sweep(segment_dir(), prefix or None)
 
 
 def _forget_after_fork():

@@ -19,6 +19,8 @@ import pickle
 import pwd
 import resource
 import signal
+import subprocess
+import sys
 import time
 import traceback
 
@@ -419,3 +421,66 @@ def test_large_messages_open_no_socket_and_other_users_cannot_read_them():
     reader.close()
     queue.close()
     assert not os.path.exists(directory)
+
+
+def _killed_writer_leftovers(n_messages=18):
+    """A default (random) named BroadcastQueue writer SIGKILLed with ``n_messages``
+    1 MiB messages unread: its ring file and its large-message directory stay."""
+    r, w = os.pipe()
+
+    def writer_that_dies():
+        q = msgq.BroadcastQueue(n_readers=1, chunk_bytes=CHUNK, max_chunks=n_messages + 2)
+        for seq in range(n_messages):
+            q.enqueue_bytes(payload(seq, 1 << 20))
+        os.write(w, pickle.dumps(q.handle))
+        os.close(w)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    status, _ = run_child(writer_that_dies)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        handle = pickle.loads(f.read())
+    assert os.WIFSIGNALED(status)
+    assert len(os.listdir(handle.overflow_dir)) == n_messages  # 18 MB nobody would ever remove before
+    return handle
+
+
+def test_msgq_top_check_and_clean_see_a_killed_queues_large_message_directory():
+    """Issue 31 item 8: every kind of file is in one registry (msgq.artifacts) that
+    msgq-top --check / --clean and the publisher's sweep use; before, none of them saw
+    the directory of a SIGKILLed queue (18 MB left in /dev/shm for good)."""
+    from msgq.apps import top
+
+    handle = _killed_writer_leftovers()
+    overflow = os.path.basename(handle.overflow_dir)
+    check = subprocess.run(
+        [sys.executable, "-m", "msgq.apps.top", "--check"], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 1, check.stdout + check.stderr
+    assert "broadcast large messages (18.9 MB) left behind by killed processes" in check.stdout, check.stdout
+    assert "msgq-top --clean" in check.stdout
+    assert top.main(["--clean", "--yes"]) == 0
+    assert not os.path.lexists(handle.overflow_dir)
+    assert shm_names(handle.name) == [], "the ring and its directory are both gone"
+    assert overflow not in os.listdir(segment_dir())
+
+
+def test_the_next_publisher_of_the_run_sweeps_a_killed_queues_leftovers():
+    handle = _killed_writer_leftovers(3)
+    removed = remove_stale_segments(os.environ["MSGQ_PREFIX"])  # what a publisher runs once per prefix
+    assert os.path.basename(handle.overflow_dir) in removed
+    assert shm_names(handle.name) == []
+
+
+def test_a_live_queues_directory_is_never_swept():
+    from msgq import artifacts
+
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=CHUNK, max_chunks=RING)
+    queue.enqueue_bytes(payload(0, 3 * CHUNK))
+    found = {a.file: a for a in artifacts.scan(segment_dir(), os.environ["MSGQ_PREFIX"])}
+    mine = found[os.path.basename(queue.handle.overflow_dir)]
+    assert (mine.kind, mine.stale) == (artifacts.OVERFLOW, False)
+    assert remove_stale_segments(os.environ["MSGQ_PREFIX"]) == []
+    assert os.listdir(queue.handle.overflow_dir) == ["0"]
+    queue.close()
+    assert shm_names(queue.name) == []

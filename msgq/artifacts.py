@@ -1,0 +1,183 @@
+"""Every kind of file the project makes in the shared-memory directory, in one
+registry: what it is, who makes it, and how to tell that nobody uses it any more.
+
+The publisher's stale sweep (``msgq.backends.shm.remove_stale_segments``, run by
+the first publisher of a run prefix in each process), the fake-event attach
+sweep, and ``msgq-top --check`` / ``--clean`` all go through :func:`scan` and
+:func:`sweep`, so a new kind of file is added here once and every one of them
+knows it.
+
+All names are ``msgq@[PREFIX@]REST`` (``msgq.names.run_segment_prefix``):
+
+======================  =====================================  ================================
+kind                    REST                                   stale when
+======================  =====================================  ================================
+topic ring              ``TOPIC`` (VisionIPC frames too)       no live process attached [1]
+ring being resized      ``TOPIC#resize``                       no live process attached [1]
+ordered topic           ``NAME#ordered``                       no live process attached [1]
+broadcast ring          ``NAME#broadcast``                     no live process attached [1]
+broadcast large msgs    ``NAME#broadcast~TOKEN`` (directory)   its ring is absent or stale [2]
+fake-event state        ``fake@ID@ENDPOINT``, ``fake#DIGEST``  no live process attached [1]
+fake-event wake-up      ``fake~PID-TOKEN.KIND`` (FIFO)         process PID is gone
+======================  =====================================  ================================
+
+[1] The segment discipline of ``cpp/common/shm_file``: every participant holds a
+shared presence lock (an OFD lock, released by the kernel when the process
+dies); stale means the presence lock can be taken exclusively while the init
+lock is held too (nobody attaching right now). The native ``stale_file`` does
+the test (and the unlink, re-checked under both locks).
+
+[2] The queue's last process removes its directory after its ring file is gone
+(``msgq._overflow``), and a writer that creates a queue alone removes earlier
+ones of that name; a directory whose ring file is absent or stale belongs to a
+queue whose every process died (a SIGKILLed writer with a random name is never
+created again, so nothing else would remove it).
+
+Not in the directory, so never left behind: VisionIPC pools (memfd: the kernel
+frees them with their last descriptor or mapping) and VisionIPC listener sockets
+(abstract Unix socket names).
+"""
+
+import contextlib
+import os
+import re
+import stat
+from dataclasses import dataclass
+from typing import List, Optional
+
+from msgq import _msgq
+from msgq.names import SEGMENT_PREFIX
+
+TOPIC = "topic ring"
+RESIZING = "ring being resized"
+ORDERED = "ordered topic"
+BROADCAST = "broadcast ring"
+OVERFLOW = "broadcast large messages"
+FAKE_STATE = "fake-event state"
+FAKE_FIFO = "fake-event wake-up"
+UNKNOWN = "unknown"
+
+_FIFO = re.compile(r"fake~([0-9]+)-[0-9a-f]{16}\.[a-z]+\Z")
+_OVERFLOW = re.compile(r"(.+#broadcast)~[0-9a-f]{16}\Z")
+
+
+@dataclass(frozen=True)
+class Artifact:
+    """One file (or directory) of the shared-memory directory."""
+
+    file: str  # its name in the directory
+    prefix: str  # the run prefix ("" for none)
+    rest: str  # the name after ``msgq@[PREFIX@]``
+    kind: str  # one of the kinds above
+    stale: bool  # nobody uses it: the sweep may remove it
+
+
+def _split(basename: str):
+    """``(prefix, rest)`` of a name ``msgq@[PREFIX@]REST``, or None if not ours. Names
+    and prefixes never hold ``@``; only the fake-event files' REST does (after ``fake``)."""
+    if not basename.startswith(SEGMENT_PREFIX):
+        return None
+    rest = basename[len(SEGMENT_PREFIX) :]
+    if rest.startswith(("fake@", "fake#", "fake~")):
+        return "", rest
+    prefix, sep, after = rest.partition("@")
+    return (prefix, after) if sep else ("", rest)
+
+
+def kind_of(rest: str) -> str:
+    """The kind of a file by the part of its name after the run prefix."""
+    if _FIFO.match(rest):
+        return FAKE_FIFO
+    if rest.startswith(("fake@", "fake#")):
+        return FAKE_STATE
+    if _OVERFLOW.match(rest):
+        return OVERFLOW
+    for suffix, kind in (("#broadcast", BROADCAST), ("#ordered", ORDERED), ("#resize", RESIZING)):
+        if rest.endswith(suffix) and "#" not in rest[: -len(suffix)] and "~" not in rest:
+            return kind
+    if rest and "#" not in rest and "~" not in rest and "@" not in rest:
+        return TOPIC
+    return UNKNOWN
+
+
+def _pid_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: alive, another user's
+        return False
+    return False
+
+
+def _mine(path: str, want) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return want(st.st_mode) and st.st_uid == os.geteuid()
+
+
+def _is_stale(directory: str, name: str, kind: str, rest: str, prefix: str) -> bool:
+    path = os.path.join(directory, name)
+    if kind == FAKE_FIFO:
+        return _mine(path, stat.S_ISFIFO) and _pid_gone(int(_FIFO.match(rest).group(1)))
+    if kind == OVERFLOW:
+        if not _mine(path, stat.S_ISDIR):
+            return False
+        ring = name[: len(name) - len(rest)] + _OVERFLOW.match(rest).group(1)
+        return not os.path.lexists(os.path.join(directory, ring)) or _msgq.stale_file(directory, ring, False)
+    if kind == UNKNOWN:
+        return False  # not ours to judge
+    return _msgq.stale_file(directory, name, False)
+
+
+def scan(directory: str, prefix: Optional[str] = None) -> List[Artifact]:
+    """The project's files in ``directory`` of run ``prefix`` (None: every run's),
+    sorted by name, each with its kind and whether it is stale."""
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return []
+    found = []
+    for name in sorted(names):
+        split = _split(name)
+        if split is None or (prefix is not None and split[0] != prefix):
+            continue
+        kind = kind_of(split[1]) if name.isascii() else UNKNOWN
+        found.append(Artifact(name, split[0], split[1], kind, _is_stale(directory, name, kind, split[1], split[0])))
+    return found
+
+
+def remove(directory: str, artifact: Artifact) -> bool:
+    """Remove one stale artifact, re-checking that it still is (a file a process
+    attached to since the scan stays). True if it was removed."""
+    path = os.path.join(directory, artifact.file)
+    if artifact.kind == OVERFLOW:
+        if not _is_stale(directory, artifact.file, artifact.kind, artifact.rest, artifact.prefix):
+            return False
+        from msgq._overflow import OverflowDir
+
+        OverflowDir(path).remove_all()
+        return not os.path.lexists(path)
+    if artifact.kind == FAKE_FIFO:
+        if not _is_stale(directory, artifact.file, artifact.kind, artifact.rest, artifact.prefix):
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+        return True
+    if artifact.kind == UNKNOWN:
+        return False
+    return _msgq.stale_file(directory, artifact.file, True)
+
+
+def sweep(directory: str, prefix: Optional[str]) -> List[str]:
+    """Remove every stale artifact of run ``prefix`` (None: every run's). Files go
+    before directories, so a broadcast ring and its large-message directory go in
+    one sweep. Returns the names removed."""
+    removed = []
+    for artifact in sorted(scan(directory, prefix), key=lambda a: a.kind == OVERFLOW):
+        # a large-message directory is judged again: its ring may have gone just now
+        if (artifact.stale or artifact.kind == OVERFLOW) and remove(directory, artifact):
+            removed.append(artifact.file)
+    return removed
