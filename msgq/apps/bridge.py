@@ -17,9 +17,15 @@ subscriber skips ahead and counts ``local_resets``. ``-v`` prints both.
 ZeroMQ reconnects on its own (heartbeats detect dead peers), and a local
 publisher that restarts, even with another segment size, is picked up by the
 bridge's subscriber.
+
+Memory stays bounded whatever a peer sends: ``in`` sets ZeroMQ's maximum
+message size (``ZMQ_MAXMSGSIZE``) to the largest message its local topic can
+hold, so a larger one is never buffered: ZeroMQ drops that peer's connection
+(and reconnects), and at most ``--hwm`` messages of that size wait.
 """
 
 import argparse
+import contextlib
 import signal
 import sys
 import time
@@ -209,34 +215,93 @@ def _count_subscriptions(zmq, pub, stats):
             stats.subscribers = max(0, stats.subscribers - 1)
 
 
+class _Incoming:
+    """One topic of ``in``: a SUB connected to the remote publisher, the local
+    publisher, and a monitor of the SUB's connection.
+
+    ZMQ_MAXMSGSIZE is the largest message the local topic can hold, so a larger
+    one is refused before it is buffered. libzmq then closes that connection and,
+    as for any protocol error, never reconnects it by itself: the monitor sees the
+    disconnect and the connection is made again (also after an ordinary
+    disconnect, where that only restarts ZeroMQ's own reconnecting)."""
+
+    def __init__(self, zmq, ctx, ctx_msgq, topic, host, hwm, segment_size, curve):
+        self.stats = _TopicStats(topic)
+        self.endpoint = f"tcp://{host}:{zmq_port(topic)}"
+        self.sub = self.monitor = None
+        self.reconnects = 0
+        self.pub = sockets.PubSocket()
+        self.pub.connect(ctx_msgq, topic, segment_size)
+        try:
+            self.max_size = self.pub.max_message_size
+            self.sub = ctx.socket(zmq.SUB)
+            _tune(zmq, self.sub, hwm)
+            self.sub.setsockopt(zmq.MAXMSGSIZE, self.max_size)
+            self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+            if curve:
+                msgq_curve.make_client(self.sub, curve)
+            self.monitor = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            self.sub.connect(self.endpoint)  # never fails for a host that is down: ZeroMQ keeps retrying
+        except BaseException:
+            self.close()
+            raise
+
+    def reconnect(self, zmq, log):
+        """After the monitor reported a closed connection."""
+        while True:
+            try:
+                self.monitor.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+        with contextlib.suppress(zmq.ZMQError):  # already gone after a protocol error
+            self.sub.disconnect(self.endpoint)
+        self.sub.connect(self.endpoint)
+        self.reconnects += 1
+        if self.reconnects == 1:
+            log(
+                f"msgq-bridge: {self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
+                f"sent a message over the topic's {self.max_size}-byte maximum, which is refused); reconnecting"
+            )
+
+    def close(self):
+        """Idempotent."""
+        for sock in (self.monitor, self.sub):
+            if sock is not None:
+                sock.close(0)
+        self.monitor = self.sub = None
+        self.pub.close()
+
+
 def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=None) -> int:
     """ZeroMQ SUB sockets -> local shared-memory topics."""
-    zmq, ctx = _context(len(topics))
+    zmq, ctx = _context(2 * len(topics))  # a SUB and its connection monitor each
     ctx_msgq = sockets.Context(backend="msgq")
     poller = zmq.Poller()
-    routes = {}  # zmq socket -> (publisher, stats)
+    routes = {}  # zmq SUB -> _Incoming
+    monitors = {}  # its monitor -> _Incoming
     warned = set()
+    opened = []
     try:
         for topic in topics:
-            sub = ctx.socket(zmq.SUB)
-            _tune(zmq, sub, hwm)
-            sub.setsockopt(zmq.SUBSCRIBE, b"")
-            if curve:
-                msgq_curve.make_client(sub, curve)
-            endpoint = f"tcp://{host}:{zmq_port(topic)}"
-            sub.connect(endpoint)  # never fails for a host that is down: ZeroMQ keeps retrying
-            pub = sockets.PubSocket()
-            pub.connect(ctx_msgq, topic, segment_size)
-            poller.register(sub, zmq.POLLIN)
-            routes[sub] = (pub, _TopicStats(topic))
-            log(f"msgq-bridge: {endpoint} -> {topic}")
-        reporter = _Reporter([r[1] for r in routes.values()], verbose_every, "in", sys.stderr)
+            route = _Incoming(zmq, ctx, ctx_msgq, topic, host, hwm, segment_size, curve)
+            opened.append(route)
+            routes[route.sub], monitors[route.monitor] = route, route
+            poller.register(route.sub, zmq.POLLIN)
+            poller.register(route.monitor, zmq.POLLIN)
+            log(f"msgq-bridge: {route.endpoint} -> {topic}")
+        reporter = _Reporter([r.stats for r in routes.values()], verbose_every, "in", sys.stderr)
         while not stopper.stop and routes:
-            for sub, _ in poller.poll(POLL_MS):
-                pub, stats = routes[sub]
+            for sock, _ in poller.poll(POLL_MS):
+                if sock in monitors:
+                    monitors[sock].reconnect(zmq, log)
+                    continue
+                route = routes.get(sock)
+                if route is None:
+                    continue  # unregistered in this round
+                pub, stats = route.pub, route.stats
                 for _ in range(BATCH):
                     try:
-                        frames = sub.recv_multipart(zmq.NOBLOCK, copy=True)
+                        frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
                     except zmq.Again:
                         break
                     if len(frames) != 1:  # not a msgq message: one frame of payload
@@ -253,10 +318,10 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                     except MultiplePublishersError:
                         # A local publisher took the topic over: it wins; stop forwarding it.
                         log(f"msgq-bridge: another local publisher took over {stats.topic!r}; no longer forwarding it")
-                        poller.unregister(sub)
-                        sub.close(0)
-                        pub.close()
-                        del routes[sub]
+                        poller.unregister(sock)
+                        poller.unregister(route.monitor)
+                        del routes[sock], monitors[route.monitor]
+                        route.close()
                         break
                     stats.messages += 1
                     stats.bytes += len(frames[0])
@@ -266,9 +331,8 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
             return 1
         return 0
     finally:
-        for sub, (pub, _) in routes.items():
-            sub.close(0)
-            pub.close()
+        for route in opened:
+            route.close()
         _close_context(ctx)
 
 
