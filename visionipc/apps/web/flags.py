@@ -6,7 +6,7 @@ import urllib.parse
 
 from msgq._printable import printable
 
-MAX_CONNECTIONS = 64  # default of --max-connections (listener.py enforces it)
+MAX_CONNECTIONS = 256  # default of --max-connections (listener.py enforces it)
 
 
 def host_of(header: str) -> str:

@@ -5,15 +5,19 @@ traceback per attempt; aiohttp keeps an idle connection for an hour. Here:
 
 - **A connection limit** (``--max-connections``, lowered to what RLIMIT_NOFILE leaves).
   When full, a new connection takes the place of the oldest one that is *not* inside a
-  request (half-open: headers not complete; or idle between keep-alive requests): a
-  slowloris holding hundreds of half-open connections cannot keep a real request out,
-  because each real request arrives newer than all of them. If every connection is inside
-  a request (live streams, WebSockets), the new one gets a short 503 and is closed.
+  request (half-open: headers not complete; or idle between keep-alive requests) and is
+  older than GRACE_S: a slowloris holding hundreds of half-open connections cannot keep a
+  real request out, because a real request completes its headers within its grace and is
+  then inside a request. If all are that young, accepting pauses a moment (the new ones
+  wait in the kernel's backlog); if every connection is inside a request (live streams,
+  WebSockets), the new one gets a short 503 and is closed.
 - **A header timeout** (HEADER_TIMEOUT_S from accept to the first complete request) and
   **an idle timeout** (IDLE_TIMEOUT_S between requests), checked every second.
-- **Accept errors** (EMFILE, ENFILE, ENOBUFS, ENOMEM) close the oldest idle connection,
-  pause accepting with an exponential back-off (50 ms .. 1 s; the waiting connection stays
-  in the kernel's backlog) and are logged once; ``counts`` has the rest.
+- **Accept errors** are logged once (``counts`` has the rest). EMFILE (and ENFILE, ENOBUFS,
+  ENOMEM) lowers the limit to what is open, closes a few idle connections and accepts
+  again as soon as their descriptors are free; with none to close (or any other error)
+  accepting pauses with an exponential back-off (50 ms .. 1 s). The waiting connections
+  stay in the kernel's backlog meanwhile.
 
 A connection is "inside a request" from the moment its request reaches the ``middleware``
 (headers parsed) until the handler returns (an MJPEG stream or a WebSocket: its whole life).
@@ -35,6 +39,8 @@ FD_RESERVE = 48  # descriptors kept for everything else (clients of the VisionIP
 ACCEPT_BATCH = 64  # connections taken per readiness event
 BACKOFF_S = (0.05, 1.0)  # first and longest pause after an accept error
 SWEEP_S = 1.0
+EMFILE_MARGIN = 4  # after EMFILE: the limit goes this far below the open connections
+GRACE_S = 0.1  # a new connection is never closed for a newer one before this age
 RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 TRANSIENT_ERRNOS = (errno.ECONNABORTED, errno.EPROTO, errno.EAGAIN, errno.EINTR, errno.EPERM)
 
@@ -96,9 +102,11 @@ class Guard:
         self._prune()
         return len(self.conns) + self.connecting >= self.limit
 
-    def close_oldest_idle(self) -> bool:
-        """Close the connection that has waited longest outside a request; False if none."""
-        idle = [(c.since, t) for t, c in self.conns.items() if not c.busy and not t.is_closing()]
+    def close_oldest_idle(self, grace=GRACE_S) -> bool:
+        """Close the connection that has waited longest outside a request (at least
+        ``grace`` s: a new one gets that long to send its headers); False if none."""
+        before = asyncio.get_running_loop().time() - grace
+        idle = [(c.since, t) for t, c in self.conns.items() if not c.busy and c.since <= before]
         if not idle:
             return False
         _, transport = min(idle, key=lambda pair: pair[0])
@@ -106,10 +114,12 @@ class Guard:
         del self.conns[transport]
         return True
 
-    def make_room(self) -> bool:
-        """Room for one more connection (closing the oldest idle one if full)."""
+    def make_room(self) -> str:
+        """Room for one more connection? "yes" (closing the oldest idle one if full),
+        "wait" (the full ones are still being handed over: try again in a moment) or
+        "no" (every one is inside a request)."""
         if not self.full():
-            return True
+            return "yes"
         if not self._said_full and self.log is not None:
             self._said_full = True
             self.log.say(
@@ -118,8 +128,9 @@ class Guard:
             )
         if self.close_oldest_idle():
             self.counts["closed_for_newer"] += 1
-            return True
-        return False
+            return "yes"
+        young = any(not c.busy for c in self.conns.values())
+        return "wait" if self.connecting or young else "no"
 
     def sweep(self, now):
         """Close the connections past their header or idle timeout."""
@@ -159,7 +170,7 @@ class _Listening:
 
 
 class GuardedSite(web.BaseSite):
-    def __init__(self, runner, host, port, guard: Guard, backlog=128):
+    def __init__(self, runner, host, port, guard: Guard, backlog=1024):
         super().__init__(runner, backlog=backlog)
         self._host, self._port, self.guard = host, port, guard
         self._sock = None
@@ -227,6 +238,11 @@ class GuardedSite(web.BaseSite):
 
     def _accept(self):
         for _ in range(ACCEPT_BATCH):
+            room = self.guard.make_room()  # before accepting: over the limit, nothing is taken in
+            if room == "wait":  # the idle ones are all new: give them their grace, then look again
+                self._loop.remove_reader(self._sock.fileno())
+                self._timers.append(self._loop.call_later(GRACE_S / 4, self._resume))
+                return
             try:
                 conn, _ = self._sock.accept()
             except BlockingIOError:
@@ -237,20 +253,29 @@ class GuardedSite(web.BaseSite):
                     continue
                 name = errno.errorcode.get(exc.errno, str(exc.errno))
                 if exc.errno in RESOURCE_ERRNOS:
-                    self.guard.close_oldest_idle()
+                    # the descriptors end below the limit: lower it to what is open now, close a few
+                    # idle connections (their descriptors are free on the next turn of the loop)
+                    guard = self.guard
+                    guard._prune()
+                    guard.limit = max(4, min(guard.limit, len(guard.conns) + guard.connecting - EMFILE_MARGIN))
+                    freed = sum(guard.close_oldest_idle(grace=0) for _ in range(EMFILE_MARGIN))
                     self._say_once(
                         name,
-                        f"accept() failed: {name} ({os.strerror(exc.errno)}): closing the oldest idle connection "
-                        f"and accepting again after a pause of up to {BACKOFF_S[1]:g} s (logged once; counted "
-                        "in the stats)",
+                        f"accept() failed: {name} ({os.strerror(exc.errno)}): connection limit lowered to "
+                        f"{guard.limit}; idle connections closed to make room, accepting paused meanwhile "
+                        "(logged once; counted in the stats)",
                     )
+                    if freed:
+                        self._loop.remove_reader(self._sock.fileno())
+                        self._timers.append(self._loop.call_soon(self._resume))
+                        return
                 else:
                     self._say_once(name, f"accept() failed: {name} ({os.strerror(exc.errno)}) (logged once)")
                 self._pause()
                 return
             self._backoff = BACKOFF_S[0]
             self.guard.counts["accepted"] += 1
-            if not self.guard.make_room():
+            if room == "no":
                 self._refuse(conn)
                 continue
             conn.setblocking(False)

@@ -1,0 +1,238 @@
+"""Bounded web surfaces (issue 31, items 5 and 6), measured on real processes and sockets:
+vipc-foxglove with 20 clients that stopped reading stays within 50 MB of its memory with
+one (RSS from /proc), and a client slower than the camera reads frames at most two frame
+intervals old; vipc-view with 256 descriptors answers real requests (p99 < 1 s) under 400
+slowloris connections, and an accept() that fails with EMFILE is one line, not a traceback
+per attempt.
+
+Before (2d8d5c3): the foxglove-sdk server queued ~1024 frames per stuck client (20 of them:
+103 -> 531 MB and rising) and handed a slow client frames 5-45 s old; 374 slowloris
+connections stopped every request to vipc-view and asyncio wrote 64,633 tracebacks."""
+
+import os
+import resource
+import socket
+import statistics
+import threading
+import time
+import urllib.request
+
+import pytest
+from camera_helpers import reap
+from view_helpers import ViewProcess
+from web_helpers import Foxglove, RawWebSocket, rss_mb
+
+from msgq.testing import unique_name
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left():
+    yield
+    reap()
+
+
+def test_twenty_stuck_foxglove_clients_cost_about_what_one_costs():
+    fox = Foxglove("--quality", 95, width=640, height=480, fps=30)
+    stuck = []
+    try:
+
+        def add_stuck():
+            ws = RawWebSocket(fox.url, rcvbuf=4096)  # a small window: the backlog would be the bridge's
+            ws.subscribe("/road")
+            stuck.append(ws)  # and never read again
+
+        add_stuck()
+        time.sleep(3)
+        one = max(rss_mb(fox.bridge.pid) for _ in range(5) if not time.sleep(0.2))
+        for _ in range(19):
+            add_stuck()
+        peak = 0.0
+        for _ in range(25):  # 5 s: on 2d8d5c3 that is ~150 frames queued per stuck client
+            time.sleep(0.2)
+            peak = max(peak, rss_mb(fox.bridge.pid))
+        assert peak - one < 50, f"RSS with 1 stuck client {one:.0f} MB, with 20 up to {peak:.0f} MB"
+        # the frames they did not take were dropped and counted, and a reader still gets fresh ones
+        stats = fox.stats()
+        assert len(stats["clients"]) == 20
+        assert all(c["in_flight"] <= 1 for c in stats["clients"])
+        assert all(s["queued"] <= 1 for c in stats["clients"] for s in c["subscriptions"])
+        assert stats["dropped"] >= 20 * 30, stats["dropped"]
+        reader = RawWebSocket(fox.url)
+        reader.subscribe("/road")
+        for _ in range(10):
+            _, log_time, _ = reader.read_data()
+        assert (time.monotonic_ns() - log_time) / 1e9 < 0.5
+        reader.close()
+    finally:
+        for ws in stuck:
+            ws.close()
+        assert fox.stop() == 0
+    print(f"vipc-foxglove RSS: 1 stuck client {one:.1f} MB, 20 stuck clients peak {peak:.1f} MB")
+
+
+def test_a_slow_foxglove_client_reads_frames_at_most_two_intervals_old():
+    fps = 20
+    interval = 1 / fps
+    fox = Foxglove(width=320, height=240, fps=fps)
+    try:
+        ws = RawWebSocket(fox.url)
+        ws.subscribe("/road")
+        ws.read_data()
+        ages, stamps = [], []
+        deadline = time.monotonic() + 4
+        while time.monotonic() < deadline:
+            _, log_time, _ = ws.read_data()
+            ages.append((time.monotonic_ns() - log_time) / 1e9)
+            stamps.append(log_time)
+            time.sleep(1.5 * interval)  # it takes one and a half frame intervals per frame
+        dropped = fox.stats()["dropped"]
+        ws.close()
+    finally:
+        assert fox.stop() == 0
+    ages = ages[2:]  # the first ones may predate the slow pace
+    p90 = statistics.quantiles(ages, n=10)[-1]
+    print(
+        f"slow client ({fps} fps camera, reads every {1.5 * interval * 1000:.0f} ms): {len(ages)} frames, age "
+        f"median {statistics.median(ages) * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {max(ages) * 1000:.0f} ms"
+    )
+    assert p90 <= 2 * interval, ages
+    assert max(ages) <= 5 * interval, ages  # a loaded CI machine may be late once; never a backlog
+    gaps = [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert statistics.median(gaps) > 1.2 * interval  # it skipped frames rather than queue them
+    assert dropped > 0
+
+
+# -- vipc-view under slowloris ---------------------------------------------------------
+
+
+def _limit_descriptors(n):
+    return lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (n, n))
+
+
+class Slowloris:
+    """``count`` connections that send a request line and then one header line now and
+    then, never finishing; each one the server closes is opened again."""
+
+    def __init__(self, port, count):
+        self.port, self.count = port, count
+        self.stop = threading.Event()
+        self.opened = 0
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _open(self):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setblocking(False)
+        sock.connect_ex(("127.0.0.1", self.port))
+        self.opened += 1
+        return [sock, False]
+
+    def _run(self):
+        conns = [self._open() for _ in range(self.count)]
+        while not self.stop.is_set():
+            for conn in conns:
+                sock, started = conn
+                try:
+                    if sock.recv(1) == b"":
+                        raise ConnectionResetError
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    sock.close()
+                    conn[:] = self._open()
+                    continue
+                try:
+                    sock.send(b"X-a: b\r\n" if started else b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                    conn[1] = True
+                except (BlockingIOError, InterruptedError):
+                    pass
+                except OSError:
+                    sock.close()
+                    conn[:] = self._open()
+            self.stop.wait(0.2)
+        for sock, _ in conns:
+            sock.close()
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(10)
+
+
+def _real_requests(view, count, pause=0.1):
+    """``count`` GET /stats with the token, each on a new connection: their latencies (s)."""
+    times = []
+    for _ in range(count):
+        request = urllib.request.Request(view.url + "/stats", headers=view.auth())
+        start = time.monotonic()
+        with urllib.request.urlopen(request, timeout=5) as r:
+            assert r.status == 200
+            r.read()
+        times.append(time.monotonic() - start)
+        time.sleep(pause)
+    return times
+
+
+@pytest.fixture
+def many_descriptors():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"needs 1024 descriptors for the attacker, the hard limit is {hard}")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1024) if hard == resource.RLIM_INFINITY else hard, hard))
+    yield
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_vipc_view_at_256_descriptors_answers_under_400_slowloris_connections(many_descriptors):
+    import subprocess
+
+    view = ViewProcess("--name", unique_name("cam"), preexec_fn=_limit_descriptors(256), stderr=subprocess.PIPE)
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(view.proc.stderr), daemon=True)
+    reader.start()
+    attack = Slowloris(int(view.url.rsplit(":", 1)[1]), 400)
+    try:
+        time.sleep(2)  # every slot the attacker can take is taken
+        times = _real_requests(view, 40)
+        stats = view.stats()
+    finally:
+        attack.close()
+        assert view.stop() == 0
+        reader.join(10)
+    times.sort()
+    p99 = times[int(0.99 * (len(times) - 1))]
+    print(f"vipc-view under 400 slowloris connections at 256 descriptors: p50 {times[len(times) // 2] * 1000:.1f} ms, "
+          f"p99 {p99 * 1000:.1f} ms; stderr {len(err)} lines; {stats['connections']}")  # fmt: skip
+    assert p99 < 1.0, times
+    assert len(err) < 100, "".join(err[:20])
+    assert "Traceback" not in "".join(err)
+    connections = stats["connections"]
+    assert connections["closed_for_newer"] > 0 and connections["open"] <= connections["limit"], connections
+
+
+def test_accept_out_of_descriptors_is_one_line_and_requests_still_get_in(many_descriptors):
+    import subprocess
+
+    view = ViewProcess("--name", unique_name("cam"), stderr=subprocess.PIPE)
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(view.proc.stderr), daemon=True)
+    reader.start()
+    # after start, fewer descriptors than its connection limit (64): accept() meets EMFILE
+    used = len(os.listdir(f"/proc/{view.proc.pid}/fd"))
+    resource.prlimit(view.proc.pid, resource.RLIMIT_NOFILE, (used + 40, used + 40))
+    attack = Slowloris(int(view.url.rsplit(":", 1)[1]), 100)
+    try:
+        time.sleep(3)
+        times = _real_requests(view, 20)
+        stats = view.stats()
+    finally:
+        attack.close()
+        assert view.stop() == 0
+        reader.join(10)
+    text = "".join(err)
+    times.sort()
+    print(f"vipc-view out of descriptors under 100 slowloris connections: p50 {times[len(times) // 2] * 1000:.1f} ms, "
+          f"max {times[-1] * 1000:.1f} ms; stderr {len(err)} lines; {stats['connections']}")  # fmt: skip
+    assert times[-1] < 1.0, times
+    assert stats["connections"]["accept_errors"] > 0, stats
+    assert text.count("EMFILE") == 1, text[:3000]
+    assert len(err) < 100 and "Traceback" not in text, text[:3000]
