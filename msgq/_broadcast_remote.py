@@ -4,7 +4,9 @@ to its remote readers and each remote reader's SUB, each in a :class:`RemoteChan
 Wire: a message is ``[kind+sequence, *parts]`` (``FRAME``); a remote reader
 subscribes to everything plus ``HELLO + rank``, a subscription that only tells
 the writer (``XPUB_VERBOSE``) that reader ``rank`` is there. The writer never
-drops (``XPUB_NODROP``, readers' ``RCVHWM`` 0): a full queue makes it wait.
+drops (``XPUB_NODROP``): a reader's full queue (``RCVHWM`` = ``REMOTE_HWM``
+messages, then the TCP buffers) makes it wait, so an idle remote reader's memory
+stays bounded.
 
 Threads: a queue is used by one thread at a time, except ``close()`` and
 ``shutdown()``, which may come from any thread, e.g. to stop a consumer thread
@@ -124,7 +126,10 @@ class RemoteChannel(Guarded):
         sock = _socket("SUB", f"broadcast queue {name!r}: remote reader {rank}'s socket")
         zmq = zmq_module()
         try:
-            sock.setsockopt(zmq.RCVHWM, 0)  # the writer never drops: neither may we
+            # Bounded, so a reader that does not dequeue holds at most REMOTE_HWM messages and
+            # then TCP backs up: the writer (XPUB_NODROP) waits, as for a slow local reader.
+            # (0, unlimited, took everything the writer sent: 276 MB for 4,000 x 64 KB unread.)
+            sock.setsockopt(zmq.RCVHWM, REMOTE_HWM)
             if addr.startswith("tcp://["):
                 sock.setsockopt(zmq.IPV6, 1)
             if curve_dir is not None:

@@ -306,3 +306,53 @@ def test_a_remote_reader_that_comes_back_under_its_rank_gets_what_is_sent_from_t
     assert again.dequeue(timeout=5) == 2
     again.close()
     queue.close()
+
+
+def _idle_remote_reader(handle, ready, go):
+    """A remote reader that attaches, reads nothing until told, then reads everything;
+    reports its peak resident memory at that point and what it got."""
+    reader = msgq.BroadcastQueue.create_from_handle(handle, 0)
+    ready.set()
+    go.wait(60)
+    with open("/proc/self/status") as f:
+        peak_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    got = []
+    while True:
+        msg = reader.dequeue_bytes(timeout=10)
+        if msg == b"end":
+            break
+        got.append(int.from_bytes(msg[:4], "little"))
+    reader.close()
+    return {"peak_kb": peak_kb, "got": got}
+
+
+def test_a_remote_reader_that_does_not_dequeue_makes_the_writer_wait_instead_of_growing():
+    """Issue 31: remote readers' ZeroMQ queue was unlimited (RCVHWM 0): a reader that did
+    not dequeue took 276 MB for 4,000 messages of 64 KB and the writer never waited. Now
+    the writer waits (lossless, as for a slow local reader) and the reader stays bounded."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    ready, go, results = ctx.Event(), ctx.Event(), ctx.Queue()
+    queue = msgq.BroadcastQueue(n_readers=0, n_remote_readers=1, remote_host="127.0.0.1", remote_bind="127.0.0.1")
+    child = ctx.Process(target=lambda: results.put(_idle_remote_reader(queue.handle, ready, go)))
+    child.start()
+    try:
+        assert ready.wait(30)
+        queue.wait_until_ready(timeout=30)
+        payload = bytes(65536)
+        sent = 0
+        with pytest.raises(msgq.IpcTimeoutError):
+            for sent in range(4000):  # noqa: B007 - how far it got is the point
+                queue.enqueue_bytes(sent.to_bytes(4, "little") + payload, timeout=2)
+        # REMOTE_HWM (1000) queued on each side of the connection, a few in the TCP buffers
+        assert sent < 2500, f"the writer sent {sent} messages to a reader that took none"
+        go.set()
+        queue.enqueue_bytes(b"end", timeout=30)
+        report = results.get(timeout=60)
+        assert report["peak_kb"] < 200 * 1024, report["peak_kb"]
+        assert report["got"] == list(range(sent)), "lossless: every message sent, in order"
+    finally:
+        go.set()
+        child.join(30)
+        queue.close()
