@@ -13,6 +13,7 @@ import os
 import resource
 import socket
 import statistics
+import subprocess
 import threading
 import time
 import urllib.request
@@ -182,57 +183,40 @@ def many_descriptors():
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-def test_vipc_view_at_256_descriptors_answers_under_400_slowloris_connections(many_descriptors):
-    import subprocess
-
-    view = ViewProcess("--name", unique_name("cam"), preexec_fn=_limit_descriptors(256), stderr=subprocess.PIPE)
+def _attack(attackers, settle, requests, limit_after_start=None, **view_args):
+    """vipc-view (``view_args`` for ViewProcess) under ``attackers`` slowloris connections:
+    after ``settle`` s, ``requests`` real requests. (sorted latencies, stats, stderr lines)."""
+    view = ViewProcess("--name", unique_name("cam"), stderr=subprocess.PIPE, **view_args)
     err = []
     reader = threading.Thread(target=lambda: err.extend(view.proc.stderr), daemon=True)
     reader.start()
-    attack = Slowloris(int(view.url.rsplit(":", 1)[1]), 400)
+    if limit_after_start:  # fewer descriptors than its connection limit: accept() meets EMFILE
+        used = len(os.listdir(f"/proc/{view.proc.pid}/fd"))
+        resource.prlimit(view.proc.pid, resource.RLIMIT_NOFILE, (used + limit_after_start,) * 2)
+    attack = Slowloris(int(view.url.rsplit(":", 1)[1]), attackers)
     try:
-        time.sleep(2)  # every slot the attacker can take is taken
-        times = _real_requests(view, 40)
+        time.sleep(settle)  # every slot the attacker can take is taken
+        times = sorted(_real_requests(view, requests))
         stats = view.stats()
     finally:
         attack.close()
         assert view.stop() == 0
         reader.join(10)
-    times.sort()
     p99 = times[int(0.99 * (len(times) - 1))]
-    print(f"vipc-view under 400 slowloris connections at 256 descriptors: p50 {times[len(times) // 2] * 1000:.1f} ms, "
+    print(f"vipc-view under {attackers} slowloris connections: p50 {times[len(times) // 2] * 1000:.1f} ms, "
           f"p99 {p99 * 1000:.1f} ms; stderr {len(err)} lines; {stats['connections']}")  # fmt: skip
     assert p99 < 1.0, times
-    assert len(err) < 100, "".join(err[:20])
-    assert "Traceback" not in "".join(err)
-    connections = stats["connections"]
+    text = "".join(err)
+    assert len(err) < 100 and "Traceback" not in text, text[:3000]
+    return stats["connections"], text
+
+
+def test_vipc_view_at_256_descriptors_answers_under_400_slowloris_connections(many_descriptors):
+    connections, _ = _attack(400, 2, 40, preexec_fn=_limit_descriptors(256))
     assert connections["closed_for_newer"] > 0 and connections["open"] <= connections["limit"], connections
 
 
 def test_accept_out_of_descriptors_is_one_line_and_requests_still_get_in(many_descriptors):
-    import subprocess
-
-    view = ViewProcess("--name", unique_name("cam"), stderr=subprocess.PIPE)
-    err = []
-    reader = threading.Thread(target=lambda: err.extend(view.proc.stderr), daemon=True)
-    reader.start()
-    # after start, fewer descriptors than its connection limit (64): accept() meets EMFILE
-    used = len(os.listdir(f"/proc/{view.proc.pid}/fd"))
-    resource.prlimit(view.proc.pid, resource.RLIMIT_NOFILE, (used + 40, used + 40))
-    attack = Slowloris(int(view.url.rsplit(":", 1)[1]), 100)
-    try:
-        time.sleep(3)
-        times = _real_requests(view, 20)
-        stats = view.stats()
-    finally:
-        attack.close()
-        assert view.stop() == 0
-        reader.join(10)
-    text = "".join(err)
-    times.sort()
-    print(f"vipc-view out of descriptors under 100 slowloris connections: p50 {times[len(times) // 2] * 1000:.1f} ms, "
-          f"max {times[-1] * 1000:.1f} ms; stderr {len(err)} lines; {stats['connections']}")  # fmt: skip
-    assert times[-1] < 1.0, times
-    assert stats["connections"]["accept_errors"] > 0, stats
-    assert text.count("EMFILE") == 1, text[:3000]
-    assert len(err) < 100 and "Traceback" not in text, text[:3000]
+    connections, text = _attack(100, 3, 20, limit_after_start=40)
+    assert connections["accept_errors"] > 0, connections
+    assert text.count("EMFILE") == 1, text

@@ -36,7 +36,7 @@ from visionipc.apps.web.flags import MAX_CONNECTIONS
 HEADER_TIMEOUT_S = 10.0  # accept -> first request's headers complete
 IDLE_TIMEOUT_S = 30.0  # between two requests of one keep-alive connection
 FD_RESERVE = 48  # descriptors kept for everything else (clients of the VisionIPC server, files)
-ACCEPT_BATCH = 64  # connections taken per readiness event
+ACCEPT_BATCH = 16  # connections taken per readiness event (each may close one more, freed a turn later)
 BACKOFF_S = (0.05, 1.0)  # first and longest pause after an accept error
 SWEEP_S = 1.0
 EMFILE_MARGIN = 4  # after EMFILE: the limit goes this far below the open connections
