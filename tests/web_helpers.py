@@ -100,7 +100,9 @@ class RawWebSocket:
     """A WebSocket client on a plain blocking socket: ``status`` of the handshake
     (101 when accepted); ``read()`` one message (pings are answered when reached)."""
 
-    def __init__(self, url, origin=None, subprotocols=("foxglove.websocket.v1",), rcvbuf=None, timeout=10):
+    def __init__(
+        self, url, origin=None, subprotocols=("foxglove.sdk.v1", "foxglove.websocket.v1"), rcvbuf=None, timeout=10
+    ):
         parts = urllib.parse.urlsplit(url)
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         if rcvbuf:

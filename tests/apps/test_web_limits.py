@@ -86,21 +86,20 @@ def test_a_slow_foxglove_client_reads_frames_at_most_two_intervals_old():
             ages.append((time.monotonic_ns() - log_time) / 1e9)
             stamps.append(log_time)
             time.sleep(1.5 * interval)  # it takes one and a half frame intervals per frame
-        dropped = fox.stats()["dropped"]
         ws.close()
+        ages = ages[2:]  # the first ones may predate the slow pace
+        p90 = statistics.quantiles(ages, n=10)[-1]
+        print(
+            f"slow client ({fps} fps camera, reads every {1.5 * interval * 1000:.0f} ms): {len(ages)} frames, age "
+            f"median {statistics.median(ages) * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {max(ages) * 1000:.0f} ms"
+        )
+        assert p90 <= 2 * interval, ages
+        assert max(ages) <= 5 * interval, ages  # a loaded CI machine may be late once; never a backlog
+        gaps = [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:], strict=False)]
+        assert statistics.median(gaps) > 1.2 * interval  # it skipped frames rather than queue them
+        assert fox.stats()["dropped"] > 0  # and they were counted
     finally:
         assert fox.stop() == 0
-    ages = ages[2:]  # the first ones may predate the slow pace
-    p90 = statistics.quantiles(ages, n=10)[-1]
-    print(
-        f"slow client ({fps} fps camera, reads every {1.5 * interval * 1000:.0f} ms): {len(ages)} frames, age "
-        f"median {statistics.median(ages) * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {max(ages) * 1000:.0f} ms"
-    )
-    assert p90 <= 2 * interval, ages
-    assert max(ages) <= 5 * interval, ages  # a loaded CI machine may be late once; never a backlog
-    gaps = [(b - a) / 1e9 for a, b in zip(stamps, stamps[1:], strict=False)]
-    assert statistics.median(gaps) > 1.2 * interval  # it skipped frames rather than queue them
-    assert dropped > 0
 
 
 # -- vipc-view under slowloris ---------------------------------------------------------

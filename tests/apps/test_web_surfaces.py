@@ -84,9 +84,14 @@ def test_foxglove_without_the_token_is_refused_and_no_auth_opts_out():
         assert fox.stop() == 0
 
 
+def _live(stats):
+    return "road" in stats["streams"] and stats["streams"]["road"]["live"]
+
+
 def test_vipc_view_refuses_other_sites_pages_and_requests_without_the_token():
     name = unique_name("cam")
     with Producer(name, ["road"], 160, 120), ViewProcess("--name", name, "--allow-origin", "http://ok.example") as view:
+        view.wait_for(_live, what="road live")
         assert view.get("/snapshot/road.jpg")[0] == 200
         own = {"Origin": view.url, "Sec-Fetch-Site": "same-origin"}
         assert view.get("/snapshot/road.jpg", headers=own)[0] == 200
@@ -109,7 +114,9 @@ def test_vipc_view_refuses_other_sites_pages_and_requests_without_the_token():
         stats = view.stats()
         assert stats["refused"]["foreign_origin"] == 3 and stats["refused"]["no_token"] == 5
     with Producer(name, ["road"], 160, 120), ViewProcess("--name", name, "--no-auth") as view:
-        assert view.token is None and view.get("/snapshot/road.jpg", token=False)[0] == 200
+        assert view.token is None
+        view.wait_for(_live, what="road live")
+        assert view.get("/snapshot/road.jpg", token=False)[0] == 200
 
 
 class _EvilSite:
@@ -118,7 +125,7 @@ class _EvilSite:
 
     PAGE = """<!doctype html><title>evil</title><script>
       window.result = {open: false, messages: 0, closed: false, img: "pending"};
-      const ws = new WebSocket(FOX_URL, ["foxglove.websocket.v1"]);
+      const ws = new WebSocket(FOX_URL, ["foxglove.sdk.v1", "foxglove.websocket.v1"]);
       ws.binaryType = "arraybuffer";
       ws.onopen = () => { window.result.open = true; };
       ws.onmessage = (e) => {
@@ -237,6 +244,7 @@ def test_another_local_user_gets_401_not_frames():
         requests = [("/snapshot/road.jpg", {}), ("/stream/road.mjpg", {}), ("/", {}), ("/stats", {})]
         requests.append(("/snapshot/road.jpg", {"Authorization": "Bearer guess"}))
         assert _nobody(NOBODY_GETS.format(requests=requests, port=port)).split() == ["401"] * 5
+        view.wait_for(_live, what="road live")
         assert view.get("/snapshot/road.jpg")[0] == 200  # the owner, with the token
         # the token is nowhere another user can read it
         with open(f"/proc/{view.proc.pid}/cmdline", "rb") as f:
