@@ -94,9 +94,11 @@ class StreamPump(threading.Thread):
         try:
             while not self.stop.is_set():
                 frame = self.client.recv(RECV_MS)
-                if frame is None or not self.channel.subscribers:
+                if frame is None:
                     continue
-                with frame:
+                with frame:  # the read lease, released here even when nobody watches
+                    if not self.channel.subscribers:
+                        continue
                     out = self._encode(frame)
                     if not frame.valid:  # overwritten while we read it
                         continue
