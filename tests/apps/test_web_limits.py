@@ -219,3 +219,56 @@ def test_accept_out_of_descriptors_is_one_line_and_requests_still_get_in(many_de
     connections, text = _attack(100, 3, 20, limit_after_start=40)
     assert connections["accept_errors"] > 0, connections
     assert text.count("EMFILE") == 1, text
+
+
+def test_half_open_connections_are_closed_after_the_header_timeout():
+    from visionipc.apps.web.listener import HEADER_TIMEOUT_S
+
+    with ViewProcess("--name", unique_name("cam")) as view:
+        port = int(view.url.rsplit(":", 1)[1])
+        silent = socket.create_connection(("127.0.0.1", port))
+        trickle = socket.create_connection(("127.0.0.1", port))
+        trickle.sendall(b"GET /stats HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        start = time.monotonic()
+        closed = {}
+        for sock in (silent, trickle):
+            sock.settimeout(0.5)
+        while len(closed) < 2 and time.monotonic() - start < HEADER_TIMEOUT_S + 5:
+            for name, sock in (("silent", silent), ("trickle", trickle)):
+                if name in closed:
+                    continue
+                try:
+                    if sock.recv(1) == b"":
+                        closed[name] = time.monotonic() - start
+                except TimeoutError:
+                    if name == "trickle":
+                        sock.sendall(b"X-a: b\r\n")  # a header line now and then, never the end
+                except ConnectionResetError:
+                    closed[name] = time.monotonic() - start
+        silent.close()
+        trickle.close()
+        assert sorted(closed) == ["silent", "trickle"], closed
+        assert all(HEADER_TIMEOUT_S - 1 <= t <= HEADER_TIMEOUT_S + 2.5 for t in closed.values()), closed
+        assert view.stats()["connections"]["header_timeouts"] == 2
+
+
+def test_foxglove_connection_limit_answers_503_when_every_connection_streams():
+    fox = Foxglove("--max-connections", 3)
+    clients = []
+    try:
+        for _ in range(3):
+            ws = RawWebSocket(fox.url)
+            ws.subscribe("/road")
+            ws.read_data()
+            clients.append(ws)
+        extra = RawWebSocket(fox.url)
+        assert extra.status == 503 and b"connections is in use" in extra.body
+        clients.pop().close()
+        deadline = time.monotonic() + 5
+        while (status := RawWebSocket(fox.url).status) != 101:  # a place is free again
+            assert time.monotonic() < deadline, status
+            time.sleep(0.1)
+    finally:
+        for ws in clients:
+            ws.close()
+        assert fox.stop() == 0

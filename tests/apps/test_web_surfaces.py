@@ -74,6 +74,11 @@ def test_foxglove_without_the_token_is_refused_and_no_auth_opts_out():
             status, frames, body = _frames(url)
             assert (status, frames) == (401, 0) and "--no-auth" in body, url
         assert _frames(fox.url)[:2] == (101, 3)
+        assert RawWebSocket(fox.url, subprotocols=("other.v1",)).status == 400  # not a Foxglove client
+        for subprotocol in ("foxglove.websocket.v1", "foxglove.sdk.v1"):  # either is spoken
+            ws = RawWebSocket(fox.url, subprotocols=(subprotocol,))
+            assert ws.status == 101 and json.loads(ws.read())["op"] == "serverInfo"
+            ws.close()
     finally:
         assert fox.stop() == 0
     fox = Foxglove("--no-auth")

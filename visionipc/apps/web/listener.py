@@ -57,7 +57,7 @@ class _Conn:
 
 def descriptor_limit(wanted: int) -> int:
     """``wanted`` connections, at most what RLIMIT_NOFILE leaves after the open
-    descriptors and FD_RESERVE (never below 4)."""
+    descriptors and FD_RESERVE (that, never below 4)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return wanted
@@ -65,7 +65,7 @@ def descriptor_limit(wanted: int) -> int:
         used = len(os.listdir("/proc/self/fd"))
     except OSError:
         used = 32
-    return max(4, min(wanted, soft - used - FD_RESERVE))
+    return min(wanted, max(4, soft - used - FD_RESERVE))
 
 
 class Guard:
