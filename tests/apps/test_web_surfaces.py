@@ -95,12 +95,16 @@ def _live(stats):
 
 def test_vipc_view_refuses_other_sites_pages_and_requests_without_the_token():
     name = unique_name("cam")
-    with Producer(name, ["road"], 160, 120), ViewProcess("--name", name, "--allow-origin", "http://ok.example") as view:
+    with (
+        Producer(name, ["road"], 160, 120),
+        ViewProcess("--name", name, "--allow-origin", "http://ok.example", "--allow-origin", "null") as view,
+    ):
         view.wait_for(_live, what="road live")
         assert view.get("/snapshot/road.jpg")[0] == 200
         own = {"Origin": view.url, "Sec-Fetch-Site": "same-origin"}
         assert view.get("/snapshot/road.jpg", headers=own)[0] == 200
         assert view.get("/stats", headers={"Origin": "http://ok.example", "Sec-Fetch-Site": "cross-site"})[0] == 200
+        assert view.get("/stats", headers={"Origin": "null"})[0] == 200  # a window loaded from a file
         for headers in (
             {"Origin": "http://evil.example"},
             {"Origin": "http://evil.example", "Sec-Fetch-Site": "cross-site"},

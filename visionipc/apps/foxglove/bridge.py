@@ -239,8 +239,8 @@ async def _serve(args, hub, pumps, stop, log) -> int:
             print(f"{PROG}: open in Foxglove: {link}", file=sys.stderr)
         else:
             print(
-                f"{PROG}: for the Foxglove web app ({FOXGLOVE_APP}) start with --allow-origin {FOXGLOVE_APP}; "
-                "the desktop apps connect as they are",
+                f"{PROG}: for the Foxglove web app ({FOXGLOVE_APP}) start with --allow-origin {FOXGLOVE_APP} "
+                "(an app whose origin is refused is named in this log)",
                 file=sys.stderr,
             )
         sys.stderr.flush()

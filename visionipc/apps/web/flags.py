@@ -30,7 +30,9 @@ def check_host_name(text: str) -> str:
 def normal_origin(text: str) -> str:
     """``scheme://host[:port]`` lower case, without a default port (80 for http, 443 for https)."""
     parts = urllib.parse.urlsplit(text.strip())
-    scheme, host = parts.scheme.lower(), (parts.hostname or "").rstrip(".")
+    if not parts.scheme or not parts.hostname:  # "null" (a file:// page, a sandboxed frame), garbage
+        return text.strip().lower()
+    scheme, host = parts.scheme.lower(), parts.hostname.rstrip(".")
     try:
         port = parts.port
     except ValueError:
@@ -43,7 +45,10 @@ def normal_origin(text: str) -> str:
 
 
 def check_origin(text: str) -> str:
-    """An --allow-origin value: ``scheme://host[:port]``, nothing after it."""
+    """An --allow-origin value: ``scheme://host[:port]``, nothing after it, or ``null`` (what
+    a page loaded from a file sends, e.g. a desktop app's window)."""
+    if text == "null":
+        return text
     parts = urllib.parse.urlsplit(text or "")
     try:
         port_ok = parts.port is None or 0 < parts.port < 65536
@@ -80,9 +85,9 @@ def add_arguments(parser, prog):
         action="append",
         default=[],
         metavar="ORIGIN",
-        help="also answer browser pages of this origin, scheme://host[:port] (repeatable), e.g. "
-        "https://app.foxglove.dev or https://lichtblick-suite.github.io; by default only "
-        f"{prog}'s own pages and non-browser clients",
+        help="also answer browser pages of this origin, scheme://host[:port] or null (repeatable), e.g. "
+        "https://app.foxglove.dev; by default only "
+        f"{prog}'s own pages and clients that send no Origin; a refused origin is named in the log",
     )
     parser.add_argument(
         "--no-auth",
