@@ -92,14 +92,14 @@ class Guard:
     def report(self) -> dict:
         return {"open": len(self.conns), "limit": self.limit, **self.counts}
 
-    def _prune(self):
+    def prune(self):
         for transport in [t for t in self.conns if t.is_closing()]:
             del self.conns[transport]
 
     def full(self) -> bool:
         if len(self.conns) + self.connecting < self.limit:
             return False
-        self._prune()
+        self.prune()
         return len(self.conns) + self.connecting >= self.limit
 
     def close_oldest_idle(self, grace=GRACE_S) -> bool:
@@ -256,7 +256,7 @@ class GuardedSite(web.BaseSite):
                     # the descriptors end below the limit: lower it to what is open now, close a few
                     # idle connections (their descriptors are free on the next turn of the loop)
                     guard = self.guard
-                    guard._prune()
+                    guard.prune()
                     guard.limit = max(4, min(guard.limit, len(guard.conns) + guard.connecting - EMFILE_MARGIN))
                     freed = sum(guard.close_oldest_idle(grace=0) for _ in range(EMFILE_MARGIN))
                     self._say_once(
