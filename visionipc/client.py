@@ -4,7 +4,7 @@ import time
 import types
 
 from msgq._shared import INT32_MAX, INT32_MIN, Closeable, check_timeout_ms, disown_in_forked_child
-from msgq.errors import ClosedError, IpcError, IpcTypeError
+from msgq.errors import ClosedError, InvalidArgumentError, IpcError, IpcTypeError
 from visionipc import _visionipc
 from visionipc._streams import run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
@@ -37,14 +37,24 @@ class VisionIpcClient(Closeable):
     ``connect(True)`` waits for a missing server but raises
     :class:`msgq.IpcError` with that reason when a running server keeps
     refusing. A forked child cannot use an inherited client (ClosedError).
+
+    ``cuda=True`` (or a device ordinal; ``pip install 'visionipc[cuda]'``) registers
+    the mapped pool with the CUDA runtime, so ``frame.to_device()`` copies a frame
+    into GPU memory at the link's speed (see :mod:`visionipc.cuda`). Without a
+    driver or a device it raises :class:`visionipc.cuda.CudaUnavailableError`.
     """
 
-    def __init__(self, name, stream, conflate=False, context=None, trusted_uids=()):
+    def __init__(self, name, stream, conflate=False, context=None, trusted_uids=(), cuda=False):
         if context is not None:
-            raise IpcTypeError("OpenCL contexts are not supported; pass context=None")
+            raise IpcTypeError("OpenCL contexts are not supported; pass context=None (GPU frames: cuda=True)")
         self.name = server_name(name)
         self.stream = stream
         self._key = stream_key(stream)
+        self._cuda = None  # a visionipc.cuda CudaLink with cuda=True
+        if cuda is not False:
+            from visionipc.cuda.link import CudaLink
+
+            self._cuda = CudaLink(cuda)
         self._native = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
@@ -64,6 +74,8 @@ class VisionIpcClient(Closeable):
         return self._native
 
     def _forget_after_fork(self):
+        if self._cuda is not None:
+            self._cuda.forget()
         native, self._native = self._native, None
         self._epoch, self._views, self._last, self._leased = None, None, None, None
         if native is not None:
@@ -99,6 +111,8 @@ class VisionIpcClient(Closeable):
         native = self._native
         if native is None:
             native = self._client()  # raises ClosedError
+        if self._cuda is not None and self._cuda.inflight:
+            self._cuda.finish()  # the lease this receive drops outlives the copies from its buffer
         last = self._last
         if last is not None:
             last._views.prepare()
@@ -130,6 +144,8 @@ class VisionIpcClient(Closeable):
         (frames already handed out keep theirs alive)."""
         self._epoch = epoch
         self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
+        if self._cuda is not None and native.count:
+            self._cuda.pin(native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
 
     # LeasingOwner: whether a frame is intact, and the read lease of `with frame:`
     def frame_valid(self, buf) -> bool:
@@ -145,8 +161,33 @@ class VisionIpcClient(Closeable):
 
     def release_frame(self, buf) -> None:
         if self._native is not None and self._leases(buf):
+            if self._cuda is not None:
+                self._cuda.finish()
             self._native.release_lease()
             self._leased = None
+
+    # visionipc.cuda (cuda=True)
+    def cuda_host_device(self, buf):
+        """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
+        link = self._cuda
+        if link is None:
+            return None
+        return 0 if link.pinned(buf.as_array().ctypes.data, len(buf)) else None
+
+    def frame_to_device(self, buf, out=None, stream=None):
+        """``buf.to_device()``: lease the frame (if this client does not already), then
+        copy it into device memory; the lease stays until the copy has completed."""
+        link = self._cuda
+        if link is None:
+            raise InvalidArgumentError("to_device() needs a client made with VisionIpcClient(..., cuda=True)")
+        self._client()  # ClosedError
+        if not self._leases(buf):
+            self.hold_frame(buf)
+            if not self._leases(buf):
+                raise IpcError(
+                    f"frame {buf.frame_id} is no longer in its buffer (the server reused it): copy a newer frame"
+                )
+        return link.copy_to_device(buf, out, stream)
 
     def _geometry(self, field):
         native = self._native
@@ -174,6 +215,8 @@ class VisionIpcClient(Closeable):
 
     def close(self):
         """Drop the lease and the connection (frames already received stay readable)."""
+        if self._native is not None and self._cuda is not None:
+            self._cuda.close()  # copies finish and pages unregister before the lease and the mapping go
         native, self._native = self._native, None
         # Drop what maps the pool (frames handed out keep their own views); the last
         # frame's numbers stay readable through the reference's properties.

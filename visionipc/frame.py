@@ -89,6 +89,23 @@ def _shaped(flat: np.ndarray, g: Geometry) -> np.ndarray:
     return np.ndarray((h, w), dtype=dtype, buffer=flat, strides=(s, info.bytes_per_pixel))
 
 
+def plane(g: Geometry, which: str):
+    """``(offset, shape, byte strides)`` of plane ``which`` ("Y", "UV", "U", "V") of a
+    frame laid out as ``g``, uint8 (host frames and visionipc.cuda's device frames)."""
+    if not g.info.yuv420:
+        raise InvalidArgumentError(f"{g.format} frames have no {which} plane")
+    if which == "Y":
+        return 0, (g.height, g.width), (g.stride, 1)
+    if which == "UV":
+        if g.format == "i420":
+            raise InvalidArgumentError("i420 frames have separate .u and .v planes")
+        return g.uv_offset, (g.height // 2, g.width // 2, 2), (g.stride, 2, 1)
+    if g.format != "i420":
+        raise InvalidArgumentError(f"only i420 frames have a separate {which} plane")
+    cs, ch = g.stride // 2, g.height // 2
+    return g.uv_offset + (cs * ch if which == "V" else 0), (ch, g.width // 2), (cs, 1)
+
+
 class ViewCache:
     """The views of each buffer of one mapping (a pool, a ring of slots), made on
     first use and shared by every VisionBuf of that buffer. Drop it when the
@@ -200,35 +217,14 @@ class VisionBuf(_visionipc.Frame):
         """The whole buffer as a flat uint8 numpy array (what ``.data`` was before it became a memoryview)."""
         return self._views.flat.view()
 
-    def _plane(self, offset, shape, strides, dtype=np.uint8):
-        return np.ndarray(shape, dtype=dtype, buffer=self._views.flat, offset=offset, strides=strides)
+    def _plane(self, which):
+        offset, shape, strides = plane(self._geometry, which)
+        return np.ndarray(shape, dtype=np.uint8, buffer=self._views.flat, offset=offset, strides=strides)
 
-    def _yuv(self, what):
-        if not self._geometry.info.yuv420:
-            raise InvalidArgumentError(f"{self.format} frames have no {what} plane")
-
-    @property
-    def y(self) -> np.ndarray:
-        self._yuv("Y")
-        return self._plane(0, (self.height, self.width), (self.stride, 1))
-
-    @property
-    def uv(self) -> np.ndarray:
-        """NV12 interleaved chroma, ``(height//2, width//2, 2)``."""
-        self._yuv("UV")
-        if self.format == "i420":
-            raise InvalidArgumentError("i420 frames have separate .u and .v planes")
-        return self._plane(self.uv_offset, (self.height // 2, self.width // 2, 2), (self.stride, 2, 1))
-
-    def _i420(self, which):
-        if self.format != "i420":
-            raise InvalidArgumentError(f"only i420 frames have a separate {which} plane")
-        cs, ch = self.stride // 2, self.height // 2
-        offset = self.uv_offset + (cs * ch if which == "V" else 0)
-        return self._plane(offset, (ch, self.width // 2), (cs, 1))
-
-    u = property(lambda self: self._i420("U"))
-    v = property(lambda self: self._i420("V"))
+    y = property(lambda self: self._plane("Y"), doc="The luma plane, ``(height, width)``.")
+    uv = property(lambda self: self._plane("UV"), doc="NV12 interleaved chroma, ``(height//2, width//2, 2)``.")
+    u = property(lambda self: self._plane("U"), doc="I420 U, ``(height//2, width//2)``.")
+    v = property(lambda self: self._plane("V"), doc="I420 V, ``(height//2, width//2)``.")
 
     def to_bgr(self) -> np.ndarray:
         """A new (h, w, 3) BGR image, converted by OpenCV (``pip install visionipc[cv]``)."""
@@ -251,6 +247,39 @@ class VisionBuf(_visionipc.Frame):
             return cv2.cvtColor(self.array, cv2.COLOR_GRAY2BGR)
         gray = (self.array >> 8).astype(np.uint8)  # raw16: the high byte, as a preview
         return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+
+    # GPU (visionipc.cuda) and DLPack
+    def to_device(self, out=None, stream=None):
+        """An asynchronous copy of this frame into GPU memory, as a
+        :class:`visionipc.cuda.DeviceFrame` (a client made with ``cuda=True``).
+        ``out``: a device buffer of yours to fill (anything with
+        ``__cuda_array_interface__``), so nothing is allocated; ``stream``: the CUDA
+        stream to copy on (default: the client's own). The frame's read lease is
+        held until the copy has completed on the device."""
+        to_device = getattr(self._owner, "frame_to_device", None)
+        if to_device is None:
+            raise InvalidArgumentError("to_device() needs a frame of a VisionIpcClient made with cuda=True")
+        return to_device(self, out, stream)
+
+    def __dlpack_device__(self):
+        """DLPack's CPU (1, 0), or CUDA-host (3, 0) when the pool is registered with CUDA."""
+        registered = getattr(self._owner, "cuda_host_device", None)
+        return (1, 0) if registered is None or registered(self) is None else (3, 0)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        """``numpy.from_dlpack(frame)`` / ``torch.from_dlpack(frame)``: ``.array``'s bytes
+        without a copy (the pool stays mapped while the result lives)."""
+        array = self.array
+        if copy:
+            raise BufferError("a VisionBuf is exported without copying (copy=True is not supported)")
+        if self.__dlpack_device__()[0] == 1:
+            if max_version is None and dl_device is None and copy is None:
+                return array.__dlpack__(stream=stream)
+            return array.__dlpack__(stream=stream, max_version=max_version, dl_device=dl_device, copy=copy)
+        item = array.dtype.itemsize
+        return _visionipc.dlpack_capsule(
+            array, array.ctypes.data, list(array.shape), [s // item for s in array.strides], 1, item * 8, 3, 0
+        )
 
     # read lease for a block
     def __enter__(self):

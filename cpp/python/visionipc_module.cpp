@@ -4,6 +4,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <unistd.h>
+
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -11,6 +14,7 @@
 #include "common/clock.h"
 #include "common/frame_copy.h"
 #include "python/bindings.h"
+#include "python/dlpack.h"
 #include "python/fastcall.h"
 #include "python/frame_object.h"
 #include "visionipc/client.h"
@@ -174,6 +178,18 @@ vipc::visionipc::Format parse(const std::string& name) {
   return f;
 }
 
+// (address, length) of the whole pages from the first buffer's start to the
+// last buffer's end, within `pool`'s mapping (what visionipc.cuda registers).
+py::tuple buffers_span(const std::shared_ptr<vipc::visionipc::Mapping>& pool, const uint8_t* first, const uint8_t* last,
+                       uint64_t size) {
+  if (!pool) vipc::common::fail(vipc::common::ErrorKind::kClosed, "no pool is mapped (not connected)");
+  const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto base = reinterpret_cast<uintptr_t>(pool->data());
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(first) & ~(page - 1);
+  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(last) + size + page - 1) & ~(page - 1), base + pool->size());
+  return py::make_tuple(begin, end - begin);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_visionipc, m) {
@@ -195,6 +211,9 @@ PYBIND11_MODULE(_visionipc, m) {
   m.attr("FORMAT_TABLE") = py::tuple(formats);
   m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::visionipc::make_geometry(parse(format), w, h)); });
   m.def("endpoint_name", &vipc::visionipc::endpoint_name);
+  m.def("dlpack_capsule", &vipc::python::dlpack_capsule, py::arg("owner"), py::arg("data"), py::arg("shape"),
+        py::arg("strides"), py::arg("type_code"), py::arg("bits"), py::arg("device_type"), py::arg("device_id"),
+        "A DLPack 'dltensor' capsule over memory `owner` keeps alive (strides in elements).");
 
   vipc::python::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
 
@@ -222,6 +241,10 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("view",
            [](const Server& s, const std::string& stream, uint32_t index) {
              return View{s.pool(stream), s.buffer(stream, index), s.geometry(stream).size, false};
+           })
+      .def("buffers_span",
+           [](const Server& s, const std::string& stream) {
+             return buffers_span(s.pool(stream), s.buffer(stream, 0), s.buffer(stream, s.count(stream) - 1), s.geometry(stream).size);
            })
       .def("start_listener", &Server::start_listener)
       .def("close", [](Server& s) {
@@ -267,6 +290,12 @@ PYBIND11_MODULE(_visionipc, m) {
              return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, false};
            })
       .def("geometry", [](const Client& c) { return geometry_tuple(c.geometry()); })
+      .def("buffers_span",
+           [](const Client& c) {
+             if (c.count() == 0) vipc::common::fail(vipc::common::ErrorKind::kClosed, "no pool is mapped (not connected)");
+             return buffers_span(c.pool(), c.buffer(0), c.buffer(c.count() - 1), c.geometry().size);
+           },
+           "(address, length): the whole pages holding every buffer of the mapped pool (to register with CUDA)")
       .def_property_readonly("count", &Client::count)
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)

@@ -1,0 +1,456 @@
+"""visionipc.cuda and DLPack (issue 32).
+
+Everywhere: host frames through DLPack (numpy, without a copy); without a CUDA
+device, ``cuda=True`` is one clear refusal and the client still works; the lease
+bookkeeping of ``to_device`` with the copy's completion played by a stand-in
+runtime (only where no device exists: on a GPU machine the real tests below
+cover it). Marked ``cuda``: the real thing on a device (``pytest -m cuda``;
+``tools/gpu_check.sh`` runs them), skipped elsewhere with the reason "no CUDA device".
+"""
+
+import ctypes
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+from vipc_helpers import stamp, stamp_problem
+
+from msgq.errors import ClosedError, InvalidArgumentError, IpcError
+from visionipc import VisionIpcClient, VisionIpcServer, cuda
+from visionipc.cuda import _runtime
+
+HAVE_DEVICE = cuda.available()
+needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device")
+no_device = pytest.mark.skipif(HAVE_DEVICE, reason="a CUDA device is present: the real tests run instead")
+FORMATS = ("nv12", "i420", "gray8", "rgb8", "raw16")
+
+
+@pytest.fixture
+def served():
+    """served(fmt, count, w, h, cuda) -> (server, connected client); closed afterwards."""
+    made = []
+
+    def make(fmt="nv12", count=4, width=64, height=48, cuda=False, name="gpu"):
+        server = VisionIpcServer(name)
+        server.create_buffers("road", count, width, height, fmt)
+        server.start_listener()
+        client = VisionIpcClient(name, "road", False, cuda=cuda)
+        made.append((server, client))
+        assert client.connect(False)
+        return server, client
+
+    yield make
+    for server, client in made:
+        client.close()
+        server.close()
+
+
+def publish(server, frame_id):
+    buf = server.get_buffer("road")
+    stamp(buf.data, frame_id)
+    server.send(buf, frame_id, frame_id * 10, frame_id * 10 + 1)
+    return buf
+
+
+# ------------------------------------------------------------------ host DLPack (everywhere)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_numpy_from_dlpack_shares_the_pool_without_a_copy(served, fmt):
+    server, client = served(fmt)
+    publish(server, 7)
+    frame = client.recv(1000)
+    assert frame.__dlpack_device__() == (1, 0)  # CPU: the pool is not registered with CUDA
+    seen = np.from_dlpack(frame)
+    assert seen.shape == frame.array.shape and seen.dtype == frame.array.dtype
+    assert np.shares_memory(seen, frame.array)
+    buf = server.get_buffer("road")  # the server writes another buffer; ours is leased
+    stamp(buf.data, 8)
+    assert stamp_problem(frame.data, 7) is None
+    frame.data[8] = 99  # a write through the pool shows in the DLPack view: one set of bytes
+    assert seen.reshape(-1).view(np.uint8)[8] == 99 if fmt != "raw16" else seen.view(np.uint8).reshape(-1)[8] == 99
+
+
+def test_a_dlpack_view_keeps_the_pool_mapped_after_the_client_and_server_close(served):
+    server, client = served("gray8")
+    publish(server, 3)
+    seen = np.from_dlpack(client.recv(1000))
+    client.close()
+    server.close()
+    assert stamp_problem(seen.reshape(-1), 3) is None  # still mapped: no crash, the same bytes
+
+
+def test_to_device_without_cuda_is_a_clear_refusal(served):
+    server, client = served()
+    publish(server, 1)
+    with pytest.raises(InvalidArgumentError, match=r"cuda=True"):
+        client.recv(1000).to_device()
+
+
+# ------------------------------------------------------------------ refusals without a device
+
+
+@no_device
+def test_cuda_true_without_a_device_says_so_in_one_line_and_cuda_false_still_works(served):
+    with pytest.raises(cuda.CudaUnavailableError) as info:
+        VisionIpcClient("gpu", "road", False, cuda=True)
+    message = str(info.value)
+    assert "CUDA is unavailable" in message and "\n" not in message
+    assert isinstance(info.value, IpcError)
+    server, client = served(cuda=False)
+    publish(server, 5)
+    assert stamp_problem(client.recv(1000).data, 5) is None
+    assert cuda.available() is False
+
+
+def test_without_cuda_bindings_the_refusal_names_the_extra():
+    code = (
+        "import sys; sys.modules['cuda'] = None\n"
+        "from visionipc import VisionIpcClient, cuda\n"
+        "try:\n"
+        "    VisionIpcClient('x', 'road', cuda=True)\n"
+        "except cuda.CudaUnavailableError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install 'visionipc[cuda]'" in out.stdout
+
+
+@pytest.mark.parametrize("bad", ["0", 1.5, None])
+def test_a_cuda_argument_that_is_not_a_device_is_refused(bad):
+    with pytest.raises((InvalidArgumentError, cuda.CudaUnavailableError)):
+        _runtime.resolve_device(_FakeRuntime(), bad)
+
+
+def test_a_device_ordinal_out_of_range_is_refused():
+    with pytest.raises(InvalidArgumentError, match=r"CUDA device 3 does not exist \(this machine has 1: 0..0\)"):
+        _runtime.resolve_device(_FakeRuntime(), 3)
+
+
+# ------------------------------------------------------------------ lease bookkeeping (stand-in runtime)
+
+
+class _FakeRuntime:
+    """The CUDA runtime's calls as visionipc.cuda makes them, on the CPU: "device
+    memory" is numpy arrays, a copy happens when its event is completed (by the
+    test, or by event_sync), and every call is logged."""
+
+    def __init__(self):
+        self.calls, self.registered, self.memory = [], {}, {}
+        self.pending = {}  # event -> [copies recorded on it]
+        self.queued = []  # copies submitted, not yet bound to an event
+        self.next_handle = 1000
+        self.lock = threading.Lock()
+
+    def _handle(self):
+        self.next_handle += 16
+        return self.next_handle
+
+    def device_count(self):
+        return 1
+
+    def set_device(self, device):
+        self.calls.append(("set_device", device))
+
+    def pointer_device(self, ptr):
+        return 0 if any(base <= ptr < base + a.nbytes for base, a in self.memory.items()) else None
+
+    def host_register(self, ptr, size, read_only=False):
+        assert ptr not in self.registered, "registered twice"
+        assert ptr % os.sysconf("SC_PAGESIZE") == 0
+        self.registered[ptr] = size
+        self.calls.append(("register", ptr, size))
+
+    def host_unregister(self, ptr):
+        del self.registered[ptr]
+        self.calls.append(("unregister", ptr))
+
+    def malloc(self, size):
+        a = np.zeros(size, np.uint8)
+        self.memory[a.ctypes.data] = a
+        self.calls.append(("malloc", size))
+        return a.ctypes.data
+
+    def free(self, ptr):  # cudaFree waits for the device, so pending copies land first
+        for event in list(self.pending):
+            self.complete(event)
+        self.memory.pop(ptr, None)
+
+    def stream_create(self):
+        return self._handle()
+
+    def stream_destroy(self, stream):
+        self.calls.append(("stream_destroy", stream))
+
+    def event_create(self):
+        return self._handle()
+
+    def event_destroy(self, event):
+        self.calls.append(("event_destroy", event))
+
+    def memcpy_async(self, dst, src, size, kind, stream):
+        assert kind == _runtime.HOST_TO_DEVICE
+        assert any(base <= src and src + size <= base + n for base, n in self.registered.items()), "pageable source"
+        self.queued.append((dst, src, size))
+
+    def event_record(self, event, stream):
+        with self.lock:
+            self.pending.setdefault(event, []).extend(self.queued)
+            self.queued = []
+
+    def complete(self, event):
+        """The device finishes the copies of ``event``: the bytes land now."""
+        with self.lock:
+            for dst, src, size in self.pending.pop(event, []):
+                target = next(a for base, a in self.memory.items() if base <= dst < base + a.nbytes)
+                offset = dst - target.ctypes.data
+                target[offset : offset + size] = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(src))
+
+    def event_done(self, event):
+        return event not in self.pending
+
+    def event_sync(self, event):
+        self.calls.append(("event_sync", event))
+        self.complete(event)
+
+    def stream_wait_event(self, stream, event):
+        self.calls.append(("stream_wait_event", stream, event))
+
+
+@pytest.fixture
+def fake_runtime(monkeypatch):
+    if HAVE_DEVICE:
+        pytest.skip("a CUDA device is present: the real tests run instead")
+    fake = _FakeRuntime()
+    monkeypatch.setattr(_runtime, "runtime", lambda: fake)
+    return fake
+
+
+def _device_bytes(fake, device_frame):
+    base = next(b for b, a in fake.memory.items() if b <= device_frame.ptr < b + a.nbytes)
+    return fake.memory[base][device_frame.ptr - base :]
+
+
+@no_device
+def test_the_pool_is_registered_once_per_mapping_and_unregistered_before_it_goes(served, fake_runtime):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    frame = client.recv(1000)
+    registered = [c for c in fake_runtime.calls if c[0] == "register"]
+    assert len(registered) == 1
+    address, length = registered[0][1:]
+    assert address <= frame.as_array().ctypes.data and frame.as_array().ctypes.data + len(frame) <= address + length
+    assert frame.__dlpack_device__() == (3, 0)  # CUDA-host: a kernel may read it over the link
+    assert np.shares_memory(np.from_dlpack(frame), frame.array)
+    for i in range(2, 6):
+        publish(server, i)
+        client.recv(1000)
+    assert len([c for c in fake_runtime.calls if c[0] == "register"]) == 1
+    client.close()
+    assert fake_runtime.registered == {}
+    assert ("unregister", address) in fake_runtime.calls
+
+
+@no_device
+def test_a_restarted_servers_pool_is_registered_and_the_old_one_unregistered(served, fake_runtime):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    client.recv(1000)
+    server.close()
+    again = VisionIpcServer("gpu")
+    again.create_buffers("road", 4, 64, 48)
+    again.start_listener()
+    try:
+        deadline = time.monotonic() + 10
+        frame = None
+        while frame is None or frame.frame_id != 9:
+            assert time.monotonic() < deadline, "the client never picked the restarted server up"
+            publish(again, 9)
+            frame = client.recv(100)
+        kinds = [c[0] for c in fake_runtime.calls if c[0] in ("register", "unregister")]
+        assert kinds == ["register", "unregister", "register"]
+        assert len(fake_runtime.registered) == 1
+    finally:
+        client.close()
+        again.close()
+
+
+@no_device
+def test_the_read_lease_is_held_until_the_copy_has_completed(served, fake_runtime):
+    server, client = served(count=3, cuda=True)
+    publish(server, 1)
+    frame = client.recv(1000)
+    dev = frame.to_device()
+    assert not dev.ready
+    assert dev.shape == frame.array.shape and dev.frame_id == 1 and dev.timestamp_sof == 10
+    # While the copy is in flight the server never hands out the frame's buffer...
+    for i in range(2, 8):
+        buf = server.get_buffer("road")
+        assert buf.idx != frame.idx
+        stamp(buf.data, i)
+        server.send(buf, i, 0, 0)
+    # ...and the next receive, which drops the lease, first waits for the copy.
+    done = threading.Timer(0.3, lambda: fake_runtime.complete(dev._event.handle))
+    done.start()
+    started = time.monotonic()
+    client.recv(1000)
+    assert time.monotonic() - started >= 0.25 or dev.ready
+    done.join()
+    assert dev.ready
+    assert stamp_problem(_device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
+
+
+@no_device
+def test_the_end_of_a_with_block_waits_for_the_copy_before_releasing(served, fake_runtime):
+    server, client = served(count=3, cuda=True)
+    publish(server, 1)
+    with client.recv(1000) as frame:
+        dev = frame.to_device()
+    assert any(c[0] == "event_sync" for c in fake_runtime.calls)
+    assert dev.ready and stamp_problem(_device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
+
+
+@no_device
+def test_out_reuses_a_callers_device_buffer_and_is_checked(served, fake_runtime):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    frame = client.recv(1000)
+    mine = fake_runtime.malloc(len(frame))
+    mallocs = sum(c[0] == "malloc" for c in fake_runtime.calls)
+
+    class Out:
+        def __init__(self, ptr, n, strides=None, readonly=False):
+            self.__cuda_array_interface__ = {
+                "shape": (n,), "typestr": "|u1", "data": (ptr, readonly), "version": 3, "strides": strides,
+            }  # fmt: skip
+
+    dev = frame.to_device(out=Out(mine, len(frame)))
+    assert dev.ptr == mine and sum(c[0] == "malloc" for c in fake_runtime.calls) == mallocs  # nothing allocated
+    dev.synchronize()
+    assert stamp_problem(fake_runtime.memory[mine][: len(frame)], 1) is None
+    with pytest.raises(InvalidArgumentError, match="holds 10 bytes"):
+        frame.to_device(out=Out(mine, 10))
+    with pytest.raises(InvalidArgumentError, match="read-only"):
+        frame.to_device(out=Out(mine, len(frame), readonly=True))
+    with pytest.raises(InvalidArgumentError, match="host memory"):
+        frame.to_device(out=Out(frame.as_array().ctypes.data, len(frame)))
+    with pytest.raises(InvalidArgumentError, match="__cuda_array_interface__"):
+        frame.to_device(out=np.zeros(len(frame), np.uint8))
+
+
+@no_device
+def test_device_frames_speak_both_protocols_with_plane_views(served, fake_runtime):
+    server, client = served("nv12", cuda=True)
+    publish(server, 1)
+    dev = client.recv(1000).to_device(stream=77)
+    cai = dev.__cuda_array_interface__
+    assert cai["shape"] == (72, 64) and cai["typestr"] == "|u1" and cai["stream"] == 77 and cai["version"] == 3
+    assert dev.__dlpack_device__() == (2, 0)
+    dev.__dlpack__(stream=5)
+    assert ("stream_wait_event", 5, dev._event.handle) in fake_runtime.calls  # the consumer's stream waits
+    y, uv = dev.y, dev.uv
+    assert y.shape == (48, 64) and uv.shape == (24, 32, 2) and uv.ptr == dev.ptr + dev.geometry.uv_offset
+    with pytest.raises(InvalidArgumentError):
+        dev.u  # noqa: B018 - the property raises
+
+
+@no_device
+def test_a_frame_whose_buffer_was_reused_is_not_copied(served, fake_runtime):
+    server, client = served(count=2, cuda=True)
+    publish(server, 1)
+    old = client.recv(1000)
+    for i in range(2, 6):
+        publish(server, i)
+        client.recv(1000)
+    with pytest.raises(IpcError, match="no longer in its buffer"):
+        old.to_device()
+
+
+@no_device
+def test_close_finishes_copies_and_frees_the_stream_and_events(served, fake_runtime):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    dev = client.recv(1000).to_device()
+    client.close()
+    assert dev.ready  # close waited for it
+    kinds = [c[0] for c in fake_runtime.calls]
+    assert kinds.index("event_sync") < kinds.index("unregister") < kinds.index("stream_destroy")
+    with pytest.raises(ClosedError):
+        client.recv(10)
+
+
+@no_device
+def test_a_forked_child_never_touches_the_parents_registration(served, fake_runtime):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    client.recv(1000)
+    before = list(fake_runtime.calls)
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 0
+        try:
+            client.close()  # inherited: forgotten, no CUDA call
+            code = 0 if fake_runtime.calls == before else 3
+        except BaseException:  # noqa: BLE001
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.WEXITSTATUS(status) == 0
+    assert fake_runtime.registered  # the parent's registration stands
+
+
+# ------------------------------------------------------------------ on a device (pytest -m cuda)
+
+
+def _device_array_module():
+    for name in ("cupy", "torch"):
+        try:
+            return __import__(name)
+        except ImportError:
+            continue
+    pytest.skip("neither CuPy nor PyTorch is installed to read device memory")
+
+
+def _to_host(xp, dev):
+    if xp.__name__ == "cupy":
+        return xp.asnumpy(xp.asarray(dev)).reshape(-1).view(np.uint8)
+    return xp.from_dlpack(dev).cpu().numpy().reshape(-1).view(np.uint8)
+
+
+@pytest.mark.cuda
+@needs_device
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_device_frames_hold_exactly_what_the_producer_wrote(served, fmt):
+    xp = _device_array_module()
+    server, client = served(fmt, width=640, height=480, cuda=True)
+    for i in range(1, 20):
+        publish(server, i)
+        dev = client.recv(1000).to_device()
+        dev.synchronize()
+        assert stamp_problem(_to_host(xp, dev)[: dev.geometry.size], i) is None
+
+
+@pytest.mark.cuda
+@needs_device
+def test_out_allocates_nothing_per_frame_and_registration_survives_a_restart(served):
+    xp = _device_array_module()
+    server, client = served(width=1920, height=1080, cuda=True)
+    publish(server, 1)
+    frame = client.recv(1000)
+    out = (
+        xp.empty(len(frame), dtype=xp.uint8)
+        if xp.__name__ == "cupy"
+        else xp.empty(len(frame), dtype=xp.uint8, device="cuda")
+    )
+    for i in range(2, 50):
+        publish(server, i)
+        dev = client.recv(1000).to_device(out=out)
+        assert dev.ptr == (out.data.ptr if xp.__name__ == "cupy" else out.data_ptr())
+    dev.synchronize()
+    assert stamp_problem(_to_host(xp, dev)[: len(frame)], 49) is None
+    assert frame.__dlpack_device__() == (3, 0)

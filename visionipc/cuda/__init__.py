@@ -1,0 +1,36 @@
+"""Frames on the GPU (``pip install 'visionipc[cuda]'``: NVIDIA's ``cuda-bindings``,
+no framework needed; PyTorch, CuPy, JAX and Numba read the results through DLPack
+and ``__cuda_array_interface__``).
+
+- ``VisionIpcClient(name, stream, conflate, cuda=True)`` (or ``cuda=<device
+  ordinal>``) registers the mapped pool's pages with the CUDA runtime, so
+  ``frame.to_device(out=None, stream=None)`` copies a frame into device memory
+  straight from the pool at the link's speed, asynchronously, and returns a
+  :class:`DeviceFrame`. The frame's read lease is held until that copy has
+  completed on the device.
+- Host frames speak DLPack too: ``numpy.from_dlpack(frame)``,
+  ``torch.from_dlpack(frame)`` share the pool's bytes (device type CPU, or
+  CUDA-host once the pool is registered, so a kernel can read them over the link).
+
+Without a driver or a device, ``cuda=True`` raises :class:`CudaUnavailableError`
+saying so; the client works as before with ``cuda=False``.
+"""
+
+from visionipc.cuda._runtime import CudaError, CudaUnavailableError, runtime
+from visionipc.cuda.device_frame import DeviceArray, DeviceFrame
+
+
+def device_count() -> int:
+    """CUDA devices present (CudaUnavailableError without cuda-bindings or a driver)."""
+    return runtime().device_count()
+
+
+def available() -> bool:
+    """Whether ``cuda=True`` can work here (cuda-bindings, a driver and a device)."""
+    try:
+        return device_count() > 0
+    except CudaError:
+        return False
+
+
+__all__ = ["CudaError", "CudaUnavailableError", "DeviceArray", "DeviceFrame", "available", "device_count"]

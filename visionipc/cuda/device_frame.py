@@ -1,0 +1,177 @@
+"""DeviceFrame: a frame in GPU memory, readable by any CUDA framework without a copy.
+
+It speaks both interchange protocols: ``__cuda_array_interface__`` (CuPy, Numba,
+PyTorch's ``torch.as_tensor``) and DLPack (``torch.from_dlpack``,
+``cupy.from_dlpack``, ``jax.dlpack.from_dlpack``). The copy that fills it is
+asynchronous; both protocols tell the consumer how to wait for it: the array
+interface names the copy's stream, and ``__dlpack__(stream=S)`` makes the
+consumer's stream S wait for the copy's event (no host synchronisation at all).
+``synchronize()`` waits on the host; ``ready`` asks without waiting.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+
+from msgq.errors import InvalidArgumentError
+from visionipc import _visionipc
+from visionipc.frame import plane
+
+KDL_CUDA = 2
+_TYPE_CODES = {"u": 1, "i": 0, "f": 2}
+_DEFAULT_STREAM = 1  # cudaStreamLegacy: what a consumer means by "no stream" (DLPack, array interface)
+
+
+class DeviceArray:
+    """Device memory at ``ptr`` seen as an array (``shape``, byte ``strides``, ``dtype``)
+    on device ``device``; ``owner`` keeps the memory alive; ``event``/``stream``: the
+    copy that fills it (the event completes when the bytes are there)."""
+
+    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "_owner", "_event", "_stream", "_runtime", "__weakref__")
+
+    def __init__(self, ptr, shape, strides, dtype, device, owner, event, stream, runtime):
+        self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
+        self.dtype, self.device = np.dtype(dtype), int(device)
+        self._owner, self._event, self._stream, self._runtime = owner, event, stream, runtime
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.dtype.itemsize
+
+    @property
+    def ready(self) -> bool:
+        """True once the copy that fills it has completed on the device."""
+        event = self._event
+        return event is None or event.handle is None or self._runtime.event_done(event.handle)
+
+    def synchronize(self) -> None:
+        """Wait (on the host) until the copy that fills it has completed."""
+        event = self._event
+        if event is not None and event.handle is not None:
+            self._runtime.event_sync(event.handle)
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {
+            "shape": self.shape,
+            "typestr": self.dtype.str,
+            "data": (self.ptr, False),
+            "version": 3,
+            "strides": self.strides,
+            "stream": self._stream if self._stream else None,
+        }
+
+    def __dlpack_device__(self):
+        return (KDL_CUDA, self.device)
+
+    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+        if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
+            raise BufferError(f"a DeviceFrame lives on CUDA device {self.device}; copy it to {dl_device} yourself")
+        if copy:
+            raise BufferError("a DeviceFrame is exported without copying (copy=True is not supported)")
+        event = self._event
+        if event is not None and event.handle is not None and stream != -1:
+            self._runtime.stream_wait_event(_DEFAULT_STREAM if stream is None else int(stream), event.handle)
+        item = self.dtype.itemsize
+        return _visionipc.dlpack_capsule(
+            self,
+            self.ptr,
+            list(self.shape),
+            [s // item for s in self.strides],
+            _TYPE_CODES[self.dtype.kind],
+            item * 8,
+            KDL_CUDA,
+            self.device,
+        )
+
+    def _view(self, offset, shape, strides, dtype=None):
+        return DeviceArray(
+            self.ptr + offset, shape, strides, dtype or self.dtype, self.device, self, self._event, self._stream,
+            self._runtime,
+        )  # fmt: skip
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.shape} {self.dtype} on cuda:{self.device}>"
+
+
+class DeviceFrame(DeviceArray):
+    """A VisionIPC frame copied into device memory (``VisionBuf.to_device``): the host
+    frame's shape and strides, its plane views (``.y``, ``.uv``, ``.u``, ``.v``, device
+    arrays too), ``frame_id``, the timestamps, ``format``, ``width``, ``height``, ``stride``."""
+
+    __slots__ = ("geometry", "frame_id", "timestamp_sof", "timestamp_eof", "timestamp_publish", "timestamp_recv")
+
+    def __init__(self, ptr, host_array, geometry, device, owner, event, stream, runtime, meta):
+        shape, strides, dtype = host_array.shape, host_array.strides, host_array.dtype
+        super().__init__(ptr, shape, strides, dtype, device, owner, event, stream, runtime)
+        self.geometry = geometry
+        self.frame_id, self.timestamp_sof, self.timestamp_eof, self.timestamp_publish, self.timestamp_recv = meta
+
+    format = property(lambda self: self.geometry.format)
+    width = property(lambda self: self.geometry.width)
+    height = property(lambda self: self.geometry.height)
+    stride = property(lambda self: self.geometry.stride)
+
+    def _plane(self, which) -> DeviceArray:
+        offset, shape, strides = plane(self.geometry, which)
+        return self._view(offset, shape, strides, np.uint8)
+
+    y = property(lambda self: self._plane("Y"))
+    uv = property(lambda self: self._plane("UV"))
+    u = property(lambda self: self._plane("U"))
+    v = property(lambda self: self._plane("V"))
+
+    def __repr__(self):
+        return f"<DeviceFrame {self.format} {self.width}x{self.height} frame_id={self.frame_id} on cuda:{self.device}>"
+
+
+class DeviceBuffer:
+    """Device memory this library allocated for a DeviceFrame (``to_device()`` without
+    ``out=``): freed when the last array over it goes."""
+
+    def __init__(self, runtime, device, size):
+        runtime.set_device(device)
+        self.ptr = runtime.malloc(size)
+        self.size = size
+        self._finalizer = weakref.finalize(self, _free, runtime, device, self.ptr)
+
+
+def _free(runtime, device, ptr):
+    try:
+        runtime.set_device(device)
+        runtime.free(ptr)
+    except Exception:  # noqa: BLE001 - at exit the driver may be gone already
+        pass
+
+
+def external_buffer(out, size: int, device: int, runtime):
+    """``(pointer, owner)`` of a caller's device buffer (anything with
+    ``__cuda_array_interface__``) that can hold ``size`` contiguous bytes on ``device``."""
+    cai = getattr(out, "__cuda_array_interface__", None)
+    if not isinstance(cai, dict) or "data" not in cai:
+        raise InvalidArgumentError(f"out= must have __cuda_array_interface__ (CuPy, PyTorch, Numba), not {type(out)}")
+    ptr = int(cai["data"][0])
+    if cai["data"][1]:
+        raise InvalidArgumentError("out= is read-only")
+    itemsize = np.dtype(cai["typestr"]).itemsize
+    nbytes = int(np.prod(cai["shape"])) * itemsize
+    strides = cai.get("strides")
+    if strides is not None and tuple(strides) != tuple(_contiguous(cai["shape"], itemsize)):
+        raise InvalidArgumentError("out= must be C-contiguous")
+    if nbytes < size:
+        raise InvalidArgumentError(f"out= holds {nbytes} bytes; this frame needs {size}")
+    where = runtime.pointer_device(ptr)
+    if where != device:
+        place = "host memory" if where is None else f"CUDA device {where}"
+        raise InvalidArgumentError(f"out= is in {place}; this client copies to CUDA device {device}")
+    return ptr, out
+
+
+def _contiguous(shape, itemsize):
+    strides, step = [], itemsize
+    for n in reversed(shape):
+        strides.append(step)
+        step *= n
+    return reversed(strides)
