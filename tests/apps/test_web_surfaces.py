@@ -10,12 +10,18 @@ user nobody got /snapshot/road.jpg (200) and a live subscription; one WebSocket 
 vipc-foxglove write 11,000 lines in 0.65 s with raw escapes and forged lines, and every
 disconnect logged AttributeError: 'Subscriptions' object has no attribute 'on_unsubscribe'."""
 
+import http.client
 import http.server
 import json
 import os
+import re
 import shutil
+import signal
+import socket
+import stat
 import subprocess
 import sys
+import tempfile
 import textwrap
 import threading
 import time
@@ -23,7 +29,7 @@ import time
 import pytest
 from camera_helpers import reap
 from test_view import browser  # noqa: F401  (the headless Chromium fixture)
-from view_helpers import Producer, ViewProcess
+from view_helpers import VIEW, Output, Producer, ViewProcess
 from web_helpers import Foxglove, RawWebSocket
 
 from msgq.testing import unique_name
@@ -309,3 +315,52 @@ def test_hostile_websocket_messages_cost_a_few_escaped_lines_and_disconnects_log
     assert not any(line.startswith("vipc-foxglove: FORGED") for line in fox.err.lines), text
     assert "\\x1b[2J" in text  # what the peer sent is shown, escaped
     assert "Traceback" not in text and "AttributeError" not in text, text
+
+
+UNIX_CONNECT = """
+import socket
+try:
+    socket.socket(socket.AF_UNIX).connect({path!r})
+    print("CONNECTED")
+except OSError as e:
+    print(type(e).__name__)
+"""
+
+
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path):
+        super().__init__("localhost", timeout=10)
+        self.socket_path = path
+
+    def connect(self):
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(self.timeout)
+        self.sock.connect(self.socket_path)
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None, reason="needs root and setpriv (as in CI)")
+def test_vipc_view_on_a_unix_socket_answers_its_owner_without_a_token_and_nobody_else():
+    name = unique_name("cam")
+    folder = tempfile.mkdtemp(prefix="vipc-view-")
+    os.chmod(folder, 0o755)  # anyone may look for the socket: only its own mode keeps them out
+    path = os.path.join(folder, "view.sock")
+    try:
+        with Producer(name, ["road"], 160, 120):
+            proc = subprocess.Popen([VIEW, "--name", name, "--http", f"unix:{path}"], stdout=subprocess.PIPE, text=True)
+            out = Output(proc)
+            try:
+                out.wait_for(rf"serving unix:{re.escape(path)} \(owner only: mode 600")
+                assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+                conn = _UnixHTTP(path)
+                conn.request("GET", "/stats")
+                response = conn.getresponse()
+                assert response.status == 200 and json.loads(response.read())["server"] == name
+                conn.close()
+                refused = _nobody(UNIX_CONNECT.format(path=path))
+                assert refused.strip() == "PermissionError", refused
+            finally:
+                proc.send_signal(signal.SIGINT)
+                assert proc.wait(15) == 0
+        assert not os.path.exists(path)  # removed at exit
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

@@ -19,6 +19,8 @@ examples:
   vipc-view --name camerad --stream road --http :9000
   vipc-view --name camerad --http 0.0.0.0:8080   reachable from other hosts (with the token)
   vipc-view --name camerad --http 0.0.0.0:8080 --allow-host cam.lan   also answer http://cam.lan:8080/
+  vipc-view --name camerad --http unix:$XDG_RUNTIME_DIR/view.sock      a socket file only you can open
+                                                 (no token; curl --unix-socket PATH http://localhost/stats)
   curl -o road.jpg 'http://127.0.0.1:8080/snapshot/road.jpg?token=TOKEN'
   curl -H 'Authorization: Bearer TOKEN' http://127.0.0.1:8080/stats
 
@@ -40,7 +42,12 @@ must come within 10 s. Ctrl-C (SIGINT) or SIGTERM stops it.
 
 
 def parse_http(text: str):
-    """``PORT``, ``:PORT``, ``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); host defaults to 127.0.0.1."""
+    """``PORT``, ``:PORT``, ``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); host defaults to 127.0.0.1.
+    ``unix:PATH`` -> ("unix", PATH): a Unix-domain socket."""
+    if text.startswith("unix:"):
+        if len(text) == 5 or "\0" in text:
+            raise ValueError(f"--http unix: wants a socket path, got {text!r}")
+        return "unix", text[5:]
     host, sep, port = text.rpartition(":")
     if not sep:
         host, port = "", text
@@ -133,21 +140,19 @@ async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=
             loop.add_signal_handler(sig, stop.set)
     log = PeerLog("vipc-view")
     capture_library_logs(log)
-    policy = web_flags.policy_from_args(web_args, "vipc-view", host, log)
+    unix = port if host == "unix" else None  # a socket file of mode 600 is the owner-only door: no token
+    if unix:
+        web_args.no_auth = True
+    policy = web_flags.policy_from_args(web_args, "vipc-view", "localhost" if unix else host, log)
     guard = Guard("vipc-view", web_args.max_connections, log)
     view = ViewServer(name, streams, quality, keep_bgr=keep_bgr, policy=policy, guard=guard)
     try:
-        runner, site = await start_site(view.app, host, port, guard)
+        runner, site = await start_site(view.app, host, port, guard, path=unix)
     except OSError as exc:
         print(f"vipc-view: error: cannot serve on {host}:{port}: {exc.strerror or exc}", file=sys.stderr)
         return 1
     try:
-        shown = f"[{host}]" if ":" in host else host
-        print(
-            f"vipc-view: serving http://{shown}:{site.port}/{policy.url_query()} (VisionIPC server {name!r}, "
-            f"streams: {', '.join(streams) or 'all'}); Ctrl-C stops",
-            flush=True,
-        )
+        print(_serving_line(name, streams, host, site, policy, unix), flush=True)
         if guard.limit < guard.wanted:
             print(f"vipc-view: at most {guard.limit} connections (what RLIMIT_NOFILE leaves)", flush=True)
         if on_started is not None:
@@ -158,3 +163,13 @@ async def _serve(name, streams, host, port, quality, keep_bgr=False, on_started=
         await runner.cleanup()
         log.flush()
         print("vipc-view: stopped", flush=True)
+
+
+def _serving_line(name, streams, host, site, policy, unix) -> str:
+    """The first line: where to open it (with the token), what it shows."""
+    what = f"(VisionIPC server {name!r}, streams: {', '.join(streams) or 'all'}); Ctrl-C stops"
+    if unix:
+        how = f"owner only: mode 600; curl --unix-socket {unix} http://localhost/stats"
+        return f"vipc-view: serving unix:{unix} ({how}) {what}"
+    shown = f"[{host}]" if ":" in host else host
+    return f"vipc-view: serving http://{shown}:{site.port}/{policy.url_query()} {what}"

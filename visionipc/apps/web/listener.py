@@ -28,6 +28,7 @@ import errno
 import os
 import resource
 import socket
+import stat
 
 from aiohttp import web
 
@@ -170,9 +171,11 @@ class _Listening:
 
 
 class GuardedSite(web.BaseSite):
-    def __init__(self, runner, host, port, guard: Guard, backlog=1024):
+    def __init__(self, runner, host, port, guard: Guard, backlog=1024, path=None):
+        """``path``: listen on a Unix-domain socket there instead (mode 600: its owner only)."""
         super().__init__(runner, backlog=backlog)
-        self._host, self._port, self.guard = host, port, guard
+        self._host, self._port, self.guard, self.path = host, port, guard, path
+        self._inode = None
         self._sock = None
         self._loop = None
         self._timers = []
@@ -182,15 +185,51 @@ class GuardedSite(web.BaseSite):
 
     @property
     def name(self) -> str:
-        return f"http://{self._host}:{self.port}"
+        return f"unix:{self.path}" if self.path else f"http://{self._host}:{self.port}"
 
     @property
-    def port(self) -> int:
+    def port(self):
+        if self.path:
+            return None
         return self._sock.getsockname()[1] if self._sock else self._port
+
+    def _unix_socket(self):
+        """A listening socket at ``path``, mode 600 from the start (a stale socket of ours
+        with nobody listening is replaced; anything else there is EADDRINUSE / EEXIST)."""
+        try:
+            st = os.lstat(self.path)
+        except FileNotFoundError:
+            st = None
+        if st is not None:
+            if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
+                raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket of ours")
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                probe.connect(self.path)
+                raise OSError(errno.EADDRINUSE, f"another server listens on {self.path}")
+            except ConnectionRefusedError:
+                os.unlink(self.path)  # left by a server that died
+            finally:
+                probe.close()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)
+        try:
+            sock.bind(self.path)
+        except OSError:
+            sock.close()
+            raise
+        finally:
+            os.umask(old)
+        os.chmod(self.path, 0o600)
+        self._inode = os.lstat(self.path).st_ino
+        return sock
 
     async def start(self):
         await super().start()
         self._loop = asyncio.get_running_loop()
+        if self.path:
+            self._listen(self._unix_socket())
+            return
         family, _, _, _, address = socket.getaddrinfo(
             self._host or None, self._port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
         )[0]
@@ -200,6 +239,13 @@ class GuardedSite(web.BaseSite):
             if family == socket.AF_INET6 and self._host in ("", "::"):
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
             sock.bind(address)
+        except OSError:
+            sock.close()
+            raise
+        self._listen(sock)
+
+    def _listen(self, sock):
+        try:
             sock.listen(self._backlog)
             sock.setblocking(False)
         except OSError:
@@ -216,6 +262,13 @@ class GuardedSite(web.BaseSite):
         if self._sock is not None:
             self._loop.remove_reader(self._sock.fileno())
             self._sock.close()
+        if self.path and self._inode is not None:
+            try:
+                if os.lstat(self.path).st_ino == self._inode:  # ours, not a successor's
+                    os.unlink(self.path)
+            except OSError:
+                pass
+            self._inode = None
 
     def _sweep(self):
         self.guard.sweep(self._loop.time())
@@ -308,13 +361,13 @@ class GuardedSite(web.BaseSite):
         self.guard.conns[transport] = record
 
 
-async def start_site(app, host, port, guard: Guard):
-    """Run ``app`` on a GuardedSite at host:port: (runner, site); OSError if it cannot
-    listen (the runner is cleaned up then). aiohttp's own keep-alive limit is set to
-    IDLE_TIMEOUT_S too."""
+async def start_site(app, host, port, guard: Guard, path=None):
+    """Run ``app`` on a GuardedSite at host:port (or the Unix-domain socket ``path``):
+    (runner, site); OSError if it cannot listen (the runner is cleaned up then).
+    aiohttp's own keep-alive limit is set to IDLE_TIMEOUT_S too."""
     runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_TIMEOUT_S, shutdown_timeout=1.0)
     await runner.setup()
-    site = GuardedSite(runner, host, port, guard)
+    site = GuardedSite(runner, host, port, guard, path=path)
     try:
         await site.start()
     except OSError:
