@@ -216,7 +216,7 @@ def test_vipc_view_at_256_descriptors_answers_under_400_slowloris_connections(ma
 
 
 def test_accept_out_of_descriptors_is_one_line_and_requests_still_get_in(many_descriptors):
-    connections, text = _attack(100, 3, 20, limit_after_start=40)
+    connections, text = _attack(100, 3, 12, limit_after_start=40)
     assert connections["accept_errors"] > 0, connections
     assert text.count("EMFILE") == 1, text
 
