@@ -126,8 +126,17 @@ def test_vipc_view_refuses_other_sites_pages_and_requests_without_the_token():
         cookie = headers["Set-Cookie"].split(";")[0]
         assert status == 200 and "HttpOnly" in headers["Set-Cookie"] and "SameSite=Strict" in headers["Set-Cookie"]
         assert view.get("/stats", token=False, headers={"Cookie": cookie})[0] == 200
+        port = int(view.url.rsplit(":", 1)[1])
+        for path, shown in (  # tokens that are not UTF-8
+            (b"/stats", b"Authorization: Bearer \xff\xfe"),
+            (b"/stats", b"Cookie: " + cookie.split("=")[0].encode() + b"=\xff"),
+            (b"/stats?token=%ff", b"X: y"),
+        ):
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+                sock.sendall(b"GET " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n" + shown + b"\r\n\r\n")
+                assert sock.recv(100).startswith(b"HTTP/1.1 401 "), shown
         stats = view.stats()
-        assert stats["refused"]["foreign_origin"] == 3 and stats["refused"]["no_token"] == 5
+        assert stats["refused"]["foreign_origin"] == 3 and stats["refused"]["no_token"] == 8
     with Producer(name, ["road"], 160, 120), ViewProcess("--name", name, "--no-auth") as view:
         assert view.token is None
         view.wait_for(_live, what="road live")

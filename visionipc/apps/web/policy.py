@@ -121,7 +121,7 @@ class WebPolicy:
 
     def owner(self, request) -> bool:
         shown, _ = self.token_of(request)
-        return shown is not None and hmac.compare_digest(shown.encode(), self.token.encode())
+        return shown is not None and hmac.compare_digest(shown.encode("utf-8", "surrogateescape"), self.token.encode())
 
     @web.middleware
     async def middleware(self, request, handler):
