@@ -272,3 +272,26 @@ def test_foxglove_connection_limit_answers_503_when_every_connection_streams():
         for ws in clients:
             ws.close()
         assert fox.stop() == 0
+
+
+def test_a_foxglove_client_that_reads_nothing_is_closed_after_the_client_timeout():
+    fox = Foxglove("--client-timeout", 1.5)
+    try:
+        stuck = RawWebSocket(fox.url, rcvbuf=4096)
+        stuck.subscribe("/road")
+        reader = RawWebSocket(fox.url)
+        reader.subscribe("/road")
+        start = time.monotonic()
+        while time.monotonic() - start < 3.5:  # the reader reads on; the stuck one is closed meanwhile
+            reader.read_data()
+        fox.err.wait_for(r"read nothing in 1\.5 s \(stuck\): closed", 5)
+        clients = fox.stats()["clients"]
+        assert len(clients) == 1 and clients[0]["subscriptions"][0]["sent"] > 30, clients
+        stuck.sock.settimeout(5)
+        with pytest.raises((EOFError, ConnectionError)):
+            while True:
+                stuck.read()
+        stuck.close()
+        reader.close()
+    finally:
+        assert fox.stop() == 0

@@ -41,7 +41,7 @@ Open connection -> Foxglove WebSocket -> the printed ws://127.0.0.1:8765/?token=
 then an Image panel on /<stream>. The token is made per run (owner only; other local
 users get 401); --no-auth drops it on a trusted machine. A client that reads slower than
 the camera gets the newest frame whenever it is ready for one; a client that stops
-reading holds one frame, and is closed after 30 s.
+reading holds one frame, and is closed after --client-timeout (30 s).
 """
 
 
@@ -61,6 +61,13 @@ def build_parser():
     p.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765; 0: any free port)")
     p.add_argument("--duration", type=float, help="stop after SEC seconds")
     p.add_argument("--connect-timeout", type=float, default=10.0, help="how long to wait for the server (default 10 s)")
+    p.add_argument(
+        "--client-timeout",
+        type=float,
+        default=30.0,
+        metavar="SEC",
+        help="close a client that has read nothing for SEC seconds (default 30; it holds one frame meanwhile)",
+    )
     web_flags.add_arguments(p, PROG)
     return p
 
@@ -180,6 +187,8 @@ def run(args) -> int:
         raise UsageError(f"--quality must be in 1..100, got {args.quality}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if not 0.1 <= args.client_timeout <= 86400:
+        raise UsageError(f"--client-timeout must be in 0.1..86400 s, got {args.client_timeout:g}")
     try:
         web_flags.policy_from_args(args, PROG, args.host)  # the values, before anything starts
     except ValueError as e:
@@ -200,7 +209,7 @@ def run(args) -> int:
     capture_library_logs(log)
     try:
         clients = connect_streams(args.name, args.stream, args.connect_timeout, stop)
-        hub = Hub(PROG, log)
+        hub = Hub(PROG, log, args.client_timeout)
         try:
             pumps = [TopicPump(t, hub, stop) for t in args.topic]
         except ValueError as e:

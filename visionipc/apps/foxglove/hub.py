@@ -19,7 +19,7 @@ Flow control: each message is followed by a WebSocket ping; a client has at most
 IN_FLIGHT messages not yet acknowledged by its pong (every WebSocket client answers pings
 as it reads: RFC 6455). So a stuck client holds one message, not a backlog, and a slow one
 is handed the newest frame when it is ready for one. A client that acknowledges nothing
-for ACK_TIMEOUT_S is closed.
+for ``client_timeout`` s (``--client-timeout``, default ACK_TIMEOUT_S) is closed.
 
 Threads: pumps call ``Hub.publish`` from their own threads; everything else runs on the
 event loop (``publish`` hands over with call_soon_threadsafe). ``Channel.subscribers``
@@ -143,8 +143,9 @@ class Client:
             except asyncio.TimeoutError:
                 pass
             self.wake.clear()
-            if self.pings > self.acked and time.monotonic() - self.waiting_since > ACK_TIMEOUT_S:
-                self.hub.log.say(f"client {self.peer} read nothing in {ACK_TIMEOUT_S:g} s (stuck): closed")
+            timeout = self.hub.client_timeout
+            if self.pings > self.acked and time.monotonic() - self.waiting_since > timeout:
+                self.hub.log.say(f"client {self.peer} read nothing in {timeout:g} s (stuck): closed")
                 self.abort()
                 return
             while self.pings - self.acked < IN_FLIGHT and (sub := self._next()) is not None:
@@ -154,9 +155,9 @@ class Client:
                 try:
                     if self.pings == self.acked:
                         self.waiting_since = time.monotonic()
-                    await asyncio.wait_for(self.ws.send_bytes(header + msg.payload), ACK_TIMEOUT_S)
+                    await asyncio.wait_for(self.ws.send_bytes(header + msg.payload), timeout)
                     self.pings += 1
-                    await asyncio.wait_for(self.ws.ping(PING.pack(self.pings)), ACK_TIMEOUT_S)
+                    await asyncio.wait_for(self.ws.ping(PING.pack(self.pings)), timeout)
                 except (ConnectionError, RuntimeError, asyncio.TimeoutError):
                     self.abort()
                     return
@@ -248,8 +249,8 @@ class Client:
 class Hub:
     """The channels, the connected clients, and the aiohttp handlers."""
 
-    def __init__(self, prog, log):
-        self.prog, self.log = prog, log
+    def __init__(self, prog, log, client_timeout=ACK_TIMEOUT_S):
+        self.prog, self.log, self.client_timeout = prog, log, client_timeout
         self.channels = {}
         self.clients = set()
         self.loop = None
