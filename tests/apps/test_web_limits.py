@@ -20,7 +20,7 @@ import urllib.request
 
 import pytest
 from camera_helpers import reap
-from view_helpers import ViewProcess
+from view_helpers import Producer, ViewProcess
 from web_helpers import Foxglove, RawWebSocket, rss_mb
 
 from msgq.testing import unique_name
@@ -100,6 +100,41 @@ def test_a_slow_foxglove_client_reads_frames_at_most_two_intervals_old():
         assert fox.stats()["dropped"] > 0  # and they were counted
     finally:
         assert fox.stop() == 0
+
+
+def test_twenty_stuck_mjpeg_viewers_cost_vipc_view_about_what_one_costs():
+    name = unique_name("cam")
+    stuck = []
+    with Producer(name, ["road"], 640, 480, fps=30, texture=True), ViewProcess("--name", name) as view:
+        port = int(view.url.rsplit(":", 1)[1])
+
+        def add_stuck():
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            sock.connect(("127.0.0.1", port))
+            sock.sendall(f"GET /stream/road.mjpg HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}\r\n\r\n".encode())
+            stuck.append(sock)  # and never read
+
+        auth = f"Authorization: Bearer {view.token}"
+        view.wait_for(lambda s: "road" in s["streams"] and s["streams"]["road"]["live"], what="road live")
+        try:
+            add_stuck()
+            time.sleep(3)
+            one = max(rss_mb(view.proc.pid) for _ in range(5) if not time.sleep(0.2))
+            for _ in range(19):
+                add_stuck()
+            peak = 0.0
+            for _ in range(25):
+                time.sleep(0.2)
+                peak = max(peak, rss_mb(view.proc.pid))
+            stats = view.stats()
+            road, connections = stats["streams"]["road"], stats["connections"]
+        finally:
+            for sock in stuck:
+                sock.close()
+    print(f"vipc-view RSS: 1 stuck MJPEG viewer {one:.1f} MB, 20 stuck viewers peak {peak:.1f} MB")
+    assert peak - one < 50, f"RSS with 1 stuck viewer {one:.0f} MB, with 20 up to {peak:.0f} MB"
+    assert road["viewers"] == 20 and connections["open"] == 21, (road, connections)  # the 20 and /stats
 
 
 # -- vipc-view under slowloris ---------------------------------------------------------
