@@ -32,6 +32,21 @@ def _no_process_left():
     reap()
 
 
+def _one_then_twenty(pid, add_stuck):
+    """RSS (MB) of ``pid`` with one stuck client (after 3 s), and its peak over the 5 s
+    after 19 more (on 2d8d5c3 that is ~150 frames queued per stuck Foxglove client)."""
+    add_stuck()
+    time.sleep(3)
+    one = max(rss_mb(pid) for _ in range(5) if not time.sleep(0.2))
+    for _ in range(19):
+        add_stuck()
+    peak = 0.0
+    for _ in range(25):
+        time.sleep(0.2)
+        peak = max(peak, rss_mb(pid))
+    return one, peak
+
+
 def test_twenty_stuck_foxglove_clients_cost_about_what_one_costs():
     fox = Foxglove("--quality", 95, width=640, height=480, fps=30)
     stuck = []
@@ -42,15 +57,7 @@ def test_twenty_stuck_foxglove_clients_cost_about_what_one_costs():
             ws.subscribe("/road")
             stuck.append(ws)  # and never read again
 
-        add_stuck()
-        time.sleep(3)
-        one = max(rss_mb(fox.bridge.pid) for _ in range(5) if not time.sleep(0.2))
-        for _ in range(19):
-            add_stuck()
-        peak = 0.0
-        for _ in range(25):  # 5 s: on 2d8d5c3 that is ~150 frames queued per stuck client
-            time.sleep(0.2)
-            peak = max(peak, rss_mb(fox.bridge.pid))
+        one, peak = _one_then_twenty(fox.bridge.pid, add_stuck)
         assert peak - one < 50, f"RSS with 1 stuck client {one:.0f} MB, with 20 up to {peak:.0f} MB"
         # the frames they did not take were dropped and counted, and a reader still gets fresh ones
         stats = fox.stats()
@@ -118,15 +125,7 @@ def test_twenty_stuck_mjpeg_viewers_cost_vipc_view_about_what_one_costs():
         auth = f"Authorization: Bearer {view.token}"
         view.wait_for(lambda s: "road" in s["streams"] and s["streams"]["road"]["live"], what="road live")
         try:
-            add_stuck()
-            time.sleep(3)
-            one = max(rss_mb(view.proc.pid) for _ in range(5) if not time.sleep(0.2))
-            for _ in range(19):
-                add_stuck()
-            peak = 0.0
-            for _ in range(25):
-                time.sleep(0.2)
-                peak = max(peak, rss_mb(view.proc.pid))
+            one, peak = _one_then_twenty(view.proc.pid, add_stuck)
             stats = view.stats()
             road, connections = stats["streams"]["road"], stats["connections"]
         finally:
