@@ -194,8 +194,8 @@ class _FakeRuntime:
         self.calls.append(("event_destroy", event))
 
     def memcpy_async(self, dst, src, size, kind, stream):
-        assert kind == _runtime.HOST_TO_DEVICE
-        assert any(base <= src and src + size <= base + n for base, n in self.registered.items()), "pageable source"
+        if kind == _runtime.HOST_TO_DEVICE:
+            assert any(b <= src and src + size <= b + n for b, n in self.registered.items()), "pageable source"
         self.queued.append((dst, src, size))
 
     def event_record(self, event, stream):
@@ -204,12 +204,17 @@ class _FakeRuntime:
             self.queued = []
 
     def complete(self, event):
-        """The device finishes the copies of ``event``: the bytes land now."""
+        """The device finishes the copies of ``event``: the bytes land now ("device
+        memory" here is host memory at real addresses, so a copy is a memmove)."""
         with self.lock:
             for dst, src, size in self.pending.pop(event, []):
-                target = next(a for base, a in self.memory.items() if base <= dst < base + a.nbytes)
-                offset = dst - target.ctypes.data
-                target[offset : offset + size] = np.ctypeslib.as_array((ctypes.c_uint8 * size).from_address(src))
+                ctypes.memmove(dst, src, size)
+
+    def stream_sync(self, stream):
+        with self.lock:
+            queued, self.queued = self.queued, []
+        for dst, src, size in queued:
+            ctypes.memmove(dst, src, size)
 
     def event_done(self, event):
         return event not in self.pending
@@ -313,6 +318,9 @@ def test_the_end_of_a_with_block_waits_for_the_copy_before_releasing(served, fak
         dev = frame.to_device()
     assert any(c[0] == "event_sync" for c in fake_runtime.calls)
     assert dev.ready and stamp_problem(_device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
+    host = dev.to_host()  # back through a device-to-host copy
+    assert host.shape == frame.array.shape and stamp_problem(host.reshape(-1), 1) is None
+    assert np.array_equal(dev.y.to_host(), frame.y) and np.array_equal(dev.uv.to_host(), frame.uv)  # strided planes
 
 
 @no_device
@@ -407,50 +415,63 @@ def test_a_forked_child_never_touches_the_parents_registration(served, fake_runt
 # ------------------------------------------------------------------ on a device (pytest -m cuda)
 
 
-def _device_array_module():
-    for name in ("cupy", "torch"):
+def _framework():
+    for name in ("torch", "cupy"):
         try:
             return __import__(name)
         except ImportError:
             continue
-    pytest.skip("neither CuPy nor PyTorch is installed to read device memory")
-
-
-def _to_host(xp, dev):
-    if xp.__name__ == "cupy":
-        return xp.asnumpy(xp.asarray(dev)).reshape(-1).view(np.uint8)
-    return xp.from_dlpack(dev).cpu().numpy().reshape(-1).view(np.uint8)
+    pytest.skip("neither PyTorch nor CuPy is installed to take a DLPack device array")
 
 
 @pytest.mark.cuda
 @needs_device
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_device_frames_hold_exactly_what_the_producer_wrote(served, fmt):
-    xp = _device_array_module()
     server, client = served(fmt, width=640, height=480, cuda=True)
     for i in range(1, 20):
         publish(server, i)
-        dev = client.recv(1000).to_device()
-        dev.synchronize()
-        assert stamp_problem(_to_host(xp, dev)[: dev.geometry.size], i) is None
+        frame = client.recv(1000)
+        dev = frame.to_device()
+        assert stamp_problem(dev.to_host().reshape(-1).view(np.uint8)[: len(frame)], i) is None
+        assert frame.__dlpack_device__() == (3, 0)
 
 
 @pytest.mark.cuda
 @needs_device
-def test_out_allocates_nothing_per_frame_and_registration_survives_a_restart(served):
-    xp = _device_array_module()
+def test_out_allocates_nothing_per_frame_and_a_framework_takes_the_result(served):
     server, client = served(width=1920, height=1080, cuda=True)
     publish(server, 1)
-    frame = client.recv(1000)
-    out = (
-        xp.empty(len(frame), dtype=xp.uint8)
-        if xp.__name__ == "cupy"
-        else xp.empty(len(frame), dtype=xp.uint8, device="cuda")
-    )
+    out = cuda.empty(len(client.recv(1000)))
     for i in range(2, 50):
         publish(server, i)
         dev = client.recv(1000).to_device(out=out)
-        assert dev.ptr == (out.data.ptr if xp.__name__ == "cupy" else out.data_ptr())
-    dev.synchronize()
-    assert stamp_problem(_to_host(xp, dev)[: len(frame)], 49) is None
-    assert frame.__dlpack_device__() == (3, 0)
+        assert dev.ptr == out.ptr
+    assert stamp_problem(dev.to_host().reshape(-1)[: dev.geometry.size], 49) is None
+    xp = _framework()
+    taken = xp.from_dlpack(dev)  # waits for the copy on the consumer's stream
+    host = taken.cpu().numpy() if xp.__name__ == "torch" else xp.asnumpy(taken)
+    assert stamp_problem(host.reshape(-1)[: dev.geometry.size], 49) is None
+
+
+@pytest.mark.cuda
+@needs_device
+def test_registration_follows_a_restarted_server(served):
+    server, client = served(cuda=True)
+    publish(server, 1)
+    client.recv(1000)
+    server.close()
+    again = VisionIpcServer("gpu")
+    again.create_buffers("road", 4, 64, 48)
+    again.start_listener()
+    try:
+        deadline, frame = time.monotonic() + 10, None
+        while frame is None or frame.frame_id != 9:
+            assert time.monotonic() < deadline
+            publish(again, 9)
+            frame = client.recv(100)
+        assert frame.__dlpack_device__() == (3, 0)
+        assert stamp_problem(frame.to_device().to_host().reshape(-1)[: len(frame)], 9) is None
+    finally:
+        client.close()
+        again.close()

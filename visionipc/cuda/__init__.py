@@ -16,13 +16,25 @@ Without a driver or a device, ``cuda=True`` raises :class:`CudaUnavailableError`
 saying so; the client works as before with ``cuda=False``.
 """
 
+import numpy as np
+
 from visionipc.cuda._runtime import CudaError, CudaUnavailableError, runtime
-from visionipc.cuda.device_frame import DeviceArray, DeviceFrame
+from visionipc.cuda.device_frame import DeviceArray, DeviceBuffer, DeviceFrame, contiguous_strides
 
 
 def device_count() -> int:
     """CUDA devices present (CudaUnavailableError without cuda-bindings or a driver)."""
     return runtime().device_count()
+
+
+def empty(shape, dtype=np.uint8, device: int = 0) -> DeviceArray:
+    """A new C-contiguous array in device memory (freed with its last reference), e.g.
+    the ``out=`` of ``frame.to_device`` when no framework is at hand."""
+    shape = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+    dtype = np.dtype(dtype)
+    rt = runtime()
+    buf = DeviceBuffer(rt, device, max(1, int(np.prod(shape)) * dtype.itemsize))
+    return DeviceArray(buf.ptr, shape, contiguous_strides(shape, dtype.itemsize), dtype, device, buf, None, 0, rt)
 
 
 def available() -> bool:
@@ -33,4 +45,4 @@ def available() -> bool:
         return False
 
 
-__all__ = ["CudaError", "CudaUnavailableError", "DeviceArray", "DeviceFrame", "available", "device_count"]
+__all__ = ["CudaError", "CudaUnavailableError", "DeviceArray", "DeviceFrame", "available", "device_count", "empty"]

@@ -123,6 +123,9 @@ class Runtime:
     def event_sync(self, event: int) -> None:
         self._check("cudaEventSynchronize", self._rt.cudaEventSynchronize(self._rt.cudaEvent_t(event)))
 
+    def stream_sync(self, stream: int) -> None:
+        self._check("cudaStreamSynchronize", self._rt.cudaStreamSynchronize(self._rt.cudaStream_t(stream)))
+
     def stream_wait_event(self, stream: int, event: int) -> None:
         rt = self._rt
         self._check("cudaStreamWaitEvent", rt.cudaStreamWaitEvent(rt.cudaStream_t(stream), rt.cudaEvent_t(event), 0))

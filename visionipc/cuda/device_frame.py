@@ -17,6 +17,7 @@ import numpy as np
 
 from msgq.errors import InvalidArgumentError
 from visionipc import _visionipc
+from visionipc.cuda._runtime import DEVICE_TO_HOST
 from visionipc.frame import plane
 
 KDL_CUDA = 2
@@ -85,6 +86,24 @@ class DeviceArray:
             KDL_CUDA,
             self.device,
         )
+
+    def to_host(self) -> np.ndarray:
+        """A new host copy (numpy, C-contiguous), after the copy that fills this array:
+        for checks and tests; a model reads the device array itself."""
+        self.synchronize()
+        extent = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
+        span = self.dtype.itemsize + extent if all(self.shape) else 0
+        raw = np.empty(span, np.uint8)
+        if span:
+            self._copy_out(raw)
+        return np.ndarray(self.shape, self.dtype, buffer=raw, strides=self.strides).copy()
+
+    def _copy_out(self, host: np.ndarray) -> None:
+        rt = self._runtime
+        rt.set_device(self.device)
+        stream = self._stream or 0
+        rt.memcpy_async(host.ctypes.data, self.ptr, host.nbytes, DEVICE_TO_HOST, stream)
+        rt.stream_sync(stream)
 
     def _view(self, offset, shape, strides, dtype=None):
         return DeviceArray(
@@ -158,7 +177,7 @@ def external_buffer(out, size: int, device: int, runtime):
     itemsize = np.dtype(cai["typestr"]).itemsize
     nbytes = int(np.prod(cai["shape"])) * itemsize
     strides = cai.get("strides")
-    if strides is not None and tuple(strides) != tuple(_contiguous(cai["shape"], itemsize)):
+    if strides is not None and tuple(strides) != tuple(contiguous_strides(cai["shape"], itemsize)):
         raise InvalidArgumentError("out= must be C-contiguous")
     if nbytes < size:
         raise InvalidArgumentError(f"out= holds {nbytes} bytes; this frame needs {size}")
@@ -169,9 +188,10 @@ def external_buffer(out, size: int, device: int, runtime):
     return ptr, out
 
 
-def _contiguous(shape, itemsize):
+def contiguous_strides(shape, itemsize) -> tuple:
+    """The byte strides of a C-contiguous array of ``shape``."""
     strides, step = [], itemsize
     for n in reversed(shape):
         strides.append(step)
         step *= n
-    return reversed(strides)
+    return tuple(reversed(strides))

@@ -73,12 +73,29 @@ TRANSPORTS = {
         "iceoryx2 publish-subscribe Slice[c_uint8] loaned and written in place + Event wake-up",
         "iceoryx2",
     ),
+    "visionipc-cuda": (
+        "vipc_cuda",
+        "visionipc client with cuda=True: frame.to_device(out=) from the pool's registered pages (GPU)",
+        lambda: None if _cuda_available() else "no CUDA device (visionipc.cuda.available() is False)",
+    ),
+    "naive-cuda": ("cuda_naive", "cupy.asarray(frame.array): pageable host memory to the GPU", "cupy"),
+    "pinned-staging": (
+        "cuda_pinned",
+        "np.copyto into a pinned buffer, then an async host-to-device copy (CuPy)",
+        "cupy",
+    ),
 }
+
+
+def _cuda_available() -> bool:
+    from visionipc import cuda
+
+    return cuda.available()
 
 
 HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): the report gives it the 8-client targets too
 # Variants measured only when named in --transports (the default matrix stays as long as it was).
-ON_REQUEST = (HANDOFF,)
+ON_REQUEST = (HANDOFF, "visionipc-cuda", "naive-cuda", "pinned-staging")  # the GPU rows need a GPU
 
 
 def load(name):

@@ -56,10 +56,12 @@ class Producer:
 
 
 class Consumer:
+    CUDA = False  # VisionIpcClient's cuda= (the GPU consumers of vipc_cuda.py)
+
     def __init__(self, state, tag, w, h, conflate):
         from visionipc import VisionIpcClient
 
-        self.client = VisionIpcClient(f"vb{tag}", "s", conflate=conflate)
+        self.client = VisionIpcClient(f"vb{tag}", "s", conflate=conflate, cuda=self.CUDA)
         deadline = time.monotonic() + 20
         while not self.client.connect(blocking=False):
             if time.monotonic() > deadline:
@@ -78,7 +80,14 @@ class Consumer:
         if fid == END:
             return "end"
         stamp = unpack(arr)[0]  # read the pixels first, then check the frame is still there
-        return fid, f.timestamp_eof, tr, tv, stamp == fid and f.valid
+        intact = stamp == fid and f.valid
+        tv = self.consume(f, tv)
+        return fid, f.timestamp_eof, tr, tv, intact
+
+    def consume(self, frame, view_ns):
+        """What the consumer does with the frame once it has its view; returns when the
+        frame is where the consumer wants it (the host view: nothing more to do)."""
+        return view_ns
 
     def close(self):
         self.client.close()
