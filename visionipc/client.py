@@ -145,7 +145,7 @@ class VisionIpcClient(Closeable):
         self._epoch = epoch
         self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
         if self._cuda is not None and native.count:
-            self._cuda.pin(native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
+            self._cuda.pin("pool", native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
 
     # LeasingOwner: whether a frame is intact, and the read lease of `with frame:`
     def frame_valid(self, buf) -> bool:
@@ -169,10 +169,7 @@ class VisionIpcClient(Closeable):
     # visionipc.cuda (cuda=True)
     def cuda_host_device(self, buf):
         """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
-        link = self._cuda
-        if link is None:
-            return None
-        return 0 if link.pinned(buf.as_array().ctypes.data, len(buf)) else None
+        return None if self._cuda is None else self._cuda.host_device(buf)
 
     def frame_to_device(self, buf, out=None, stream=None):
         """``buf.to_device()``: lease the frame (if this client does not already), then

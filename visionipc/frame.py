@@ -261,6 +261,16 @@ class VisionBuf(_visionipc.Frame):
             raise InvalidArgumentError("to_device() needs a frame of a VisionIpcClient made with cuda=True")
         return to_device(self, out, stream)
 
+    def copy_from_device(self, array, stream=None) -> None:
+        """Fill this producer's buffer from GPU memory (``VisionIpcServer(..., cuda=True)``):
+        an asynchronous device-to-host copy of ``array`` (``__cuda_array_interface__``; the
+        whole buffer's bytes, or its rows without the stride's padding) on ``stream`` (default:
+        the server's own); ``server.send(buf, ...)`` waits for it to land."""
+        from_device = getattr(self._owner, "frame_from_device", None)
+        if from_device is None:
+            raise InvalidArgumentError("copy_from_device() needs a buffer of a VisionIpcServer made with cuda=True")
+        from_device(self, array, stream)
+
     def __dlpack_device__(self):
         """DLPack's CPU (1, 0), or CUDA-host (3, 0) when the pool is registered with CUDA."""
         registered = getattr(self._owner, "cuda_host_device", None)

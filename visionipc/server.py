@@ -32,10 +32,20 @@ class VisionIpcServer(Closeable):
     Fork: a forked child (``multiprocessing`` forks by default on Linux) that
     inherits a server cannot use it (ClosedError); dropping or closing it there
     leaves the parent's listener, clients and topics untouched.
+
+    ``cuda=True`` (or a device ordinal; :mod:`visionipc.cuda`) registers each pool with
+    the CUDA runtime, so a GPU producer fills a buffer with one device-to-host copy at
+    the link's speed: ``buf.copy_from_device(array)``, then ``send(buf, ...)``, which
+    waits for that copy (its event), not for the whole device.
     """
 
-    def __init__(self, name, allowed_uids=(), wake=None):
+    def __init__(self, name, allowed_uids=(), wake=None, cuda=False):
         self.name = server_name(name)
+        self._cuda = None  # a visionipc.cuda CudaLink with cuda=True
+        if cuda is not False:
+            from visionipc.cuda.link import CudaLink
+
+            self._cuda = CudaLink(cuda)
         handoff = wake_choice(wake)
         self.wake = "handoff" if handoff else "all"  # what this server does (MSGQ_WAKE resolved)
         self._native = _visionipc.Server(
@@ -53,19 +63,29 @@ class VisionIpcServer(Closeable):
         return self._native
 
     def _forget_after_fork(self):
+        if self._cuda is not None:
+            self._cuda.forget()
         native, self._native = self._native, None
         self._views = {}
         if native is not None:
             native._forget_after_fork()
 
     def create_buffers(self, stream, count, width, height, format="nv12"):
+        key = stream_key(stream)
         self._server().create_buffers(
-            stream_key(stream),
+            key,
             check_count("buffer count", count),
             check_count("width", width),
             check_count("height", height),
             normalize_format(format),
         )
+        self._pin(key)
+
+    def _pin(self, key):
+        """cuda=True: register the new pool's pages (the view keeps them mapped meanwhile)."""
+        if self._cuda is not None:
+            native = self._server()
+            self._cuda.pin(key, native.buffers_span(key), native.view(key, 0))
 
     def create_buffers_with_sizes(self, stream, count, width, height, size, stride, uv_offset):
         if isinstance(uv_offset, bool) or not hasattr(uv_offset, "__index__") or uv_offset < 0:
@@ -79,6 +99,7 @@ class VisionIpcServer(Closeable):
             check_count("stride", stride),
             uv_offset.__index__(),
         )
+        self._pin(stream_key(stream))
 
     def start_listener(self):
         self._server().start_listener()
@@ -111,6 +132,8 @@ class VisionIpcServer(Closeable):
         native = self._native
         if data is None and native is not None and isinstance(buf, VisionBuf) and buf._owner is self:
             # The per-frame path, kept short: a camera daemon calls it cold, right after a sleep.
+            if self._cuda is not None and self._cuda.inflight:
+                self._cuda.finish((buf.stream, buf.idx))  # copy_from_device into it has landed
             native.send(buf.stream, buf.idx, buf.generation, frame_id, timestamp_sof, timestamp_eof)
             buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
             buf.generation += 1
@@ -135,6 +158,19 @@ class VisionIpcServer(Closeable):
         frame = _frame_bytes(data, Geometry(*native.geometry(key)))
         native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
 
+    def frame_from_device(self, buf, array, stream=None) -> None:
+        """``buf.copy_from_device(array)``: submit the device-to-host copy into ``buf``."""
+        if self._cuda is None:
+            raise InvalidArgumentError("copy_from_device() needs VisionIpcServer(..., cuda=True)")
+        self._server()
+        if buf._owner is not self or not self.frame_valid(buf):
+            raise InvalidArgumentError("copy_from_device() takes a buffer of this server's get_buffer(), not yet sent")
+        self._cuda.copy_from_device(buf, array, stream)
+
+    def cuda_host_device(self, buf):
+        """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
+        return None if self._cuda is None else self._cuda.host_device(buf)
+
     def frame_valid(self, buf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out
         (a producer's frame needs no lease)."""
@@ -156,6 +192,8 @@ class VisionIpcServer(Closeable):
 
     def close(self):
         """Stop the listener and drop the pools (views handed out stay readable)."""
+        if self._native is not None and self._cuda is not None:
+            self._cuda.close()  # copies land and pages unregister before the pools can go
         native, self._native = self._native, None
         self._views = {}  # frames handed out keep their own views
         if native is not None:

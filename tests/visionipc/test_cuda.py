@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -198,6 +199,9 @@ class _FakeRuntime:
             assert any(b <= src and src + size <= b + n for b, n in self.registered.items()), "pageable source"
         self.queued.append((dst, src, size))
 
+    def memcpy2d_async(self, dst, dpitch, src, spitch, width, height, kind, stream):
+        self.queued.extend((dst + r * dpitch, src + r * spitch, width) for r in range(height))
+
     def event_record(self, event, stream):
         with self.lock:
             self.pending.setdefault(event, []).extend(self.queued)
@@ -215,6 +219,13 @@ class _FakeRuntime:
             queued, self.queued = self.queued, []
         for dst, src, size in queued:
             ctypes.memmove(dst, src, size)
+
+    def device_array(self, data: np.ndarray):
+        """An object with __cuda_array_interface__ over a copy of ``data`` in "device memory"."""
+        ptr = self.malloc(data.nbytes)
+        self.memory[ptr][:] = data.reshape(-1).view(np.uint8)
+        cai = {"shape": data.shape, "typestr": data.dtype.str, "data": (ptr, False), "version": 3}
+        return types.SimpleNamespace(__cuda_array_interface__=cai)
 
     def event_done(self, event):
         return event not in self.pending
@@ -475,3 +486,77 @@ def test_registration_follows_a_restarted_server(served):
     finally:
         client.close()
         again.close()
+
+
+@no_device
+def test_a_cuda_server_registers_each_pool_and_publishes_a_device_frame_once_it_landed(fake_runtime):
+    server = VisionIpcServer("gpuprod", cuda=True)
+    server.create_buffers("road", 3, 64, 48, "nv12")
+    server.create_buffers("rgb", 3, 50, 20, "rgb8")  # stride 192 > 150: rows copied without the padding
+    server.start_listener()
+    assert len(fake_runtime.registered) == 2
+    client = VisionIpcClient("gpuprod", "road", False)
+    rgb_client = VisionIpcClient("gpuprod", "rgb", False)
+    try:
+        assert client.connect(False) and rgb_client.connect(False)
+        buf = server.get_buffer("road")
+        assert buf.__dlpack_device__() == (3, 0)
+        image = np.zeros(len(buf), np.uint8)
+        stamp(image, 5)
+        buf.copy_from_device(fake_runtime.device_array(image))
+        assert stamp_problem(buf.data, 5) is not None  # not landed yet: the copy is asynchronous
+        server.send(buf, 5, 0, 0)  # waits for the copy's event, then publishes
+        assert any(c[0] == "event_sync" for c in fake_runtime.calls)
+        assert stamp_problem(client.recv(1000).data, 5) is None
+
+        rgb = server.get_buffer("rgb")
+        picture = np.arange(20 * 50 * 3, dtype=np.uint32).astype(np.uint8).reshape(20, 50, 3)
+        rgb.copy_from_device(fake_runtime.device_array(picture))
+        server.send(rgb, 1, 0, 0)
+        assert np.array_equal(rgb_client.recv(1000).array, picture)
+
+        wrong = server.get_buffer("road")
+        with pytest.raises(InvalidArgumentError, match="does not fit"):
+            wrong.copy_from_device(fake_runtime.device_array(np.zeros(100, np.uint8)))
+        with pytest.raises(InvalidArgumentError, match="host memory"):
+            wrong.copy_from_device(types.SimpleNamespace(__cuda_array_interface__=image.__array_interface__))
+        assert client.recv(50) is None  # nothing new: the refused buffer was never sent
+    finally:
+        client.close()
+        rgb_client.close()
+        server.close()
+    assert fake_runtime.registered == {}
+
+
+def test_copy_from_device_without_cuda_is_a_clear_refusal():
+    server = VisionIpcServer("nocuda")
+    server.create_buffers("road", 2, 64, 48)
+    try:
+        with pytest.raises(InvalidArgumentError, match=r"cuda=True"):
+            server.get_buffer("road").copy_from_device(object())
+    finally:
+        server.close()
+
+
+@pytest.mark.cuda
+@needs_device
+def test_a_gpu_producer_publishes_frames_it_holds_in_device_memory(served):
+    """A frame to the device and back: client 1 copies it up, a cuda server takes it
+    from the device into its pool, client 2 receives exactly the producer's bytes."""
+    server, client = served(width=1280, height=720, cuda=True)
+    gpu_server = VisionIpcServer("gpuprod2", cuda=True)
+    gpu_server.create_buffers("road", 4, 1280, 720)
+    gpu_server.start_listener()
+    reader = VisionIpcClient("gpuprod2", "road", False)
+    try:
+        assert reader.connect(False)
+        for i in range(1, 30):
+            publish(server, i)
+            on_device = client.recv(1000).to_device()
+            buf = gpu_server.get_buffer("road")
+            buf.copy_from_device(on_device)
+            gpu_server.send(buf, i, 0, 0)
+            assert stamp_problem(reader.recv(1000).data, i) is None
+    finally:
+        reader.close()
+        gpu_server.close()

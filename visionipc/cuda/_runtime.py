@@ -130,6 +130,11 @@ class Runtime:
         rt = self._rt
         self._check("cudaStreamWaitEvent", rt.cudaStreamWaitEvent(rt.cudaStream_t(stream), rt.cudaEvent_t(event), 0))
 
+    def memcpy2d_async(self, dst, dpitch, src, spitch, width, height, kind: str, stream: int) -> None:
+        rt, how = self._rt, self._kinds[kind]
+        result = rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, how, rt.cudaStream_t(stream))
+        self._check(f"cudaMemcpy2DAsync({width}x{height}, {kind})", result)
+
     def memcpy_async(self, dst: int, src: int, size: int, kind: str, stream: int) -> None:
         rt = self._rt
         result = rt.cudaMemcpyAsync(dst, src, size, self._kinds[kind], rt.cudaStream_t(stream))

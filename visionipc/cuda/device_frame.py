@@ -165,26 +165,40 @@ def _free(runtime, device, ptr):
         pass
 
 
-def external_buffer(out, size: int, device: int, runtime):
-    """``(pointer, owner)`` of a caller's device buffer (anything with
-    ``__cuda_array_interface__``) that can hold ``size`` contiguous bytes on ``device``."""
-    cai = getattr(out, "__cuda_array_interface__", None)
+def _interface(obj, what):
+    cai = getattr(obj, "__cuda_array_interface__", None)
     if not isinstance(cai, dict) or "data" not in cai:
-        raise InvalidArgumentError(f"out= must have __cuda_array_interface__ (CuPy, PyTorch, Numba), not {type(out)}")
-    ptr = int(cai["data"][0])
-    if cai["data"][1]:
-        raise InvalidArgumentError("out= is read-only")
+        raise InvalidArgumentError(f"{what} must have __cuda_array_interface__ (CuPy, PyTorch, Numba), not {type(obj)}")
     itemsize = np.dtype(cai["typestr"]).itemsize
-    nbytes = int(np.prod(cai["shape"])) * itemsize
     strides = cai.get("strides")
-    if strides is not None and tuple(strides) != tuple(contiguous_strides(cai["shape"], itemsize)):
-        raise InvalidArgumentError("out= must be C-contiguous")
-    if nbytes < size:
-        raise InvalidArgumentError(f"out= holds {nbytes} bytes; this frame needs {size}")
+    if strides is not None and tuple(strides) != contiguous_strides(cai["shape"], itemsize):
+        raise InvalidArgumentError(f"{what} must be C-contiguous")
+    return cai, int(cai["data"][0]), int(np.prod(cai["shape"])) * itemsize
+
+
+def _on_device(ptr, device, runtime, what):
     where = runtime.pointer_device(ptr)
     if where != device:
         place = "host memory" if where is None else f"CUDA device {where}"
-        raise InvalidArgumentError(f"out= is in {place}; this client copies to CUDA device {device}")
+        raise InvalidArgumentError(f"{what} is in {place}; this object copies to and from CUDA device {device}")
+
+
+def device_source(array, device: int, runtime):
+    """``(pointer, bytes)`` of a C-contiguous device array on ``device`` (a frame's source)."""
+    _, ptr, nbytes = _interface(array, "the device array")
+    _on_device(ptr, device, runtime, "the device array")
+    return ptr, nbytes
+
+
+def external_buffer(out, size: int, device: int, runtime):
+    """``(pointer, owner)`` of a caller's device buffer (anything with
+    ``__cuda_array_interface__``) that can hold ``size`` contiguous bytes on ``device``."""
+    cai, ptr, nbytes = _interface(out, "out=")
+    if cai["data"][1]:
+        raise InvalidArgumentError("out= is read-only")
+    if nbytes < size:
+        raise InvalidArgumentError(f"out= holds {nbytes} bytes; this frame needs {size}")
+    _on_device(ptr, device, runtime, "out=")
     return ptr, out
 
 

@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import os
 
+from msgq.errors import InvalidArgumentError
 from visionipc.cuda import _runtime
-from visionipc.cuda.device_frame import DeviceBuffer, DeviceFrame, external_buffer
+from visionipc.cuda.device_frame import DeviceBuffer, DeviceFrame, device_source, external_buffer
 
 EVENTS = 8  # events in the ring: a copy's event is reused EVENTS copies later (long done by then)
 
@@ -46,32 +47,45 @@ class CudaLink:
         self.stream = rt.stream_create()
         self._events = [_Event(rt.event_create()) for _ in range(EVENTS)]
         self._next = 0
-        self.inflight = []  # events of copies not known to be complete, oldest first
-        self._pinned = None  # (address, keepalive) of the registered span
+        self.inflight = {}  # key -> events of copies not known to be complete, oldest first
+        self._pinned = {}  # key -> (address, length, keepalive) of a registered span
         self._pid = os.getpid()
 
     # registration ------------------------------------------------------------
-    def pin(self, span, keepalive, read_only=False) -> None:
-        """Register ``span`` = (address, length) of a new mapping (after dropping the old one)."""
-        self.unpin()
+    def pin(self, key, span, keepalive, read_only=False) -> None:
+        """Register ``span`` = (address, length) as ``key``'s (after dropping the one
+        it had: a client's remapped pool); ``keepalive`` keeps the span mapped."""
+        self.unpin(key)
         address, length = span
         self.runtime.set_device(self.device)
         self.runtime.host_register(address, length, read_only)
-        self._pinned = (address, length, keepalive)
+        self._pinned[key] = (address, length, keepalive)
 
-    def unpin(self) -> None:
-        pinned, self._pinned = self._pinned, None
-        if pinned is not None:
+    def unpin(self, key=None) -> None:
+        """Unregister ``key``'s span (None: every one), once the copies in flight are done."""
+        keys = list(self._pinned) if key is None else [key] if key in self._pinned else []
+        if keys:
             self.finish()
-            self.runtime.host_unregister(pinned[0])
+        for k in keys:
+            self.runtime.host_unregister(self._pinned.pop(k)[0])
 
     def pinned(self, address: int, size: int) -> bool:
         """Whether host bytes [address, address + size) are registered."""
-        p = self._pinned
-        return p is not None and p[0] <= address and address + size <= p[0] + p[1]
+        return any(a <= address and address + size <= a + n for a, n, _ in self._pinned.values())
+
+    def host_device(self, frame):
+        """DLPack's CUDA-host device id (0) of a frame whose bytes are registered, else None."""
+        return 0 if self.pinned(frame.as_array().ctypes.data, len(frame)) else None
 
     # copies ------------------------------------------------------------------
-    def copy_to_device(self, frame, out=None, stream=None) -> DeviceFrame:
+    def _record(self, key, stream: int) -> _Event:
+        event = self._events[self._next]
+        self._next = (self._next + 1) % EVENTS
+        self.runtime.event_record(event.handle, stream)
+        self.inflight.setdefault(key, []).append(event)
+        return event
+
+    def copy_to_device(self, frame, out=None, stream=None, key="lease") -> DeviceFrame:
         """Submit the copy of ``frame`` (whose lease the caller holds) into device
         memory; the returned DeviceFrame is ready once its event completes."""
         rt, size = self.runtime, frame.geometry.size
@@ -84,20 +98,39 @@ class CudaLink:
             ptr, owner = external_buffer(out, size, self.device, rt)
         s = self.stream if stream is None else _runtime.stream_handle(stream)
         rt.memcpy_async(ptr, host.ctypes.data, size, _runtime.HOST_TO_DEVICE, s)
-        event = self._events[self._next]
-        self._next = (self._next + 1) % EVENTS
-        rt.event_record(event.handle, s)
-        self.inflight.append(event)
+        event = self._record(key, s)
         meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
         return DeviceFrame(ptr, frame.array, frame.geometry, self.device, owner, event, s, rt, meta)
 
-    def finish(self) -> None:
-        """Wait until every copy submitted so far has completed (before a lease goes)."""
-        while self.inflight:
-            event = self.inflight[0]
-            if not self.runtime.event_done(event.handle):
-                self.runtime.event_sync(event.handle)
-            self.inflight.pop(0)
+    def copy_from_device(self, buf, array, stream=None) -> None:
+        """Submit the copy of device array ``array`` into the pool buffer ``buf`` (a
+        producer's): the whole buffer's bytes, or its rows without the stride's padding
+        (a (h, w, 3) image into a padded RGB buffer, (h*3/2, w) into a padded NV12 one)."""
+        rt, g = self.runtime, buf.geometry
+        ptr, nbytes = device_source(array, self.device, rt)
+        host = buf.as_array()
+        rows = buf.array.shape[0]
+        rt.set_device(self.device)
+        s = self.stream if stream is None else _runtime.stream_handle(stream)
+        if nbytes == g.size:
+            rt.memcpy_async(host.ctypes.data, ptr, nbytes, _runtime.DEVICE_TO_HOST, s)
+        elif nbytes % rows == 0 and nbytes // rows <= g.stride:
+            row = nbytes // rows
+            rt.memcpy2d_async(host.ctypes.data, g.stride, ptr, row, row, rows, _runtime.DEVICE_TO_HOST, s)
+        else:
+            raise InvalidArgumentError(
+                f"a device array of {nbytes} bytes does not fit a {g.width}x{g.height} {g.format} frame "
+                f"({g.size} bytes with the stride, or {rows} rows of at most {g.stride})"
+            )
+        self._record((buf.stream, buf.idx), s)
+
+    def finish(self, key=None) -> None:
+        """Wait until every copy of ``key`` (None: every copy) submitted so far has
+        completed (before a lease goes, before a buffer is sent)."""
+        for k in list(self.inflight) if key is None else [key]:
+            for event in self.inflight.pop(k, ()):
+                if not self.runtime.event_done(event.handle):
+                    self.runtime.event_sync(event.handle)
 
     # lifetime ----------------------------------------------------------------
     def close(self) -> None:
@@ -115,5 +148,5 @@ class CudaLink:
             self.stream = 0
 
     def forget(self) -> None:
-        """In a forked child: drop the parent's registration, stream and events untouched."""
-        self._pinned, self._events, self.inflight, self.stream = None, [], [], 0
+        """In a forked child: drop the parent's registrations, stream and events untouched."""
+        self._pinned, self._events, self.inflight, self.stream = {}, [], {}, 0
