@@ -177,7 +177,7 @@ uint32_t Server::clients(const std::string& stream) const {
   const common::UseOrClosed call = use();
   const Stream& s = find(stream);
   std::lock_guard<std::mutex> lock(mutex_);
-  return static_cast<uint32_t>(__builtin_popcountll(s.slot_used));
+  return static_cast<uint32_t>(__builtin_popcountll(s.slot_used.load(std::memory_order_relaxed)));
 }
 
 uint64_t Server::generation(const std::string& stream, uint32_t index) const {
@@ -215,9 +215,23 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   streams_[stream] = std::move(s);
 }
 
+// Whether a client's lease holds buffer `index` at `generation`. Only the slots of
+// admitted clients are read (slot_used), one cache line each, instead of all 64:
+// cold, at a camera's pace, each is a miss (issue 36).
+//
+// SYNC (all seq_cst, so one total order S): the decisive call is the one after the
+// probe (G1a: probe store P, then this). A client's L1 store L is followed by its
+// re-read R of the generation; its admission bit was set by a RMW A that happens
+// before L (A precedes the reply the client read). If our load M of slot_used
+// misses the bit, M precedes A in S, so P < M < A < L < R: R sees the probe and the
+// client backs off (the frame is not its lease). If M has the bit, we read the slot
+// as before: either we see L or R sees P (the unchanged two-sided argument).
+// Model: cpp/visionipc/model/lease.pml (tests/system/test_model.py), with the
+// mutations that break it (reply before the bit, mask read before the probe).
 bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const {
   const uint64_t word = lease_word(index, generation);
-  for (uint32_t slot = 0; slot < kMaxClients; slot++) {
+  for (uint64_t live = s.slot_used.load(std::memory_order_seq_cst); live != 0; live &= live - 1) {
+    const auto slot = static_cast<uint32_t>(__builtin_ctzll(live));
     // SYNC: pairs with the client's L1 store (seq_cst both sides).
     if (s.lease(slot).word.load(std::memory_order_seq_cst) == word) return true;
   }
@@ -421,14 +435,14 @@ bool Server::serve_request(Connection& c) {
   } else if (auto it = streams_.find(wanted); it == streams_.end()) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kUnknownStream);
     reply->list_length = list_streams(*reply);  // so the client can name the ones there are
-  } else if (Stream& s = *it->second; ~s.slot_used == 0) {
+  } else if (Stream& s = *it->second; ~s.slot_used.load(std::memory_order_relaxed) == 0) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kFull);
   } else if (peer_slots(c.peer, s) >= options_.max_per_peer) {
     reply->status = static_cast<uint32_t>(ReplyStatus::kPeerLimit);
   } else {
-    const auto slot = static_cast<uint32_t>(__builtin_ctzll(~s.slot_used));
-    s.slot_used |= uint64_t{1} << slot;
+    const auto slot = static_cast<uint32_t>(__builtin_ctzll(~s.slot_used.load(std::memory_order_relaxed)));
     s.lease(slot).word.store(0, std::memory_order_release);
+    s.slot_used.fetch_or(uint64_t{1} << slot, std::memory_order_seq_cst);  // A: before the reply (see leased)
     c.stream = &s;
     c.slot = slot;
     reply->lease_slot = slot;
@@ -460,7 +474,7 @@ void Server::hang_up(Connection& c) {
   // L3: the client is gone (or closed): its lease no longer pins a buffer.
   c.stream->lease(c.slot).word.store(0, std::memory_order_seq_cst);
   std::lock_guard<std::mutex> lock(mutex_);
-  c.stream->slot_used &= ~(uint64_t{1} << c.slot);
+  c.stream->slot_used.fetch_and(~(uint64_t{1} << c.slot), std::memory_order_seq_cst);  // after L3
   c.stream = nullptr;
 }
 

@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -110,7 +111,12 @@ class Server {
     std::vector<uint64_t> last_sent;    // send counter at each buffer's last send (0 = never)
     std::vector<uint64_t> generation;   // our copy of each buffer's generation
     uint64_t sends = 0;
-    uint64_t slot_used = 0;             // lease slots given to live connections (mutex_)
+    // Lease slots given to live connections: written by the listener under mutex_,
+    // read by the producer without it. SYNC: a bit is set (seq_cst RMW) before the
+    // admission reply goes out, so before the client's first lease store (L1), and
+    // cleared after L3 zeroed the slot; the producer's leased() reads only the slots
+    // set here (seq_cst), after its probe (G1a): see leased() for why that is enough.
+    std::atomic<uint64_t> slot_used{0};
     BufferMeta& meta(uint32_t i) const { return reinterpret_cast<BufferMeta*>(pool->data())[i]; }
     LeaseSlot& lease(uint32_t slot) const { return reinterpret_cast<LeaseSlot*>(leases->data())[slot]; }
   };
@@ -141,7 +147,7 @@ class Server {
   ServerOptions options_;
   pid_t owner_ = 0;  // the process that made the server: the only one that may stop its listener
   uint64_t id_;
-  mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used
+  mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used's writers
   mutable common::UseGate gate_;  // calls in flight that use streams_ (see use())
   std::map<std::string, std::unique_ptr<Stream>> streams_;
   common::UniqueFd listen_fd_, stop_fd_;

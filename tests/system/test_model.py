@@ -1,6 +1,7 @@
 """Model-check the MSGQ ring protocol with spin (cpp/msgq/model/ring.pml), how its
-readers sleep and are woken (cpp/msgq/model/wake.pml: both wake modes), and the
-wait point every queue sleeps on (cpp/common/model/wait_point.pml).
+readers sleep and are woken (cpp/msgq/model/wake.pml: both wake modes), the
+wait point every queue sleeps on (cpp/common/model/wait_point.pml), and
+VisionIPC's read leases with the producer's probe (cpp/visionipc/model/lease.pml).
 
 The unmodified model must verify with a complete search of its state space
 (errors: 0, no truncated depth, no memory bound hit). Each mutation, a
@@ -23,6 +24,9 @@ from repo import ROOT
 MODEL = ROOT / "cpp" / "msgq" / "model" / "ring.pml"
 WAIT_POINT_MODEL = ROOT / "cpp" / "common" / "model" / "wait_point.pml"
 WAKE_MODEL = ROOT / "cpp" / "msgq" / "model" / "wake.pml"
+LEASE_MODEL = ROOT / "cpp" / "visionipc" / "model" / "lease.pml"
+# Each undoes one step that keeps a held frame from being written (server.cc leased()).
+LEASE_MUTATIONS = ["REPLY_BEFORE_BIT", "MASK_BEFORE_PROBE", "NO_RECHECK"]
 # The msgq wake-up: both modes must verify (KILL: a reader may be killed after
 # its wake-up, before it could hand it on, or not: HANDOFF,KILL covers HANDOFF).
 # -DSPURIOUS (one early return from each FUTEX_WAIT) verifies too but takes
@@ -150,3 +154,18 @@ def test_each_wake_up_mutation_leaves_a_sleeper_asleep(tmp_path, model, defines)
     assert _errors(out) > 0, f"-D{defines} should lose a wake-up but spin found no counterexample:\n{out}"
     assert "invalid end state" in out, f"-D{defines}: the error is not a sleeper left asleep:\n{out}"
     assert (tmp_path / f"{model.name}.trail").exists(), "pan left no counterexample trail"
+
+
+def test_lease_model_never_writes_a_held_frame(tmp_path):
+    """The producer reads only the admitted clients' lease slots (issue 36) and still
+    never writes a frame a client holds."""
+    _assert_complete_and_clean(_check(tmp_path, "", model=LEASE_MODEL))
+
+
+@pytest.mark.parametrize("defines", LEASE_MUTATIONS)
+def test_each_lease_mutation_lets_the_producer_write_a_held_frame(tmp_path, defines):
+    out = _check(tmp_path, defines, exhaustive=False, model=LEASE_MODEL)
+    assert _errors(out) > 0, f"-D{defines} should break the lease but spin found no counterexample:\n{out}"
+    violated = re.search(r"assertion violated (.*)", out)
+    assert violated and "meta[i]==g" in violated.group(1), f"-D{defines}: not a held frame written:\n{out}"
+    assert (tmp_path / "lease.pml.trail").exists(), "pan left no counterexample trail"
