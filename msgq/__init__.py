@@ -71,6 +71,26 @@ __all__ = [
 
 NO_TRAVERSAL_LIMIT = 2**64 - 1
 
+
+def __getattr__(name: str):
+    """``msgq.__version__``: the installed distribution's (``visionipc``), read on first use."""
+    if name == "__version__":
+        from importlib import metadata
+
+        try:
+            version = metadata.version("visionipc")
+        except metadata.PackageNotFoundError:  # a checkout on sys.path without an install
+            version = "unknown (not installed)"
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module 'msgq' has no attribute {name!r}")
+
+
+def add_version_flag(parser) -> None:
+    """``--version`` for a command-line tool's argparse parser: "PROG VERSION"."""
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__getattr__('__version__')}")
+
+
 context = Context()
 
 

@@ -19,6 +19,15 @@ from visionipc.server import VisionIpcServer
 _aliases.install({f"visionipc.{app}": f"visionipc.apps.{app}" for app in ("camera", "record", "view", "pipeline")})
 
 
+def __getattr__(name: str):
+    """``visionipc.__version__`` (the same as ``msgq.__version__``: one distribution)."""
+    if name == "__version__":
+        import msgq
+
+        return msgq.__version__
+    raise AttributeError(f"module 'visionipc' has no attribute {name!r}")
+
+
 class VisionStreamType(enum.IntEnum):
     """The reference's stream ids (older code); any int or name works as a stream id."""
 

@@ -30,8 +30,8 @@ import signal
 import sys
 import time
 
+from msgq import add_version_flag, sockets
 from msgq import curve as msgq_curve
-from msgq import sockets
 from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
@@ -385,6 +385,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="ring size of local topics the bridge creates (default: the existing size, or 1 MiB)",
     )
+    add_version_flag(parser)
     return parser
 
 

@@ -16,7 +16,7 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from msgq import _msgq, artifacts
+from msgq import _msgq, add_version_flag, artifacts
 from msgq._printable import printable
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
@@ -342,6 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--dir", metavar="DIR", help="directory of the segment files (default: MSGQ_SHM_DIR or /dev/shm)"
     )
+    add_version_flag(parser)
     return parser
 
 

@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 
+from msgq import add_version_flag
 from msgq._printable import printable
 from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
 
@@ -47,6 +48,7 @@ def error(prog: str, message: str) -> int:
 def run_command(prog: str, parser, run, argv=None) -> int:
     """``main``'s body for every command: parse ``argv``, ``run(args)``, and turn
     UsageError into a one-line message and exit status 2."""
+    add_version_flag(parser)
     args = parser.parse_args(argv)
     try:
         return run(args)

@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 
+from msgq import add_version_flag
 from msgq._shared import scoped_env
 from visionipc.bench import reference, transports
 from visionipc.bench.harness import add_common_flags, logger, placement, write_json
@@ -96,6 +97,7 @@ def build_parser():
     ap = argparse.ArgumentParser(
         prog="vipc-bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_version_flag(ap)
     add_common_flags(
         ap, quick="short run (< 1 minute): sizes 64x64,3840x2160,7680x4320, clients 1,8, few frames per cell"
     )

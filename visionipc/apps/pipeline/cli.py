@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+from msgq import add_version_flag
+
 JOBS = ("health", "metrics", "export")
 EPILOG = """\
 examples:
@@ -51,6 +53,7 @@ def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="vipc-analyze", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    add_version_flag(p)
     p.add_argument("recordings", nargs="+", metavar="RECORDINGS", help="recording folders, globs, parent folders, URIs")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder or URI (each run adds a run folder)")
     p.add_argument(

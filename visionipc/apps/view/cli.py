@@ -6,6 +6,7 @@ import signal
 import sys
 import threading
 
+from msgq import add_version_flag
 from msgq.errors import IpcError
 from visionipc._streams import server_name, stream_key
 from visionipc.apps.web import flags as web_flags
@@ -64,6 +65,7 @@ def _parser():
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_version_flag(p)
     p.add_argument("--name", required=True, help="the VisionIPC server name (VisionIpcServer(name))")
     p.add_argument(
         "--stream",
