@@ -60,6 +60,12 @@ def leftovers(directory: str, found: List[_artifacts.Artifact]) -> List[str]:
     return out
 
 
+def _stuck(topic: dict, reader: dict) -> bool:
+    """A live reader that read nothing between two snapshots while the publisher
+    wrote (only a report built from two snapshots has the rates)."""
+    return bool(topic.get("msgs_per_s")) and reader.get("msgs_per_s") == 0 and bool(reader.get("lag_bytes"))
+
+
 def problems(report: dict) -> List[str]:
     """Human-readable problems of a ``msgq-top`` report (``{"topics": [...]}``)."""
     out = []
@@ -95,6 +101,19 @@ def problems(report: dict) -> List[str]:
                 )
                 continue
             if not (r["lapped"] or r["resets"]):
+                if _stuck(t, r):
+                    state = process_state(r["pid"])
+                    why = (
+                        f"the process is stopped (SIGSTOP or a debugger): continue it (kill -CONT {r['pid']})"
+                        if state in ("T", "t")
+                        else "the process is alive but not receiving (blocked elsewhere, deadlocked, or busy): "
+                        f"look at its threads (py-spy dump --pid {r['pid']})"
+                    )
+                    out.append(
+                        f"{who} read nothing between two looks while the publisher sent {t['msgs_per_s']:.0f} "
+                        f"msg/s; it is {r['lag_bytes']} bytes behind and falling further: {why}; it will be "
+                        f"lapped (a reader that reads less often than --interval looks the same: raise it)"
+                    )
                 continue
             stopped = process_state(r["pid"]) in ("T", "t")
             what = (

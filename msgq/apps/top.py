@@ -39,7 +39,8 @@ examples:
   msgq-top                          this run's topics (MSGQ_PREFIX), refreshed every second
   msgq-top --all-prefixes --once    one table of every run's topics
   msgq-top --json --interval 0.5    one JSON document: {"topics": [...]}
-  msgq-top --check                  what is wrong and what to do (exit status 1 if anything)
+  msgq-top --check                  what is wrong and what to do (exit status 1 if anything),
+                                    from two snapshots --interval apart (a stuck reader shows)
   msgq-top --clean                  list what killed processes left (STALE topics, queues,
                                     large-message directories), ask, remove them
   msgq-top --clean --yes            remove them without asking (scripts; needed without a terminal)
@@ -372,7 +373,9 @@ def main(argv=None) -> int:
         if args.check:
             from msgq.apps.diagnostics import leftovers, problems
 
-            found = problems(build_report({}, snapshot(directory, prefix)))
+            before = snapshot(directory, prefix)  # two snapshots: a reader that stopped reading shows
+            time.sleep(args.interval)
+            found = problems(build_report(before, snapshot(directory, prefix)))
             found += leftovers(directory, artifacts.scan(directory, prefix))
             out.write("\n".join(printable(line) for line in found) + "\n" if found else "no problems\n")
             out.flush()

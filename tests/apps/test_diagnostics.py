@@ -10,6 +10,7 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 
 import pytest
@@ -64,6 +65,44 @@ def test_a_slow_reader_is_told_how_to_keep_up(capsys):
     assert "fell a whole ring behind 1 time(s)" in out, out
     sub.close()
     pub.close()
+
+
+def test_a_live_reader_that_stopped_reading_is_reported_before_it_is_lapped(capsys):
+    """Issue 34: ``--check`` said "no problems" for a live reader whose lag kept growing
+    at 0 msg/s; it now compares two snapshots and names the reader."""
+    topic = unique_topic()
+    pub = msgq.pub_sock(topic, segment_size=1 << 20)
+    reader = child(
+        f"""
+        import msgq, time
+        sub = msgq.sub_sock({topic!r})
+        print("ready", flush=True)
+        time.sleep(60)  # alive, not stopped, reading nothing
+        """
+    )
+    stop = time.monotonic() + 3
+    try:
+        done = threading.Event()
+
+        def publish():
+            while not done.is_set() and time.monotonic() < stop:
+                pub.send(b"x" * 100)
+                time.sleep(0.005)
+
+        sender = threading.Thread(target=publish)
+        sender.start()
+        try:
+            status, out = check(capsys)
+        finally:
+            done.set()
+            sender.join()
+        assert status == 1, out
+        assert f"reader pid {reader.pid}" in out and "read nothing between two looks" in out, out
+        assert "alive but not receiving" in out and "falling further" in out, out
+    finally:
+        reader.kill()
+        reader.wait()
+        pub.close()
 
 
 def test_a_stopped_reader_is_reported_as_stopped(capsys):
