@@ -48,7 +48,7 @@ def _storage(cv2, spec: dict, fmt: str, width: int, height: int):
     codec = spec.get("codec")
     if codec is None or codec == codecs.LEGACY:
         return Storage(cv2, fmt, width, height, lossless=codec is None and spec.get("lossless", True))
-    return codecs.AvStorage(fmt, width, height, codec, spec.get("crf"))
+    return codecs.AvStorage(fmt, width, height, codec, spec.get("crf"), container=spec.get("container", codecs.EXT))
 
 
 def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
@@ -61,7 +61,8 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
     shown black / as a copy of the previous picture), ``blur`` (sigma, 0), ``start_ns``,
     ``lossless`` (True: FFV1; False: lossy mp4v, vipc-record --codec mp4v),
     ``codec`` (a vipc-record ``--codec``: mp4v, or a PyAV codec such as h264 fed the compact
-    image, with ``crf``; it overrides ``lossless``), ``frame_metrics`` (measure the frames as written
+    image, with ``crf``; it overrides ``lossless``), ``container`` (``mcap``: MCAP segments, as
+    vipc-record --format mcap; default Matroska), ``frame_metrics`` (measure the frames as written
     and keep the numbers in the index, as vipc-record --frame-metrics; default: lossy streams).
     Formats rgb8/bgr8 store the picture as R = G = B.
     """

@@ -10,11 +10,21 @@ reader, vipc-replay, the Spark pipeline).
   JSON nesting depth, stream names, formats, frame sizes).
 - ``check_stream(name, where)``: a stream name as every VisionIPC stream is named
   (``visionipc._streams.stream_key``): never ``/``, ``..`` or a leading ``.``.
+- ``reading(path)``: the one door every reader of a recording's files, an MCAP segment
+  or a ROS 2 bag goes through. Whatever a parsing library raises inside it (numpy's
+  ``cannot reshape``, mcap's ``RecordLengthLimitExceeded`` / ``EndOfFile``, ``KeyError``,
+  protobuf's ``DecodeError``, ``ZstdError``, ``UnicodeDecodeError``, PyAV's ``FFmpegError``,
+  OpenCV's ``cv2.error``, ...) leaves it as one ``RecordingError`` naming the file by its
+  path and the place in it the reader had reached (``place.at``: a message, a frame
+  position, a byte offset).
+- ``check_size(width, height, where)``: the frame size every format may describe
+  (1..MAX_SIDE a side), recordings, MCAP segments and ROS 2 bags alike.
 
 Every failure is a ``RecordingError`` (a ``UsageError``: one line, exit status 2),
 whose text shows names escaped (``msgq.printable``).
 """
 
+import contextlib
 import errno
 import json
 import os
@@ -28,6 +38,7 @@ MAX_MANIFEST_BYTES = 1 << 20  # recording.json is a few KiB
 MAX_JSON_DEPTH = 8  # recording.json nests 4 deep
 MAX_SIDE = 16384  # widest / tallest frame a recording may describe
 MAX_STREAMS = 256
+MAX_REASON = 240  # characters of a library's own message kept in a RecordingError
 
 
 class RecordingError(UsageError, ValueError):
@@ -109,6 +120,43 @@ def read_file(folder, relpath: str, limit: int) -> bytes:
     if len(data) > limit:
         raise _error(os.path.join(folder, relpath), f"larger than {limit} bytes: not a file this format writes")
     return data
+
+
+class Place:
+    """Where a reader is in an untrusted file: ``at`` ("message 3", "frame position 5", ...)
+    is set by the reader as it goes and named in the error of anything that fails there."""
+
+    def __init__(self, path, at: str = ""):
+        self.path, self.at = os.fspath(path), at
+
+    def error(self, what: str) -> "RecordingError":
+        where = f"{printable(self.path)}: {self.at}" if self.at else printable(self.path)
+        return RecordingError(f"{where}: {what}")
+
+
+@contextlib.contextmanager
+def reading(path, at: str = ""):
+    """``with reading(path) as place:`` the one door for parsing an untrusted file: any
+    exception the parsing raises (a library's error, or a RecordingError without a place)
+    leaves as a RecordingError naming ``path`` and ``place.at``, its type and reason kept
+    on the same line. UsageError (a missing package) and BaseExceptions (Ctrl-C, a closed
+    generator) pass as they are."""
+    place = Place(path, at)
+    try:
+        yield place
+    except UsageError:  # RecordingError too: already one line naming the file
+        raise
+    except Exception as e:  # noqa: BLE001 - whatever a parser of hostile bytes raises
+        reason = printable(str(e)) or "(no message)"
+        if len(reason) > MAX_REASON:
+            reason = reason[:MAX_REASON] + "..."
+        raise place.error(f"{type(e).__name__}: {reason}") from None
+
+
+def check_size(width, height, where) -> None:
+    """RecordingError unless ``width`` x ``height`` is a frame size a recording may hold."""
+    for key, value in (("width", width), ("height", height)):
+        _side({key: value}, key, where)
 
 
 def proc_path(fd: int) -> str:

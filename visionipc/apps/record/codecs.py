@@ -234,6 +234,13 @@ _TO_I420 = {"rgb24": "COLOR_RGB2YUV_I420", "bgr24": "COLOR_BGR2YUV_I420"}
 _FROM_I420 = {"rgb24": "COLOR_YUV2RGB_I420", "bgr24": "COLOR_YUV2BGR_I420"}
 
 
+def reformat(frame, pix_fmt: str):
+    """``frame`` converted to ``pix_fmt`` by swscale on the calling thread: PyAV's default (0:
+    automatic) starts and joins a pool of slice threads for every frame, and a replay
+    interrupted by SIGINT hung in that join (sws_freeContext, with the GIL held)."""
+    return frame.reformat(format=pix_fmt, threads=1)
+
+
 def tag_colour(ctx, src_format: str, pix_fmt: str):
     """Tag an encoder's YUV with what it holds, so ffprobe and players read it right: BT.601
     (SMPTE 170M) video range, or full range for gray8 stored as the Y plane as it is."""
@@ -256,7 +263,7 @@ def encoder_frame(storage, image):
             cv2 = need("cv2", "record")
             image, src = cv2.cvtColor(np.ascontiguousarray(image), getattr(cv2, _TO_I420[src])), "yuv420p"
     frame = av().VideoFrame.from_ndarray(image, format=src)
-    return frame if frame.format.name == dst else frame.reformat(format=dst)
+    return frame if frame.format.name == dst else reformat(frame, dst)
 
 
 class AvEncoder:
@@ -329,7 +336,7 @@ class Mp4vEncoder:
 
     def write(self, image):
         if self.src_format == "gray":
-            frame = av().VideoFrame.from_ndarray(image, format="gray").reformat(format="yuv420p")
+            frame = reformat(av().VideoFrame.from_ndarray(image, format="gray"), "yuv420p")
         else:
             frame = encoder_frame(self, image)
         frame.pts = self.pts
@@ -416,10 +423,10 @@ def _to_image(frame, src_format):
     if src_format in _FROM_I420 and frame.format.name in ("yuv420p", "nv12"):  # encoder_frame's way back
         cv2 = need("cv2", "record")
         if frame.format.name != "yuv420p":
-            frame = frame.reformat(format="yuv420p")
+            frame = reformat(frame, "yuv420p")
         return cv2.cvtColor(frame.to_ndarray(), getattr(cv2, _FROM_I420[src_format]))
     if frame.format.name != src_format:
-        frame = frame.reformat(format=src_format)
+        frame = reformat(frame, src_format)
     return frame.to_ndarray(format=src_format)
 
 

@@ -19,6 +19,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from msgq._printable import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record.codecs import encoder_frame, ordinary_scheduling, tag_colour
@@ -178,57 +179,117 @@ def write_topic(rows: dict, path: str):
     os.replace(tmp, path)
 
 
-def _read_messages(source):
-    """The decoded messages of an MCAP file: ``source`` is its path or an open descriptor
-    (closed here)."""
-    need("mcap_protobuf", "record")
-    from mcap.reader import make_reader
-    from mcap_protobuf.decoder import DecoderFactory
+def open_reader(f, decoder_factories=()):
+    """An MCAP reader of the open file ``f`` that loads no record longer than the file itself
+    (mcap's own limit is 4 GiB: one flipped length byte would have it allocate that much)."""
+    from mcap.reader import SeekingReader
 
-    with open(source, "rb") as f:
-        reader = make_reader(f, decoder_factories=[DecoderFactory()])
-        for _, _, _, msg in reader.iter_decoded_messages(log_time_order=False):
-            yield msg
+    return SeekingReader(f, decoder_factories=decoder_factories, record_size_limit=os.fstat(f.fileno()).st_size)
 
 
-def _frames(path, storage):
-    """The segment's compact images, in order."""
-    s = storage
-    if s.lossless:
-        for msg in _read_messages(path):
-            dtype = pixels.compact_dtype(s.fmt).newbyteorder("<")
-            image = np.frombuffer(msg.data, dtype).astype(pixels.compact_dtype(s.fmt))
-            image = image.reshape(pixels.compact_shape(s.fmt, s.width, s.height))
-            yield _nv12_to_i420(image, s.width, s.height) if s.fmt == "i420" else image
-        return
-    from visionipc.apps.record.codecs import _to_image
+class SegmentReader:
+    """One MCAP segment of a recording open for reading (``with`` it, or ``close()``): its file
+    and video decoder are opened here and freed by ``close`` in the caller's thread, never by a
+    garbage-collected generator. ``frames()`` yields its compact images in order; every
+    message is checked against recording.json's stream, and whatever else fails in the file
+    is a RecordingError naming it and the message (checks.reading).
 
-    mod = need("av", "record")
-    ctx = None
-    for msg in _read_messages(path):
-        if ctx is None:
-            ctx = mod.codec.CodecContext.create(DECODER[msg.format], "r")
-            ctx.thread_type, ctx.thread_count = "AUTO", s.decode_threads
-        for frame in ctx.decode(mod.Packet(msg.data)):
-            yield _to_image(frame, s.src_format)
-    if ctx is not None:
-        for frame in ctx.decode(None):
-            yield _to_image(frame, s.src_format)
+    Packets are handed to FFmpeg in buffers FFmpeg owns: a packet made from Python bytes is
+    freed through a callback that takes the GIL, and FFmpeg's decoding threads free packets;
+    freeing the decoder (which waits for those threads) with the GIL held then deadlocked."""
+
+    def __init__(self, folder: str, segment_file: str, storage):
+        from visionipc.apps.record.checks import Place, open_file
+
+        self.storage, self.ctx = storage, None
+        self.place = Place(os.path.join(folder, segment_file))
+        self.file = os.fdopen(open_file(folder, segment_file), "rb")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self):
+        self.ctx = None  # the decoder freed now, in this thread
+        self.file.close()
+
+    def frames(self):
+        from visionipc.apps.record.checks import reading
+
+        need("mcap_protobuf", "record")
+        from mcap_protobuf.decoder import DecoderFactory
+
+        with reading(self.place.path) as self.place:
+            self.place.at = "its header"
+            reader = open_reader(self.file, [DecoderFactory()])
+            for i, (_, _, message, msg) in enumerate(reader.iter_decoded_messages(log_time_order=False)):
+                self.place.at = f"message {i} (log time {message.log_time})"
+                if self.storage.lossless:
+                    yield self._raw(msg)
+                else:
+                    yield from self._decode(msg)
+            if self.ctx is not None:
+                self.place.at = "the end of its video"
+                yield from self._images(self.ctx.decode(None))
+
+    def _raw(self, msg):
+        s = self.storage
+        shape, dtype = pixels.compact_shape(s.fmt, s.width, s.height), pixels.compact_dtype(s.fmt)
+        want = (s.width, s.height, RAW_ENCODING[s.fmt], int(np.prod(shape)) * dtype.itemsize)
+        got = (msg.width, msg.height, msg.encoding, len(msg.data))
+        if got != want:
+            raise self.place.error(
+                f"a {got[0]}x{got[1]} {printable(got[2])[:20]} image of {got[3]} bytes, recording.json says "
+                f"{want[0]}x{want[1]} {want[2]} ({want[3]} bytes)"
+            )
+        image = np.frombuffer(msg.data, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
+        return _nv12_to_i420(image, s.width, s.height) if s.fmt == "i420" else image
+
+    def _decode(self, msg):
+        av = need("av", "record")
+        want = FOXGLOVE_FORMAT[self.storage.codec]
+        if msg.format != want:
+            raise self.place.error(f"a {printable(repr(msg.format))[:40]} video message in a {want} stream")
+        if self.ctx is None:
+            self.ctx = av.codec.CodecContext.create(DECODER[want], "r")
+            self.ctx.thread_type, self.ctx.thread_count = "AUTO", self.storage.decode_threads
+        if msg.data:  # an empty packet would end the stream
+            packet = av.Packet(len(msg.data))
+            packet.update(msg.data)
+            yield from self._images(self.ctx.decode(packet))
+
+    def _images(self, frames):
+        from visionipc.apps.record.codecs import _to_image
+
+        for frame in frames:
+            yield _to_image(frame, self.storage.src_format)
 
 
 def iter_decoded(folder: str, rows, storage):
     """(segment_file, decoded compact image) for ``rows`` ((segment_file, position) pairs, in
-    index order); each segment opened through checks.open_file."""
-    from visionipc.apps.record.checks import open_file
+    index order); each segment opened through checks.open_file and closed before the next."""
+    from visionipc.apps.record.checks import RecordingError
 
-    current, frames, position = None, None, 0
-    for segment_file, want in rows:
-        if segment_file != current or want < position:
-            frames, current, position = _frames(open_file(folder, segment_file), storage), segment_file, 0
-        for image in frames:
-            position += 1
-            if position - 1 == want:
-                yield segment_file, image
-                break
-        else:
-            raise RuntimeError(f"{segment_file} ends before frame position {want}")
+    segment, frames, current, position = None, None, None, 0
+    try:
+        for segment_file, want in rows:
+            if segment_file != current or want < position:
+                if segment is not None:
+                    frames.close()
+                    segment.close()
+                    segment = None
+                segment = SegmentReader(folder, segment_file, storage)
+                frames, current, position = segment.frames(), segment_file, 0
+            for image in frames:
+                position += 1
+                if position - 1 == want:
+                    yield segment_file, image
+                    break
+            else:
+                raise RecordingError(f"{printable(segment.place.path)} ends before frame position {want}")
+    finally:
+        if segment is not None:
+            frames.close()
+            segment.close()

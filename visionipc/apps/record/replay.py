@@ -2,6 +2,7 @@
 original frame ids and timing (intervals scaled by --rate), in a deterministic order."""
 
 import argparse
+import contextlib
 import os
 import queue
 import sys
@@ -11,7 +12,7 @@ import time
 from msgq._printable import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
 from visionipc.apps.record import codecs, index
-from visionipc.apps.record.checks import RecordingError
+from visionipc.apps.record.checks import RecordingError, check_size
 from visionipc.apps.record.reader import iter_segment_frames, open_video
 from visionipc.apps.record.storage import Storage
 
@@ -102,9 +103,10 @@ class Decoder(threading.Thread):
 
     def run(self):
         try:
-            for image in self.images():
-                if not self._put(image):
-                    return
+            with contextlib.closing(self.images()) as images:  # the decoder freed here, not by the GC
+                for image in images:
+                    if not self._put(image):
+                        return
         except BaseException as e:
             self.error = e
             self._put(None)
@@ -172,41 +174,59 @@ def _memory_available() -> int:
     return 1 << 62
 
 
-def _storages(cv2, folder, recorded, streams, tables, buffers) -> dict:
-    """Each stream's Storage, once its first video is checked to have the size recording.json
-    says and its buffer pool is known to fit the available memory (before anything is reserved)."""
+def check_pool(geometry: dict, buffers: int) -> None:
+    """RecordingError unless every stream's size is one a recording may hold (checks.MAX_SIDE)
+    and ``buffers`` buffers of each fit in half the available memory: the same limits for a
+    recording folder and a ROS 2 bag, checked before anything is reserved."""
     from visionipc.formats import layout
 
-    storages, pool_bytes = {}, 0
+    for s, info in geometry.items():
+        check_size(info["width"], info["height"], f"stream {s}")
+    pool_bytes = sum(buffers * layout(i["format"], i["width"], i["height"]).size for i in geometry.values())
+    available = _memory_available()
+    if pool_bytes > available // 2:
+        raise RecordingError(
+            f"replaying {', '.join(geometry)} needs {pool_bytes >> 20} MiB of buffers, more than half the "
+            f"{available >> 20} MiB available: use fewer --buffers or --stream"
+        )
+
+
+def _storages(cv2, folder, recorded, streams, tables) -> dict:
+    """Each stream's Storage, once its first video is checked to have the size recording.json
+    says (before anything is reserved)."""
+    storages = {}
     for s in streams:
-        info = recorded[s]
         try:
-            storages[s] = Storage.from_manifest(cv2, info)
+            storages[s] = Storage.from_manifest(cv2, recorded[s])
         except ValueError as e:
             raise RecordingError(f"{folder}/recording.json: stream {s!r}: {e}") from None
         first = tables[s].column("segment_file")[0].as_py()
         if storages[s].uses_av:  # its first frame decodes to the size recording.json gives
-            next(codecs.iter_decoded(folder, [(first, 0)], storages[s]))
+            with contextlib.closing(codecs.iter_decoded(folder, [(first, 0)], storages[s])) as frames:
+                next(frames)
         else:
             cap, fd = open_video(cv2, folder, first, storages[s])
             cap.release()
             os.close(fd)
-        pool_bytes += buffers * layout(info["format"], info["width"], info["height"]).size
-    available = _memory_available()
-    if pool_bytes > available // 2:
-        raise RecordingError(
-            f"replaying {', '.join(streams)} needs {pool_bytes >> 20} MiB of buffers, more than half the "
-            f"{available >> 20} MiB available: use fewer --buffers or --stream"
-        )
     return storages
 
 
 def run(args) -> int:
+    """SIGINT/SIGTERM set the stop flag from the first moment on (a KeyboardInterrupt raised
+    at a random point of the start-up could be swallowed by a library and lost)."""
+    stopper = Stopper()
+    try:
+        return _run(args, stopper.event)
+    finally:
+        stopper.restore()
+
+
+def _run(args, stop) -> int:
     rate = _rate(args.rate)
     if os.path.isfile(args.dir):  # a ROS 2 bag (MCAP)
         from visionipc.apps.record import ros2bag
 
-        return ros2bag.replay(args, rate)
+        return ros2bag.replay(args, rate, stop)
     if args.topic_map:
         raise UsageError("--topic-map is for ROS 2 bags (an .mcap file), not a recording folder")
     cv2 = need("cv2", "record")
@@ -221,7 +241,7 @@ def run(args) -> int:
         )
     topics = [] if args.no_topics else list(manifest.get("topics", []))
     events, tables = _timeline(args.dir, manifest, streams, topics)
-    storages = _storages(cv2, args.dir, recorded, streams, tables, args.buffers)
+    storages = _storages(cv2, args.dir, recorded, streams, tables)
 
     def decoders(stop):
         return {
@@ -236,20 +256,20 @@ def run(args) -> int:
             for s in streams
         }
 
-    return serve(args, rate, {s: recorded[s] for s in streams}, storages, events, topics, decoders)
+    return serve(args, rate, {s: recorded[s] for s in streams}, storages, events, topics, decoders, stop)
 
 
-def serve(args, rate, geometry, storages, events, topics, make_decoders) -> int:
+def serve(args, rate, geometry, storages, events, topics, make_decoders, stop) -> int:
     """Create the server (``geometry``: stream -> dict of width, height, format), then publish
-    ``events`` (see _timeline) with ``make_decoders(stop)``'s images, once or --loop."""
+    ``events`` (see _timeline) with ``make_decoders(stop)``'s images, once or --loop, until
+    ``stop`` (a threading.Event) is set."""
     from visionipc import VisionIpcServer
     from visionipc.formats import MAX_BUFFERS
 
     streams = list(geometry)
     if not 1 <= args.buffers <= MAX_BUFFERS:
         raise UsageError(f"--buffers must be in 1..{MAX_BUFFERS}")
-    stopper = Stopper()
-    stop = stopper.event
+    check_pool(geometry, args.buffers)
     server, pubs, decoders = None, {}, {}
     try:
         try:
@@ -288,7 +308,6 @@ def serve(args, rate, geometry, storages, events, topics, make_decoders) -> int:
             p.close()
         if server is not None:
             server.close()
-        stopper.restore()
 
 
 def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int:
@@ -325,6 +344,9 @@ def main(argv=None) -> int:
     except (RuntimeError, OSError) as e:  # a failure, not bad input: one line, exit 1
         print(f"{PROG}: error: {printable(str(e))}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C before run() took SIGINT over (Python's start-up, imports)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

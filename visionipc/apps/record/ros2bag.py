@@ -161,11 +161,11 @@ class _Compact:
         pixels.unpack(image, buf)
 
 
-def replay(args, rate) -> int:
+def replay(args, rate, stop) -> int:
     bag = Bag(args.dir, args.topic_map, args.stream)
     storages = dict.fromkeys(bag.streams, _Compact())
 
     def decoders(stop):
         return {s: BagDecoder(bag, s, stop) for s in bag.streams}
 
-    return folder_replay.serve(args, rate, bag.geometry, storages, bag.events, [], decoders)
+    return folder_replay.serve(args, rate, bag.geometry, storages, bag.events, [], decoders, stop)
