@@ -234,3 +234,18 @@ def test_read_stamp_rejects_an_unstamped_image():
 def test_missing_opencv_names_the_extra_to_install():
     rc, err = run_without("cv2", "visionipc.apps.camera.daemon:main", ["--name", "x", "--stream", "s"])
     assert rc == 2 and "pip install 'visionipc[cv]'" in err
+
+
+def test_a_server_name_in_use_is_one_line_not_a_traceback(capsys):
+    """Issue 34: a second vipc-camera with the same --name printed a 20-line traceback."""
+    from visionipc import VisionIpcServer
+
+    name = unique_name("taken")
+    holder = VisionIpcServer(name)
+    try:
+        status = main(["--name", name, "--stream", "road", "--source", "synthetic", "--frames", "1"])
+    finally:
+        holder.close()
+    err = capsys.readouterr().err
+    assert status == 1
+    assert err.count("\n") == 1 and err.startswith("vipc-camera: error: another VisionIPC server"), err

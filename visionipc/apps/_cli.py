@@ -8,6 +8,7 @@ import threading
 
 from msgq import add_version_flag
 from msgq._printable import printable
+from msgq.errors import IpcError
 from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
 
 
@@ -47,13 +48,18 @@ def error(prog: str, message: str) -> int:
 
 def run_command(prog: str, parser, run, argv=None) -> int:
     """``main``'s body for every command: parse ``argv``, ``run(args)``, and turn
-    UsageError into a one-line message and exit status 2."""
+    UsageError into a one-line message and exit status 2, and an error of the
+    libraries (``msgq.IpcError``: a server name taken, no shared memory left, ...)
+    into a one-line message and exit status 1."""
     add_version_flag(parser)
     args = parser.parse_args(argv)
     try:
         return run(args)
     except UsageError as e:
         return error(prog, str(e))
+    except IpcError as e:
+        print(f"{prog}: error: {printable(str(e))}", file=sys.stderr)
+        return 1
 
 
 def add_wake(parser) -> None:
