@@ -6,9 +6,18 @@ without its limits: 64 readers per topic reclaimed one by one, clear errors
 instead of aborts, no signals, sleeping receivers that use no CPU.
 """
 
+import importlib.util as _util
+import os as _os
 from typing import List, Optional, Union
 
-from msgq import _aliases
+if _util.find_spec("msgq._msgq") is None or _util.find_spec("msgq._queues") is None:
+    raise ImportError(
+        f"msgq's compiled modules are not in {_os.path.dirname(__file__)}: this is a source checkout that was "
+        "not built; build it in place (bash tools/setup.sh, or pip install -e .) or run Python outside the "
+        "checkout so that the installed package is imported"
+    )
+
+from msgq import _aliases  # noqa: E402
 from msgq import errors as _errors
 from msgq.broadcast import BroadcastHandle, BroadcastQueue
 from msgq.errors import (
