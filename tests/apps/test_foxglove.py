@@ -7,6 +7,7 @@ import base64
 import json
 import re
 import struct
+import time
 
 import numpy as np
 import pytest
@@ -106,9 +107,12 @@ def test_frames_as_jpeg_and_a_topic_as_raw_bytes(tmp_path):
         msg = cls.FromString(payload)
         assert msg.format == "jpeg" and msg.frame_id == "road"
         assert msg.timestamp.seconds * 10**9 + msg.timestamp.nanos == log_time  # the frame's timestamp_eof
+        # ... in Unix-epoch nanoseconds, as Foxglove expects (issue 34: it was CLOCK_MONOTONIC, 1970)
+        assert abs(log_time - time.time_ns()) < 10 * 10**9
         image = cv2.imdecode(np.frombuffer(msg.data, np.uint8), cv2.IMREAD_COLOR)
         assert image.shape == (64, 96, 3) and read_stamp(image, "bgr8") is not None
     assert all(p.startswith(b"event ") for _, p in got[f"/{topic}"])
+    assert all(abs(t - time.time_ns()) < 10 * 10**9 for t, _ in got[f"/{topic}"])
 
 
 def test_frames_as_h264_decode(tmp_path):

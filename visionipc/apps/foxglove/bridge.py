@@ -6,8 +6,10 @@ Each stream is a channel ``/<stream>``: ``foxglove.CompressedImage`` (JPEG, defa
 keyframe every second and one as soon as a client subscribes, so it can decode at once),
 logged at the frame's timestamp_eof with that time in the message (schemas and message
 encoding from the ``foxglove-sdk`` package). Each ``--topic`` is a channel ``/<topic>`` of
-its raw message bytes, logged at their receive time (CLOCK_MONOTONIC). One thread per
-stream and topic.
+its raw message bytes, logged at their receive time. Every time sent is in nanoseconds
+since the Unix epoch, as Foxglove, MCAP and ROS 2 expect (frames carry CLOCK_MONOTONIC
+times: they are moved to the wall clock by the offset between the two clocks at that
+moment), so a live view shows the real time of day. One thread per stream and topic.
 
 The WebSocket server is our own (hub.py, aiohttp) under the policy every visionipc web
 surface shares (visionipc/apps/web): the owner's per-run token in the printed URL, Host
@@ -106,28 +108,28 @@ class StreamPump(threading.Thread):
                 with frame:  # the read lease, released here even when nobody watches
                     if not self.channel.subscribers:
                         continue
-                    out = self._encode(frame)
+                    when = wall_ns(frame.timestamp_eof)  # log time and message time, one value
+                    out = self._encode(frame, when)
                     if not frame.valid:  # overwritten while we read it
                         continue
                 if out is not None:
                     msg, keyframe = out
-                    self.hub.publish(self.channel, frame.timestamp_eof, msg.encode(), keyframe)
+                    self.hub.publish(self.channel, when, msg.encode(), keyframe)
                     self.sent += 1
         except BaseException as e:
             self.error = e
             self.stop.set()
 
-    def _stamp(self, frame):
-        t = frame.timestamp_eof
+    def _stamp(self, t):
         return self.messages.Timestamp(sec=t // 10**9, nsec=t % 10**9)
 
-    def _encode(self, frame):
+    def _encode(self, frame, when):
         if self.encoding == "jpeg":
             cv2 = need("cv2", "view")
             ok, jpeg = cv2.imencode(".jpg", frame.to_bgr(), [cv2.IMWRITE_JPEG_QUALITY, self.quality])
             data = jpeg.tobytes()
             image = self.messages.CompressedImage(
-                timestamp=self._stamp(frame), frame_id=self.stream, data=data, format="jpeg"
+                timestamp=self._stamp(when), frame_id=self.stream, data=data, format="jpeg"
             )
             return image, True
         from visionipc.apps.record import codecs, mcap_io
@@ -150,9 +152,14 @@ class StreamPump(threading.Thread):
             return None
         keyframe = any(p.is_keyframe for p in packets)
         message = self.messages.CompressedVideo(
-            timestamp=self._stamp(frame), frame_id=self.stream, data=data, format="h264"
+            timestamp=self._stamp(when), frame_id=self.stream, data=data, format="h264"
         )
         return message, keyframe
+
+
+def wall_ns(monotonic_ns: int) -> int:
+    """A CLOCK_MONOTONIC time (a frame's timestamps) in nanoseconds since the Unix epoch."""
+    return monotonic_ns + (time.time_ns() - time.monotonic_ns())
 
 
 class TopicPump(threading.Thread):
@@ -173,7 +180,7 @@ class TopicPump(threading.Thread):
             while not self.stop.is_set():
                 data = self.sock.receive()
                 if data is not None and self.channel.subscribers:
-                    self.hub.publish(self.channel, time.monotonic_ns(), bytes(data))
+                    self.hub.publish(self.channel, time.time_ns(), bytes(data))
                     self.sent += 1
         except BaseException as e:
             self.error = e
