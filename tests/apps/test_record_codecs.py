@@ -14,6 +14,7 @@ from msgq.testing import unique_name
 from visionipc import pixels
 from visionipc.apps.pipeline.cli import main as analyze_main
 from visionipc.apps.record import codecs, index
+from visionipc.apps.record.checks import RecordingError
 from visionipc.apps.record.reader import iter_frames, iter_segment_frames
 from visionipc.apps.record.recorder import main as record_main
 from visionipc.apps.record.writer import StreamWriter
@@ -132,7 +133,7 @@ def test_far_frames_are_reached_by_seeking_and_match_a_full_decode(tmp_path):
     some = [rows[i] for i in (1, 38, 39, 44)]  # 38 is past SEEK_GAP: a seek to the keyframe at 35
     for row, image in zip(some, _decode(tmp_path, storage, some)):
         assert np.array_equal(image, everything[row["position"]])
-    with pytest.raises(RuntimeError, match="ends before"):
+    with pytest.raises(RecordingError, match="000000.mkv: frame position 90: the segment ends before"):
         _decode(tmp_path, storage, [dict(rows[0], position=90)])
 
 

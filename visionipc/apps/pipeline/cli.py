@@ -254,7 +254,11 @@ def main(argv=None) -> int:
         except ImportError:
             PySparkException = Py4JJavaError = ()
         if isinstance(e, (PySparkException, Py4JJavaError)):
-            return fail(_spark_message(e), 1)
+            message = _spark_message(e)
+            kind, _, reason = message.partition(": ")
+            if kind == "RecordingError":  # a task met a hostile or broken file: bad input, as on the driver
+                return fail(reason, 2)
+            return fail(message, 1)
         # anything else is a failure of the run, still one line (-v: the traceback too)
         if args.verbose:
             import traceback

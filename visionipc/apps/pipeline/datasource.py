@@ -94,6 +94,8 @@ class VipcReader(DataSourceReader):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from visionipc.apps.record.checks import reading
+
         filters = [("frame_id", op, v) for op, v in self.frame_filters] or None
         extra = {"recording_id", "recording_path"}
         wanted = [c for c in self.columns if c not in extra]
@@ -101,7 +103,8 @@ class VipcReader(DataSourceReader):
         schema = QUALITY_ARROW_SCHEMA if set(wanted) & set(METRIC_COLUMNS) else INDEX_ARROW_SCHEMA
         for recording_id, recording_path, index_file in partition.files:
             filesystem, path = fs.resolve(index_file)
-            table = pq.read_table(path, schema=schema, columns=wanted, filters=filters, filesystem=filesystem)
+            with reading(index_file):
+                table = pq.read_table(path, schema=schema, columns=wanted, filters=filters, filesystem=filesystem)
             n = len(table)
             if n == 0:
                 continue

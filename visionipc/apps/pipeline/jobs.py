@@ -171,11 +171,13 @@ def _read_stream(files) -> dict:
     import pyarrow.parquet as pq
 
     from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA
+    from visionipc.apps.record.checks import reading
 
     tables = []
     for f in files:
         filesystem, path = fs.resolve(f)
-        tables.append(pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=health._ORDER, filesystem=filesystem))
+        with reading(f):  # checked on the driver, but it may have changed since
+            tables.append(pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=health._ORDER, filesystem=filesystem))
     table = pa.concat_tables(tables)
     cols = {n: table.column(n).to_numpy().astype(np.int64, copy=False) for n in health._ORDER}
     order = health._recorded_order(cols["segment"], cols["position"])

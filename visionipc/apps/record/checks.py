@@ -124,10 +124,12 @@ def read_file(folder, relpath: str, limit: int) -> bytes:
 
 class Place:
     """Where a reader is in an untrusted file: ``at`` ("message 3", "frame position 5", ...)
-    is set by the reader as it goes and named in the error of anything that fails there."""
+    is set by the reader as it goes and named in the error of anything that fails there;
+    ``alias`` is another name a library knows the file by (the checked descriptor's
+    /proc/self/fd path FFmpeg opens), shown as ``path`` in its messages."""
 
-    def __init__(self, path, at: str = ""):
-        self.path, self.at = os.fspath(path), at
+    def __init__(self, path, at: str = "", alias: str = None):
+        self.path, self.at, self.alias = os.fspath(path), at, alias
 
     def error(self, what: str) -> "RecordingError":
         where = f"{printable(self.path)}: {self.at}" if self.at else printable(self.path)
@@ -135,19 +137,24 @@ class Place:
 
 
 @contextlib.contextmanager
-def reading(path, at: str = ""):
+def reading(path, at: str = "", alias: str = None):
     """``with reading(path) as place:`` the one door for parsing an untrusted file: any
-    exception the parsing raises (a library's error, or a RecordingError without a place)
-    leaves as a RecordingError naming ``path`` and ``place.at``, its type and reason kept
-    on the same line. UsageError (a missing package) and BaseExceptions (Ctrl-C, a closed
-    generator) pass as they are."""
-    place = Place(path, at)
+    exception the parsing raises (a library's error, or a RecordingError that does not name
+    the file) leaves as a RecordingError naming ``path`` and ``place.at``, its type and
+    reason kept on the same line. UsageError (a missing package) and BaseExceptions
+    (Ctrl-C, a closed generator) pass as they are."""
+    place = Place(path, at, alias)
     try:
         yield place
-    except UsageError:  # RecordingError too: already one line naming the file
+    except RecordingError as e:
+        if printable(place.path) in str(e):
+            raise
+        raise place.error(str(e)) from None
+    except UsageError:
         raise
     except Exception as e:  # noqa: BLE001 - whatever a parser of hostile bytes raises
-        reason = printable(str(e)) or "(no message)"
+        reason = str(e).replace(place.alias, place.path) if place.alias else str(e)
+        reason = printable(reason) or "(no message)"
         if len(reason) > MAX_REASON:
             reason = reason[:MAX_REASON] + "..."
         raise place.error(f"{type(e).__name__}: {reason}") from None

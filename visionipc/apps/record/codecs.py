@@ -351,67 +351,80 @@ class Mp4vEncoder:
 
 
 class _Segment:
-    """One segment open for decoding. A first pass over its packets (no decoding) gives each
-    frame's position (the rank of its pts) and the keyframes; a frame far ahead or behind is
-    reached by decoding from the last keyframe at or before it (Matroska seeking by time is
-    not exact enough without cues)."""
+    """One Matroska segment open for decoding (``close()`` frees its container and decoder,
+    in the caller's thread; no generator holds them). A first pass over its packets (no
+    decoding) gives each frame's position (the rank of its pts) and the keyframes; a frame
+    far ahead or behind is reached by decoding from the last keyframe at or before it
+    (Matroska seeking by time is not exact enough without cues). ``path`` is what FFmpeg
+    opens (the checked descriptor's /proc path), ``place`` names the file in errors."""
 
-    def __init__(self, mod, path, threads):
-        self.mod, self.path, self.threads = mod, path, threads
+    def __init__(self, mod, path, place, threads):
+        self.mod, self.path, self.place, self.threads = mod, path, place, threads
+        self.container = self.packets = None
+        self.pending = []  # frames decoded from the last packet, not yet handed out
+        self.place.at = "its packets"
         container, stream = self._open()
         try:
             packets = [(p.pts, p.is_keyframe) for p in container.demux(stream) if p.size]
-        except mod.FFmpegError as e:
-            raise RuntimeError(f"cannot read {path}: {e}") from None
         finally:
             container.close()
         ranks = sorted(range(len(packets)), key=lambda i: (packets[i][0] is None, packets[i][0]))
         self.position = {packets[i][0]: rank for rank, i in enumerate(ranks)}
         self.keys = [(self.position[pts], i) for i, (pts, key) in enumerate(packets) if key]
         self.count = len(packets)
-        self.container = self.frames = None
-        self.next = 0  # position of the next frame self.frames gives
+        self.next = 0  # position of the next frame decoded
 
     def _open(self):
-        try:
-            container = self.mod.open(self.path)
-            stream = container.streams.video[0]
-        except (OSError, IndexError, self.mod.FFmpegError) as e:
-            raise RuntimeError(f"cannot open {self.path}: {e}") from None
+        container = self.mod.open(self.path)
+        if not container.streams.video:
+            container.close()
+            raise self.place.error("no video stream")
+        stream = container.streams.video[0]
         stream.thread_type = "AUTO"
         stream.thread_count = self.threads
         return container, stream
 
     def _decode_from(self, start):
-        """Frames decoded from the packet ``start`` (in decode order, a keyframe) on."""
+        """Decode from the packet ``start`` (in decode order, a keyframe) on."""
         self.close()
         self.container, stream = self._open()
-        index = -1
-        for packet in self.container.demux(stream):
+        self.packets, self.index, self.start = self.container.demux(stream), -1, start
+
+    def _next_frame(self):
+        while not self.pending:
+            packet = next(self.packets, None)
+            if packet is None:
+                return None
             if packet.size:
-                index += 1
-                if index < start:
+                self.index += 1
+                if self.index < self.start:
                     continue
-            yield from packet.decode()
+            self.pending = list(packet.decode())
+        return self.pending.pop(0)
 
     def frame(self, want):
+        self.place.at = f"frame position {want}"
         if not 0 <= want < self.count:
-            raise RuntimeError(f"{os.path.basename(self.path)} ends before frame position {want}")
+            raise self.place.error(f"the segment ends before frame position {want} ({self.count} frames)")
         key_position, key_index = max(((p, i) for p, i in self.keys if p <= want), default=(0, 0))
-        if self.frames is None or want < self.next or (want - self.next >= SEEK_GAP and key_position > self.next):
-            self.frames = self._decode_from(key_index)
-        for frame in self.frames:
+        if self.packets is None or want < self.next or (want - self.next >= SEEK_GAP and key_position > self.next):
+            self._decode_from(key_index)
+        while (frame := self._next_frame()) is not None:
             position = self.position.get(frame.pts)
             if position is None:
-                raise RuntimeError(f"{self.path}: a decoded frame is not among its packets")
+                raise self.place.error("a decoded frame is not among its packets")
             self.next = position + 1
             if position == want:
                 return frame
             if position > want:
                 break
-        raise RuntimeError(f"{self.path}: frame position {want} does not decode")
+        raise self.place.error(f"frame position {want} does not decode")
 
     def close(self):
+        self.pending = []
+        if self.packets is not None:
+            self.packets.close()
+            self.packets = None
         if self.container is not None:
             self.container.close()
             self.container = None
@@ -479,7 +492,7 @@ def iter_decoded(folder: str, rows, storage):
 
 
 def _iter_av(folder, rows, storage):
-    from visionipc.apps.record.checks import open_file, proc_path
+    from visionipc.apps.record.checks import open_file, proc_path, reading
 
     mod = av()
     segment, current, fd = None, None, None
@@ -489,10 +502,13 @@ def _iter_av(folder, rows, storage):
                 if segment is not None:
                     segment.close()
                     os.close(fd)
-                    segment = None
-                fd = open_file(folder, segment_file)
-                segment, current = _Segment(mod, proc_path(fd), storage.decode_threads), segment_file
-            yield segment_file, _to_image(segment.frame(want), storage.src_format)
+                    segment = fd = None
+                fd, current = open_file(folder, segment_file), segment_file
+                with reading(os.path.join(folder, segment_file), alias=proc_path(fd)) as place:
+                    segment = _Segment(mod, place.alias, place, storage.decode_threads)
+            with reading(segment.place.path, alias=segment.path) as segment.place:
+                image = _to_image(segment.frame(want), storage.src_format)
+            yield segment_file, image
     finally:
         if segment is not None:
             segment.close()

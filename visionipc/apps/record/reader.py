@@ -17,7 +17,7 @@ import numpy as np
 from msgq._printable import printable
 from visionipc.apps._cli import need
 from visionipc.apps.record import codecs, index
-from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path
+from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path, reading
 from visionipc.apps.record.storage import Storage
 
 
@@ -70,25 +70,26 @@ def iter_segment_frames(cv2, folder, rows, storage):
     cap, fd, current, position = None, None, None, 0
     try:
         for segment_file, want in rows:
-            if segment_file != current:
-                if cap is not None:
-                    cap.release()
-                    os.close(fd)
-                    cap = None
-                cap, fd = open_video(cv2, folder, segment_file, storage)
-                current, position = segment_file, 0
-            while True:
-                ok, image = cap.read()
-                if not ok:
-                    raise RecordingError(f"{printable(segment_file)} ends before frame position {want}")
-                position += 1
-                if position - 1 == want:
-                    break
-            if (image.shape[1], image.shape[0]) != tuple(storage.image_size):
-                raise RecordingError(
-                    f"{printable(segment_file)}: frame {want} is {image.shape[1]}x{image.shape[0]}, "
-                    f"recording.json says {storage.image_size[0]}x{storage.image_size[1]}"
-                )
+            with reading(os.path.join(folder, segment_file), f"frame position {want}") as place:
+                if segment_file != current:
+                    if cap is not None:
+                        cap.release()
+                        os.close(fd)
+                        cap = None
+                    cap, fd = open_video(cv2, folder, segment_file, storage)
+                    current, position = segment_file, 0
+                while True:
+                    ok, image = cap.read()
+                    if not ok:
+                        raise place.error("the segment ends before it")
+                    position += 1
+                    if position - 1 == want:
+                        break
+                if (image.shape[1], image.shape[0]) != tuple(storage.image_size):
+                    raise place.error(
+                        f"the frame is {image.shape[1]}x{image.shape[0]}, "
+                        f"recording.json says {storage.image_size[0]}x{storage.image_size[1]}"
+                    )
             if not storage.is_color and image.ndim == 3:  # FFmpeg hands 8-bit gray back as BGR
                 image = image[..., 0].copy()
             yield image

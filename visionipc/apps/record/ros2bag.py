@@ -7,13 +7,17 @@ it). Frame ids count from 0 per stream; timestamp_sof/eof are the message's head
 Reads with the ``mcap`` and ``mcap-ros2-support`` packages (the ``record`` extra).
 """
 
+import contextlib
 import struct
 
 import numpy as np
 
+from msgq._printable import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record import replay as folder_replay
+from visionipc.apps.record.checks import RecordingError, check_size, reading
+from visionipc.apps.record.mcap_io import open_reader
 
 IMAGE, COMPRESSED = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
 # sensor_msgs/Image encoding -> (stream format, channels)
@@ -28,13 +32,12 @@ ENCODINGS = {
 }
 
 
-def _readers():
+def _decoder_factory():
     need("mcap", "record")
     need("mcap_ros2", "record")
-    from mcap.reader import make_reader
     from mcap_ros2.decoder import DecoderFactory
 
-    return make_reader, DecoderFactory
+    return DecoderFactory
 
 
 def _stamp(data: bytes, log_time: int) -> int:
@@ -47,24 +50,52 @@ def _stamp(data: bytes, log_time: int) -> int:
     return stamp if stamp > 0 else log_time
 
 
+_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # JPEG frame headers
+
+
+def compressed_size(data: bytes) -> tuple:
+    """(width, height) from a PNG's or JPEG's header, read before anything is decoded (a
+    small compressed image can describe a huge one); ValueError for any other data."""
+    if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
+        return struct.unpack(">II", data[16:24])
+    if data[:2] == b"\xff\xd8":
+        i = 2
+        while i + 9 <= len(data):
+            if data[i] != 0xFF:
+                break
+            marker = data[i + 1]
+            if marker in _SOF:
+                height, width = struct.unpack(">HH", data[i + 5 : i + 9])
+                return width, height
+            if marker == 0xFF or 0xD0 <= marker <= 0xD7 or marker == 0x01:  # fill byte, no length
+                i += 1 if marker == 0xFF else 2
+                continue
+            i += 2 + struct.unpack(">H", data[i + 2 : i + 4])[0]
+        raise ValueError("a JPEG without a frame header")
+    raise ValueError("a CompressedImage that is neither PNG nor JPEG")
+
+
 def to_image(schema_name: str, msg):
-    """A decoded message -> (stream format, compact image)."""
+    """A decoded message -> (stream format, compact image); sizes are checked (1..16384 a
+    side, checks.check_size) before any pixel is decoded or copied."""
     if schema_name == COMPRESSED:
         cv2 = need("cv2", "record")
+        check_size(*compressed_size(bytes(msg.data[: 1 << 16])), "the CompressedImage")
         image = cv2.imdecode(np.frombuffer(msg.data, np.uint8), cv2.IMREAD_UNCHANGED)
         if image is None:
-            raise ValueError(f"cannot decode a {msg.format!r} CompressedImage")
+            raise ValueError(f"cannot decode a {printable(repr(msg.format))[:40]} CompressedImage")
         if image.ndim == 3 and image.shape[2] == 4:
             image = image[..., :3]
         fmt = "bgr8" if image.ndim == 3 else ("raw16" if image.dtype == np.uint16 else "gray8")
         return fmt, np.ascontiguousarray(image)
     if msg.encoding not in ENCODINGS:
-        raise ValueError(f"image encoding {msg.encoding!r} is not one of {', '.join(ENCODINGS)}")
+        raise ValueError(f"image encoding {printable(repr(msg.encoding))[:40]} is not one of {', '.join(ENCODINGS)}")
+    check_size(msg.width, msg.height, "the Image")
     fmt, channels = ENCODINGS[msg.encoding]
     dtype = np.dtype(">u2" if msg.is_bigendian else "<u2") if fmt == "raw16" else np.dtype(np.uint8)
     rows = msg.height * 3 // 2 if fmt == "nv12" else msg.height
     row_items = msg.step // dtype.itemsize
-    data = np.frombuffer(msg.data, dtype)
+    data = np.frombuffer(msg.data, dtype, count=len(msg.data) // dtype.itemsize)
     if msg.step < msg.width * channels * dtype.itemsize or data.size < rows * row_items:
         raise ValueError(f"a {msg.width}x{msg.height} {msg.encoding} image with step {msg.step} has too few bytes")
     image = data[: rows * row_items].reshape(rows, row_items)[:, : msg.width * channels]
@@ -74,11 +105,12 @@ def to_image(schema_name: str, msg):
 
 class Bag:
     """The image topics of one bag: ``streams`` (stream -> topic), ``geometry`` (stream ->
-    width, height, format from its first message) and the replay ``events``."""
+    width, height, format from its first message) and the replay ``events``. The bag is
+    untrusted input: everything read from it goes through checks.reading (one
+    RecordingError naming the bag and the message)."""
 
     def __init__(self, path: str, topic_map: list, only: list):
-        make_reader, factory = _readers()
-        self.path, self.make_reader, self.factory = path, make_reader, factory
+        self.path, self.factory = path, _decoder_factory()
         wanted = {}
         for item in topic_map:
             topic, sep, stream = item.partition("=")
@@ -87,16 +119,19 @@ class Bag:
             wanted[topic] = stream
         try:
             with open(path, "rb") as f:
-                summary = make_reader(f).get_summary()
+                summary = open_reader(f).get_summary()
         except Exception as e:  # mcap raises its own errors for files that are not MCAP
-            raise UsageError(f"{path!r} is not a readable MCAP file ({type(e).__name__}: {e})") from None
+            raise RecordingError(
+                f"{printable(path)} is not a readable MCAP file ({type(e).__name__}: {printable(str(e))[:200]})"
+            ) from None
         if summary is None:
-            raise UsageError(f"{path!r} has no MCAP summary (was the bag closed properly?)")
-        images = {
-            c.topic: summary.schemas[c.schema_id].name
-            for c in summary.channels.values()
-            if c.schema_id in summary.schemas and summary.schemas[c.schema_id].name in (IMAGE, COMPRESSED)
-        }
+            raise RecordingError(f"{printable(path)} has no MCAP summary (was the bag closed properly?)")
+        with reading(path, "its summary"):
+            images = {
+                c.topic: summary.schemas[c.schema_id].name
+                for c in summary.channels.values()
+                if c.schema_id in summary.schemas and summary.schemas[c.schema_id].name in (IMAGE, COMPRESSED)
+            }
         missing = [t for t in wanted if t not in images]
         if missing:
             raise UsageError(f"the bag has no image topic {', '.join(missing)} (it has: {', '.join(sorted(images))})")
@@ -112,14 +147,17 @@ class Bag:
         self.geometry, self.events = {}, []
         by_topic = {t: s for s, t in self.streams.items()}
         seq = dict.fromkeys(self.streams, 0)
-        with open(path, "rb") as f:
-            for _, channel, message in make_reader(f).iter_messages(topics=list(by_topic), log_time_order=True):
+        with open(path, "rb") as f, reading(path) as place:
+            messages = open_reader(f).iter_messages(topics=list(by_topic), log_time_order=True)
+            for i, (_, channel, message) in enumerate(messages):
+                place.at = f"message {i} (log time {message.log_time})"
                 stream = by_topic[channel.topic]
                 stamp = _stamp(message.data, message.log_time)
                 self.events.append((message.log_time, 0, stream, seq[stream], (stamp, stamp)))
                 seq[stream] += 1
         for stream, topic in self.streams.items():
-            first = next(self.images(topic), None)
+            with contextlib.closing(self.images(topic)) as images:
+                first = next(images, None)
             if first is None:
                 raise UsageError(f"topic {topic} has no messages")
             fmt, image = first
@@ -129,13 +167,12 @@ class Bag:
 
     def images(self, topic):
         """(format, compact image) of every message of ``topic``, in log-time order."""
-        with open(self.path, "rb") as f:
-            reader = self.make_reader(f, decoder_factories=[self.factory()])
-            for schema, _, _, msg in reader.iter_decoded_messages(topics=[topic], log_time_order=True):
-                try:
-                    yield to_image(schema.name, msg)
-                except (ValueError, AttributeError) as e:
-                    raise RuntimeError(f"{topic}: {e}") from None
+        with open(self.path, "rb") as f, reading(self.path) as place:
+            reader = open_reader(f, [self.factory()])
+            messages = reader.iter_decoded_messages(topics=[topic], log_time_order=True)
+            for i, (schema, _, message, msg) in enumerate(messages):
+                place.at = f"message {i} of {printable(topic)} (log time {message.log_time})"
+                yield to_image(schema.name, msg)
 
 
 class BagDecoder(folder_replay.Decoder):
@@ -146,11 +183,12 @@ class BagDecoder(folder_replay.Decoder):
         self.bag = bag
 
     def images(self):
-        want = self.bag.geometry[self.stream]
-        for fmt, image in self.bag.images(self.bag.streams[self.stream]):
-            if fmt != want["format"] or image.shape != pixels.compact_shape(fmt, want["width"], want["height"]):
-                raise RuntimeError(f"topic {self.bag.streams[self.stream]} changes size or encoding mid-bag")
-            yield image
+        want, topic = self.bag.geometry[self.stream], self.bag.streams[self.stream]
+        with contextlib.closing(self.bag.images(topic)) as images:
+            for fmt, image in images:
+                if fmt != want["format"] or image.shape != pixels.compact_shape(fmt, want["width"], want["height"]):
+                    raise RecordingError(f"{printable(self.bag.path)}: topic {topic} changes size or encoding mid-bag")
+                yield image
 
 
 class _Compact:
