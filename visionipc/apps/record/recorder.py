@@ -2,17 +2,22 @@
 (docs/recording-format.md)."""
 
 import argparse
+import errno
+import json
 import os
 import queue
 import sys
 import threading
 import time
 
+from msgq._printable import printable
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.writer import StreamWriter
 
 PROG = "vipc-record"
+EXIT_DISK_FULL = 3  # the file system filled up (ENOSPC, EDQUOT, EFBIG): complete segments kept
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 QUEUE_BYTES = 256 << 20  # frames waiting for the encoder, per stream; beyond it frames are missed (counted)
 RECV_MS = 100  # longest wait before a receiver checks for a stop request
 
@@ -29,6 +34,8 @@ DIR/index/<stream>/<NNNNNN>.parquet (one row per frame: ids, timestamps, segment
 DIR/topics/<topic>/<NNNNNN>.parquet. A segment is written under a hidden .partial name and
 renamed when complete, so stopping (SIGINT/SIGTERM, --duration, --frames, --idle-timeout)
 never leaves a corrupt segment, and SIGKILL leaves at most hidden .partial files.
+A full disk (or quota) stops the recording: the segment being written is dropped, the
+complete ones are kept, recording.json says "failed" with the reason, exit status 3.
 Default storage is lossy H.264 (--codec: hevc, av1, NVENC; FFmpeg through PyAV, fed the
 stream's own YUV/gray planes); --lossless stores the exact pixels (FFV1; raw16 is always
 lossless). The index of a lossy stream also holds each frame's brightness, contrast,
@@ -345,8 +352,22 @@ def run(args) -> int:
         for r in recorders:
             manifest["streams"][r.writer.stream].update(r.summary())
         failed = [r for r in recorders + topics if r.error]
+        full = next((disk_full(r.error) for r in failed if disk_full(r.error)), None)
         manifest["stop"], manifest["status"] = index.clock_now(), "failed" if failed else "complete"
-        index.write_json(os.path.join(args.out, "recording.json"), manifest)
+        if failed:
+            manifest["error"] = printable(f"{type(failed[0].error).__name__}: {failed[0].error}")
+        if full is not None:
+            manifest["error"] = f"disk full: {printable(str(full))}"
+            drop_partial_files(args.out)  # the dropped segments' space, for recording.json
+        finish_manifest(os.path.join(args.out, "recording.json"), manifest)
+        if full is not None:
+            segments = sum(info["segments"] for info in manifest["streams"].values())
+            print(
+                f"{PROG}: error: the disk is full ({printable(str(full))}): stopped; {segments} complete "
+                f"segment(s) kept in {printable(args.out)}, recording.json says so",
+                file=sys.stderr,
+            )
+            return EXIT_DISK_FULL
         for r in failed:
             print(f"{PROG}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
         if not args.quiet:
@@ -366,8 +387,52 @@ def run(args) -> int:
         stopper.restore()
 
 
+def disk_full(error):
+    """The error in ``error``'s chain (an OSError, PyAV's or pyarrow's error; closing a
+    segment after a failed write raises again) that says the disk or quota is full, or None."""
+    while error is not None:
+        if getattr(error, "errno", None) in DISK_FULL or any(os.strerror(e) in str(error) for e in DISK_FULL):
+            return error
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def drop_partial_files(folder: str) -> None:
+    """Remove the hidden ``.NNNNNN.partial.*`` files of segments that could not be completed
+    (readers skip them; on a full disk their space is what recording.json needs)."""
+    for root, _, names in os.walk(folder):
+        for name in names:
+            if name.startswith(".") and ".partial." in name:
+                try:
+                    os.unlink(os.path.join(root, name))
+                except OSError:
+                    pass
+
+
+def finish_manifest(path: str, manifest: dict) -> None:
+    """recording.json's last state, atomically; on a full disk (no room for the new copy)
+    written over the old one in place: the stop and the reason must reach the file."""
+    try:
+        index.write_json(path, manifest)
+    except OSError as e:
+        if not disk_full(e):
+            raise
+        drop_partial_files(os.path.dirname(path))
+        data = (json.dumps(manifest, indent=2) + "\n").encode()
+        with open(path, "r+b") as f:
+            f.write(data)
+            f.truncate()
+            os.fsync(f.fileno())
+
+
 def main(argv=None) -> int:
-    return run_command(PROG, build_parser(), run, argv)
+    try:
+        return run_command(PROG, build_parser(), run, argv)
+    except OSError as e:  # before the recorders ran (creating --out, the first recording.json)
+        if not disk_full(e):
+            raise
+        print(f"{PROG}: error: the disk is full ({printable(str(e))})", file=sys.stderr)
+        return EXIT_DISK_FULL
 
 
 if __name__ == "__main__":
