@@ -22,10 +22,11 @@ from msgq.testing import unique_topic
 from visionipc import VisionIpcClient
 
 
-def check(capsys):
-    """Run ``msgq-top --check`` on this run; returns (exit status, output)."""
+def check(capsys, interval="0.3"):
+    """Run ``msgq-top --check`` on this run (its two looks ``interval`` seconds apart);
+    returns (exit status, output)."""
     capsys.readouterr()
-    status = top.main(["--check"])
+    status = top.main(["--check", "--interval", interval])
     return status, capsys.readouterr().out
 
 
