@@ -8,6 +8,7 @@ Reads with the ``mcap`` and ``mcap-ros2-support`` packages (the ``record`` extra
 """
 
 import contextlib
+import io
 import struct
 
 import numpy as np
@@ -16,7 +17,7 @@ from msgq._printable import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record import replay as folder_replay
-from visionipc.apps.record.checks import RecordingError, check_size, reading
+from visionipc.apps.record.checks import RecordingError, check_size, check_stream, reading
 from visionipc.apps.record.mcap_io import open_reader
 
 IMAGE, COMPRESSED = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
@@ -103,6 +104,12 @@ def to_image(schema_name: str, msg):
     return fmt, np.ascontiguousarray(image.reshape(shape), dtype=pixels.compact_dtype(fmt))
 
 
+@contextlib.contextmanager
+def _quiet():
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        yield
+
+
 class Bag:
     """The image topics of one bag: ``streams`` (stream -> topic), ``geometry`` (stream ->
     width, height, format from its first message) and the replay ``events``. The bag is
@@ -136,6 +143,8 @@ class Bag:
         if missing:
             raise UsageError(f"the bag has no image topic {', '.join(missing)} (it has: {', '.join(sorted(images))})")
         self.streams = {wanted.get(t, t.strip("/").replace("/", "_")): t for t in (wanted or images)}
+        for stream in self.streams:  # named after the bag's topics: VisionIPC's name rule
+            check_stream(stream, path)
         if only:
             unknown = [s for s in only if s not in self.streams]
             if unknown:
@@ -156,7 +165,10 @@ class Bag:
                 self.events.append((message.log_time, 0, stream, seq[stream], (stamp, stamp)))
                 seq[stream] += 1
         for stream, topic in self.streams.items():
-            with contextlib.closing(self.images(topic)) as images:
+            # the first message parses the topic's message definitions: mcap-ros2-support's
+            # parser prints what it cannot parse (raw bytes of the file) before raising, here
+            # in the main thread: its output is dropped, the error is the line that counts
+            with contextlib.closing(self.images(topic)) as images, _quiet():
                 first = next(images, None)
             if first is None:
                 raise UsageError(f"topic {topic} has no messages")
