@@ -93,7 +93,8 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     assert "corrupt index file" in capsys.readouterr().err
     os.remove(broken / "index" / "sharp" / "000001.parquet")
     os.remove(broken / "frames" / "sharp" / "000000.mkv")
-    assert main([str(broken), "--out", str(tmp_path / "o4"), "--jobs", "metrics"]) == 1
+    # a Spark task meets the broken recording: bad input, as on the driver (issue 31)
+    assert main([str(broken), "--out", str(tmp_path / "o4"), "--jobs", "metrics"]) == 2
     assert "cannot open" in capsys.readouterr().err
     assert os.listdir(tmp_path / "o4") == []  # the failed run removed its folder: nothing looks finished
     (broken / "recording.json").write_text("{not json")

@@ -10,6 +10,8 @@ the same task instead (``map_segments``).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from visionipc.apps.pipeline import fs
@@ -181,8 +183,9 @@ def iter_segment(segment: dict, positions=None, *, coded: bool = False):
         # a remote segment is fetched by the executor that decodes it
         with fs.local_copy(segment["recording_path"], *sorted(set(index["segment_file"]))) as folder:
             frames = iter_segment_frames(cv2, folder, wanted, _OneThreadStorage(storage))
-            for (_, row), image in zip(index.iterrows(), frames):
-                yield row, image, storage
+            with contextlib.closing(frames):  # its decoder freed here, not by the garbage collector
+                for (_, row), image in zip(index.iterrows(), frames):
+                    yield row, image, storage
     except FileNotFoundError as e:
         raise RecordingError(f"{segment['recording_path']}: cannot open {e}") from e
     except RuntimeError as e:  # the reader's "cannot open" / "ends before"
