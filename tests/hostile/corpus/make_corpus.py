@@ -24,6 +24,8 @@ BASES = {
     "mcap-h264": dict(frames=4, width=32, height=24, format="nv12", codec="h264", container="mcap"),
     "mkv-h264": dict(frames=4, width=32, height=24, format="nv12", codec="h264"),
     "mkv-ffv1": dict(frames=4, width=32, height=24, format="gray8", codec="ffv1"),
+    "mkv-opencv": dict(frames=4, width=32, height=24, format="gray8"),  # format_version 1: FFV1 by OpenCV
+    "mp4-mp4v": dict(frames=4, width=32, height=24, format="nv12", codec="mp4v"),  # --codec mp4v
 }
 SEGMENT = f"frames/{STREAM}/000000"
 
@@ -35,8 +37,12 @@ def base_recording(folder, base: str) -> str:
     return synthetic.write_recording(folder, {STREAM: BASES[base]})
 
 
+def extension(base: str) -> str:
+    return base.split("-")[0]
+
+
 def segment_path(recording: str, base: str) -> str:
-    return os.path.join(recording, f"{SEGMENT}.{'mcap' if 'mcap' in base else 'mkv'}")
+    return os.path.join(recording, f"{SEGMENT}.{extension(base)}")
 
 
 def _rewrite_mcap(src: str, edit) -> bytes:
@@ -88,11 +94,11 @@ def segments(tmp: Path) -> dict:
     for base in BASES:
         rec = base_recording(tmp / base, base)
         good = Path(segment_path(rec, base)).read_bytes()
-        ext = "mcap" if "mcap" in base else "mkv"
+        ext = extension(base)
         out[f"{base}--truncated.{ext}"] = good[: len(good) // 2]
         out[f"{base}--garbage.{ext}"] = bytes(np.random.default_rng(31).integers(0, 256, len(good), np.uint8))
         out[f"{base}--empty.{ext}"] = b""
-        if ext == "mkv":
+        if ext != "mcap":
             out[f"{base}--zeroed-middle.{ext}"] = good[:200] + bytes(len(good) - 400) + good[-200:]
             continue
         seg = segment_path(rec, base)

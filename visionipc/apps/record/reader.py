@@ -21,10 +21,19 @@ from visionipc.apps.record.checks import RecordingError, check_stream, open_file
 from visionipc.apps.record.storage import Storage
 
 
+def _quiet_opencv(cv2):
+    """OpenCV's FFmpeg and OpenCV itself print what they make of a broken video on stderr
+    (raw lines, naming /proc/self/fd/N): the reader's own error is the one line. The
+    FFmpeg level is read when OpenCV first starts FFmpeg (its reading starts it)."""
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+
+
 def open_video(cv2, folder, segment_file, storage):
     """An opened cv2.VideoCapture of ``segment_file`` (checks.open_file: a regular file
     inside ``folder``; FFmpeg reads it through the checked descriptor), and that descriptor."""
     fd = open_file(folder, segment_file)
+    _quiet_opencv(cv2)
     try:
         cap = cv2.VideoCapture(proc_path(fd), cv2.CAP_FFMPEG, storage.reader_params())
         if not cap.isOpened():
