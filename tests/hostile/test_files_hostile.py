@@ -67,11 +67,14 @@ def test_vipc_replay_refuses_each_hostile_file_with_one_line_naming_it(name, bas
 @pytest.mark.parametrize("name", ["bag--too-wide-32768.mcap", "bag--png-bomb-header.mcap"])
 def test_a_tiny_bag_describing_huge_frames_is_refused_before_any_memory_is_taken(name, tmp_path):
     """A 1.7 KB bag made vipc-replay reserve 1.09 GB before: sizes are checked first now."""
+    # VmHWM, not getrusage's ru_maxrss: Linux carries ru_maxrss over from the parent
+    # across fork and exec (a pytest process of 430 MiB made every child "peak" there).
     code = (
-        "import resource, sys\n"
+        "import sys\n"
         "from visionipc.apps.record.replay import main\n"
         "rc = main([sys.argv[1], '--name', sys.argv[2], '--rate', 'max', '-q'])\n"
-        "print(rc, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
+        "hwm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "print(rc, hwm)\n"
     )
     run = subprocess.run(
         [sys.executable, "-c", code, str(CORPUS / name), unique_name("bomb")],
