@@ -38,15 +38,21 @@ def timed(fn, iters, sync):
     return statistics.median(times)
 
 
+def _pair(name, w, h, conflate):
+    """A server with one NV12 stream of 4 buffers and a connected cuda=True client."""
+    server = VisionIpcServer(name)
+    server.create_buffers("road", 4, w, h)
+    server.start_listener()
+    client = VisionIpcClient(name, "road", conflate=conflate, cuda=True)
+    client.connect(blocking=True)
+    return server, client
+
+
 def measure(size, rounds, iters):
     import cupy as cp
 
     w, h = size
-    server = VisionIpcServer("gpubench")
-    server.create_buffers("road", 4, w, h)
-    server.start_listener()
-    client = VisionIpcClient("gpubench", "road", conflate=False, cuda=True)
-    client.connect(blocking=True)
+    server, client = _pair("gpubench", w, h, conflate=False)
     nbytes = layout("nv12", w, h).size
 
     def frame():
@@ -84,11 +90,7 @@ def measure(size, rounds, iters):
 def race(frames, w=640, h=480):
     """A producer thread sends ``frames`` stamped frames flat out; the client copies each
     frame it receives to the device and checks every byte that arrived there."""
-    server = VisionIpcServer("gpurace")
-    server.create_buffers("road", 4, w, h)
-    server.start_listener()
-    client = VisionIpcClient("gpurace", "road", conflate=True, cuda=True)
-    client.connect(blocking=True)
+    server, client = _pair("gpurace", w, h, conflate=True)
     size = layout("nv12", w, h).size
     out = cuda.empty(size)
     done = threading.Event()

@@ -51,13 +51,18 @@ class VisionIpcClient(Closeable):
         self.stream = stream
         self._key = stream_key(stream)
         self._cuda = None  # a visionipc.cuda CudaLink with cuda=True
-        if cuda is not False:
-            from visionipc.cuda.link import CudaLink
-
-            self._cuda = CudaLink(cuda)
         self._native = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
+        if cuda is not False:
+            from visionipc.cuda.link import CudaLink
+
+            try:
+                self._cuda = CudaLink(cuda)
+            except BaseException:  # no CUDA here: the native client goes now, not at garbage collection
+                native, self._native = self._native, None
+                native.close()
+                raise
         self._last = None  # the newest frame received
         self._blank = None  # the next frame's object, made before waiting (see recv)
         self._leased = None  # the frame (idx, generation) our lease slot holds, if any

@@ -36,7 +36,8 @@ from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
 
-POLL_MS = 100  # longest wait before the loop checks for a stop request
+POLL_MS = 100  # longest wait before the loop checks for a stop request (and for a reconnect due)
+RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.1, 2.0  # `in`: back-off before reconnecting a closed connection
 BATCH = 256  # messages moved per socket per turn, so one busy topic cannot starve the others
 HEARTBEAT_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
@@ -230,6 +231,7 @@ class _Incoming:
         self.endpoint = f"tcp://{host}:{zmq_port(topic)}"
         self.sub = self.monitor = None
         self.reconnects = 0
+        self.due, self.backoff = None, RECONNECT_FIRST_S  # when to reconnect (monotonic), the next wait
         self.pub = sockets.PubSocket()
         self.pub.connect(ctx_msgq, topic, segment_size)
         try:
@@ -246,13 +248,24 @@ class _Incoming:
             self.close()
             raise
 
-    def reconnect(self, zmq, log):
-        """After the monitor reported a closed connection."""
+    def closed(self, zmq, now):
+        """The monitor reported a closed connection: reconnect after the current back-off
+        (doubled each time up to RECONNECT_MAX_S, back to the start once a message
+        arrives), so a peer that sends an oversized message again at once costs us one
+        connection per back-off, not a loop at network speed."""
         while True:
             try:
                 self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
+        if self.due is None:
+            self.due = now + self.backoff
+            self.backoff = min(2 * self.backoff, RECONNECT_MAX_S)
+
+    def reconnect_if_due(self, zmq, now, log):
+        if self.due is None or now < self.due:
+            return
+        self.due = None
         with contextlib.suppress(zmq.ZMQError):  # already gone after a protocol error
             self.sub.disconnect(self.endpoint)
         self.sub.connect(self.endpoint)
@@ -293,7 +306,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
         while not stopper.stop and routes:
             for sock, _ in poller.poll(POLL_MS):
                 if sock in monitors:
-                    monitors[sock].reconnect(zmq, log)
+                    monitors[sock].closed(zmq, time.monotonic())
                     continue
                 route = routes.get(sock)
                 if route is None:
@@ -325,6 +338,10 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                         break
                     stats.messages += 1
                     stats.bytes += len(frames[0])
+                    route.backoff = RECONNECT_FIRST_S  # a working connection: the next close waits little
+            now = time.monotonic()
+            for route in routes.values():
+                route.reconnect_if_due(zmq, now, log)
             reporter.maybe_report()
         if not stopper.stop:
             log("msgq-bridge: local publishers took over every topic; nothing left to forward")

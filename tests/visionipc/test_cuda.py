@@ -50,6 +50,23 @@ def served():
         server.close()
 
 
+def _restart_under(server, client):
+    """The client receives a frame, its server is replaced by a new one of the same name:
+    ``(new server, the client's first frame from it, frame id 9)``."""
+    publish(server, 1)
+    client.recv(1000)
+    server.close()
+    again = VisionIpcServer("gpu")
+    again.create_buffers("road", 4, 64, 48)
+    again.start_listener()
+    deadline, frame = time.monotonic() + 10, None
+    while frame is None or frame.frame_id != 9:
+        assert time.monotonic() < deadline, "the client never picked the restarted server up"
+        publish(again, 9)
+        frame = client.recv(100)
+    return again, frame
+
+
 def publish(server, frame_id):
     buf = server.get_buffer("road")
     stamp(buf.data, frame_id)
@@ -275,19 +292,8 @@ def test_the_pool_is_registered_once_per_mapping_and_unregistered_before_it_goes
 @no_device
 def test_a_restarted_servers_pool_is_registered_and_the_old_one_unregistered(served, fake_runtime):
     server, client = served(cuda=True)
-    publish(server, 1)
-    client.recv(1000)
-    server.close()
-    again = VisionIpcServer("gpu")
-    again.create_buffers("road", 4, 64, 48)
-    again.start_listener()
+    again, frame = _restart_under(server, client)
     try:
-        deadline = time.monotonic() + 10
-        frame = None
-        while frame is None or frame.frame_id != 9:
-            assert time.monotonic() < deadline, "the client never picked the restarted server up"
-            publish(again, 9)
-            frame = client.recv(100)
         kinds = [c[0] for c in fake_runtime.calls if c[0] in ("register", "unregister")]
         assert kinds == ["register", "unregister", "register"]
         assert len(fake_runtime.registered) == 1
@@ -469,18 +475,8 @@ def test_out_allocates_nothing_per_frame_and_a_framework_takes_the_result(served
 @needs_device
 def test_registration_follows_a_restarted_server(served):
     server, client = served(cuda=True)
-    publish(server, 1)
-    client.recv(1000)
-    server.close()
-    again = VisionIpcServer("gpu")
-    again.create_buffers("road", 4, 64, 48)
-    again.start_listener()
+    again, frame = _restart_under(server, client)
     try:
-        deadline, frame = time.monotonic() + 10, None
-        while frame is None or frame.frame_id != 9:
-            assert time.monotonic() < deadline
-            publish(again, 9)
-            frame = client.recv(100)
         assert frame.__dlpack_device__() == (3, 0)
         assert stamp_problem(frame.to_device().to_host().reshape(-1)[: len(frame)], 9) is None
     finally:
