@@ -3,7 +3,8 @@
 # (the device tool's: Python 3.12 with numpy, CuPy, PyTorch, cuda-bindings, pybind11,
 # scikit-build-core, CMake and ninja). It builds visionipc non-editable into /tmp, runs
 # the CUDA tests (pytest -m cuda) and the GPU benchmark rows, and writes everything
-# under $OUT (default ./out): machine.txt, build.log, tests.txt, bench_gpu.txt/json,
+# under $OUT (default ./out): machine.txt, build.log, tests.txt, bench_gpu.txt/json (with
+# tools/gpu_paced_probe.py's per-call times),
 # vipc_bench.txt/json. pytest comes from the machine or from wheels in $OFFLINE_DIR
 # (default .devref: `pip download --no-deps -d .devref pytest pluggy iniconfig packaging`,
 # carried to the machine). Under 6 minutes; each step has its own time limit.
@@ -48,6 +49,9 @@ echo "tests rc=${PIPESTATUS[0]}"
 timeout 120 "$PY" "$ROOT/tools/bench_gpu.py" --sizes 640x480,1920x1080,3840x2160 --rounds 3 --iters 30 \
   --race 10000 --json "$OUT/bench_gpu.json" 2>&1 | tee "$OUT/bench_gpu.txt"
 echo "bench_gpu rc=${PIPESTATUS[0]}"
+
+# where a paced frame's time goes, call by call (appended to bench_gpu.txt)
+timeout 60 "$PY" "$ROOT/tools/gpu_paced_probe.py" --sizes 64x64,3840x2160 --frames 40 2>&1 | tee -a "$OUT/bench_gpu.txt"
 
 timeout 150 "$PY" -m visionipc.bench --sizes 64x64,3840x2160 --clients 1 \
   --transports visionipc,visionipc-cuda,naive-cuda,pinned-staging --modes paced --rounds 3 --frames 150 --plot '' \

@@ -176,6 +176,7 @@ class _FakeRuntime:
         self.calls.append(("set_device", device))
 
     def pointer_device(self, ptr):
+        self.calls.append(("pointer_device", ptr))
         return 0 if any(base <= ptr < base + a.nbytes for base, a in self.memory.items()) else None
 
     def host_register(self, ptr, size, read_only=False):
@@ -366,6 +367,33 @@ def test_out_reuses_a_callers_device_buffer_and_is_checked(served, fake_runtime)
         frame.to_device(out=Out(frame.as_array().ctypes.data, len(frame)))
     with pytest.raises(InvalidArgumentError, match="__cuda_array_interface__"):
         frame.to_device(out=np.zeros(len(frame), np.uint8))
+
+
+@no_device
+def test_the_per_frame_path_asks_the_driver_only_for_the_copy_and_its_event(served, fake_runtime):
+    # At a camera's pace each driver call costs tens of µs (BENCHMARKS.md, H200): where
+    # out= lives is asked once per pointer, the device made current once per thread.
+    server, client = served(cuda=True)
+    out = fake_runtime.device_array(np.zeros(64 * 64 * 3 // 2 + 4096, np.uint8))
+    ptr = out.__cuda_array_interface__["data"][0]
+    publish(server, 1)
+    client.recv(1000).to_device(out=out).synchronize()  # maps and registers the pool, checks out=
+    before = len(fake_runtime.calls)
+    for fid in range(2, 7):
+        publish(server, fid)
+        frame = client.recv(1000)
+        frame.to_device(out=out).synchronize()
+        assert stamp_problem(fake_runtime.memory[ptr][: len(frame)], fid) is None
+    calls = [c[0] for c in fake_runtime.calls[before:]]
+    assert calls == ["event_sync"] * 5  # no set_device, no pointer_device
+    seen = []
+    worker = threading.Thread(target=lambda: seen.append(frame.to_device(out=out).synchronize()))
+    worker.start()
+    worker.join()
+    assert seen == [None] and [c[0] for c in fake_runtime.calls].count("set_device") >= 2  # a new thread sets it
+    cai = {"shape": (len(frame),), "typestr": "|u1", "data": (frame.as_array().ctypes.data, False), "version": 3}
+    with pytest.raises(InvalidArgumentError, match="host memory"):  # a pointer not seen before is still checked
+        frame.to_device(out=types.SimpleNamespace(__cuda_array_interface__=cai))
 
 
 @no_device

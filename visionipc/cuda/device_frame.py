@@ -176,21 +176,31 @@ def _interface(obj, what):
     return cai, int(cai["data"][0]), int(np.prod(cai["shape"])) * itemsize
 
 
-def _on_device(ptr, device, runtime, what):
+def _on_device(ptr, device, runtime, what, verified=None):
+    """Refuse ``ptr`` unless it is memory of CUDA ``device``. ``verified``: a set of
+    pointers already found there (each check is a driver call costing tens of µs when
+    the driver's caches are cold, as they are at a camera's pace); under unified
+    addressing a pointer's device cannot change while it stays allocated."""
+    if verified is not None and ptr in verified:
+        return
     where = runtime.pointer_device(ptr)
     if where != device:
         place = "host memory" if where is None else f"CUDA device {where}"
         raise InvalidArgumentError(f"{what} is in {place}; this object copies to and from CUDA device {device}")
+    if verified is not None:
+        if len(verified) >= 64:
+            verified.clear()
+        verified.add(ptr)
 
 
-def device_source(array, device: int, runtime):
+def device_source(array, device: int, runtime, verified=None):
     """``(pointer, bytes)`` of a C-contiguous device array on ``device`` (a frame's source)."""
     _, ptr, nbytes = _interface(array, "the device array")
-    _on_device(ptr, device, runtime, "the device array")
+    _on_device(ptr, device, runtime, "the device array", verified)
     return ptr, nbytes
 
 
-def external_buffer(out, size: int, device: int, runtime):
+def external_buffer(out, size: int, device: int, runtime, verified=None):
     """``(pointer, owner)`` of a caller's device buffer (anything with
     ``__cuda_array_interface__``) that can hold ``size`` contiguous bytes on ``device``."""
     cai, ptr, nbytes = _interface(out, "out=")
@@ -198,7 +208,7 @@ def external_buffer(out, size: int, device: int, runtime):
         raise InvalidArgumentError("out= is read-only")
     if nbytes < size:
         raise InvalidArgumentError(f"out= holds {nbytes} bytes; this frame needs {size}")
-    _on_device(ptr, device, runtime, "out=")
+    _on_device(ptr, device, runtime, "out=", verified)
     return ptr, out
 
 
