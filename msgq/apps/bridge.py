@@ -25,7 +25,6 @@ hold, so a larger one is never buffered: ZeroMQ drops that peer's connection
 """
 
 import argparse
-import contextlib
 import signal
 import sys
 import time
@@ -33,11 +32,11 @@ import time
 from msgq import add_version_flag, sockets
 from msgq import curve as msgq_curve
 from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
+from msgq._zmq_capped import CappedConnection
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
 
 POLL_MS = 100  # longest wait before the loop checks for a stop request (and for a reconnect due)
-RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.1, 2.0  # `in`: back-off before reconnecting a closed connection
 BATCH = 256  # messages moved per socket per turn, so one busy topic cannot starve the others
 HEARTBEAT_MS = 1000
 HEARTBEAT_TIMEOUT_MS = 3000
@@ -217,71 +216,43 @@ def _count_subscriptions(zmq, pub, stats):
 
 
 class _Incoming:
-    """One topic of ``in``: a SUB connected to the remote publisher, the local
-    publisher, and a monitor of the SUB's connection.
-
-    ZMQ_MAXMSGSIZE is the largest message the local topic can hold, so a larger
-    one is refused before it is buffered. libzmq then closes that connection and,
-    as for any protocol error, never reconnects it by itself: the monitor sees the
-    disconnect and the connection is made again (also after an ordinary
-    disconnect, where that only restarts ZeroMQ's own reconnecting)."""
+    """One topic of ``in``: a SUB connected to the remote publisher (a
+    :class:`msgq._zmq_capped.CappedConnection`: messages capped at the largest the
+    local topic can hold, the connection made again after the peer closed it) and
+    the local publisher."""
 
     def __init__(self, zmq, ctx, ctx_msgq, topic, host, hwm, segment_size, curve):
         self.stats = _TopicStats(topic)
-        self.endpoint = f"tcp://{host}:{zmq_port(topic)}"
-        self.sub = self.monitor = None
-        self.reconnects = 0
-        self.due, self.backoff = None, RECONNECT_FIRST_S  # when to reconnect (monotonic), the next wait
+        self.sub = self.link = None
         self.pub = sockets.PubSocket()
         self.pub.connect(ctx_msgq, topic, segment_size)
         try:
-            self.max_size = self.pub.max_message_size
             self.sub = ctx.socket(zmq.SUB)
             _tune(zmq, self.sub, hwm)
-            self.sub.setsockopt(zmq.MAXMSGSIZE, self.max_size)
             self.sub.setsockopt(zmq.SUBSCRIBE, b"")
             if curve:
                 msgq_curve.make_client(self.sub, curve)
-            self.monitor = self.sub.get_monitor_socket(zmq.EVENT_DISCONNECTED)
-            self.sub.connect(self.endpoint)  # never fails for a host that is down: ZeroMQ keeps retrying
+            endpoint = f"tcp://{host}:{zmq_port(topic)}"
+            self.link = CappedConnection(zmq, self.sub, endpoint, self.pub.max_message_size)
         except BaseException:
             self.close()
             raise
+        self.monitor, self.endpoint = self.link.monitor, endpoint
 
-    def closed(self, zmq, now):
-        """The monitor reported a closed connection: reconnect after the current back-off
-        (doubled each time up to RECONNECT_MAX_S, back to the start once a message
-        arrives), so a peer that sends an oversized message again at once costs us one
-        connection per back-off, not a loop at network speed."""
-        while True:
-            try:
-                self.monitor.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
-        if self.due is None:
-            self.due = now + self.backoff
-            self.backoff = min(2 * self.backoff, RECONNECT_MAX_S)
-
-    def reconnect_if_due(self, zmq, now, log):
-        if self.due is None or now < self.due:
-            return
-        self.due = None
-        with contextlib.suppress(zmq.ZMQError):  # already gone after a protocol error
-            self.sub.disconnect(self.endpoint)
-        self.sub.connect(self.endpoint)
-        self.reconnects += 1
-        if self.reconnects == 1:
+    def reconnect_if_due(self, now, log):
+        if self.link.reconnect_if_due(now) and self.link.reconnects == 1:
             log(
                 f"msgq-bridge: {self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
-                f"sent a message over the topic's {self.max_size}-byte maximum, which is refused); reconnecting"
+                f"sent a message over the topic's {self.link.max_size}-byte maximum, which is refused); reconnecting"
             )
 
     def close(self):
         """Idempotent."""
-        for sock in (self.monitor, self.sub):
-            if sock is not None:
-                sock.close(0)
-        self.monitor = self.sub = None
+        if self.link is not None:
+            self.link.close_monitor()
+        if self.sub is not None:
+            self.sub.close(0)
+        self.sub = self.link = None
         self.pub.close()
 
 
@@ -306,7 +277,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
         while not stopper.stop and routes:
             for sock, _ in poller.poll(POLL_MS):
                 if sock in monitors:
-                    monitors[sock].closed(zmq, time.monotonic())
+                    monitors[sock].link.closed()
                     continue
                 route = routes.get(sock)
                 if route is None:
@@ -338,10 +309,10 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                         break
                     stats.messages += 1
                     stats.bytes += len(frames[0])
-                    route.backoff = RECONNECT_FIRST_S  # a working connection: the next close waits little
+                    route.link.working()  # the next closed connection waits the shortest back-off
             now = time.monotonic()
             for route in routes.values():
-                route.reconnect_if_due(zmq, now, log)
+                route.reconnect_if_due(now, log)
             reporter.maybe_report()
         if not stopper.stop:
             log("msgq-bridge: local publishers took over every topic; nothing left to forward")

@@ -64,9 +64,16 @@ Differences from the shared-memory backend, all inherent to ZeroMQ:
 ``all_readers_updated()`` is an approximation (True once at least one
 subscriber is connected: ZeroMQ cannot see how far a reader has read);
 drops are invisible (``resets`` is always 0); ``num_readers()`` follows
-connects and disconnects with a network delay; ``max_message_size`` has
-no ring behind it (2**31 bytes, memory permitting) and ``segment_size`` is
-only reported back; ``spin_us`` is accepted and ignored; the publisher's
+connects and disconnects with a network delay; ``segment_size`` has no
+ring behind it but bounds a message as on the shared-memory backend
+(``max_message_size``: about half of it), so a program moves between the
+backends unchanged: the publisher refuses a larger message
+(``MessageTooLargeError``), and a subscriber refuses one from the network
+(``ZMQ_MAXMSGSIZE``, before buffering it: memory stays bounded whatever a peer
+sends, without CURVE), so a subscriber of a topic with a larger
+``segment_size`` than the default is given the same ``segment_size``. A peer
+that breaks the limit loses its connection, which the subscriber makes again
+after a back-off (msgq/_zmq_capped.py; logged once per subscriber); ``spin_us`` is accepted and ignored; the publisher's
 ``wake`` (or ``MSGQ_WAKE``) is checked and reported back but changes nothing
 (ZeroMQ's own threads wake its subscribers: ``readers_woken`` stays 0); ``Poller.fileno()``
 is not supported; ``fileno()`` is ZeroMQ's edge-triggered descriptor
@@ -89,6 +96,7 @@ cannot use them (``ClosedError``) and never closes the parent's.
 
 import errno
 import itertools
+import logging
 import math
 import os
 import re
@@ -101,7 +109,10 @@ import zmq
 from msgq import curve as msgq_curve
 from msgq._descriptors import ensure_descriptors
 from msgq._guarded import Guarded
+from msgq._msgq import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE
+from msgq._msgq import max_message_size as _ring_max_message
 from msgq._shared import wake_choice
+from msgq._zmq_capped import CappedConnection
 from msgq.errors import (
     ClosedError,
     InvalidArgumentError,
@@ -112,15 +123,10 @@ from msgq.errors import (
 )
 from msgq.names import zmq_port
 
-try:
-    from msgq._msgq import DEFAULT_SEGMENT_SIZE, MAX_SEGMENT_SIZE, MIN_SEGMENT_SIZE
-except ImportError:  # the native module is optional for this backend
-    DEFAULT_SEGMENT_SIZE, MIN_SEGMENT_SIZE, MAX_SEGMENT_SIZE = 1 << 20, 4096, 1 << 31
-
 NAME = "zmq"
 
 DEFAULT_HWM = 1000  # messages queued per subscriber before the publisher drops (ZeroMQ's default)
-MAX_MESSAGE_SIZE = 1 << 31  # no ring limit: ZeroMQ frames are bounded by memory
+MAX_MESSAGE_SIZE = _ring_max_message(MAX_SEGMENT_SIZE)  # the largest any topic allows (its segment_size's)
 REBIND_GRACE_S = 2.0  # a port this process just closed is released by ZeroMQ's I/O thread a moment later
 PORT_BUSY_GRACE_S = 1.0  # how long bind() retries while a TCP connection (not a listener) holds the port
 
@@ -274,7 +280,15 @@ class _Guarded(Guarded):
 # ------------------------------------------------------------------ publisher
 
 
-def _publisher_send(raw_send, publisher):
+def _too_large(n, endpoint, segment_size):
+    return MessageTooLargeError(
+        f"a {n}-byte message exceeds topic {endpoint!r}'s {_ring_max_message(segment_size)}-byte maximum (about half "
+        f"its segment_size of {segment_size} bytes, as on the msgq backend): use a larger segment_size for the "
+        f"publisher and its subscribers"
+    )
+
+
+def _publisher_send(raw_send, publisher, max_size, endpoint, segment_size):
     """``send`` for one publisher, with its state in cells, and the accessors
     the publisher's other methods use: ``(send, inside(), block(flag,
     closing_too=False), count_sent(n) -> total)``. ``publisher`` is a weak
@@ -286,8 +300,13 @@ def _publisher_send(raw_send, publisher):
 
     def send(data):
         nonlocal inside, sent
-        if type(data) is not bytes:
+        if type(data) is bytes:
+            n = len(data)
+        else:
             data = _payload(data)
+            n = data.nbytes
+        if n > max_size:
+            raise _too_large(n, endpoint, segment_size)
         if inside:  # pyzmq releases the GIL while it sends: another thread of ours is in there
             raise IpcError(
                 "send() while another thread is inside a send() on the same publisher: a publisher is used "
@@ -357,7 +376,10 @@ class Publisher(_Guarded):
         self._send = sock.send
         self._loan = None
         self._readers = 0
-        self.send, self._hot_inside, self._block, self._count_sent = _publisher_send(sock.send, weakref.ref(self))
+        self._max_size = _ring_max_message(self._segment_size)
+        self.send, self._hot_inside, self._block, self._count_sent = _publisher_send(
+            sock.send, weakref.ref(self), self._max_size, endpoint, self._segment_size
+        )
         self._init_guard()
         _live.add(self)
 
@@ -397,8 +419,8 @@ class Publisher(_Guarded):
         size = int(size)
         if size < 0:
             raise InvalidArgumentError(f"loan size must be >= 0, got {size}")
-        if size > MAX_MESSAGE_SIZE:
-            raise MessageTooLargeError(f"a {size}-byte message exceeds the zmq backend's {MAX_MESSAGE_SIZE}-byte limit")
+        if size > self._max_size:
+            raise _too_large(size, self.endpoint, self._segment_size)
         if self._closing:
             raise ClosedError("loan() on a closed publisher")
         if self._loan is not None:
@@ -460,7 +482,7 @@ class Publisher(_Guarded):
 
     @property
     def max_message_size(self) -> int:
-        return MAX_MESSAGE_SIZE
+        return self._max_size
 
     @property
     def segment_size(self) -> int:
@@ -499,23 +521,45 @@ class Publisher(_Guarded):
 # ------------------------------------------------------------------ subscriber
 
 
-def _receive_waiting(sock, timeout):
-    """Poll up to ``timeout`` ms (>= 0) for a message of ``sock`` and take it, or None."""
-    deadline = time.monotonic() + timeout / 1000
-    items = [(sock, _POLLIN)]
+def _receive_waiting(sock, timeout, link):
+    """Poll up to ``timeout`` ms (-1: no limit) for a message of ``sock`` and take it, or
+    None. The wait watches the connection too (``link``: a CappedConnection): a
+    connection the publisher closed is made again once its back-off has passed."""
+    deadline = None if timeout < 0 else time.monotonic() + timeout / 1000
+    items = [(sock, _POLLIN), (link.monitor, _POLLIN)]
     while True:
-        _zmq_poll(items, timeout)
+        _zmq_poll(items, link.poll_ms(timeout))
         try:
-            return sock.recv(_NOBLOCK)
-        except _Again:  # woken by a state change, not a message
+            msg = sock.recv(_NOBLOCK)
+        except _Again:  # woken by a state change or the monitor, not a message
             pass
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return None
-        timeout = max(1, math.ceil(left * 1000))
+        else:
+            link.working()
+            return msg
+        if link.after_wait():
+            _reconnected(link)
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            timeout = max(1, math.ceil(left * 1000))
 
 
-def _subscriber_receive(sock, subscriber):
+_log = logging.getLogger("msgq.zmq")
+
+
+def _reconnected(link):
+    if link.reconnects == 1:
+        _log.warning(
+            "zmq subscriber: %s closed its connection (the publisher went away, or sent a message over the "
+            "topic's %d-byte maximum, which is refused; give the subscriber the publisher's segment_size); "
+            "reconnecting",
+            link.endpoint,
+            link.max_size,
+        )
+
+
+def _subscriber_receive(sock, subscriber, link):
     """``receive`` for one subscriber, with its state in cells, and the
     accessors its other methods use: ``(receive, inside(), mark_closing(),
     set_timeout(ms))``. ``subscriber`` is a weak reference: the closure must
@@ -536,13 +580,11 @@ def _subscriber_receive(sock, subscriber):
                     msg = recv(_NOBLOCK)
                 except _Again:
                     return None
-            elif timeout < 0:
-                msg = recv()  # wait inside ZeroMQ; a close() from another thread sends a wake-up
-            else:
+            else:  # a close() from another thread sends a wake-up, which ends the wait
                 try:
                     msg = recv(_NOBLOCK)
                 except _Again:
-                    msg = _receive_waiting(sock, timeout)
+                    msg = _receive_waiting(sock, timeout, link)
             if closing:  # a wake-up, or a message that raced with close(): not handed out
                 raise ClosedError("the subscriber was closed while receive() waited")
             return msg
@@ -616,7 +658,7 @@ class Subscriber(_Guarded):
             wake.recv()
             if _curve_dir():  # after the inproc wake-up connection, which stays unauthenticated
                 msgq_curve.make_client(sock, _curve_dir())
-            sock.connect(self.url)
+            link = CappedConnection(zmq, sock, self.url, _ring_max_message(self._segment_size))
         except _ZMQError as e:
             sock.close(linger=0)
             wake.close(linger=0)
@@ -625,13 +667,13 @@ class Subscriber(_Guarded):
             sock.close(linger=0)
             wake.close(linger=0)
             raise
-        self._zsock, self._wake = sock, wake
+        self._zsock, self._wake, self._link = sock, wake, link
         self._recv = sock.recv
-        self._items = [(sock, _POLLIN)]  # for Poller
+        self._items = [(sock, _POLLIN), (link.monitor, _POLLIN)]  # for Poller
         self._timeout = -1
         self._spin_us = 0
         self.receive, self._hot_inside, self._mark_closing, self._set_hot_timeout = _subscriber_receive(
-            sock, weakref.ref(self)
+            sock, weakref.ref(self), link
         )
         self._init_guard()
         _live.add(self)
@@ -651,7 +693,7 @@ class Subscriber(_Guarded):
             except _Again:
                 pass
             if not out and max_messages > 0 and timeout_ms != 0:
-                first = recv() if timeout_ms < 0 else _receive_waiting(self._zsock, timeout_ms)
+                first = _receive_waiting(self._zsock, timeout_ms, self._link)
                 if first is not None:
                     out.append(first)
                     try:
@@ -737,6 +779,7 @@ class Subscriber(_Guarded):
 
     def _close_socket(self):
         sock, wake, self._zsock, self._wake = self._zsock, self._wake, None, None
+        self._link.close_monitor()
         sock.close(linger=0)
         wake.close(linger=0)
         self._items = []
@@ -746,6 +789,9 @@ class Subscriber(_Guarded):
         if self._wake is not None:
             _inherited.append(self._wake)
             self._wake = None
+        if self._link.monitor is not None:
+            _inherited.append(self._link.monitor)
+            self._link.forget()
         super()._forget_after_fork()
         self._items = []
 
@@ -787,8 +833,21 @@ class Poller:
             if closed:
                 return closed
             items = [item for s in subs for item in s._items]
-            ready = {id(sock) for sock, _ in _zmq_poll(items, timeout_ms)}
-            return [i for i, s in enumerate(subs) if s._closing or id(s._zsock) in ready]
+            deadline = time.monotonic() + timeout_ms / 1000 if timeout_ms >= 0 else None
+            while True:
+                wait = min((s._link.poll_ms(timeout_ms) for s in subs), key=lambda t: (t < 0, t))
+                ready = {id(sock) for sock, _ in _zmq_poll(items, wait)}
+                found = [i for i, s in enumerate(subs) if s._closing or id(s._zsock) in ready]
+                for s in subs:  # a connection the publisher closed: made again once its back-off passed
+                    if s._link.after_wait():
+                        _reconnected(s._link)
+                if found:
+                    return found
+                if deadline is not None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return []
+                    timeout_ms = max(1, math.ceil(left * 1000))
         finally:
             for s in subs:
                 s._leave()

@@ -373,7 +373,7 @@ def test_loan_commit_cancel_and_misuse():
 def test_properties_report_what_zmq_has():
     pub = msgq.pub_sock(free_topic(), segment_size=1 << 16)
     sub = msgq.sub_sock(pub.endpoint)
-    assert pub.max_message_size == 1 << 31
+    assert pub.max_message_size == msgq._msgq.max_message_size(1 << 16)  # as on the shared-memory backend
     assert pub.segment_size == 1 << 16
     assert sub._impl.segment_size == msgq.pub_sock(free_topic()).segment_size == 1 << 20
     assert sub.resets == 0
@@ -850,3 +850,93 @@ def test_curve_admits_only_authorized_subscribers_and_encrypts(monkeypatch, tmp_
     assert not plain.poll(200) and not wrong.poll(50)  # neither got anything
     for s in (plain, wrong, sub, pub):
         s.close()
+
+
+# ------------------------------------------------------------------ bounded network input
+
+
+def test_a_topic_bounds_a_message_as_the_shared_memory_backend_does():
+    topic = free_topic()
+    pub = msgq.pub_sock(topic, segment_size=1 << 16)
+    sub = msgq.sub_sock(topic, timeout=int(WAIT_S * 1000), segment_size=1 << 16)
+    assert pub.wait_for_readers(1, timeout=WAIT_S)
+    ring = msgq.Context(backend="msgq")
+    ring_pub = msgq.PubSocket()
+    ring_pub.connect(ring, free_topic("ring"), 1 << 16)
+    try:
+        largest = pub.max_message_size
+        assert largest == ring_pub.max_message_size
+        pub.send(b"L" * largest)
+        assert sub.receive() == b"L" * largest
+        for too_big in (b"x" * (largest + 1), np.zeros(largest + 1, np.uint8)):
+            with pytest.raises(msgq.MessageTooLargeError, match="segment_size"):
+                pub.send(too_big)
+        with pytest.raises(msgq.MessageTooLargeError, match="segment_size"):
+            pub._impl.loan(largest + 1)
+        pub.send(b"after")
+        assert sub.receive() == b"after"
+    finally:
+        ring_pub.close()
+
+
+_CAPPED_SUBSCRIBER = r"""
+import resource, sys, time
+import msgq
+topic, how = sys.argv[1], sys.argv[2]
+if how == "poller":
+    poller = msgq.Poller()
+    sub = msgq.sub_sock(topic, poller=poller, timeout=100)
+else:
+    sub = msgq.sub_sock(topic, timeout=-1 if how == "blocking" else 100)
+print("ready", flush=True)
+largest, deadline = 0, time.monotonic() + 30
+while time.monotonic() < deadline:
+    if how == "poller" and not poller.poll(100):
+        continue
+    msg = sub.receive()
+    if msg is None:
+        continue
+    largest = max(largest, len(msg))
+    if msg == b"small":
+        break
+print(largest, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024, flush=True)
+"""
+
+
+@pytest.mark.parametrize("how", ["blocking", "timeout", "poller"])
+def test_a_subscriber_refuses_an_oversized_message_from_the_network_and_reconnects(zctx, how):
+    """A peer on the topic's port (not a msgq publisher: any program that binds it
+    first) sends 6 messages of 64 MB. The subscriber's ZeroMQ refuses each as soon as
+    its size is announced (ZMQ_MAXMSGSIZE = the topic's maximum), before buffering it,
+    and the connection is made again, so what fits still arrives. Before: every
+    64 MB message was received, and the process held them (596 MB for 12 x 100 MB)."""
+    topic = free_topic()
+    rogue = zctx.socket(zmq.XPUB)
+    rogue.setsockopt(zmq.LINGER, 0)
+    rogue.setsockopt(zmq.SNDHWM, 100)
+    rogue.bind(f"tcp://127.0.0.1:{zmq_port(topic)}")
+    env = dict(os.environ, MSGQ_BACKEND="zmq")
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CAPPED_SUBSCRIBER, topic, how], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        rogue.setsockopt(zmq.RCVTIMEO, int(WAIT_S * 1000))
+        assert rogue.recv() == b"\x01"  # the subscription: the subscriber is connected
+        big = b"B" * (64 << 20)
+        for _ in range(6):
+            rogue.send(big, copy=False)
+        deadline = time.monotonic() + 20
+        while child.poll() is None and time.monotonic() < deadline:
+            rogue.send(b"small")  # dropped by XPUB while nobody is subscribed, then delivered
+            time.sleep(0.02)
+        out, _ = child.communicate(timeout=WAIT_S)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        rogue.close(0)
+    assert child.returncode == 0
+    largest, peak_mb = (int(n) for n in out.split())
+    assert largest == len(b"small"), f"the subscriber received a {largest}-byte message"
+    assert peak_mb < 64 + 120, f"the subscriber peaked at {peak_mb} MB (one refused message is 64 MB)"
