@@ -8,7 +8,10 @@ instead of aborts, no signals, sleeping receivers that use no CPU.
 
 import importlib.util as _util
 import os as _os
-from typing import List, Optional, Union
+import typing as _typing  # as a private name: msgq's namespace holds only msgq's names
+
+if _typing.TYPE_CHECKING:
+    import argparse as _argparse
 
 if _util.find_spec("msgq._msgq") is None or _util.find_spec("msgq._queues") is None:
     raise ImportError(
@@ -81,9 +84,10 @@ __all__ = [
 NO_TRAVERSAL_LIMIT = 2**64 - 1
 
 
-def __getattr__(name: str):
-    """``msgq.__version__``: the installed distribution's (``visionipc``), read on first use."""
-    if name == "__version__":
+def _version() -> str:
+    """The installed distribution's (``visionipc``) version, read on first use."""
+    version = globals().get("__version__")
+    if version is None:
         from importlib import metadata
 
         try:
@@ -91,20 +95,35 @@ def __getattr__(name: str):
         except metadata.PackageNotFoundError:  # a checkout on sys.path without an install
             version = "unknown (not installed)"
         globals()["__version__"] = version
-        return version
-    raise AttributeError(f"module 'msgq' has no attribute {name!r}")
+    return version
 
 
-def add_version_flag(parser) -> None:
+# Type checkers see __version__ as a str and no module __getattr__ (which would make any
+# misspelt name of msgq pass as one).
+__version__: str
+
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> str:
+        """``msgq.__version__``: the installed distribution's (``visionipc``), read on first use."""
+        if name == "__version__":
+            return _version()
+        raise AttributeError(f"module 'msgq' has no attribute {name!r}")
+
+
+def add_version_flag(parser: "_argparse.ArgumentParser") -> None:
     """``--version`` for a command-line tool's argparse parser: "PROG VERSION"."""
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__getattr__('__version__')}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
 
 
 context = Context()
 
 
 def fake_event_handle(
-    endpoint: str, identifier: Optional[Union[str, bytes]] = None, override: bool = True, enable: bool = False
+    endpoint: str,
+    identifier: _typing.Optional[_typing.Union[str, bytes]] = None,
+    override: bool = True,
+    enable: bool = False,
 ) -> SocketEventHandle:
     """The fake-event handle of ``endpoint`` for ``identifier`` (default: the
     ``CEREAL_FAKE_PREFIX`` fake subscribers use). ``override`` creates fresh
@@ -115,7 +134,7 @@ def fake_event_handle(
     return handle
 
 
-def pub_sock(endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -> PubSocket:
+def pub_sock(endpoint: str, segment_size: int = 0, wake: _typing.Optional[str] = None) -> PubSocket:
     """A publisher on ``endpoint``. ``segment_size`` (bytes of ring; 0: the
     existing size, or 1 MiB for a new topic) bounds the largest message.
     ``wake`` (``"all"`` or ``"handoff"``; None: ``MSGQ_WAKE``, else ``"all"``):
@@ -127,10 +146,10 @@ def pub_sock(endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -
 
 def sub_sock(
     endpoint: str,
-    poller: Optional[Poller] = None,
+    poller: _typing.Optional[Poller] = None,
     addr: str = "127.0.0.1",
     conflate: bool = False,
-    timeout: Optional[int] = None,
+    timeout: _typing.Optional[int] = None,
     segment_size: int = 0,
 ) -> SubSocket:
     """A subscriber on ``endpoint``; ``conflate`` keeps only the newest
@@ -144,10 +163,10 @@ def sub_sock(
     return sock
 
 
-def drain_sock_raw(sock: SubSocket, wait_for_one: bool = False) -> List[bytes]:
+def drain_sock_raw(sock: SubSocket, wait_for_one: bool = False) -> list[bytes]:
     """Every message waiting on ``sock``; with ``wait_for_one``, first wait
     (up to the socket's timeout) until there is at least one."""
-    ret: List[bytes] = []
+    ret: list[bytes] = []
     while True:
         dat = sock.receive() if wait_for_one and not ret else sock.receive(non_blocking=True)
         if dat is None:

@@ -8,6 +8,7 @@ socket, maps it once and hands out frames as numpy views
 """
 
 import enum
+import typing as _typing  # private: visionipc's namespace holds only its own names
 
 from msgq import _aliases
 from visionipc.client import VisionIpcClient, available_streams, get_endpoint_name
@@ -19,13 +20,17 @@ from visionipc.server import VisionIpcServer
 _aliases.install({f"visionipc.{app}": f"visionipc.apps.{app}" for app in ("camera", "record", "view", "pipeline")})
 
 
-def __getattr__(name: str):
-    """``visionipc.__version__`` (the same as ``msgq.__version__``: one distribution)."""
-    if name == "__version__":
-        import msgq
+__version__: str  # for type checkers, which see no module __getattr__ (see msgq/__init__.py)
 
-        return msgq.__version__
-    raise AttributeError(f"module 'visionipc' has no attribute {name!r}")
+if not _typing.TYPE_CHECKING:
+
+    def __getattr__(name: str) -> str:
+        """``visionipc.__version__`` (the same as ``msgq.__version__``: one distribution)."""
+        if name == "__version__":
+            import msgq
+
+            return msgq.__version__
+        raise AttributeError(f"module 'visionipc' has no attribute {name!r}")
 
 
 class VisionStreamType(enum.IntEnum):

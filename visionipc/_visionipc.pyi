@@ -1,27 +1,44 @@
 """Stubs of the private native module (use the visionipc package)."""
 
-from typing import Optional, TypeAlias
+from typing import Any, Optional, Sequence, SupportsIndex
+
+from typing_extensions import CapsuleType, TypeAlias, disjoint_base
 
 STRIDE_ALIGN: int
 BUFFER_ALIGN: int
 MAX_BUFFERS: int
 MAX_CLIENTS: int
+MAX_CLIENTS_PER_PEER: int  # the slots one process (one peer) may take of a stream's MAX_CLIENTS
+MAX_NAME_LENGTH: int  # the longest server or stream name (the socket address and topic are built from it)
 # The C++ format table (vipc::kFormats), in enum order:
 # (name, code, aliases (space-separated), bytes_per_pixel, channels, yuv420, selectable)
 FORMAT_TABLE: tuple[tuple[str, int, str, int, int, bool, bool], ...]
 
 # (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
-GeometryTuple: TypeAlias = tuple[str, int, int, int, int, int]
+_GeometryTuple: TypeAlias = tuple[str, int, int, int, int, int]
 
-def geometry(format: str, width: int, height: int) -> GeometryTuple: ...
+def geometry(format: str, width: int, height: int) -> _GeometryTuple: ...
 def endpoint_name(name: str, stream: str) -> str: ...
 def list_streams(name: str, prefix: str, shm_dir: str, trusted_uids: list[int] = ...) -> Optional[list[str]]: ...
+def dlpack_capsule(
+    owner: object,
+    data: SupportsIndex,
+    shape: Sequence[SupportsIndex],
+    strides: Sequence[SupportsIndex],
+    type_code: SupportsIndex,
+    bits: SupportsIndex,
+    device_type: SupportsIndex,
+    device_id: SupportsIndex,
+) -> CapsuleType: ...  # a DLPack 'dltensor' capsule over memory `owner` keeps alive (strides in elements)
 
 class View:
+    """A buffer-protocol view of one buffer (made by Server/Client.view and get_buffer)."""
+
     def __len__(self) -> int: ...
 
 class Server:
-    id: int
+    @property
+    def id(self) -> int: ...
     def __init__(
         self,
         name: str,
@@ -38,16 +55,19 @@ class Server:
     def get_buffer(self, stream: str) -> tuple[int, int, View]: ...
     def acquire(self, stream: str) -> tuple[int, int]: ...  # get_buffer without the view
     def view(self, stream: str, index: int) -> View: ...
+    def buffers_span(self, stream: str, /) -> tuple[int, int]: ...  # (address, length) of the pool's pages
     def send(self, stream: str, index: int, generation: int, frame_id: int, sof: int, eof: int) -> None: ...
-    def send_copy(self, stream: str, data, frame_id: int, sof: int, eof: int) -> int: ...
+    def send_copy(self, stream: str, data: object, frame_id: int, sof: int, eof: int) -> int: ...
     def start_listener(self) -> None: ...
     def close(self) -> None: ...
     def streams(self) -> list[str]: ...
-    def geometry(self, stream: str) -> GeometryTuple: ...
+    def geometry(self, stream: str) -> _GeometryTuple: ...
     def count(self, stream: str) -> int: ...
     def clients(self, stream: str) -> int: ...
     def generation(self, stream: str, index: int) -> int: ...
+    def _forget_after_fork(self) -> None: ...
 
+@disjoint_base
 class Frame:
     """The fields of one frame: the C base of visionipc.VisionBuf (Client.recv_into fills them)."""
 
@@ -58,19 +78,30 @@ class Frame:
     timestamp_eof: int
     timestamp_publish: int  # CLOCK_MONOTONIC ns of the server's send (0: not received)
     timestamp_recv: int  # CLOCK_MONOTONIC ns of this client's receive (0: not received)
-    stream: object
+    stream: Any  # the stream's key (a str) or id, as the owner names it
+    _views: Any  # visionipc.frame.FrameViews
+    _geometry: Any  # visionipc.formats.Geometry
+    _owner: Any  # visionipc.frame.FrameOwner, or None
     @property
-    def array(self): ...  # a fresh numpy view (a prepared one of _views.spares first)
+    def array(self) -> Any: ...  # a fresh numpy view (a prepared one of _views.spares first)
 
 # Client.recv_into's flags
 RECV_LEASED: int  # the client leases the frame
 RECV_NEEDS_VIEWS: int  # the frame's _views/_geometry were not set: the caller sets them
 
 class Client:
-    count: int
-    server_id: int
-    epoch: int  # bumped by every (re)connect that maps a pool
-    dropped: int
+    @property
+    def count(self) -> int: ...
+    @property
+    def server_id(self) -> int: ...
+    @property
+    def epoch(self) -> int: ...  # bumped by every (re)connect that maps a pool
+    @property
+    def dropped(self) -> int: ...
+    @property
+    def last_error(self) -> str: ...  # why the last connect() failed, in words ("" after a success)
+    @property
+    def last_refusal(self) -> str: ...  # "", "no server", "unknown stream", "full" or "peer limit"
     def __init__(
         self,
         name: str,
@@ -82,10 +113,13 @@ class Client:
     ) -> None: ...
     def connect(self) -> bool: ...
     def connected(self) -> bool: ...
-    def recv_into(self, frame: Frame, cache, epoch: Optional[int], timeout_ms: int) -> Optional[int]: ...
+    # cache: the client's visionipc.frame.ViewCache of mapping `epoch`, or None; None on timeout, else RECV_* flags
+    def recv_into(self, frame: Frame, cache: Any, epoch: Optional[int], timeout_ms: int) -> Optional[int]: ...
     def take_lease(self, index: int, generation: int) -> bool: ...
     def release_lease(self) -> None: ...
     def is_valid(self, index: int, generation: int) -> bool: ...
     def view(self, index: int) -> View: ...
-    def geometry(self) -> GeometryTuple: ...
+    def geometry(self) -> _GeometryTuple: ...
+    def buffers_span(self) -> tuple[int, int]: ...  # (address, length) of the mapped pool's pages
     def close(self) -> None: ...
+    def _forget_after_fork(self) -> None: ...

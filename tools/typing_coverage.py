@@ -1,0 +1,68 @@
+"""Share of public functions and methods that declare a return type (and annotate every parameter).
+
+    python tools/typing_coverage.py [PACKAGE_DIR ...]   (default: msgq visionipc)
+
+Public: a function or method whose name and enclosing classes have no leading underscore
+(dunder methods count), defined at module or class level, in any module of the package.
+Each package is counted whole and as its library (without the command-line tools under apps/ and bench/).
+"""
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _public(name: str) -> bool:
+    return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
+
+
+def _functions(tree: ast.Module):
+    """(function, is_method) for each public module-level function and public method of a public class."""
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(node.name):
+            yield node, False
+        elif isinstance(node, ast.ClassDef) and _public(node.name):
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(item.name):
+                    yield item, True
+
+
+def _params_annotated(func: ast.FunctionDef, is_method: bool) -> bool:
+    args = func.args
+    params = [*args.posonlyargs, *args.args, *args.kwonlyargs, *filter(None, (args.vararg, args.kwarg))]
+    staticmethod_ = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in func.decorator_list)
+    if is_method and not staticmethod_ and params:
+        params = params[1:]  # self / cls
+    return all(p.annotation is not None for p in params)
+
+
+APPS = ("apps", "bench")
+
+
+def coverage(package: Path, library_only: bool = False) -> tuple[int, int, int]:
+    """(public functions, with a return annotation, with every parameter and the return annotated)."""
+    total = returns = full = 0
+    for path in sorted(package.rglob("*.py")):
+        if library_only and path.relative_to(package).parts[0] in APPS:
+            continue
+        for func, is_method in _functions(ast.parse(path.read_text(), str(path))):
+            total += 1
+            returns += func.returns is not None
+            full += func.returns is not None and _params_annotated(func, is_method)
+    return total, returns, full
+
+
+def main(argv: list[str]) -> None:
+    for name in argv or ["msgq", "visionipc"]:
+        for label, library_only in ((name, False), (f"{name} library", True)):
+            total, returns, full = coverage(ROOT / name, library_only)
+            print(
+                f"{label}: {total} public functions, {returns} ({100 * returns / max(total, 1):.0f} %) declare a "
+                f"return type, {full} ({100 * full / max(total, 1):.0f} %) fully annotated"
+            )
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
