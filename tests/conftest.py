@@ -1,23 +1,77 @@
 """Every test runs under its own MSGQ_PREFIX and must leave no segment behind;
 the whole session must leave nothing new in /dev/shm or /tmp (checked at the end:
-a leftover fails the run and is named)."""
+a leftover fails the run and is named). Every test gets its tier markers here
+(pytest_collection_modifyitems), not in the test files; tests/ is on sys.path through
+pyproject.toml's ``pythonpath``, so the helpers (camera_helpers, mp_helpers, ...) import."""
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from msgq.testing import isolated_prefix
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
 
 WATCHED = ("/dev/shm", "/tmp")
 # Not ours to clean: pytest's own temporary folders (tools/test.sh puts them under
 # build/ instead) and the JVM's per-user performance-data folder, which every Java
 # process shares and which the JVM keeps on purpose.
 IGNORED = ("/tmp/pytest-of-", "/tmp/hsperfdata_")
+
+
+# -- tiers (markers registered in pyproject.toml; tools/test.sh --quick selects by them) --
+
+UNIT_FOLDERS = ("msgq", "visionipc")  # the library, in-process and across processes
+SYSTEM_FOLDERS = ("apps", "system", "hostile", "bench")  # whole programs, builds, campaigns
+SPARK_FIXTURES = {"spark", "cluster"}  # tests/pipeline_helpers.py's session-wide Spark
+BROWSER_FIXTURES = {"browser"}  # tests/apps/test_view.py's headless Chromium
+SANITIZER_FILES = {"system/test_fuzz.py"}  # libFuzzer + AddressSanitizer builds
+SANITIZER_VARIANTS = {"asan", "tsan"}  # system/test_cpp.py's sanitizer builds
+# Files whose tests take tens of seconds to minutes each (builds, soak, model checking,
+# benchmark runs, mutation campaigns): the whole suite runs them, --quick does not.
+SLOW_FILES = {
+    "system/test_cpp.py",
+    "system/test_cpp_install.py",
+    "system/test_checkout.py",
+    "system/test_setup.py",
+    "system/test_soak.py",
+    "system/test_stress.py",
+    "system/test_model.py",
+    "system/test_lint.py",
+    "system/test_readme.py",
+    "system/test_demo.py",
+    "bench/test_pubsub_benchmarks.py",
+    "bench/test_queue_benchmarks.py",
+    "bench/test_vipc_bench.py",
+    "hostile/test_files_mutation.py",
+}
+
+
+def _tiers(item, where):
+    """The tier markers of one collected test (``where``: its path under tests/)."""
+    folder = where.split("/", 1)[0]
+    tiers = ["unit"] if folder in UNIT_FOLDERS else ["system"] if folder in SYSTEM_FOLDERS else []
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if fixtures & SPARK_FIXTURES or where.startswith("apps/test_pipeline_"):
+        tiers.append("spark")
+    if fixtures & BROWSER_FIXTURES:
+        tiers.append("browser")
+    callspec = getattr(item, "callspec", None)
+    if where in SANITIZER_FILES or (callspec and callspec.params.get("variant") in SANITIZER_VARIANTS):
+        tiers.append("sanitizer")
+    if where in SLOW_FILES:
+        tiers.append("slow")
+    return tiers
+
+
+def pytest_collection_modifyitems(config, items):
+    tests = Path(__file__).parent
+    for item in items:
+        if not Path(item.path).is_relative_to(tests):
+            continue
+        where = Path(item.path).relative_to(tests).as_posix()
+        for tier in _tiers(item, where):
+            item.add_marker(tier)
 
 
 def _entries():

@@ -1,9 +1,18 @@
 #!/usr/bin/env bash
 # The whole test suite: sets everything up, then runs pytest (C++ tests,
 # sanitizer builds and multi-process tests included). Extra arguments go to pytest.
+#   bash tools/test.sh            the whole suite (README's command, CI's .ci/run)
+#   bash tools/test.sh --quick    for development: unit tests and the quick system tests,
+#                                 without Spark, Chromium, sanitizer builds or slow ones
+#                                 (the tiers are pytest markers, given in tests/conftest.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+tier=()
+if [ "${1:-}" = "--quick" ]; then
+  shift
+  tier=(-m "not (spark or browser or sanitizer or slow)")
+fi
 bash tools/setup.sh
 # pytest's temporary folders live under build/ (removed at the next run), not in
 # /tmp: the suite checks that it leaves nothing behind there (tests/conftest.py)
-exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "$@"
+exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "${tier[@]}" "$@"
