@@ -149,7 +149,7 @@ def sub_sock(
     poller: _typing.Optional[Poller] = None,
     addr: str = "127.0.0.1",
     conflate: bool = False,
-    timeout: _typing.Optional[int] = None,
+    timeout: _typing.Optional[float] = None,
     segment_size: int = 0,
 ) -> SubSocket:
     """A subscriber on ``endpoint``; ``conflate`` keeps only the newest

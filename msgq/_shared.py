@@ -23,9 +23,11 @@ import math
 import os
 import time
 import weakref
-from typing import Optional
+from typing import Any, Iterable, Iterator, Optional, TypeVar
 
 from msgq.errors import InvalidArgumentError
+
+_T = TypeVar("_T")
 
 
 class ClosesOnExit:
@@ -36,10 +38,10 @@ class ClosesOnExit:
     def close(self) -> None:  # pragma: no cover - every subclass defines it
         raise NotImplementedError
 
-    def __enter__(self):
+    def __enter__(self: _T) -> _T:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
 
@@ -50,7 +52,7 @@ class Closeable(ClosesOnExit):
 
     __slots__ = ()
 
-    def __del__(self):
+    def __del__(self) -> None:
         try:
             self.close()
         except Exception:
@@ -60,7 +62,7 @@ class Closeable(ClosesOnExit):
 _inherited = weakref.WeakSet()  # objects a forked child must disown
 
 
-def disown_in_forked_child(obj):
+def disown_in_forked_child(obj: _T) -> _T:
     """Register ``obj`` (weakly): a forked child calls its ``_forget_after_fork()``
     right after the fork. Returns ``obj``."""
     _inherited.add(obj)
@@ -78,7 +80,7 @@ def _forget_inherited():
 os.register_at_fork(after_in_child=_forget_inherited)
 
 
-def check_int(what: str, value, low: int, high: int) -> int:
+def check_int(what: str, value: Any, low: int, high: int) -> int:
     """``value`` as an int in ``[low, high]``, else InvalidArgumentError (bool and floats are refused too)."""
     if isinstance(value, bool) or not hasattr(value, "__index__"):
         raise InvalidArgumentError(f"{what} must be an int, not {type(value).__name__}")
@@ -104,7 +106,7 @@ def env_int(name: str, default: int, low: int, high: int) -> int:
 WAKES = ("all", "handoff")
 
 
-def wake_choice(value=None) -> bool:
+def wake_choice(value: Optional[str] = None) -> bool:
     """How a publisher wakes sleeping subscribers: ``"all"`` (one system call wakes
     every sleeper) or ``"handoff"`` (it wakes one, that subscriber wakes the rest);
     ``None``: ``MSGQ_WAKE``, default ``"all"``. True for handoff; a bad value is an
@@ -121,7 +123,7 @@ MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a m
 
 
 @contextlib.contextmanager
-def scoped_env(**values):
+def scoped_env(**values: Optional[str]) -> Iterator[None]:
     """Set environment variables for the block (None: unset) and restore them after."""
 
     def apply(env):
@@ -139,7 +141,7 @@ def scoped_env(**values):
         apply(saved)
 
 
-def check_timeout_ms(value, what: str = "timeout") -> int:
+def check_timeout_ms(value: Any, what: str = "timeout") -> int:
     """A timeout in milliseconds as the reference takes it: ``None``, a
     negative number or infinity wait forever (-1); an int or float up to
     2**31 - 1 ms is that many (floats truncated). NaN, bools, strings and
@@ -155,7 +157,7 @@ def check_timeout_ms(value, what: str = "timeout") -> int:
     return int(value)
 
 
-def check_choice(what: str, value, choices) -> str:
+def check_choice(what: str, value: Any, choices: Iterable[str]) -> str:
     """``value`` if it is one of ``choices``, else InvalidArgumentError naming them."""
     if value not in choices:
         raise InvalidArgumentError(f"{what} must be {' or '.join(repr(c) for c in choices)}, not {value!r}")

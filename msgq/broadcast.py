@@ -30,7 +30,7 @@ import pickle
 import secrets
 import socket
 import time
-from typing import Optional, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn, Optional, Sequence
 
 from msgq import _queues
 from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN, RemoteChannel, zmq_module
@@ -52,6 +52,9 @@ from msgq.errors import (
     QueueShutdownError,
 )
 from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
 
 logger = logging.getLogger("msgq.broadcast")
 
@@ -147,7 +150,7 @@ class BroadcastQueue(Closeable):
         remote_bind: str = "*",
         warn_interval: float = DEFAULT_WARN_INTERVAL,
         curve_dir: Optional[str] = None,
-    ):
+    ) -> None:
         n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
         n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
         if n_readers + n_remote_readers == 0:
@@ -261,14 +264,14 @@ class BroadcastQueue(Closeable):
 
     # ---------------------------------------------------------------- writing
 
-    def enqueue(self, obj, timeout: Optional[float] = None) -> None:
+    def enqueue(self, obj: object, timeout: Optional[float] = None) -> None:
         """Send ``obj`` to every reader (pickle protocol 5; contiguous buffers
         such as numpy arrays go out of band, copied once into shared memory).
         Waits while the slowest reader is ``max_chunks`` messages behind; raises
         ``TimeoutError`` (:class:`~msgq.errors.IpcTimeoutError`) after ``timeout`` s."""
         self._put(obj, False, timeout)
 
-    def enqueue_bytes(self, data, timeout: Optional[float] = None) -> None:
+    def enqueue_bytes(self, data: "Buffer", timeout: Optional[float] = None) -> None:
         """Send one bytes-like message as it is (no pickling)."""
         try:
             view = memoryview(data)
@@ -443,7 +446,7 @@ class BroadcastQueue(Closeable):
 
     # ---------------------------------------------------------------- reading
 
-    def dequeue(self, timeout: Optional[float] = None):
+    def dequeue(self, timeout: Optional[float] = None) -> Any:
         """The next message (the object, or bytes if it was sent with
         ``enqueue_bytes``). Raises ``TimeoutError`` after ``timeout`` s and
         :class:`~msgq.errors.QueueShutdownError` once the queue was shut down
@@ -654,10 +657,10 @@ class BroadcastQueue(Closeable):
             and getattr(self, "_sub", None) is None
         )
 
-    def __getstate__(self):
+    def __getstate__(self) -> NoReturn:
         raise IpcTypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         role = "writer" if self._is_writer else f"reader {self.rank}"
         return (
             f"<BroadcastQueue {self.name!r} {role}, {self.handle.n_readers} local + "

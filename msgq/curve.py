@@ -25,8 +25,14 @@ import os
 import shutil
 import sys
 import threading
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 
 from msgq.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import zmq  # optional (pip install 'visionipc[zmq]'): imported where used
+
+_Dir = Union[str, "os.PathLike[str]"]  # a keys directory
 
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
 
@@ -59,7 +65,7 @@ def create_keys(directory: str) -> str:
     return directory
 
 
-def _load(directory, name, secret):
+def _load(directory: _Dir, name: str, secret: bool) -> Tuple[bytes, Optional[bytes]]:
     zmq = _zmq()
     path = os.path.join(str(directory), name + (".key_secret" if secret else ".key"))
     try:
@@ -71,12 +77,12 @@ def _load(directory, name, secret):
     return public, secret_key
 
 
-def server_public_key(directory) -> bytes:
+def server_public_key(directory: _Dir) -> bytes:
     """The server's public key (z85), for clients that are not given the directory's ``server.key``."""
     return _load(directory, SERVER, False)[0]
 
 
-def _authenticator(ctx, domain, authorized):
+def _authenticator(ctx: "zmq.Context[Any]", domain: str, authorized: str) -> None:
     zmq = _zmq()
     key = (os.getpid(), id(ctx))
     with _lock:
@@ -90,7 +96,7 @@ def _authenticator(ctx, domain, authorized):
             entry[2].add(domain)
 
 
-def stop_authenticator(ctx) -> None:
+def stop_authenticator(ctx: "zmq.Context[Any]") -> None:
     """Stop the authenticator thread of ``ctx`` (before destroying a context of one's own)."""
     with _lock:
         entry = _authenticators.pop((os.getpid(), id(ctx)), None)
@@ -102,27 +108,27 @@ def stop_authenticator(ctx) -> None:
 
 
 @atexit.register
-def _stop_all():
+def _stop_all() -> None:
     # Only this process's: a forked child must not touch its parent's threads' sockets.
     for (pid, _), (ctx, _, _) in list(_authenticators.items()):
         if pid == os.getpid():
             stop_authenticator(ctx)
 
 
-def check_server_dir(directory) -> None:
+def check_server_dir(directory: _Dir) -> None:
     """InvalidArgumentError unless DIR holds what a server needs."""
     _load(directory, SERVER, True)
     if not os.path.isdir(os.path.join(str(directory), AUTHORIZED)):
         raise InvalidArgumentError(f"CURVE keys directory {directory} has no {AUTHORIZED}/ of client public keys")
 
 
-def check_client_dir(directory) -> None:
+def check_client_dir(directory: _Dir) -> None:
     """InvalidArgumentError unless DIR holds what a client needs."""
     _load(directory, CLIENT, True)
     server_public_key(directory)
 
 
-def make_server(sock, directory) -> None:
+def make_server(sock: "zmq.Socket[Any]", directory: _Dir) -> None:
     """Make ``sock`` (not yet bound) a CURVE server with DIR's server keys,
     admitting only the clients in DIR/authorized."""
     directory = os.path.abspath(str(directory))
@@ -137,7 +143,7 @@ def make_server(sock, directory) -> None:
     sock.setsockopt(zmq.CURVE_SERVER, 1)
 
 
-def make_client(sock, directory, server_key=None) -> None:
+def make_client(sock: "zmq.Socket[Any]", directory: _Dir, server_key: Union[str, bytes, None] = None) -> None:
     """Make ``sock`` (not yet connected) a CURVE client with DIR's client keys,
     trusting the server key ``server_key`` (default: DIR/server.key)."""
     public, secret = _load(directory, CLIENT, True)
@@ -149,7 +155,7 @@ def make_client(sock, directory, server_key=None) -> None:
     sock.setsockopt(zmq.CURVE_SERVERKEY, server_key if isinstance(server_key, bytes) else server_key.encode())
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) != 1 or args[0].startswith("-"):
         sys.stderr.write("usage: python -m msgq.curve DIR   (creates a CURVE keys directory)\n")

@@ -47,6 +47,7 @@ import select
 import stat
 import struct
 import weakref
+from typing import Iterable, Optional, Union
 
 from msgq import artifacts
 from msgq._shared import ClosesOnExit
@@ -307,7 +308,7 @@ class Event:
 
     __slots__ = ("_fd", "_owner", "__weakref__")
 
-    def __init__(self, fd=-1, _owner=None):
+    def __init__(self, fd: int = -1, _owner: Optional["SocketEventHandle"] = None) -> None:
         self._fd = int(fd)
         self._owner = _owner  # keeps the handle (and so the descriptor) alive
 
@@ -330,7 +331,7 @@ class Event:
             raise IpcError("Event has no valid file descriptor (no FIFO yet: create a handle with override=True)")
         return fd
 
-    def set(self):
+    def set(self) -> None:
         try:
             os.write(self._valid_fd(), b"\1")
         except BlockingIOError:
@@ -348,14 +349,14 @@ class Event:
                 return total
             total += len(chunk)
 
-    def wait(self, timeout=-1):
+    def wait(self, timeout: Optional[float] = -1) -> None:
         if not _poll([self._valid_fd()], _poll_timeout_ms(timeout)):
             raise _timeout_error(timeout)
 
     def peek(self) -> bool:
         return bool(_poll([self._valid_fd()], 0))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<msgq.Event fd={self.fd}>"
 
 
@@ -370,7 +371,7 @@ def _poll(fds, timeout_ms):
     return [i for i, fd in enumerate(fds) if fd in ready]
 
 
-def wait_for_one_event(events, timeout=-1) -> int:
+def wait_for_one_event(events: Iterable[Event], timeout: Optional[float] = -1) -> int:
     """Wait up to ``timeout`` seconds (negative or None: forever) until one of
     ``events`` is set; return the index of the first set one. Raises
     :class:`IpcTimeoutError` (a ``RuntimeError``) on timeout."""
@@ -434,7 +435,7 @@ class SocketEventHandle(ClosesOnExit):
     closing also disables the events, so consumers go back to normal delivery.
     """
 
-    def __init__(self, endpoint, identifier="", override=True):
+    def __init__(self, endpoint: str, identifier: Union[str, bytes] = "", override: bool = True) -> None:
         state = _State(endpoint, identifier)
         self._res = res = _HandleResources(state)
         self._finalizer = weakref.finalize(self, res.close)
@@ -505,7 +506,7 @@ class SocketEventHandle(ClosesOnExit):
         return self._state().enabled
 
     @enabled.setter
-    def enabled(self, value):
+    def enabled(self, value: bool) -> None:
         state = self._state()
         if value:
             self._refresh()
@@ -540,11 +541,11 @@ class SocketEventHandle(ClosesOnExit):
     def closed(self) -> bool:
         return self._res.state is None
 
-    def close(self):
+    def close(self) -> None:
         """Release the state; an owner removes its FIFOs and disables the events."""
         self._finalizer()
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         if self.closed:
             return f"<SocketEventHandle {self.endpoint!r} closed>"
         role = "owner" if self.owner else "attached"
@@ -559,7 +560,7 @@ class SubscriberHook:
     reference to its subscriber, so a finalizer may call :meth:`close`.
     """
 
-    def __init__(self, endpoint, identifier):
+    def __init__(self, endpoint: str, identifier: Union[str, bytes]) -> None:
         self._state = _State(endpoint, identifier)
         self.mm = self._state.mm  # receive() reads the enabled byte straight from it
         self._generation = None
@@ -596,7 +597,7 @@ class SubscriberHook:
         self._poller = select.poll()
         self._poller.register(ready, select.POLLIN)
 
-    def handshake(self):
+    def handshake(self) -> None:
         """recv_called.set(); recv_ready.wait(); recv_ready.clear()."""
         if self._state.generation != self._generation:
             self._reopen()
@@ -620,7 +621,7 @@ class SubscriberHook:
         else:  # POLLHUP: every holder of the FIFOs closed them (harness gone)
             self._close_fifos()
 
-    def close(self):
+    def close(self) -> None:
         state, self.mm = self._state, None
         if state is not None:
             self._state = None
@@ -630,7 +631,7 @@ class SubscriberHook:
                 self._close_fifos()
 
 
-def toggle_fake_events(enabled):
+def toggle_fake_events(enabled: bool) -> None:
     """Make sockets connected afterwards (here and in child processes) use the
     ``fake`` backend (``CEREAL_FAKE=1``), or stop doing so. An
     ``MSGQ_BACKEND`` naming another backend is switched along with it."""
@@ -644,7 +645,7 @@ def toggle_fake_events(enabled):
             del os.environ["MSGQ_BACKEND"]
 
 
-def set_fake_prefix(prefix):
+def set_fake_prefix(prefix: Union[str, bytes]) -> None:
     """Set ``CEREAL_FAKE_PREFIX``, the identifier fake subscribers use; an empty prefix unsets it."""
     prefix = _identifier(prefix)
     if prefix:
@@ -658,7 +659,7 @@ def get_fake_prefix() -> bytes:
     return os.environ.get(FAKE_PREFIX_ENV, "").encode("utf-8")
 
 
-def delete_fake_prefix():
+def delete_fake_prefix() -> None:
     os.environ.pop(FAKE_PREFIX_ENV, None)
 
 

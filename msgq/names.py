@@ -7,6 +7,7 @@ isolates every segment and socket of a run.
 """
 
 import os
+from typing import Optional, Union
 
 from msgq import _msgq
 from msgq.errors import InvalidArgumentError, InvalidNameError
@@ -17,7 +18,7 @@ SEGMENT_DIR = "/dev/shm"
 SEGMENT_PREFIX = "msgq@"
 
 
-def _check(kind: str, name, limit: int) -> str:
+def _check(kind: str, name: Union[str, bytes], limit: int) -> str:
     """The rule itself is the C++ core's (``cpp/common/names.cc``), so Python and the
     C++ API accept exactly the same names; here only the Python types."""
     if isinstance(name, bytes):
@@ -31,7 +32,7 @@ def _check(kind: str, name, limit: int) -> str:
     return name
 
 
-def validate_name(name, kind: str = "topic name", max_length: int = MAX_NAME_LENGTH) -> str:
+def validate_name(name: Union[str, bytes], kind: str = "topic name", max_length: int = MAX_NAME_LENGTH) -> str:
     """Return ``name`` as a str, or raise :class:`InvalidNameError`."""
     return _check(kind, name, max_length)
 
@@ -54,7 +55,7 @@ def run_segment_prefix(prefix: str) -> str:
     return f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
 
 
-def segment_basename(topic: str, prefix: str = None, suffix: str = "", kind: str = "topic name") -> str:
+def segment_basename(topic: str, prefix: Optional[str] = None, suffix: str = "", kind: str = "topic name") -> str:
     """File name of a topic's segment: ``msgq@TOPIC`` or ``msgq@PREFIX@TOPIC``,
     then ``suffix`` (``#broadcast`` and ``#ordered`` files of msgq.broadcast and
     msgq.ordered). ``kind`` names the topic in the error of an invalid one."""
@@ -74,7 +75,7 @@ def _fnv1a64(data: bytes) -> int:
     return h
 
 
-def zmq_port(topic: str, prefix: str = None) -> int:
+def zmq_port(topic: str, prefix: Optional[str] = None) -> int:
     """TCP port of a topic on the ZeroMQ backend: ``8023 + fnv1a64(key) % 57512``
     with key = ``TOPIC``, or ``PREFIX@TOPIC`` under a run prefix (the
     reference's formula, made prefix-aware so isolated runs do not collide)."""

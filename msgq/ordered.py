@@ -28,7 +28,8 @@ after 1 s.)
 """
 
 import os
-from typing import NamedTuple, Optional
+import types
+from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple, Optional, Type
 
 from msgq import _queues
 from msgq._shared import Closeable, check_choice, check_int
@@ -37,6 +38,9 @@ from msgq._shared import time_left as _left
 from msgq.backends.shm import _mode
 from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, IpcTypeError, QueueShutdownError
 from msgq.names import segment_basename, segment_dir, validate_name
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
 
 MODES = ("sequential", "newest")
 WINDOW = _queues.WINDOW
@@ -82,7 +86,7 @@ class Reservation:
     ``slot_bytes``), set ``size``, then ``publish()`` (or leave the ``with``
     block); ``cancel()`` or an exception in the block gives the id up."""
 
-    def __init__(self, producer, id_):
+    def __init__(self, producer: "OrderedProducer", id_: int) -> None:
         self._producer = producer
         self.id = id_
         self.data = memoryview(producer._native.slot(id_))
@@ -107,16 +111,18 @@ class Reservation:
             self._release_view()
             self._producer._p().cancel(self.id)
 
-    def _release_view(self):
+    def _release_view(self) -> None:
         try:
             self.data.release()  # no writes after publishing, through this view at least
         except BufferError:
             pass  # numpy views of it exist; they keep the mapping alive
 
-    def __enter__(self):
+    def __enter__(self) -> "Reservation":
         return self
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[types.TracebackType]
+    ) -> Literal[False]:
         if exc_type is None:
             if not self._done:
                 self.publish()
@@ -128,7 +134,7 @@ class Reservation:
 class _Attached(Closeable):
     """close() / context manager / finalizer shared by producers and readers."""
 
-    _native = None
+    _native: Any = None  # the native producer or reader; None once closed
 
     def close(self) -> None:
         """Leave the topic (a producer cancels its open reservations: readers skip them)."""
@@ -149,7 +155,7 @@ class OrderedProducer(_Attached):
     slots of ``slot_bytes`` each; later ones (any process) may pass 0 to take
     the existing sizes. One producer may be shared by threads."""
 
-    def __init__(self, name: str, capacity: int = 0, slot_bytes: int = 0):
+    def __init__(self, name: str, capacity: int = 0, slot_bytes: int = 0) -> None:
         self.name = validate_name(name, "ordered topic name")
         self._pid = os.getpid()
         self._native = _queues.OrderedProducer(
@@ -175,7 +181,7 @@ class OrderedProducer(_Attached):
             )
         return Reservation(self, got)
 
-    def send(self, data, timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
+    def send(self, data: "Buffer", timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
         """Reserve the next id, copy ``data`` (bytes-like) into it, publish; returns the id."""
         native = self._p()
         try:
@@ -210,7 +216,7 @@ class OrderedReader(_Attached):
     order) or ``"newest"`` (the newest available message, skipping older
     ones). It starts at the first id still in flight when it attaches."""
 
-    def __init__(self, name: str, mode: str = "sequential"):
+    def __init__(self, name: str, mode: str = "sequential") -> None:
         check_choice("mode", mode, MODES)
         self.name = validate_name(name, "ordered topic name")
         self.mode = mode
@@ -244,7 +250,7 @@ class OrderedReader(_Attached):
     def availability(self) -> Availability:
         return Availability(*self._r().availability())
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Message]:
         """Messages until a shutdown."""
         while True:
             try:

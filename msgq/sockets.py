@@ -16,22 +16,29 @@ safe); sends copy in, unless you fill a loan in place.
 import os
 import sys
 import time
+import types
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, Union, cast
 
 from msgq import backends
 from msgq._shared import INT32_MAX, INT64_MAX, MAX_SPIN_US, ClosesOnExit, check_int, check_timeout_ms, deadline, expired
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 
+if TYPE_CHECKING:
+    import asyncio  # at run time imported where used: it costs most of msgq's import time
 
-def _text(value) -> str:
+    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
+
+
+def _text(value: Union[str, bytes, bytearray]) -> str:
     return value.decode("utf-8") if isinstance(value, (bytes, bytearray)) else value
 
 
-def _size(what: str, value) -> int:
+def _size(what: str, value: int) -> int:
     """A byte count as an int >= 0 (the backend checks its own upper limits)."""
     return check_int(what, value, 0, INT64_MAX)
 
 
-def _resolve(future) -> None:
+def _resolve(future: "asyncio.Future[None]") -> None:
     """``add_reader`` callback: the descriptor is readable (once is enough)."""
     if not future.done():
         future.set_result(None)
@@ -42,14 +49,14 @@ class Context:
     the environment names (``MSGQ_BACKEND``, see :func:`msgq.backends.choose`)
     when each socket connects."""
 
-    def __init__(self, backend=None):
+    def __init__(self, backend: Optional[str] = None) -> None:
         self._backend = backends.load(backend) if backend is not None else None
 
     @property
-    def backend(self):
+    def backend(self) -> types.ModuleType:
         return self._backend if self._backend is not None else backends.load()
 
-    def term(self):
+    def term(self) -> None:
         """Kept for compatibility: sockets own their resources and close on their own."""
 
 
@@ -61,8 +68,11 @@ class _Socket(ClosesOnExit):
     the socket."""
 
     _FAST = ""
+    _impl: Any  # the backend's Publisher or Subscriber (None before connect)
+    _backend: Any  # the backend module (None before connect)
+    endpoint: Optional[str]
 
-    def close(self):
+    def close(self) -> None:
         if self._impl is not None:
             self._impl.close()
         self.__dict__.pop(self._FAST, None)
@@ -71,13 +81,13 @@ class _Socket(ClosesOnExit):
     def closed(self) -> bool:
         return self._impl is None or self._impl.closed
 
-    def _connected(self):
+    def _connected(self) -> Any:
         if self._impl is None or self._impl.closed:
             kind = type(self).__name__
             raise ClosedError(f"{kind} is not connected" if self._impl is None else f"{kind} is closed")
         return self._impl
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         state = "closed" if self.closed else "connected"
         return f"<{type(self).__name__} {self.endpoint!r} {state}>"
 
@@ -91,14 +101,22 @@ class SubSocket(_Socket):
 
     _FAST = "receive"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._impl = None
         self._backend = None
         self._timeout = -1
         self.endpoint = None
-        self._async_waits = {}  # receive_async()'s pending future -> its event loop (close() resolves it)
+        # receive_async()'s pending future -> its event loop (close() resolves it)
+        self._async_waits: Dict["asyncio.Future[None]", "asyncio.AbstractEventLoop"] = {}
 
-    def connect(self, context, endpoint, address="127.0.0.1", conflate=False, segment_size=0):
+    def connect(
+        self,
+        context: Context,
+        endpoint: Union[str, bytes],
+        address: Union[str, bytes] = "127.0.0.1",
+        conflate: bool = False,
+        segment_size: int = 0,
+    ) -> None:
         if self._impl is not None:
             raise IpcError(f"SubSocket is already connected to {self.endpoint!r}")
         endpoint = _text(endpoint)
@@ -106,14 +124,14 @@ class SubSocket(_Socket):
         impl.set_timeout(self._timeout)
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         # The hot path calls the native method directly (saves a Python frame per message).
-        self.receive = impl.receive
+        self.receive = impl.receive  # type: ignore[method-assign]
 
-    def receive(self, non_blocking=False):
+    def receive(self, non_blocking: bool = False) -> Optional[bytes]:
         """The next message as ``bytes``, or ``None`` if none came in time
         (see :meth:`setTimeout`; without one, block until a message comes)."""
         raise ClosedError("SubSocket is not connected" if self.endpoint is None else "SubSocket is closed")
 
-    def setTimeout(self, timeout):
+    def setTimeout(self, timeout: Optional[float]) -> None:
         """Milliseconds :meth:`receive` waits; negative or ``None``: forever
         (at most 2**31 - 1 ms; anything else is an InvalidArgumentError)."""
         self._timeout = check_timeout_ms(timeout)
@@ -121,10 +139,10 @@ class SubSocket(_Socket):
             self._impl.set_timeout(self._timeout)
 
     @property
-    def timeout(self):
+    def timeout(self) -> Optional[int]:
         return None if self._timeout < 0 else self._timeout
 
-    def receive_batch(self, max_messages=1024, timeout=0):
+    def receive_batch(self, max_messages: int = 1024, timeout: Optional[float] = 0) -> List[bytes]:
         """Up to ``max_messages`` waiting messages in one call (the shared-memory
         backend also stops after 256 KiB); waits up to ``timeout`` ms
         (negative: forever) for the first one. An empty list: nothing came."""
@@ -143,7 +161,7 @@ class SubSocket(_Socket):
     def arm(self) -> bool:
         return self._connected().arm()
 
-    def disarm(self):
+    def disarm(self) -> None:
         self._connected().disarm()
 
     @property
@@ -157,10 +175,10 @@ class SubSocket(_Socket):
         return self._connected().spin_us
 
     @spin_us.setter
-    def spin_us(self, value):
+    def spin_us(self, value: int) -> None:
         self._connected().spin_us = check_int("spin_us", value, 0, MAX_SPIN_US)
 
-    async def receive_async(self, timeout=None):
+    async def receive_async(self, timeout: Optional[float] = None) -> Optional[bytes]:
         """Await the next message (``bytes``), or ``None`` after ``timeout``
         seconds (``None``: no limit). Waits on :meth:`fileno` in the running
         event loop: no thread and no polling loop per socket."""
@@ -200,7 +218,7 @@ class SubSocket(_Socket):
             if fd is not None:
                 os.close(fd)
 
-    def close(self):
+    def close(self) -> None:
         """Also from any thread or task: every receive_async() waiting wakes and
         raises ClosedError (its descriptor is its own, closed by itself)."""
         super().close()
@@ -210,7 +228,7 @@ class SubSocket(_Socket):
             except RuntimeError:  # that loop is closed: nothing waits there any more
                 pass
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[bytes]:
         """Yield messages until a receive times out."""
         while True:
             msg = self.receive()
@@ -228,13 +246,13 @@ class Loan:
     of ``data`` (numpy arrays too) before committing.
     """
 
-    def __init__(self, impl, size):
+    def __init__(self, impl: Any, size: int) -> None:
         self._impl = impl
         self._buffer = impl.loan(size)
         self.size = size
-        self.data = memoryview(self._buffer)
+        self.data: Optional[memoryview] = memoryview(self._buffer)
 
-    def commit(self, size=None):
+    def commit(self, size: Optional[int] = None) -> None:
         """Publish the first ``size`` bytes (default: all). A size that is not
         an int from 0 to the loan's size raises and leaves the loan open."""
         if self.data is None:
@@ -243,11 +261,11 @@ class Loan:
         self._release()
         self._impl.commit(size)
 
-    def cancel(self):
+    def cancel(self) -> None:
         self._release()
         self._impl.cancel_loan()
 
-    def _release(self):
+    def _release(self) -> None:
         if self.data is None:
             raise IpcError("this loan was already committed or cancelled")
         try:
@@ -263,10 +281,12 @@ class Loan:
             raise IpcError("release every view of the loaned buffer (memoryview, numpy array) before commit")
         self.data = self._buffer = None
 
-    def __enter__(self):
-        return self.data
+    def __enter__(self) -> memoryview:
+        return cast(memoryview, self.data)
 
-    def __exit__(self, exc_type, exc, tb):
+    def __exit__(
+        self, exc_type: Optional[Type[BaseException]], exc: Optional[BaseException], tb: Optional[types.TracebackType]
+    ) -> None:
         if self.data is None:
             return
         if exc_type is None:
@@ -282,12 +302,14 @@ class PubSocket(_Socket):
 
     _FAST = "send"
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._impl = None
         self._backend = None
         self.endpoint = None
 
-    def connect(self, context, endpoint, segment_size=0, wake=None):
+    def connect(
+        self, context: Context, endpoint: Union[str, bytes], segment_size: int = 0, wake: Optional[str] = None
+    ) -> None:
         """Publish on ``endpoint``; ``wake`` ("all" or "handoff"; None: ``MSGQ_WAKE``,
         else "all") is how a send wakes subscribers asleep in a blocking receive."""
         if self._impl is not None:
@@ -295,13 +317,13 @@ class PubSocket(_Socket):
         endpoint = _text(endpoint)
         impl = context.backend.Publisher(endpoint, _size("segment_size", segment_size), wake)
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
-        self.send = impl.send
+        self.send = impl.send  # type: ignore[method-assign]
 
-    def send(self, data):
+    def send(self, data: "Buffer") -> None:
         """Publish ``data`` (bytes or any C-contiguous buffer); copies it into the ring once."""
         raise ClosedError("PubSocket is not connected" if self.endpoint is None else "PubSocket is closed")
 
-    def loan(self, size) -> Loan:
+    def loan(self, size: int) -> Loan:
         """Reserve ``size`` bytes in the ring to fill in place; see :class:`Loan`."""
         return Loan(self._connected(), _size("loan size", size))
 
@@ -314,7 +336,7 @@ class PubSocket(_Socket):
         """Subscribers currently attached (dead ones are reclaimed first)."""
         return self._connected().num_readers()
 
-    def wait_for_readers(self, count=1, timeout=None) -> bool:
+    def wait_for_readers(self, count: int = 1, timeout: Optional[float] = None) -> bool:
         """Wait until at least ``count`` subscribers are attached; ``timeout`` in
         seconds (``None``: forever). Returns whether they are."""
         count = check_int("count", count, 0, INT32_MAX)
@@ -352,12 +374,12 @@ class Poller:
     """Waits on many subscribers at once. ``poll(timeout_ms)`` returns the
     registered sockets that have a message (an empty list on timeout)."""
 
-    def __init__(self):
-        self._sockets = []
-        self._impl = None
-        self._backend = None
+    def __init__(self) -> None:
+        self._sockets: List[SubSocket] = []
+        self._impl: Any = None
+        self._backend: Optional[types.ModuleType] = None
 
-    def registerSocket(self, socket):
+    def registerSocket(self, socket: SubSocket) -> None:
         impl = socket._connected()
         if any(s is socket for s in self._sockets):
             raise InvalidArgumentError(f"{socket!r} is already registered with this Poller")
@@ -368,7 +390,7 @@ class Poller:
         self._impl.add(impl)
         self._sockets.append(socket)
 
-    def poll(self, timeout):
+    def poll(self, timeout: Optional[float]) -> List[SubSocket]:
         timeout = check_timeout_ms(timeout)
         if self._impl is None:
             if timeout > 0:
@@ -382,5 +404,5 @@ class Poller:
             raise ClosedError("register a socket before asking for the Poller's fileno()")
         return self._impl.fileno()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._sockets)

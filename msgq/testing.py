@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import time
+from typing import Iterable, Iterator, Optional
 
 from msgq.names import run_segment_prefix, segment_dir, zmq_port
 
@@ -50,7 +51,7 @@ def _ephemeral_ports() -> range:
     return range(low, high + 1)
 
 
-def unique_topic(stem: str = "topic", companions=()) -> str:
+def unique_topic(stem: str = "topic", companions: Iterable[str] = ()) -> str:
     """A topic name no other test uses, usable with every backend: under the
     current prefix its ZeroMQ port (and those of ``name + suffix`` for each
     suffix in ``companions``) lies outside the ephemeral port range, is in
@@ -93,7 +94,7 @@ def wait_until_gone(prefix: str, timeout: float = 5.0) -> list:
 
 
 @contextlib.contextmanager
-def isolated_prefix(prefix: str = None, check_leaks: bool = True):
+def isolated_prefix(prefix: Optional[str] = None, check_leaks: bool = True) -> Iterator[str]:
     """Run the block under its own ``MSGQ_PREFIX`` (restored afterwards).
 
     With ``check_leaks``, raise ``AssertionError`` naming the segment files the

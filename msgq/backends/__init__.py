@@ -28,6 +28,8 @@ load; the conformance suite in tests/msgq/test_conformance.py checks behaviour):
 
 import importlib
 import os
+import types
+from typing import Optional
 
 from msgq.errors import InvalidArgumentError
 
@@ -45,7 +47,7 @@ def available() -> tuple:
     return tuple(_MODULES)
 
 
-def choose(name=None) -> str:
+def choose(name: Optional[str] = None) -> str:
     """The backend to use: ``name`` if given, else ``MSGQ_BACKEND``, else the
     reference's switches (``CEREAL_FAKE`` set: ``fake``; ``ZMQ`` set: ``zmq``),
     else ``msgq``."""
@@ -58,7 +60,7 @@ def choose(name=None) -> str:
     return name
 
 
-def load(name=None):
+def load(name: Optional[str] = None) -> types.ModuleType:
     """Import the chosen backend and check that it exports the whole contract."""
     module = importlib.import_module(_MODULES[choose(name)])
     missing = [attr for attr in CONTRACT if not hasattr(module, attr)]

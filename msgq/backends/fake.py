@@ -11,6 +11,7 @@ disabled, or no handle exists, it behaves exactly like the ``msgq`` backend.
 """
 
 import weakref
+from typing import Any, List, Optional
 
 from msgq.backends import shm
 from msgq.events import SubscriberHook, fake_prefix
@@ -23,8 +24,10 @@ Publisher = shm.Publisher
 class Subscriber:
     """An ``msgq`` subscriber with the fake-event handshake before each receive."""
 
-    def __init__(self, endpoint, address="127.0.0.1", conflate=False, segment_size=0):
-        self._impl = None
+    def __init__(
+        self, endpoint: str, address: str = "127.0.0.1", conflate: bool = False, segment_size: int = 0
+    ) -> None:
+        self._impl: Any = None
         impl = shm.Subscriber(endpoint, address, conflate, segment_size)  # validates like msgq does
         try:
             hook = SubscriberHook(endpoint, fake_prefix())
@@ -34,12 +37,12 @@ class Subscriber:
         self._impl, self._hook = impl, hook
         self._finalizer = weakref.finalize(self, hook.close)
 
-    def receive(self, non_blocking=False):
+    def receive(self, non_blocking: bool = False) -> Optional[bytes]:
         if self._hook.enabled:
             self._hook.handshake()
         return self._impl.receive(non_blocking)
 
-    def receive_batch(self, max_messages=1024, timeout_ms=0):
+    def receive_batch(self, max_messages: int = 1024, timeout_ms: int = 0) -> List[bytes]:
         if not self._hook.enabled:
             return self._impl.receive_batch(max_messages, timeout_ms)
         # As the reference's drain does: one handshake per receive, the last one included.
@@ -58,10 +61,10 @@ class Subscriber:
     def arm(self) -> bool:
         return self._hook.enabled or self._impl.arm()
 
-    def disarm(self):
+    def disarm(self) -> None:
         self._impl.disarm()
 
-    def set_timeout(self, ms):
+    def set_timeout(self, ms: int) -> None:
         self._impl.set_timeout(ms)
 
     def fileno(self) -> int:
@@ -81,7 +84,7 @@ class Subscriber:
         return self._impl.spin_us
 
     @spin_us.setter
-    def spin_us(self, value):
+    def spin_us(self, value: int) -> None:
         self._impl.spin_us = value
 
     @property
@@ -96,13 +99,13 @@ class Subscriber:
     def closed(self) -> bool:
         return self._impl.closed
 
-    def close(self):
+    def close(self) -> None:
         try:
             self._impl.close()
         finally:
             self._finalizer()
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         # Anything else the msgq subscriber offers (timeout_ms, slot, ...).
         impl = self.__dict__.get("_impl")
         if impl is None:
@@ -115,15 +118,15 @@ class Poller:
     are returned at once (the reference's fake poller returns every socket):
     their receive waits for the harness instead."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._impl = shm.Poller()
         self._subscribers = []
 
-    def add(self, subscriber):
+    def add(self, subscriber: Any) -> None:
         self._impl.add(subscriber._impl)
         self._subscribers.append(subscriber)
 
-    def poll(self, timeout_ms):
+    def poll(self, timeout_ms: int) -> List[int]:
         enabled = [i for i, s in enumerate(self._subscribers) if s._hook.enabled]
         if not enabled:
             return self._impl.poll(timeout_ms)
@@ -132,5 +135,5 @@ class Poller:
     def fileno(self) -> int:
         return self._impl.fileno()
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._subscribers)

@@ -2,6 +2,7 @@
 
 import os
 import weakref
+from typing import List, Optional, TypeVar
 
 from msgq import _msgq, artifacts
 from msgq._shared import MAX_SPIN_US, env_int, wake_choice
@@ -41,7 +42,10 @@ def _trusted_uids() -> list:
         ) from None
 
 
-def _track(obj):
+_T = TypeVar("_T")
+
+
+def _track(obj: _T) -> _T:
     _live.add(obj)
     return obj
 
@@ -49,7 +53,7 @@ def _track(obj):
 _swept = set()  # run prefixes whose stale segments this process already removed
 
 
-def Publisher(endpoint, segment_size=0, wake=None):
+def Publisher(endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -> _msgq.Publisher:
     prefix = current_prefix()
     if prefix not in _swept:
         _swept.add(prefix)
@@ -60,7 +64,9 @@ def Publisher(endpoint, segment_size=0, wake=None):
     return _track(pub)
 
 
-def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):
+def Subscriber(
+    endpoint: str, address: str = "127.0.0.1", conflate: bool = False, segment_size: int = 0
+) -> _msgq.Subscriber:
     sub = _msgq.Subscriber(
         segment_dir(), segment_basename(endpoint), int(segment_size), bool(conflate), _mode(), _trusted_uids()
     )
@@ -71,7 +77,7 @@ def Subscriber(endpoint, address="127.0.0.1", conflate=False, segment_size=0):
 Poller = _msgq.Poller
 
 
-def remove_stale_segments(prefix=None):
+def remove_stale_segments(prefix: Optional[str] = None) -> List[str]:
     """Unlink this user's files that no live process uses (left behind when every
     participant was killed): every kind ``msgq.artifacts`` knows (topic rings,
     ordered topics, broadcast rings and large-message directories, fake-event
@@ -80,7 +86,7 @@ def remove_stale_segments(prefix=None):
     return artifacts.sweep(segment_dir(), prefix or None)
 
 
-def _forget_after_fork():
+def _forget_after_fork() -> None:
     # A forked child shares its parent's descriptors; using them would corrupt
     # the parent's reader slots, and closing them normally would release the
     # parent's locks. Drop them silently instead.
