@@ -23,17 +23,22 @@ or at the latest by the close.
 """
 
 import errno
+import logging
+import math
 import os
 import struct
+import time
 
 from msgq._descriptors import ensure_descriptors
 from msgq._guarded import Guarded
+from msgq._zmq_capped import CappedConnection
 from msgq.errors import ClosedError, QueueShutdownError
 
 KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN = 0, 1, 2
 FRAME = struct.Struct("<BQ")  # first ZeroMQ frame of a message: kind, sequence number
 HELLO = b"\xffmsgq-broadcast-reader:"  # a subscription that only says "reader N is here"
 REMOTE_HWM = 1000  # messages queued per remote reader before the writer waits (never drops)
+_log = logging.getLogger("msgq.broadcast")
 FAREWELL_LINGER_MS = 1000  # how long ZeroMQ's I/O thread may go on delivering the shutdown message after close
 
 
@@ -101,6 +106,7 @@ class RemoteChannel(Guarded):
         self.shut_down = False
         self._farewell = None  # the shutdown message, until it is sent
         self._farewell_sent = False
+        self._link = None  # a reader's CappedConnection: its monitor is polled too
         self._init_guard()
 
     @classmethod
@@ -121,8 +127,10 @@ class RemoteChannel(Guarded):
         return cls(sock, name, f"broadcast queue {name!r} is closed"), port
 
     @classmethod
-    def reader(cls, name, rank, addr, curve_dir=None, curve_server_key=None):
-        """Remote reader ``rank``'s SUB, connected to the writer at ``addr``."""
+    def reader(cls, name, rank, addr, max_message_bytes, curve_dir=None, curve_server_key=None):
+        """Remote reader ``rank``'s SUB, connected to the writer at ``addr``, refusing a
+        message over ``max_message_bytes`` before buffering it (a peer that sends one
+        loses its connection, made again after a back-off: msgq/_zmq_capped.py)."""
         sock = _socket("SUB", f"broadcast queue {name!r}: remote reader {rank}'s socket")
         zmq = zmq_module()
         try:
@@ -136,11 +144,18 @@ class RemoteChannel(Guarded):
                 _curve().make_client(sock, curve_dir, curve_server_key)
             sock.setsockopt(zmq.SUBSCRIBE, b"")
             sock.setsockopt(zmq.SUBSCRIBE, HELLO + str(rank).encode())
-            sock.connect(addr)
+            link = CappedConnection(zmq, sock, addr, max_message_bytes)
         except BaseException:
             sock.close(linger=0)
             raise
-        return cls(sock, name, f"broadcast queue reader {rank} is closed")
+        try:
+            channel = cls(sock, name, f"broadcast queue reader {rank} is closed")
+        except BaseException:
+            link.close_monitor()
+            raise
+        channel._link = link
+        channel._poll_in.append((link.monitor, zmq.POLLIN))
+        return channel
 
     # -------------------------------------------------------------- using
 
@@ -169,18 +184,39 @@ class RemoteChannel(Guarded):
         shutdown() from another thread ends the wait with its error."""
         items = self._poll_in
         if events != items[0][1]:
-            items = [(self._zsock, events), items[1]]
-        sock_ready = False
-        for what, _ in self._zmq_poll(items, -1 if timeout_ms is None else timeout_ms):
-            if what is self._zsock:
-                sock_ready = True
-            else:
-                self._drain_pipe()
-        if self._closing:
-            raise self._closed_error("wait")
-        if self.shut_down:
-            self._check_shut_down()
-        return sock_ready
+            items = [(self._zsock, events), *items[1:]]
+        link = self._link
+        wait_ms = -1 if timeout_ms is None else timeout_ms
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            sock_ready = False
+            for what, _ in self._zmq_poll(items, wait_ms if link is None else link.poll_ms(wait_ms)):
+                if what is self._zsock:
+                    sock_ready = True
+                elif link is None or what is not link.monitor:
+                    self._drain_pipe()
+            if self._closing:
+                raise self._closed_error("wait")
+            if self.shut_down:
+                self._check_shut_down()
+            if link is None:
+                return sock_ready
+            if sock_ready:
+                link.working()
+                return True
+            if link.after_wait() and link.reconnects == 1:  # a connection the writer's address closed
+                _log.warning(
+                    "broadcast queue %r: %s closed the connection (the writer went away, or sent a message over "
+                    "max_message_bytes=%d, which is refused); reconnecting",
+                    self.name,
+                    link.endpoint,
+                    link.max_size,
+                )
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                wait_ms = max(1, math.ceil(left * 1000))
 
     def _check_shut_down(self):
         if self.shut_down:
@@ -278,6 +314,8 @@ class RemoteChannel(Guarded):
 
     def _close_socket(self):  # with _close_lock held and no user inside
         self._send_farewell_locked()
+        if self._link is not None:
+            self._link.close_monitor()
         sock, self._zsock = self._zsock, None
         sock.close(linger=FAREWELL_LINGER_MS if self._farewell_sent else 0)  # close() itself never waits
         self._close_pipe()
@@ -289,5 +327,7 @@ class RemoteChannel(Guarded):
                 os.close(fd)
 
     def _forget_after_fork(self):
+        if self._link is not None:
+            self._link.forget()  # the parent's monitor socket: never touched here
         super()._forget_after_fork()
         self._close_pipe()  # our copies; the parent's stay open

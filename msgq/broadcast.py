@@ -48,6 +48,7 @@ from msgq.errors import (
     IpcError,
     IpcTimeoutError,
     IpcTypeError,
+    MessageTooLargeError,
     NoSpaceError,
     QueueShutdownError,
 )
@@ -77,6 +78,10 @@ os.register_at_fork(after_in_child=_after_fork)
 DEFAULT_CHUNK_BYTES = 64 << 10
 DEFAULT_MAX_CHUNKS = 256
 DEFAULT_WARN_INTERVAL = 60.0
+# The largest message (its pickle stream and buffers together). Remote readers refuse a
+# larger one from the network before buffering it (ZMQ_MAXMSGSIZE), so what a peer on the
+# writer's address can make a reader hold stays bounded without CURVE.
+DEFAULT_MAX_MESSAGE_BYTES = 1 << 30
 
 
 def queue_basename(name: str, prefix: str) -> str:
@@ -103,6 +108,7 @@ class BroadcastHandle:
     remote_addr: Optional[str]
     overflow_dir: Optional[str] = None
     curve_server_key: Optional[str] = None  # the writer's CURVE public key (z85) if remote readers must use CURVE
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the writer refuses larger; remote readers too
 
 
 def _default_ip() -> str:
@@ -137,6 +143,9 @@ class BroadcastQueue(Closeable):
     default route), ``remote_bind`` the interface the writer listens on.
     ``curve_dir``: a CURVE keys directory (:mod:`msgq.curve`); remote readers
     must then present an authorized key, and everything is encrypted.
+    ``max_message_bytes``: the largest message (pickle stream and buffers
+    together); ``enqueue`` refuses a larger one (:class:`MessageTooLargeError`)
+    and remote readers refuse one from the network before buffering it.
     """
 
     def __init__(
@@ -150,6 +159,7 @@ class BroadcastQueue(Closeable):
         remote_bind: str = "*",
         warn_interval: float = DEFAULT_WARN_INTERVAL,
         curve_dir: Optional[str] = None,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
     ) -> None:
         n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
         n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
@@ -157,6 +167,7 @@ class BroadcastQueue(Closeable):
             raise InvalidArgumentError("a broadcast queue needs at least one reader")
         chunk_bytes = check_int("chunk_bytes", chunk_bytes, 64, 1 << 31)
         max_chunks = check_int("max_chunks", max_chunks, 1, 4096)
+        self._max_message = check_int("max_message_bytes", max_message_bytes, chunk_bytes, 1 << 40)
         if not warn_interval > 0:
             raise InvalidArgumentError(f"warn_interval must be positive, got {warn_interval!r}")
         self.name = validate_name(name or f"bq{secrets.token_hex(6)}", "queue name")
@@ -197,6 +208,7 @@ class BroadcastQueue(Closeable):
             remote_addr,
             overflow_dir,
             curve_key,
+            self._max_message,
         )
 
     def _init_common(self, n_total):
@@ -255,7 +267,7 @@ class BroadcastQueue(Closeable):
                         f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
                     )
                 self._sub = RemoteChannel.reader(
-                    handle.name, rank, handle.remote_addr, curve_dir, handle.curve_server_key
+                    handle.name, rank, handle.remote_addr, handle.max_message_bytes, curve_dir, handle.curve_server_key
                 )
         except BaseException:
             self.close()
@@ -314,6 +326,12 @@ class BroadcastQueue(Closeable):
         started: Optional[float] = None,
     ) -> None:
         seq = self._seq
+        size = sum(memoryview(p).nbytes for p in parts)
+        if size > self._max_message:
+            raise MessageTooLargeError(
+                f"broadcast queue {self.name!r}: a {size}-byte message exceeds its max_message_bytes="
+                f"{self._max_message} (create the queue with a larger one)"
+            )
         if self._writer is not None:
             flags = _queues.FLAG_RAW if kind == KIND_RAW else 0
             if not self._write_chunk(flags, parts, deadline, status, started):

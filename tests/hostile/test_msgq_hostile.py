@@ -511,3 +511,56 @@ def test_a_remote_reader_refuses_malformed_messages_with_a_clear_error():
     finally:
         r.close()
         peer.close(linger=0)
+
+
+def test_a_remote_reader_refuses_a_message_over_the_queues_maximum_and_reconnects():
+    """A peer at the writer's address sends messages of 64 MB to a remote reader of a
+    queue whose max_message_bytes is 1 MiB (the handle carries it): the reader's ZeroMQ
+    refuses each before buffering it, the connection is made again, and the next
+    message that fits is delivered. Before: the reader took every 64 MB message."""
+    zmq = pytest.importorskip("zmq")
+    from msgq._broadcast_remote import FRAME, KIND_RAW
+    from msgq.broadcast import BroadcastHandle
+
+    peer = zmq.Context.instance().socket(zmq.XPUB)
+    peer.setsockopt(zmq.LINGER, 0)
+    port = peer.bind_to_random_port("tcp://127.0.0.1")
+    handle = BroadcastHandle(
+        unique_name(), "", "/dev/shm", 0, 1, 1 << 16, 4, None, f"tcp://127.0.0.1:{port}", max_message_bytes=1 << 20
+    )
+    r = msgq.BroadcastQueue.create_from_handle(handle, rank=0)
+    try:
+        peer.setsockopt(zmq.RCVTIMEO, 10_000)
+        peer.recv()  # the reader's subscription
+        big = b"B" * (64 << 20)
+        for _ in range(3):
+            peer.send_multipart([FRAME.pack(KIND_RAW, 0), big], copy=False)
+        got, deadline = None, time.monotonic() + 20
+        while got is None and time.monotonic() < deadline:
+            peer.send_multipart([FRAME.pack(KIND_RAW, 0), b"fits"])  # dropped until the reader is back
+            try:
+                got = r.dequeue_bytes(timeout=0.05)
+            except msgq.IpcTimeoutError:
+                pass
+        assert got == b"fits"
+    finally:
+        r.close()
+        peer.close(linger=0)
+
+
+def test_the_writer_refuses_a_message_over_max_message_bytes():
+    q = msgq.BroadcastQueue(1, max_message_bytes=1 << 20, chunk_bytes=1 << 16)
+    r = msgq.BroadcastQueue.create_from_handle(q.handle, rank=0)
+    try:
+        assert q.handle.max_message_bytes == 1 << 20
+        with pytest.raises(msgq.MessageTooLargeError, match="max_message_bytes"):
+            q.enqueue_bytes(b"x" * ((1 << 20) + 1))
+        with pytest.raises(msgq.MessageTooLargeError, match="max_message_bytes"):
+            q.enqueue(bytearray((1 << 20) + 1))  # pickled: the buffer travels out of band
+        q.enqueue_bytes(b"y" * (1 << 19))  # larger than a chunk, within the maximum
+        assert r.dequeue_bytes(timeout=10) == b"y" * (1 << 19)
+        with pytest.raises(msgq.InvalidArgumentError, match="max_message_bytes"):
+            msgq.BroadcastQueue(1, max_message_bytes=1 << 10, chunk_bytes=1 << 16)
+    finally:
+        r.close()
+        q.close()
