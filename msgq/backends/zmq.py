@@ -737,8 +737,15 @@ class Subscriber(_Guarded):
     def arm(self) -> bool:
         """True if a message is waiting (do not wait then). Otherwise the
         descriptor becomes readable at the socket's next state change
-        (reading ZMQ_EVENTS is what re-arms it)."""
-        return self.ready()
+        (reading ZMQ_EVENTS is what re-arms it). A connection the publisher
+        closed is made again here once its back-off has passed."""
+        self._enter("arm()")
+        try:
+            if self._link.after_wait():
+                _reconnected(self._link)
+            return bool(self._zsock.getsockopt(_EVENTS) & _POLLIN)
+        finally:
+            self._leave()
 
     def disarm(self):
         pass
