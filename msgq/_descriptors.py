@@ -12,6 +12,7 @@ was created (and its caller removes what it made so far).
 import errno
 import os
 import resource
+from typing import Optional
 
 from msgq.errors import IpcError
 
@@ -25,7 +26,7 @@ class DescriptorsExhaustedError(IpcError, OSError):
     """Too few file descriptors are left for what was asked (``ulimit -n``)."""
 
 
-def free_descriptors():
+def free_descriptors() -> Optional[int]:
     """Descriptors this process may still open (``RLIMIT_NOFILE`` minus those
     open), or None where that cannot be read."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)

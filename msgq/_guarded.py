@@ -60,7 +60,7 @@ class Guarded(Closeable):
         if self._closing:
             self._finish_close()
 
-    def close(self):
+    def close(self) -> None:
         lock = getattr(self, "_close_lock", None)
         if lock is None:  # the constructor failed
             return

@@ -32,6 +32,7 @@ import os
 import secrets
 import stat
 import struct
+from typing import List, Tuple
 
 from msgq._descriptors import DescriptorsExhaustedError
 from msgq.errors import InvalidArgumentError, IpcError, IpcPermissionError, NoSpaceError
@@ -75,7 +76,7 @@ def no_space(what: str, err: OSError) -> IpcError:
 class OverflowDir:
     """One queue's overflow directory (see the module docstring)."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str) -> None:
         self.path = path
 
     @classmethod
@@ -147,7 +148,7 @@ class OverflowDir:
             raise
         os.close(fd)
 
-    def read(self, seq: int):
+    def read(self, seq: int) -> Tuple[int, List[memoryview]]:
         """``(kind, parts)`` of message ``seq``: parts are views of a private,
         copy-on-write mapping of its file. Raises IpcError if it is gone or malformed."""
         path = self._file(seq)

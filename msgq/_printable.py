@@ -18,7 +18,7 @@ def _escape(ch: str) -> str:
     return ch.encode("unicode_escape").decode("ascii")
 
 
-def printable(text) -> str:
+def printable(text: object) -> str:
     """``text`` (str or bytes) with every character a terminal would act on escaped."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", "surrogateescape")

@@ -2,13 +2,14 @@
 install hint naming the pip extra that has them."""
 
 import importlib
+import types
 
 
 class UsageError(Exception):
     """Bad input from the command line or a config file: printed, exit status 2."""
 
 
-def need(module: str, extra: str):
+def need(module: str, extra: str) -> types.ModuleType:
     """Import an optional dependency or raise UsageError naming the pip extra that has it."""
     try:
         return importlib.import_module(module)

@@ -2,13 +2,18 @@
 
 import time
 import types
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Set, Union
 
 from msgq._shared import INT32_MAX, INT32_MIN, Closeable, check_timeout_ms, disown_in_forked_child
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, IpcTypeError
 from visionipc import _visionipc
-from visionipc._streams import run_options, server_name, stream_id, stream_key
+from visionipc._streams import ServerName, StreamId, run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
 from visionipc.frame import ViewCache, VisionBuf
+
+if TYPE_CHECKING:
+    from visionipc.cuda.device_frame import DeviceFrame
+    from visionipc.cuda.link import CudaLink as _CudaLink
 
 _LEASED, _NEEDS_VIEWS = _visionipc.RECV_LEASED, _visionipc.RECV_NEEDS_VIEWS
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
@@ -44,14 +49,22 @@ class VisionIpcClient(Closeable):
     driver or a device it raises :class:`visionipc.cuda.CudaUnavailableError`.
     """
 
-    def __init__(self, name, stream, conflate=False, context=None, trusted_uids=(), cuda=False):
+    def __init__(
+        self,
+        name: ServerName,
+        stream: StreamId,
+        conflate: bool = False,
+        context: None = None,
+        trusted_uids: Iterable[int] = (),
+        cuda: Union[bool, int] = False,
+    ) -> None:
         if context is not None:
             raise IpcTypeError("OpenCL contexts are not supported; pass context=None (GPU frames: cuda=True)")
         self.name = server_name(name)
         self.stream = stream
         self._key = stream_key(stream)
-        self._cuda = None  # a visionipc.cuda CudaLink with cuda=True
-        self._native = _visionipc.Client(
+        self._cuda: Optional[_CudaLink] = None  # a visionipc.cuda CudaLink with cuda=True
+        self._native: Optional[_visionipc.Client] = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
         if cuda is not False:
@@ -63,22 +76,22 @@ class VisionIpcClient(Closeable):
                 native, self._native = self._native, None
                 native.close()
                 raise
-        self._last = None  # the newest frame received
-        self._blank = None  # the next frame's object, made before waiting (see recv)
-        self._leased = None  # the frame (idx, generation) our lease slot holds, if any
+        self._last: Any = None  # the newest frame received (after close, its numbers)
+        self._blank: Optional[VisionBuf] = None  # the next frame's object, made before waiting (see recv)
+        self._leased: Optional[VisionBuf] = None  # the frame (idx, generation) our lease slot holds, if any
         # Per mapping (native epoch): the ViewCache of the pool (None before the
         # first mapping), so recv() allocates only the VisionBuf.
-        self._epoch = None
-        self._views = None
+        self._epoch: Optional[int] = None
+        self._views: Optional[ViewCache] = None
         self.last_error = ""  # why the last connect() failed ("" after a success)
         disown_in_forked_child(self)
 
-    def _client(self):
+    def _client(self) -> _visionipc.Client:
         if self._native is None:
             raise ClosedError("VisionIpcClient is closed (or was inherited across fork: make one here)")
         return self._native
 
-    def _forget_after_fork(self):
+    def _forget_after_fork(self) -> None:
         if self._cuda is not None:
             self._cuda.forget()
         native, self._native = self._native, None
@@ -86,9 +99,9 @@ class VisionIpcClient(Closeable):
         if native is not None:
             native._forget_after_fork()
 
-    def connect(self, blocking=True) -> bool:
+    def connect(self, blocking: bool = True) -> bool:
         native = self._client()
-        refused_since = None
+        refused_since: Optional[float] = None
         while not native.connect():
             self.last_error = native.last_error
             if not blocking:
@@ -106,7 +119,7 @@ class VisionIpcClient(Closeable):
     def is_connected(self) -> bool:
         return self._native is not None and self._native.connected()
 
-    def recv(self, timeout_ms=100):
+    def recv(self, timeout_ms: Optional[float] = 100) -> Optional[VisionBuf]:
         """The next frame as a VisionBuf, or None after ``timeout_ms`` (< 0: wait forever)."""
         # Runs cold: the wait sleeps, and each step after the wake-up costs many times
         # what it costs warm (caches and TLBs are cold). So what does not need the
@@ -136,7 +149,7 @@ class VisionIpcClient(Closeable):
         self._last = f
         return f
 
-    def _attach_views(self, native, f):
+    def _attach_views(self, native: _visionipc.Client, f: VisionBuf) -> None:
         """Give a received frame the views recv_into could not: the first frame of a
         mapping (a (re)connect mapped a pool), or the first of its buffer."""
         if native.epoch != self._epoch:
@@ -144,7 +157,7 @@ class VisionIpcClient(Closeable):
         views = self._views
         f._views, f._geometry = views.get(f.idx), views.geometry
 
-    def _remapped(self, native, epoch):
+    def _remapped(self, native: _visionipc.Client, epoch: int) -> None:
         """A (re)connect mapped a pool: drop what was cached for the old mapping
         (frames already handed out keep theirs alive)."""
         self._epoch = epoch
@@ -153,18 +166,18 @@ class VisionIpcClient(Closeable):
             self._cuda.pin("pool", native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
 
     # LeasingOwner: whether a frame is intact, and the read lease of `with frame:`
-    def frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf: VisionBuf) -> bool:
         return self._native is not None and self._native.is_valid(buf.idx, buf.generation)
 
-    def _leases(self, buf) -> bool:
+    def _leases(self, buf: VisionBuf) -> bool:
         held = self._leased
         return held is not None and held.idx == buf.idx and held.generation == buf.generation
 
-    def hold_frame(self, buf) -> None:
+    def hold_frame(self, buf: VisionBuf) -> None:
         if self._native is not None and not self._leases(buf):
             self._leased = buf if self._native.take_lease(buf.idx, buf.generation) else None
 
-    def release_frame(self, buf) -> None:
+    def release_frame(self, buf: VisionBuf) -> None:
         if self._native is not None and self._leases(buf):
             if self._cuda is not None:
                 self._cuda.finish()
@@ -172,11 +185,11 @@ class VisionIpcClient(Closeable):
             self._leased = None
 
     # visionipc.cuda (cuda=True)
-    def cuda_host_device(self, buf):
+    def cuda_host_device(self, buf: VisionBuf) -> Optional[int]:
         """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
         return None if self._cuda is None else self._cuda.host_device(buf)
 
-    def frame_to_device(self, buf, out=None, stream=None):
+    def frame_to_device(self, buf: VisionBuf, out: Any = None, stream: Any = None) -> "DeviceFrame":
         """``buf.to_device()``: lease the frame (if this client does not already), then
         copy it into device memory; the lease stays until the copy has completed."""
         link = self._cuda
@@ -191,7 +204,7 @@ class VisionIpcClient(Closeable):
                 )
         return link.copy_to_device(buf, out, stream)
 
-    def _geometry(self, field):
+    def _geometry(self, field: str) -> Any:
         native = self._native
         if native is None or native.count == 0:
             return None
@@ -212,10 +225,10 @@ class VisionIpcClient(Closeable):
     valid = property(lambda self: bool(self._last and self._last.valid))
 
     @staticmethod
-    def available_streams(name, block=False) -> set:
+    def available_streams(name: ServerName, block: bool = False) -> Set[Union[int, str]]:
         return available_streams(name, block)
 
-    def close(self):
+    def close(self) -> None:
         """Drop the lease and the connection (frames already received stay readable)."""
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies finish and pages unregister before the lease and the mapping go
@@ -232,7 +245,7 @@ class VisionIpcClient(Closeable):
             native.close()
 
 
-def available_streams(name, block=False) -> set:
+def available_streams(name: ServerName, block: bool = False) -> Set[Union[int, str]]:
     """The stream ids a server offers (ints where the name is an int). With
     ``block``, wait until the server answers; otherwise an empty set if it does not."""
     name = server_name(name)
@@ -244,7 +257,7 @@ def available_streams(name, block=False) -> set:
         time.sleep(_RETRY_S)
 
 
-def get_endpoint_name(name, stream) -> str:
+def get_endpoint_name(name: ServerName, stream: StreamId) -> str:
     """The msgq topic a stream's frames are announced on: ``visionipc_<name>_<stream>``."""
     if isinstance(name, bytes):
         name = name.decode()

@@ -9,7 +9,7 @@ returns the :class:`Geometry` (stride, ``uv_offset``, size...) a server would us
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import NamedTuple
+from typing import Any, Iterator, NamedTuple, Union
 
 from msgq._shared import check_int
 from msgq.errors import InvalidArgumentError
@@ -69,12 +69,12 @@ class Geometry(Mapping):
     def info(self) -> PixelFormat:
         return _BY_NAME[self.format]
 
-    def __getitem__(self, key: str):
+    def __getitem__(self, key: str) -> Union[str, int]:
         if key not in _FIELDS:
             raise KeyError(key)
         return getattr(self, key)
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(_FIELDS)
 
     def __len__(self) -> int:
@@ -84,7 +84,7 @@ class Geometry(Mapping):
 _FIELDS = tuple(f.name for f in fields(Geometry))
 
 
-def normalize_format(fmt) -> str:
+def normalize_format(fmt: str) -> str:
     if not isinstance(fmt, str):
         raise InvalidArgumentError(f"format must be a str like 'nv12', not {type(fmt).__name__}")
     name = _ALIASES.get(fmt.lower(), fmt.lower())
@@ -93,7 +93,7 @@ def normalize_format(fmt) -> str:
     return name
 
 
-def check_count(what: str, value) -> int:
+def check_count(what: str, value: Any) -> int:
     """A positive int that fits 32 bits, else InvalidArgumentError (bool and floats are refused too)."""
     return check_int(what, value, 1, (1 << 32) - 1)
 

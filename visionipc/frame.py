@@ -23,13 +23,18 @@ Each keeps a :class:`ViewCache`: the views of every buffer, made once.
 from __future__ import annotations
 
 import types
-from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Callable, Literal, NamedTuple, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
 from visionipc import _visionipc
 from visionipc.formats import Geometry
+
+if TYPE_CHECKING:
+    from visionipc.cuda.device_frame import DeviceFrame
+
+_Buf = TypeVar("_Buf", bound="VisionBuf")
 
 
 @runtime_checkable
@@ -66,7 +71,7 @@ class FrameViews(NamedTuple):
             self.spares.append(self.array.view())
 
 
-def frame_views(source, geometry: Geometry) -> FrameViews:
+def frame_views(source: Any, geometry: Geometry) -> FrameViews:
     """The views of a buffer-protocol object covering one buffer laid out as ``geometry``."""
     data = memoryview(source)
     if data.format != "B" or data.ndim != 1:
@@ -89,7 +94,7 @@ def _shaped(flat: np.ndarray, g: Geometry) -> np.ndarray:
     return np.ndarray((h, w), dtype=dtype, buffer=flat, strides=(s, info.bytes_per_pixel))
 
 
-def plane(g: Geometry, which: str):
+def plane(g: Geometry, which: str) -> tuple[int, tuple[int, ...], tuple[int, ...]]:
     """``(offset, shape, byte strides)`` of plane ``which`` ("Y", "UV", "U", "V") of a
     frame laid out as ``g``, uint8 (host frames and visionipc.cuda's device frames)."""
     if not g.info.yuv420:
@@ -113,13 +118,13 @@ class ViewCache:
 
     __slots__ = ("_source", "made", "geometry")
 
-    def __init__(self, geometry: Geometry, count: int, source: Callable[[int], Any] | None = None):
+    def __init__(self, geometry: Geometry, count: int, source: Callable[[int], Any] | None = None) -> None:
         """``source(idx)``: a buffer-protocol object over buffer ``idx`` (or pass one to ``get``)."""
         self.geometry = geometry
-        self.made: list = [None] * count  # per buffer: its FrameViews, None until first used
+        self.made: list[FrameViews | None] = [None] * count  # per buffer: its FrameViews, None until first used
         self._source = source
 
-    def get(self, idx: int, buffer=None) -> FrameViews:
+    def get(self, idx: int, buffer: Any = None) -> FrameViews:
         """Buffer ``idx``'s views; made the first time, from ``buffer`` or ``source(idx)``."""
         views = self.made[idx]
         if views is None:
@@ -147,16 +152,16 @@ class VisionBuf(_visionipc.Frame):
         self,
         views: FrameViews,
         geometry: Geometry,
-        idx,
-        generation,
-        frame_id=0,
-        timestamp_sof=0,
-        timestamp_eof=0,
+        idx: int,
+        generation: int,
+        frame_id: int = 0,
+        timestamp_sof: int = 0,
+        timestamp_eof: int = 0,
         owner: FrameOwner | None = None,
-        stream=None,
-        timestamp_publish=0,
-        timestamp_recv=0,
-    ):
+        stream: Any = None,
+        timestamp_publish: int = 0,
+        timestamp_recv: int = 0,
+    ) -> None:
         self._views = views
         self._geometry = geometry
         self.idx = idx
@@ -171,7 +176,7 @@ class VisionBuf(_visionipc.Frame):
         self._owner = owner  # the FrameOwner this frame came from
         self.stream = stream
 
-    def __copy__(self):
+    def __copy__(self: _Buf) -> _Buf:
         """``copy.copy(frame)``: another frame object with the same fields and views
         (over the same pixels; no bytes are copied)."""
         other = type(self).__new__(type(self))
@@ -182,7 +187,7 @@ class VisionBuf(_visionipc.Frame):
         return other
 
     @classmethod
-    def blank(cls, owner, stream):
+    def blank(cls: type[_Buf], owner: FrameOwner | None, stream: Any) -> _Buf:
         """A frame of ``owner`` whose buffer and numbers the caller fills in (all of
         ``__init__``'s fields): a client makes it before waiting, as the steps after
         a wake-up run cold, where every allocation and call costs."""
@@ -200,7 +205,7 @@ class VisionBuf(_visionipc.Frame):
     geometry = property(lambda self: self._geometry)
     owner = property(lambda self: self._owner)
 
-    def __len__(self):
+    def __len__(self) -> int:
         return self._geometry.size
 
     @property
@@ -217,7 +222,7 @@ class VisionBuf(_visionipc.Frame):
         """The whole buffer as a flat uint8 numpy array (what ``.data`` was before it became a memoryview)."""
         return self._views.flat.view()
 
-    def _plane(self, which):
+    def _plane(self, which: str) -> np.ndarray:
         offset, shape, strides = plane(self._geometry, which)
         return np.ndarray(shape, dtype=np.uint8, buffer=self._views.flat, offset=offset, strides=strides)
 
@@ -249,7 +254,7 @@ class VisionBuf(_visionipc.Frame):
         return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
 
     # GPU (visionipc.cuda) and DLPack
-    def to_device(self, out=None, stream=None):
+    def to_device(self, out: Any = None, stream: Any = None) -> DeviceFrame:
         """An asynchronous copy of this frame into GPU memory, as a
         :class:`visionipc.cuda.DeviceFrame` (a client made with ``cuda=True``).
         ``out``: a device buffer of yours to fill (anything with
@@ -261,7 +266,7 @@ class VisionBuf(_visionipc.Frame):
             raise InvalidArgumentError("to_device() needs a frame of a VisionIpcClient made with cuda=True")
         return to_device(self, out, stream)
 
-    def copy_from_device(self, array, stream=None) -> None:
+    def copy_from_device(self, array: Any, stream: Any = None) -> None:
         """Fill this producer's buffer from GPU memory (``VisionIpcServer(..., cuda=True)``):
         an asynchronous device-to-host copy of ``array`` (``__cuda_array_interface__``; the
         whole buffer's bytes, or its rows without the stride's padding) on ``stream`` (default:
@@ -271,12 +276,18 @@ class VisionBuf(_visionipc.Frame):
             raise InvalidArgumentError("copy_from_device() needs a buffer of a VisionIpcServer made with cuda=True")
         from_device(self, array, stream)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         """DLPack's CPU (1, 0), or CUDA-host (3, 0) when the pool is registered with CUDA."""
         registered = getattr(self._owner, "cuda_host_device", None)
         return (1, 0) if registered is None or registered(self) is None else (3, 0)
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        stream: Any = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
         """``numpy.from_dlpack(frame)`` / ``torch.from_dlpack(frame)``: ``.array``'s bytes
         without a copy (the pool stays mapped while the result lives)."""
         array = self.array
@@ -292,17 +303,17 @@ class VisionBuf(_visionipc.Frame):
         )
 
     # read lease for a block
-    def __enter__(self):
+    def __enter__(self: _Buf) -> _Buf:
         if isinstance(self._owner, LeasingOwner):
             self._owner.hold_frame(self)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> Literal[False]:
         if isinstance(self._owner, LeasingOwner):
             self._owner.release_frame(self)
         return False
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return (
             f"<VisionBuf {self.format} {self.width}x{self.height} stride={self.stride} idx={self.idx} "
             f"frame_id={self.frame_id}>"

@@ -26,12 +26,12 @@ a frame longer should copy it.
 """
 
 import struct
-from typing import Optional
+from typing import Any, Optional, Tuple
 
 from msgq._shared import Closeable, check_timeout_ms
 from msgq.errors import InvalidArgumentError, IpcTimeoutError, SegmentError
 from msgq.ordered import OrderedProducer, OrderedReader
-from visionipc._streams import server_name, stream_key
+from visionipc._streams import ServerName, StreamId, server_name, stream_key
 from visionipc.formats import (
     FORMAT_TABLE,
     Geometry,
@@ -45,7 +45,7 @@ _TRAILER = struct.Struct("<8sIIIIIQ")  # magic, format code, width, height, stri
 _MAGIC = b"VIPCORD1"
 
 
-def topic_name(name, stream) -> str:
+def topic_name(name: ServerName, stream: StreamId) -> str:
     """The ordered topic a stream lives on: ``vipc_ordered_<name>_<stream>``."""
     return f"vipc_ordered_{server_name(name)}_{stream_key(stream)}"
 
@@ -60,7 +60,9 @@ class OrderedFrameWriter(Closeable):
     ring, at least 16): the first creates the stream, the others attach to it
     (different sizes raise InvalidArgumentError). Thread-safe."""
 
-    def __init__(self, name, stream, width: int, height: int, format: str = "nv12", count: int = 32):
+    def __init__(
+        self, name: ServerName, stream: StreamId, width: int, height: int, format: str = "nv12", count: int = 32
+    ) -> None:
         self.name, self.stream = server_name(name), stream_key(stream)
         geo = layout(normalize_format(format), check_count("width", width), check_count("height", height))
         count = check_count("count", count)
@@ -115,7 +117,7 @@ class OrderedFrameWriter(Closeable):
             res.cancel()
             buf._reservation = None
 
-    def frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf: VisionBuf) -> bool:
         """FrameOwner: a producer's frame is valid until it is sent."""
         return getattr(buf, "_reservation", None) is not None
 
@@ -128,14 +130,16 @@ class OrderedFrameClient(Closeable):
     """Receives an ordered stream: ``mode="sequential"`` (every frame in
     frame-id order) or ``"newest"`` (the newest frame, skipping older ones)."""
 
-    def __init__(self, name, stream, mode: str = "sequential"):
+    def __init__(self, name: ServerName, stream: StreamId, mode: str = "sequential") -> None:
         self.name, self.stream = server_name(name), stream_key(stream)
         self._reader = OrderedReader(topic_name(name, stream), mode)
         self.mode = mode
-        self._trailer = None  # the last geometry trailer seen, and the ViewCache (per slot) made for it
-        self._views = None
+        self._trailer: Optional[Tuple[Any, ...]] = (
+            None  # the last geometry trailer seen, and the ViewCache (per slot) made for it
+        )
+        self._views: Optional[ViewCache] = None
 
-    def recv(self, timeout_ms: int = 100) -> Optional[VisionBuf]:
+    def recv(self, timeout_ms: Optional[float] = 100) -> Optional[VisionBuf]:
         """The next frame as a read-only VisionBuf, or None after ``timeout_ms``
         (< 0: wait forever)."""
         timeout_ms = check_timeout_ms(timeout_ms, "timeout_ms")
@@ -165,7 +169,7 @@ class OrderedFrameClient(Closeable):
             return self.recv(timeout_ms)
         return buf
 
-    def _trailer_geometry(self, id_, trailer, slot_bytes) -> Geometry:
+    def _trailer_geometry(self, id_: int, trailer: Tuple[Any, ...], slot_bytes: int) -> Geometry:
         magic, code, width, height, stride, uv_offset, size = trailer
         if (
             magic != _MAGIC
@@ -176,7 +180,7 @@ class OrderedFrameClient(Closeable):
             raise SegmentError(f"ordered stream {self.name}/{self.stream}: frame {id_} has no valid geometry trailer")
         return Geometry(FORMAT_TABLE[code].name, width, height, stride, uv_offset, size)
 
-    def frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf: VisionBuf) -> bool:
         """FrameOwner: the ring has not reused the frame's slot."""
         return self._reader._is_valid(buf.frame_id, buf.generation)
 

@@ -14,14 +14,20 @@ Buffers are written in place (``dst=`` / ``out=``); when OpenCV cannot write
 into a strided view directly it returns a new array, which is then copied in.
 """
 
+import types
+from typing import TYPE_CHECKING, Optional, Tuple
+
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
 from visionipc._optional import need
 from visionipc.formats import format_info
 
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
-def _cv2():
+
+def _cv2() -> types.ModuleType:
     return need("cv2", "cv")
 
 
@@ -38,12 +44,12 @@ def compact_dtype(fmt: str) -> np.dtype:
     return np.dtype(f"u{format_info(fmt).sample_bytes}")
 
 
-def _into(result, dst):
+def _into(result: np.ndarray, dst: np.ndarray) -> None:
     if result is not dst:  # OpenCV allocated instead of writing in place
         np.copyto(dst, result)
 
 
-def _chroma_planes(fmt, compact, width, height):
+def _chroma_planes(fmt: str, compact: np.ndarray, width: int, height: int) -> Tuple[np.ndarray, np.ndarray]:
     """I420 compact image -> (U, V) planes ``(h/2, w/2)`` as views."""
     cw, ch = width // 2, height // 2
     flat = compact.reshape(-1)
@@ -52,7 +58,7 @@ def _chroma_planes(fmt, compact, width, height):
     return u, v
 
 
-def unpack(compact: np.ndarray, buf):
+def unpack(compact: np.ndarray, buf: "VisionBuf") -> None:
     """Write a compact image (see module doc) into ``buf`` exactly."""
     fmt, w, h = buf.format, buf.width, buf.height
     if compact.shape != compact_shape(fmt, w, h):
@@ -68,7 +74,7 @@ def unpack(compact: np.ndarray, buf):
         np.copyto(buf.array, compact.view(buf.array.dtype))
 
 
-def pack(buf, out: np.ndarray = None) -> np.ndarray:
+def pack(buf: "VisionBuf", out: Optional[np.ndarray] = None) -> np.ndarray:
     """Copy ``buf``'s pixels into a compact image (``out``, C-contiguous, or a new one)."""
     fmt, w, h = buf.format, buf.width, buf.height
     if out is None:
@@ -89,13 +95,13 @@ class BgrWriter:
     """Converts BGR images of one stream's size into its buffers; keeps the one
     scratch image the YUV conversions need, so no per-frame allocation."""
 
-    def __init__(self, fmt: str, width: int, height: int):
+    def __init__(self, fmt: str, width: int, height: int) -> None:
         self.cv2 = _cv2()
         self.fmt, self.width, self.height = fmt, width, height
         self._yuv = np.empty((height * 3 // 2, width), np.uint8) if fmt in ("nv12", "i420") else None
         self._gray = np.empty((height, width), np.uint8) if fmt == "raw16" else None
 
-    def write(self, bgr: np.ndarray, buf):
+    def write(self, bgr: np.ndarray, buf: "VisionBuf") -> None:
         cv2, fmt = self.cv2, self.fmt
         if fmt == "bgr8":
             np.copyto(buf.array, bgr)
@@ -111,7 +117,7 @@ class BgrWriter:
             self._yuv = yuv
             self.write_i420(yuv, buf)
 
-    def write_i420(self, yuv: np.ndarray, buf):
+    def write_i420(self, yuv: np.ndarray, buf: "VisionBuf") -> None:
         """An I420 compact image into an NV12 or I420 buffer (interleaving U and V for NV12)."""
         w, h = self.width, self.height
         if buf.format == "i420":
@@ -124,7 +130,9 @@ class BgrWriter:
         np.copyto(uv[..., 1], v)
 
 
-def resize_into(cv2, image: np.ndarray, width: int, height: int, scratch):
+def resize_into(
+    cv2: types.ModuleType, image: np.ndarray, width: int, height: int, scratch: Optional[np.ndarray]
+) -> np.ndarray:
     """``image`` at ``width`` x ``height`` (itself when it already is), reusing ``scratch``."""
     if image.shape[1] == width and image.shape[0] == height:
         return image

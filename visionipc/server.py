@@ -1,15 +1,21 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
 import functools
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union, overload
 
 import numpy as np
 
 from msgq._shared import Closeable, disown_in_forked_child, wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
-from visionipc._streams import run_options, server_name, stream_key
+from visionipc._streams import ServerName, StreamId, run_options, server_name, stream_key
 from visionipc.formats import Geometry, check_count, normalize_format
 from visionipc.frame import ViewCache, VisionBuf
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
+    from visionipc.cuda.link import CudaLink as _CudaLink
 
 _U8 = np.dtype(np.uint8)
 
@@ -39,30 +45,36 @@ class VisionIpcServer(Closeable):
     waits for that copy (its event), not for the whole device.
     """
 
-    def __init__(self, name, allowed_uids=(), wake=None, cuda=False):
+    def __init__(
+        self,
+        name: ServerName,
+        allowed_uids: Iterable[int] = (),
+        wake: Optional[str] = None,
+        cuda: Union[bool, int] = False,
+    ) -> None:
         self.name = server_name(name)
-        self._cuda = None  # a visionipc.cuda CudaLink with cuda=True
+        self._cuda: Optional[_CudaLink] = None  # a visionipc.cuda CudaLink with cuda=True
         if cuda is not False:
             from visionipc.cuda.link import CudaLink
 
             self._cuda = CudaLink(cuda)
         handoff = wake_choice(wake)
         self.wake = "handoff" if handoff else "all"  # what this server does (MSGQ_WAKE resolved)
-        self._native = _visionipc.Server(
+        self._native: Optional[_visionipc.Server] = _visionipc.Server(
             self.name, allowed_uids=[int(u) for u in allowed_uids], handoff_wakes=handoff, **run_options()
         )
         disown_in_forked_child(self)
         # Per stream key: the ViewCache of its pool. A stream's pool never changes
         # once created, so these stay valid.
-        self._views = {}
-        self._keys = {}  # streams (exact str or int) already validated -> key
+        self._views: Dict[str, ViewCache] = {}
+        self._keys: Dict[Union[str, int], str] = {}  # streams (exact str or int) already validated -> key
 
-    def _server(self):
+    def _server(self) -> _visionipc.Server:
         if self._native is None:
             raise ClosedError(f"VisionIpcServer {self.name!r} is closed (or was inherited across fork: make one here)")
         return self._native
 
-    def _forget_after_fork(self):
+    def _forget_after_fork(self) -> None:
         if self._cuda is not None:
             self._cuda.forget()
         native, self._native = self._native, None
@@ -70,7 +82,7 @@ class VisionIpcServer(Closeable):
         if native is not None:
             native._forget_after_fork()
 
-    def create_buffers(self, stream, count, width, height, format="nv12"):
+    def create_buffers(self, stream: StreamId, count: int, width: int, height: int, format: str = "nv12") -> None:
         key = stream_key(stream)
         self._server().create_buffers(
             key,
@@ -81,13 +93,15 @@ class VisionIpcServer(Closeable):
         )
         self._pin(key)
 
-    def _pin(self, key):
+    def _pin(self, key: str) -> None:
         """cuda=True: register the new pool's pages (the view keeps them mapped meanwhile)."""
         if self._cuda is not None:
             native = self._server()
             self._cuda.pin(key, native.buffers_span(key), native.view(key, 0))
 
-    def create_buffers_with_sizes(self, stream, count, width, height, size, stride, uv_offset):
+    def create_buffers_with_sizes(
+        self, stream: StreamId, count: int, width: int, height: int, size: int, stride: int, uv_offset: int
+    ) -> None:
         if isinstance(uv_offset, bool) or not hasattr(uv_offset, "__index__") or uv_offset < 0:
             raise InvalidArgumentError(f"uv_offset must be a non-negative int, got {uv_offset!r}")
         self._server().create_buffers_with_sizes(
@@ -101,10 +115,10 @@ class VisionIpcServer(Closeable):
         )
         self._pin(stream_key(stream))
 
-    def start_listener(self):
+    def start_listener(self) -> None:
         self._server().start_listener()
 
-    def _key(self, stream) -> str:
+    def _key(self, stream: StreamId) -> str:
         """``stream_key(stream)``, validated once per str or int (not bool, whose hash is an int's)."""
         key = self._keys.get(stream) if type(stream) is str or type(stream) is int else None
         if key is None:
@@ -113,7 +127,7 @@ class VisionIpcServer(Closeable):
                 self._keys[stream] = key
         return key
 
-    def get_buffer(self, stream) -> VisionBuf:
+    def get_buffer(self, stream: StreamId) -> VisionBuf:
         key = self._key(stream)
         native = self._server()
         idx, generation = native.acquire(key)
@@ -124,7 +138,26 @@ class VisionIpcServer(Closeable):
             )
         return VisionBuf(cache.get(idx), cache.geometry, idx, generation, owner=self, stream=key)
 
-    def send(self, buf, data=None, frame_id=0, timestamp_sof=0, timestamp_eof=0):
+    # send(buf, frame_id, timestamp_sof, timestamp_eof) positionally (the reference's), or by keyword
+    @overload
+    def send(self, buf: VisionBuf, frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0, /) -> None: ...
+
+    @overload
+    def send(self, buf: VisionBuf, *, frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0) -> None: ...
+
+    @overload
+    def send(
+        self, buf: StreamId, data: "Buffer", frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0
+    ) -> None: ...
+
+    def send(
+        self,
+        buf: Union[VisionBuf, StreamId],
+        data: Any = None,
+        frame_id: int = 0,
+        timestamp_sof: int = 0,
+        timestamp_eof: int = 0,
+    ) -> None:
         """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
         from ``get_buffer`` (no copy); the reference's ``send(stream, data, frame_id, ...)``
         copies ``data`` (bytes or an array of the buffer's size) into a free buffer first.
@@ -150,7 +183,7 @@ class VisionIpcServer(Closeable):
         native = self._server()
         if isinstance(buf, VisionBuf):
             if data is not None:  # send(buf, frame_id) positionally
-                return self.send(buf, None, data, frame_id, timestamp_sof)
+                return self.send(buf, None, data, frame_id, timestamp_sof)  # type: ignore[call-overload]
             raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
         key = self._key(buf)
         if data is None:
@@ -158,7 +191,7 @@ class VisionIpcServer(Closeable):
         frame = _frame_bytes(data, Geometry(*native.geometry(key)))
         native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
 
-    def frame_from_device(self, buf, array, stream=None) -> None:
+    def frame_from_device(self, buf: VisionBuf, array: Any, stream: Any = None) -> None:
         """``buf.copy_from_device(array)``: submit the device-to-host copy into ``buf``."""
         if self._cuda is None:
             raise InvalidArgumentError("copy_from_device() needs VisionIpcServer(..., cuda=True)")
@@ -167,30 +200,30 @@ class VisionIpcServer(Closeable):
             raise InvalidArgumentError("copy_from_device() takes a buffer of this server's get_buffer(), not yet sent")
         self._cuda.copy_from_device(buf, array, stream)
 
-    def cuda_host_device(self, buf):
+    def cuda_host_device(self, buf: VisionBuf) -> Optional[int]:
         """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
         return None if self._cuda is None else self._cuda.host_device(buf)
 
-    def frame_valid(self, buf) -> bool:
+    def frame_valid(self, buf: VisionBuf) -> bool:
         """FrameOwner: the buffer has not been sent since ``get_buffer`` handed it out
         (a producer's frame needs no lease)."""
         if self._native is None:
             return False
         return self._native.generation(buf.stream, buf.idx) == buf.generation
 
-    def streams(self) -> list:
+    def streams(self) -> List[str]:
         return self._server().streams()
 
-    def num_clients(self, stream) -> int:
+    def num_clients(self, stream: StreamId) -> int:
         return self._server().clients(stream_key(stream))
 
-    def readers_woken(self, stream) -> int:
+    def readers_woken(self, stream: StreamId) -> int:
         """Sleeping clients of ``stream`` that this server's own system calls have woken
         so far: about clients x frames with ``wake="all"``, at most one per frame with
         ``wake="handoff"`` (the clients woke the others)."""
         return self._server().readers_woken(stream_key(stream))
 
-    def close(self):
+    def close(self) -> None:
         """Stop the listener and drop the pools (views handed out stay readable)."""
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies land and pages unregister before the pools can go
@@ -200,7 +233,7 @@ class VisionIpcServer(Closeable):
             native.close()  # in a forked child the native side only forgets its copies
 
 
-def _frame_bytes(data, geometry: Geometry):
+def _frame_bytes(data: Any, geometry: Geometry) -> Union[np.ndarray, memoryview, bytes]:
     """The copying send's input: bytes-like of exactly the buffer size, or a
     C-contiguous array of uint8 (any shape) / the format's own sample type."""
     size = geometry.size
