@@ -93,14 +93,14 @@ def test_conflate_and_drain_match_the_reference():
             sub.close()
 
 
-def test_receive_timeout_returns_none_within_the_timeout():
+def test_receive_timeout_returns_none_once_the_timeout_passed():
     topic = unique_topic()
     for _ in range(10):
         timeout = random.randrange(200)
         sub = msgq.sub_sock(topic, timeout=timeout)
         start = time.monotonic()
         assert sub.receive() is None
-        assert time.monotonic() - start < 0.2 + 1.0  # generous: a loaded CI machine
+        assert timeout / 1000 <= time.monotonic() - start < 30  # it waited; the bound is only against a hang
         sub.close()
 
 

@@ -3,8 +3,9 @@
 handlers installed, Poller over many topics, and fileno() readiness with
 select and asyncio.
 
-Timing is checked only as behaviour (a lower bound, and a generous upper bound
-so a slow machine cannot fail a test); speed is the benchmarks' business.
+Timing is checked only as behaviour: a wait lasts at least its timeout (a lower
+bound no machine can break), and ends (an upper bound only against a hang, far
+above any wake-up on a loaded machine); speed is the benchmarks' business.
 """
 
 import asyncio
@@ -22,7 +23,7 @@ from mp_helpers import SPAWN, Children, wait_until_asleep
 import msgq
 from msgq.testing import unique_topic
 
-SLACK_S = 2.0  # generous upper bound on any wake-up, for a loaded 2-core machine
+SLACK_S = 20.0  # only against a hang: any wake-up, even on a loaded 2-core machine, is far sooner
 
 
 @pytest.mark.timeout(60)
