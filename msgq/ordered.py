@@ -203,8 +203,13 @@ class OrderedProducer(_Attached):
     def is_available(self, id: int) -> bool:
         return self._p().is_available(_uint("id", id))
 
-    capacity = property(lambda self: self._p().capacity)
-    slot_bytes = property(lambda self: self._p().slot_bytes)
+    @property
+    def capacity(self) -> int:
+        return self._p().capacity
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._p().slot_bytes
 
     def shutdown(self) -> None:
         """Wake every reader and producer waiting on the topic; their calls raise QueueShutdownError."""
@@ -258,11 +263,25 @@ class OrderedReader(_Attached):
             except QueueShutdownError:
                 return
 
-    dropped = property(lambda self: self._r().dropped)  # ids the ring overwrote before we read them
-    gaps = property(lambda self: self._r().gaps)  # ids skipped by reserve(id=...), cancelled or reclaimed
-    reclaimed = property(lambda self: self._r().reclaimed)  # of the gaps: ids whose producer died holding them
-    capacity = property(lambda self: self._r().capacity)
-    slot_bytes = property(lambda self: self._r().slot_bytes)
+    @property
+    def dropped(self) -> int:  # ids the ring overwrote before we read them
+        return self._r().dropped
+
+    @property
+    def gaps(self) -> int:  # ids skipped by reserve(id=...), cancelled or reclaimed
+        return self._r().gaps
+
+    @property
+    def reclaimed(self) -> int:  # of the gaps: ids whose producer died holding them
+        return self._r().reclaimed
+
+    @property
+    def capacity(self) -> int:
+        return self._r().capacity
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._r().slot_bytes
 
     def shutdown(self) -> None:
         self._r().shutdown()

@@ -2,6 +2,7 @@
 
 from typing import Any, Optional, Sequence, SupportsIndex
 
+import numpy as np
 from typing_extensions import CapsuleType, TypeAlias, disjoint_base
 
 STRIDE_ALIGN: int
@@ -85,7 +86,7 @@ class Frame:
     _geometry: Any  # visionipc.formats.Geometry
     _owner: Any  # visionipc.frame.FrameOwner, or None
     @property
-    def array(self) -> Any: ...  # a fresh numpy view (a prepared one of _views.spares first)
+    def array(self) -> np.ndarray: ...  # a fresh numpy view (a prepared one of _views.spares first)
 
 # Client.recv_into's flags
 RECV_LEASED: int  # the client leases the frame

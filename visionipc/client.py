@@ -212,17 +212,49 @@ class VisionIpcClient(Closeable):
             self._remapped(native, native.epoch)
         return getattr(self._views.geometry, field)
 
-    width = property(lambda self: self._geometry("width"))
-    height = property(lambda self: self._geometry("height"))
-    stride = property(lambda self: self._geometry("stride"))
-    uv_offset = property(lambda self: self._geometry("uv_offset"))
-    buffer_len = property(lambda self: self._geometry("size"))
-    format = property(lambda self: self._geometry("format"))
-    num_buffers = property(lambda self: 0 if self._native is None else self._native.count)
-    frame_id = property(lambda self: self._last.frame_id if self._last else 0)
-    timestamp_sof = property(lambda self: self._last.timestamp_sof if self._last else 0)
-    timestamp_eof = property(lambda self: self._last.timestamp_eof if self._last else 0)
-    valid = property(lambda self: bool(self._last and self._last.valid))
+    @property
+    def width(self) -> Optional[int]:
+        return self._geometry("width")
+
+    @property
+    def height(self) -> Optional[int]:
+        return self._geometry("height")
+
+    @property
+    def stride(self) -> Optional[int]:
+        return self._geometry("stride")
+
+    @property
+    def uv_offset(self) -> Optional[int]:
+        return self._geometry("uv_offset")
+
+    @property
+    def buffer_len(self) -> Optional[int]:
+        return self._geometry("size")
+
+    @property
+    def format(self) -> Optional[str]:
+        return self._geometry("format")
+
+    @property
+    def num_buffers(self) -> int:
+        return 0 if self._native is None else self._native.count
+
+    @property
+    def frame_id(self) -> int:
+        return self._last.frame_id if self._last else 0
+
+    @property
+    def timestamp_sof(self) -> int:
+        return self._last.timestamp_sof if self._last else 0
+
+    @property
+    def timestamp_eof(self) -> int:
+        return self._last.timestamp_eof if self._last else 0
+
+    @property
+    def valid(self) -> bool:
+        return bool(self._last and self._last.valid)
 
     @staticmethod
     def available_streams(name: ServerName, block: bool = False) -> Set[Union[int, str]]:

@@ -196,14 +196,37 @@ class VisionBuf(_visionipc.Frame):
         return f
 
     # geometry
-    width = property(lambda self: self._geometry.width)
-    height = property(lambda self: self._geometry.height)
-    stride = property(lambda self: self._geometry.stride)
-    uv_offset = property(lambda self: self._geometry.uv_offset)
-    format = property(lambda self: self._geometry.format)
-    len = property(lambda self: self._geometry.size)
-    geometry = property(lambda self: self._geometry)
-    owner = property(lambda self: self._owner)
+    @property
+    def width(self) -> int:
+        return self._geometry.width
+
+    @property
+    def height(self) -> int:
+        return self._geometry.height
+
+    @property
+    def stride(self) -> int:
+        return self._geometry.stride
+
+    @property
+    def uv_offset(self) -> int:
+        return self._geometry.uv_offset
+
+    @property
+    def format(self) -> str:
+        return self._geometry.format
+
+    @property
+    def len(self) -> int:
+        return self._geometry.size
+
+    @property
+    def geometry(self) -> Geometry:
+        return self._geometry
+
+    @property
+    def owner(self) -> FrameOwner | None:
+        return self._owner
 
     def __len__(self) -> int:
         return self._geometry.size
@@ -226,10 +249,25 @@ class VisionBuf(_visionipc.Frame):
         offset, shape, strides = plane(self._geometry, which)
         return np.ndarray(shape, dtype=np.uint8, buffer=self._views.flat, offset=offset, strides=strides)
 
-    y = property(lambda self: self._plane("Y"), doc="The luma plane, ``(height, width)``.")
-    uv = property(lambda self: self._plane("UV"), doc="NV12 interleaved chroma, ``(height//2, width//2, 2)``.")
-    u = property(lambda self: self._plane("U"), doc="I420 U, ``(height//2, width//2)``.")
-    v = property(lambda self: self._plane("V"), doc="I420 V, ``(height//2, width//2)``.")
+    @property
+    def y(self) -> np.ndarray:
+        """The luma plane, ``(height, width)``."""
+        return self._plane("Y")
+
+    @property
+    def uv(self) -> np.ndarray:
+        """NV12 interleaved chroma, ``(height//2, width//2, 2)``."""
+        return self._plane("UV")
+
+    @property
+    def u(self) -> np.ndarray:
+        """I420 U, ``(height//2, width//2)``."""
+        return self._plane("U")
+
+    @property
+    def v(self) -> np.ndarray:
+        """I420 V, ``(height//2, width//2)``."""
+        return self._plane("V")
 
     def to_bgr(self) -> np.ndarray:
         """A new (h, w, 3) BGR image, converted by OpenCV (``pip install visionipc[cv]``)."""

@@ -184,9 +184,17 @@ class OrderedFrameClient(Closeable):
         """FrameOwner: the ring has not reused the frame's slot."""
         return self._reader._is_valid(buf.frame_id, buf.generation)
 
-    dropped = property(lambda self: self._reader.dropped)  # frames the ring overwrote before we got them
-    width = property(lambda self: self._views and self._views.geometry.width)
-    height = property(lambda self: self._views and self._views.geometry.height)
+    @property
+    def dropped(self) -> int:  # frames the ring overwrote before we got them
+        return self._reader.dropped
+
+    @property
+    def width(self) -> Optional[int]:
+        return None if self._views is None else self._views.geometry.width  # None before the first frame
+
+    @property
+    def height(self) -> Optional[int]:
+        return None if self._views is None else self._views.geometry.height
 
     def close(self) -> None:
         self._reader.close()
