@@ -99,7 +99,7 @@ class Reservation:
             raise InvalidArgumentError(f"message {self.id} was already published or cancelled")
         size = self.size if size is None else size
         size = _uint("size", size)
-        self._producer._p().publish(
+        self._producer._open().publish(
             self.id, size, _uint("t0", self.t0 if t0 is None else t0), _uint("t1", self.t1 if t1 is None else t1)
         )  # a bad size leaves it open
         self._done = True
@@ -109,7 +109,7 @@ class Reservation:
         if not self._done:
             self._done = True
             self._release_view()
-            self._producer._p().cancel(self.id)
+            self._producer._open().cancel(self.id)
 
     def _release_view(self) -> None:
         try:
@@ -135,6 +135,14 @@ class _Attached(Closeable):
     """close() / context manager / finalizer shared by producers and readers."""
 
     _native: Any = None  # the native producer or reader; None once closed
+    _ROLE = ""  # "producer" or "reader": what a ClosedError names
+    name: str
+
+    def _open(self) -> Any:
+        """The native object, or ClosedError once closed."""
+        if self._native is None:
+            raise ClosedError(f"ordered {self._ROLE} of {self.name!r} is closed")
+        return self._native
 
     def close(self) -> None:
         """Leave the topic (a producer cancels its open reservations: readers skip them)."""
@@ -149,11 +157,21 @@ class _Attached(Closeable):
     def closed(self) -> bool:
         return self._native is None
 
+    @property
+    def capacity(self) -> int:
+        return self._open().capacity
+
+    @property
+    def slot_bytes(self) -> int:
+        return self._open().slot_bytes
+
 
 class OrderedProducer(_Attached):
     """A producer of topic ``name``. The first one creates it with ``capacity``
     slots of ``slot_bytes`` each; later ones (any process) may pass 0 to take
     the existing sizes. One producer may be shared by threads."""
+
+    _ROLE = "producer"
 
     def __init__(self, name: str, capacity: int = 0, slot_bytes: int = 0) -> None:
         self.name = validate_name(name, "ordered topic name")
@@ -162,15 +180,10 @@ class OrderedProducer(_Attached):
             segment_dir(), topic_basename(name), _uint("capacity", capacity), _uint("slot_bytes", slot_bytes), _mode()
         )
 
-    def _p(self):
-        if self._native is None:
-            raise ClosedError(f"ordered producer of {self.name!r} is closed")
-        return self._native
-
     def reserve(self, id: Optional[int] = None, timeout: Optional[float] = None) -> Reservation:
         """Reserve the next id (or exactly ``id``, which must not be reserved yet:
         ids skipped over become gaps readers pass). Waits while 16 ids are in flight."""
-        native = self._p()
+        native = self._open()
         got = native.reserve(None if id is None else _uint("id", id), _left(_deadline(timeout)))
         if isinstance(got, str):
             _raise_status(
@@ -183,7 +196,7 @@ class OrderedProducer(_Attached):
 
     def send(self, data: "Buffer", timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
         """Reserve the next id, copy ``data`` (bytes-like) into it, publish; returns the id."""
-        native = self._p()
+        native = self._open()
         try:
             view = memoryview(data)
         except TypeError:
@@ -198,28 +211,22 @@ class OrderedProducer(_Attached):
         return got
 
     def availability(self) -> Availability:
-        return Availability(*self._p().availability())
+        return Availability(*self._open().availability())
 
     def is_available(self, id: int) -> bool:
-        return self._p().is_available(_uint("id", id))
-
-    @property
-    def capacity(self) -> int:
-        return self._p().capacity
-
-    @property
-    def slot_bytes(self) -> int:
-        return self._p().slot_bytes
+        return self._open().is_available(_uint("id", id))
 
     def shutdown(self) -> None:
         """Wake every reader and producer waiting on the topic; their calls raise QueueShutdownError."""
-        self._p().shutdown()
+        self._open().shutdown()
 
 
 class OrderedReader(_Attached):
     """A reader of an existing topic: ``mode="sequential"`` (every id, in id
     order) or ``"newest"`` (the newest available message, skipping older
     ones). It starts at the first id still in flight when it attaches."""
+
+    _ROLE = "reader"
 
     def __init__(self, name: str, mode: str = "sequential") -> None:
         check_choice("mode", mode, MODES)
@@ -228,14 +235,9 @@ class OrderedReader(_Attached):
         self._pid = os.getpid()
         self._native = _queues.OrderedReader(segment_dir(), topic_basename(name), mode, _mode())
 
-    def _r(self):
-        if self._native is None:
-            raise ClosedError(f"ordered reader of {self.name!r} is closed")
-        return self._native
-
     def recv(self, timeout: Optional[float] = None) -> Message:
         """The next message (copied out and checked); ``TimeoutError`` after ``timeout`` s."""
-        native = self._r()  # once: a close() on another thread sets _native to None
+        native = self._open()  # once: a close() on another thread sets _native to None
         got = native.recv(_left(_deadline(timeout)))
         if isinstance(got, str):
             _raise_status(got, f"ordered topic {self.name!r}: message {native.cursor} did not come within {timeout} s")
@@ -244,7 +246,7 @@ class OrderedReader(_Attached):
     def _recv_view(self, timeout: Optional[float]):
         """(id, read-only view into the slot, t0, t1, stamp), without copying;
         ``_is_valid(id, stamp)`` says whether the slot still holds it."""
-        got = self._r().recv(_left(_deadline(timeout)), True)
+        got = self._open().recv(_left(_deadline(timeout)), True)
         if isinstance(got, str):
             _raise_status(got, f"ordered topic {self.name!r}: no message within {timeout} s")
         return got
@@ -253,7 +255,7 @@ class OrderedReader(_Attached):
         return self._native is not None and self._native.is_valid(id_, stamp)
 
     def availability(self) -> Availability:
-        return Availability(*self._r().availability())
+        return Availability(*self._open().availability())
 
     def __iter__(self) -> Iterator[Message]:
         """Messages until a shutdown."""
@@ -265,26 +267,18 @@ class OrderedReader(_Attached):
 
     @property
     def dropped(self) -> int:  # ids the ring overwrote before we read them
-        return self._r().dropped
+        return self._open().dropped
 
     @property
     def gaps(self) -> int:  # ids skipped by reserve(id=...), cancelled or reclaimed
-        return self._r().gaps
+        return self._open().gaps
 
     @property
     def reclaimed(self) -> int:  # of the gaps: ids whose producer died holding them
-        return self._r().reclaimed
-
-    @property
-    def capacity(self) -> int:
-        return self._r().capacity
-
-    @property
-    def slot_bytes(self) -> int:
-        return self._r().slot_bytes
+        return self._open().reclaimed
 
     def shutdown(self) -> None:
-        self._r().shutdown()
+        self._open().shutdown()
 
 
 __all__ = [
