@@ -12,30 +12,34 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 import warnings
-from typing import Dict
+from importlib.machinery import ModuleSpec
+from typing import Dict, Optional, Sequence
 
 
 class _AliasLoader(importlib.abc.Loader):
-    def __init__(self, target: str):
+    def __init__(self, target: str) -> None:
         self.target = target
 
-    def create_module(self, spec):
+    def create_module(self, spec: ModuleSpec) -> types.ModuleType:
         module = importlib.import_module(self.target)
         self.real_spec = module.__spec__
         return module
 
-    def exec_module(self, module):
+    def exec_module(self, module: types.ModuleType) -> None:
         # already executed under its new name; the import system has just set
         # __spec__ to the alias's spec: give the module its own back
         module.__spec__ = self.real_spec
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
-    def __init__(self, moved: Dict[str, str]):
+    def __init__(self, moved: Dict[str, str]) -> None:
         self.moved = dict(moved)
 
-    def find_spec(self, fullname, path=None, target=None):
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]] = None, target: Optional[types.ModuleType] = None
+    ) -> Optional[ModuleSpec]:
         for old, new in self.moved.items():
             if fullname == old or fullname.startswith(old + "."):
                 real = new + fullname[len(old) :]

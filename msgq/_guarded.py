@@ -22,6 +22,7 @@ attributes there) reports them through ``_hot_inside()`` and has
 """
 
 import threading
+from typing import Any
 
 from msgq._shared import Closeable
 from msgq.errors import ClosedError
@@ -34,28 +35,28 @@ class Guarded(Closeable):
 
     _closing = True  # until a subclass has its socket
     _inside = False
-    _zsock = None
+    _zsock: Any = None  # a zmq socket
     _kind = "socket"
 
     @staticmethod
-    def _hot_inside():
+    def _hot_inside() -> bool:
         return False
 
-    def _init_guard(self):
+    def _init_guard(self) -> None:
         self._close_lock = threading.Lock()
         self._inside = False
         self._closing = False
 
-    def _closed_error(self, what) -> ClosedError:
+    def _closed_error(self, what: str) -> ClosedError:
         return ClosedError(f"{what} on a closed {self._kind}")
 
-    def _enter(self, what):
+    def _enter(self, what: str) -> None:
         self._inside = True
         if self._closing:
             self._leave()
             raise self._closed_error(what)
 
-    def _leave(self):
+    def _leave(self) -> None:
         self._inside = False
         if self._closing:
             self._finish_close()
@@ -78,24 +79,24 @@ class Guarded(Closeable):
     def closed(self) -> bool:
         return self._closing
 
-    def _finish_close(self):
+    def _finish_close(self) -> None:
         with self._close_lock:
             if self._zsock is not None:
                 self._close_socket()
 
-    def _mark_closing(self):
+    def _mark_closing(self) -> None:
         """Raise whatever flag the subclass's hot path tests (before close() looks for a user inside)."""
 
-    def _wake_user(self):
+    def _wake_user(self) -> None:
         pass
 
-    def _close_socket(self):  # with _close_lock held and no user inside
+    def _close_socket(self) -> None:  # with _close_lock held and no user inside
         raise NotImplementedError
 
-    def _disown(self, sock):
+    def _disown(self, sock: Any) -> None:
         """A forked child's copy of the parent's socket: never closed here (it belongs to the parent)."""
 
-    def _forget_after_fork(self):
+    def _forget_after_fork(self) -> None:
         self._closing, self._inside = True, False
         self._mark_closing()
         self._close_lock = threading.Lock()  # a lock held by a parent thread stays held in the child

@@ -23,7 +23,7 @@ import math
 import os
 import time
 import weakref
-from typing import Any, Iterable, Iterator, Optional, TypeVar
+from typing import Any, Dict, Iterable, Iterator, Optional, TypeVar
 
 from msgq.errors import InvalidArgumentError
 
@@ -59,7 +59,7 @@ class Closeable(ClosesOnExit):
             pass
 
 
-_inherited = weakref.WeakSet()  # objects a forked child must disown
+_inherited: "weakref.WeakSet[Any]" = weakref.WeakSet()  # objects a forked child must disown
 
 
 def disown_in_forked_child(obj: _T) -> _T:
@@ -69,7 +69,7 @@ def disown_in_forked_child(obj: _T) -> _T:
     return obj
 
 
-def _forget_inherited():
+def _forget_inherited() -> None:
     for obj in list(_inherited):
         try:
             obj._forget_after_fork()
@@ -126,7 +126,7 @@ MAX_SPIN_US = 1_000_000  # a subscriber's busy-wait: longer than a second is a m
 def scoped_env(**values: Optional[str]) -> Iterator[None]:
     """Set environment variables for the block (None: unset) and restore them after."""
 
-    def apply(env):
+    def apply(env: Dict[str, Optional[str]]) -> None:
         for k, v in env.items():
             if v is None:
                 os.environ.pop(k, None)

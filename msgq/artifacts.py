@@ -43,7 +43,7 @@ import os
 import re
 import stat
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional, Tuple
 
 from msgq import _msgq
 from msgq.names import SEGMENT_PREFIX
@@ -72,7 +72,7 @@ class Artifact:
     stale: bool  # nobody uses it: the sweep may remove it
 
 
-def _split(basename: str):
+def _split(basename: str) -> Optional[Tuple[str, str]]:
     """``(prefix, rest)`` of a name ``msgq@[PREFIX@]REST``, or None if not ours. Names
     and prefixes never hold ``@``; only the fake-event files' REST does (after ``fake``)."""
     if not basename.startswith(SEGMENT_PREFIX):
@@ -110,7 +110,7 @@ def _pid_gone(pid: int) -> bool:
     return False
 
 
-def _mine(path: str, want) -> bool:
+def _mine(path: str, want: Callable[[int], bool]) -> bool:
     try:
         st = os.lstat(path)
     except OSError:

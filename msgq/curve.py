@@ -25,7 +25,8 @@ import os
 import shutil
 import sys
 import threading
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
+import types
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, Union
 
 from msgq.errors import InvalidArgumentError
 
@@ -37,10 +38,12 @@ _Dir = Union[str, "os.PathLike[str]"]  # a keys directory
 SERVER, CLIENT, AUTHORIZED = "server", "client", "authorized"
 
 _lock = threading.Lock()
-_authenticators = {}  # (pid, id(context)) -> (context, authenticator, configured domains)
+_authenticators: Dict[
+    Tuple[int, int], Tuple[Any, Any, Set[str]]
+] = {}  # (pid, id(context)) -> (context, authenticator, configured domains)
 
 
-def _zmq():
+def _zmq() -> types.ModuleType:
     try:
         import zmq
         import zmq.auth

@@ -29,7 +29,7 @@ after 1 s.)
 
 import os
 import types
-from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple, Optional, Type
+from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple, NoReturn, Optional, Tuple, Type
 
 from msgq import _queues
 from msgq._shared import Closeable, check_choice, check_int
@@ -51,7 +51,7 @@ def topic_basename(name: str, prefix: Optional[str] = None) -> str:
     return segment_basename(name, prefix, "#ordered", "ordered topic name")
 
 
-def _raise_status(status: str, what: str):
+def _raise_status(status: str, what: str) -> NoReturn:
     if status == "timeout":
         raise IpcTimeoutError(what)
     if status == "shutdown":
@@ -59,7 +59,7 @@ def _raise_status(status: str, what: str):
     raise ClosedError("the ordered topic was closed while waiting")
 
 
-def _uint(what, value) -> int:
+def _uint(what: str, value: int) -> int:
     return check_int(what, value, 0, (1 << 64) - 1)
 
 
@@ -137,6 +137,7 @@ class _Attached(Closeable):
     _native: Any = None  # the native producer or reader; None once closed
     _ROLE = ""  # "producer" or "reader": what a ClosedError names
     name: str
+    _pid: int  # the process that attached (a forked child only forgets the native object)
 
     def _open(self) -> Any:
         """The native object, or ClosedError once closed."""
@@ -243,7 +244,7 @@ class OrderedReader(_Attached):
             _raise_status(got, f"ordered topic {self.name!r}: message {native.cursor} did not come within {timeout} s")
         return Message(*got)
 
-    def _recv_view(self, timeout: Optional[float]):
+    def _recv_view(self, timeout: Optional[float]) -> Tuple[Any, ...]:
         """(id, read-only view into the slot, t0, t1, stamp), without copying;
         ``_is_valid(id, stamp)`` says whether the slot still holds it."""
         got = self._open().recv(_left(_deadline(timeout)), True)
@@ -251,7 +252,7 @@ class OrderedReader(_Attached):
             _raise_status(got, f"ordered topic {self.name!r}: no message within {timeout} s")
         return got
 
-    def _is_valid(self, id_, stamp) -> bool:
+    def _is_valid(self, id_: int, stamp: int) -> bool:
         return self._native is not None and self._native.is_valid(id_, stamp)
 
     def availability(self) -> Availability:
