@@ -30,7 +30,7 @@ import pickle
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Iterable, List, NoReturn, Optional, Sequence, Tuple
 
 from msgq import _queues
 from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN, RemoteChannel, zmq_module
@@ -64,7 +64,7 @@ logger = logging.getLogger("msgq.broadcast")
 _fork_generation = 0
 
 
-def _after_fork():
+def _after_fork() -> None:
     global _fork_generation
     _fork_generation += 1
 
@@ -126,7 +126,7 @@ def _default_ip() -> str:
 _serialize = _queues.serialize
 
 
-def _decode(kind: int, parts: Sequence):
+def _decode(kind: int, parts: Sequence[Any]) -> Any:
     if kind == KIND_RAW:
         return bytes(parts[0])
     return pickle.loads(parts[0], buffers=parts[1:])
@@ -211,7 +211,7 @@ class BroadcastQueue(Closeable):
             self._max_message,
         )
 
-    def _init_common(self, n_total):
+    def _init_common(self, n_total: int) -> None:
         self._pid = os.getpid()
         self._generation = _fork_generation
         self._seq = 0  # sequence number of the next message
@@ -291,7 +291,7 @@ class BroadcastQueue(Closeable):
             raise IpcTypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
         self._put(view, True, timeout)
 
-    def _check_writer(self):
+    def _check_writer(self) -> None:
         if not self._is_writer:
             raise IpcError("only the writer can enqueue (this is a reader)")
         if self._generation != _fork_generation:
@@ -299,7 +299,7 @@ class BroadcastQueue(Closeable):
         if self._writer is None and self._remote_sock is None:
             raise ClosedError(f"broadcast queue {self.name!r} is closed")
 
-    def _put(self, obj, raw: bool, timeout: Optional[float]) -> None:
+    def _put(self, obj: Any, raw: bool, timeout: Optional[float]) -> None:
         writer = self._writer
         if writer is None or self._remote_sock is not None or self._generation != _fork_generation:
             deadline = _deadline(timeout)
@@ -412,7 +412,7 @@ class BroadcastQueue(Closeable):
                 keep.append(seq)
         self._in_overflow = keep
 
-    def _describe_readers(self, ranks) -> str:
+    def _describe_readers(self, ranks: Iterable[int]) -> str:
         out = []
         for rank in ranks:
             if rank >= self.handle.n_readers:
@@ -428,7 +428,15 @@ class BroadcastQueue(Closeable):
                 out.append(f"reader {rank} (never attached)")
         return ", ".join(out) or "nobody"
 
-    def _zmq_send(self, remote, ranks, kind: int, seq: int, parts: list, deadline: Optional[float]) -> None:
+    def _zmq_send(
+        self,
+        remote: RemoteChannel,
+        ranks: Sequence[int],
+        kind: int,
+        seq: int,
+        parts: List[Any],
+        deadline: Optional[float],
+    ) -> None:
         """Send one message to every reader in ``ranks`` once each has subscribed;
         waits (with warnings) while a slow remote reader's queue is full."""
         zmq = zmq_module()
@@ -500,7 +508,7 @@ class BroadcastQueue(Closeable):
             raise IpcTypeError("the next message was enqueued as an object: use dequeue()")
         return bytes(parts[0])
 
-    def _check_reader(self):
+    def _check_reader(self) -> None:
         if self._is_writer:
             raise IpcError("only readers can dequeue (this is the writer)")
         if self._generation != _fork_generation:
@@ -508,7 +516,7 @@ class BroadcastQueue(Closeable):
         if self._reader is None and self._sub is None:
             raise ClosedError(f"broadcast queue reader {self.rank} is closed")
 
-    def _next(self, deadline):
+    def _next(self, deadline: Optional[float]) -> Tuple[int, List[Any]]:
         self._check_reader()
         if self._stash is not None:
             if self._stash[0] == KIND_SHUTDOWN:  # a remote reader stays shut down
@@ -537,7 +545,7 @@ class BroadcastQueue(Closeable):
             if status == "closed":  # by another thread, while this one waited
                 raise ClosedError(f"broadcast queue reader {self.rank} is closed")
 
-    def _recv_frames(self, remote, deadline):
+    def _recv_frames(self, remote: RemoteChannel, deadline: Optional[float]) -> Tuple[int, int, List[Any]]:
         zmq = zmq_module()
         left = _left(deadline)
         sock = remote.enter("dequeue()")
@@ -555,7 +563,7 @@ class BroadcastQueue(Closeable):
                 f"from {self.handle.remote_addr} ({e}) and skipped it"
             ) from None
 
-    def _take_overflow(self):
+    def _take_overflow(self) -> Tuple[int, List[Any]]:
         """The message whose chunk (not yet consumed) says it is in an overflow
         file: read the file, then consume the chunk (BR3); the last reader
         unlinks the file (msgq/_overflow.py). A file that is gone, malformed
@@ -582,7 +590,7 @@ class BroadcastQueue(Closeable):
         if last and self._overflow is not None:
             self._overflow.remove(seq)
 
-    def _recv_remote(self, remote, deadline):
+    def _recv_remote(self, remote: RemoteChannel, deadline: Optional[float]) -> Tuple[int, List[Any]]:
         kind, seq, parts = self._recv_frames(remote, deadline)
         if kind == KIND_SHUTDOWN:
             self._stash = (kind, parts)  # stays shut down

@@ -47,7 +47,7 @@ import select
 import stat
 import struct
 import weakref
-from typing import Iterable, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
 
 from msgq import artifacts
 from msgq._shared import ClosesOnExit
@@ -93,7 +93,7 @@ _FIFO_KINDS = ("called", "ready")
 RECV_CALLED, RECV_READY = 0, 1
 
 
-def _ofd_lock(fd, byte, exclusive, wait=True) -> bool:
+def _ofd_lock(fd: int, byte: int, exclusive: bool, wait: bool = True) -> bool:
     arg = _FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, os.SEEK_SET, byte, 1, 0)
     try:
         fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
@@ -104,11 +104,11 @@ def _ofd_lock(fd, byte, exclusive, wait=True) -> bool:
         raise
 
 
-def _ofd_unlock(fd, byte):
+def _ofd_unlock(fd: int, byte: int) -> None:
     fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0))
 
 
-def _text(value, what) -> str:
+def _text(value: Union[str, bytes, bytearray, None], what: str) -> str:
     if isinstance(value, (bytes, bytearray)):
         return bytes(value).decode("utf-8", "replace")
     if value is None:
@@ -118,12 +118,12 @@ def _text(value, what) -> str:
     return value
 
 
-def _identifier(value) -> str:
+def _identifier(value: Union[str, bytes, None]) -> str:
     text = _text(value, "fake-event identifier")
     return validate_name(text, "fake-event identifier") if text else ""
 
 
-def _state_basename(prefix, identifier, endpoint) -> str:
+def _state_basename(prefix: str, identifier: str, endpoint: str) -> str:
     base = run_segment_prefix(prefix)
     name = f"{base}fake@{identifier}@{endpoint}"  # '@' is never part of a name: no collisions
     if len(name.encode()) > _MAX_FILE_NAME:
@@ -132,11 +132,11 @@ def _state_basename(prefix, identifier, endpoint) -> str:
     return name
 
 
-def _fifo_basename(prefix, token, kind) -> str:
+def _fifo_basename(prefix: str, token: str, kind: str) -> str:
     return f"{run_segment_prefix(prefix)}fake~{token}.{kind}"
 
 
-def _check_ours(fd, path, want_fifo):
+def _check_ours(fd: int, path: str, want_fifo: bool) -> os.stat_result:
     st = os.fstat(fd)
     kind_ok = stat.S_ISFIFO(st.st_mode) if want_fifo else stat.S_ISREG(st.st_mode)
     if not kind_ok:
@@ -146,7 +146,7 @@ def _check_ours(fd, path, want_fifo):
     return st
 
 
-def _same_file(path, st) -> bool:
+def _same_file(path: str, st: os.stat_result) -> bool:
     try:
         now = os.stat(path, follow_symlinks=False)
     except FileNotFoundError:
@@ -154,7 +154,7 @@ def _same_file(path, st) -> bool:
     return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
 
 
-def _sweep_stale(directory, prefix):
+def _sweep_stale(directory: str, prefix: str) -> None:
     """Remove what killed processes of this run left behind (FIFOs whose creator is
     gone, state files nobody has attached, and every other kind: msgq.artifacts)."""
     artifacts.sweep(directory, prefix)
@@ -163,7 +163,7 @@ def _sweep_stale(directory, prefix):
 class _State:
     """One process's attachment to a handle state file (created if missing)."""
 
-    def __init__(self, endpoint, identifier):
+    def __init__(self, endpoint: Union[str, bytes], identifier: Union[str, bytes, None]) -> None:
         endpoint = validate_name(_text(endpoint, "endpoint"))
         identifier = _identifier(identifier)
         self.endpoint, self.identifier = endpoint, identifier
@@ -172,10 +172,10 @@ class _State:
         self.path = os.path.join(self.directory, _state_basename(self.prefix, identifier, endpoint))
         self.pid = os.getpid()
         self.fd = -1
-        self.mm = None
+        self.mm: Any = None  # the state file's mmap.mmap (None once detached)
         self._attach()
 
-    def _attach(self):
+    def _attach(self) -> None:
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -217,7 +217,7 @@ class _State:
         return self.mm[_OFF_ENABLED] != 0
 
     @enabled.setter
-    def enabled(self, value):
+    def enabled(self, value: bool) -> None:
         self.mm[_OFF_ENABLED] = 1 if value else 0
 
     @property
@@ -227,7 +227,7 @@ class _State:
     # Fields behind the attach lock
 
     @contextlib.contextmanager
-    def locked(self):
+    def locked(self) -> Iterator[None]:
         _ofd_lock(self.fd, _LOCK_INIT, True)
         try:
             yield
@@ -240,15 +240,15 @@ class _State:
         token = raw.decode("ascii", "replace")
         return token if _TOKEN.match(token) else ""
 
-    def write_token(self, token):
+    def write_token(self, token: str) -> None:
         """Install ``token`` and bump the generation; call under :meth:`locked`."""
         self.mm[_OFF_TOKEN : _OFF_TOKEN + _TOKEN_SIZE] = token.encode("ascii").ljust(_TOKEN_SIZE, b"\0")
         struct.pack_into("<I", self.mm, _OFF_GENERATION, (self.generation + 1) & 0xFFFFFFFF)
 
-    def fifo_path(self, token, which) -> str:
+    def fifo_path(self, token: str, which: int) -> str:
         return os.path.join(self.directory, _fifo_basename(self.prefix, token, _FIFO_KINDS[which]))
 
-    def detach(self, on_leave=None):
+    def detach(self, on_leave: Optional[Callable[[mmap.mmap], None]] = None) -> None:
         """Leave the state; the last user unlinks it. ``on_leave(self)`` runs
         under the attach lock first. In a forked child that inherited the
         attachment, only the descriptors are closed."""
@@ -269,7 +269,7 @@ class _State:
             os.close(fd)  # releases our locks
 
 
-def _open_fifo(path, flags):
+def _open_fifo(path: str, flags: int) -> Optional[int]:
     """Open one of our FIFOs; None if it does not exist (or, writing, has no reader)."""
     try:
         fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -287,14 +287,14 @@ def _open_fifo(path, flags):
     return fd
 
 
-def _poll_timeout_ms(timeout):
+def _poll_timeout_ms(timeout: Optional[float]) -> Optional[int]:
     """Seconds (the reference's unit; floats welcome) to poll() milliseconds; None or <0: forever."""
     if timeout is None or timeout < 0:
         return None
     return int(math.ceil(timeout * 1000))
 
 
-def _timeout_error(timeout, what="event"):
+def _timeout_error(timeout: Optional[float], what: str = "event") -> IpcTimeoutError:
     return IpcTimeoutError(f"{what} timed out after {timeout} s (pid {os.getpid()})")
 
 
@@ -360,7 +360,7 @@ class Event:
         return f"<msgq.Event fd={self.fd}>"
 
 
-def _poll(fds, timeout_ms):
+def _poll(fds: List[int], timeout_ms: Optional[int]) -> List[int]:
     """Indices of ``fds`` with data, after up to ``timeout_ms`` (None: forever).
     poll() releases the GIL; Python retries it after a signal unless the
     handler raises (KeyboardInterrupt propagates)."""
@@ -388,14 +388,14 @@ class _HandleResources:
     """What a SocketEventHandle owns; released by close() or its finalizer
     (which must not reference the handle itself)."""
 
-    def __init__(self, state):
-        self.state = state
+    def __init__(self, state: _State) -> None:
+        self.state: Any = state  # the _State (None once closed)
         self.token = ""  # set if this handle created (owns) the FIFOs
         self.fds = [-1, -1]  # current FIFO descriptors (O_RDWR)
-        self.seen_generation = None
-        self.stale_fds = []  # replaced descriptors, kept open for Event objects that still hold them
+        self.seen_generation: Optional[int] = None
+        self.stale_fds: List[int] = []  # replaced descriptors, kept open for Event objects that still hold them
 
-    def close(self):
+    def close(self) -> None:
         state, self.state = self.state, None
         if state is None:
             return
@@ -403,7 +403,7 @@ class _HandleResources:
             if self.token and os.getpid() == state.pid:
                 token = self.token
 
-                def leave(mm):
+                def leave(mm: mmap.mmap) -> None:
                     if state.read_token() == token:  # still the owner: hand the topic back to normal delivery
                         mm[_OFF_ENABLED] = 0
                         state.write_token("")
@@ -450,7 +450,7 @@ class SocketEventHandle(ClosesOnExit):
             self.close()
             raise
 
-    def _take_over(self, res):
+    def _take_over(self, res: _HandleResources) -> None:
         state = res.state
         token = f"{os.getpid()}-{secrets.token_hex(8)}"
         with state.locked():
@@ -479,7 +479,7 @@ class SocketEventHandle(ClosesOnExit):
                     with contextlib.suppress(FileNotFoundError):
                         os.unlink(state.fifo_path(old, which))
 
-    def _refresh(self):
+    def _refresh(self) -> None:
         """For a non-owning handle: follow the owner's FIFOs if they changed."""
         res = self._res
         state = res.state
@@ -495,7 +495,7 @@ class SocketEventHandle(ClosesOnExit):
         res.stale_fds.extend(fd for fd in res.fds if fd >= 0)
         res.fds, res.seen_generation = fds, generation
 
-    def _state(self):
+    def _state(self) -> _State:
         state = self._res.state
         if state is None:
             raise ClosedError(f"SocketEventHandle for {self.endpoint!r} is closed")
@@ -517,7 +517,7 @@ class SocketEventHandle(ClosesOnExit):
                 )
         state.enabled = bool(value)
 
-    def _event(self, which) -> Event:
+    def _event(self, which: int) -> Event:
         self._state()
         self._refresh()
         return Event(self._res.fds[which], _owner=self)
@@ -561,25 +561,25 @@ class SubscriberHook:
     """
 
     def __init__(self, endpoint: str, identifier: Union[str, bytes]) -> None:
-        self._state = _State(endpoint, identifier)
+        self._state: Any = _State(endpoint, identifier)  # None once closed
         self.mm = self._state.mm  # receive() reads the enabled byte straight from it
-        self._generation = None
+        self._generation: Optional[int] = None
         self._called = -1  # O_WRONLY: we only set it
         self._ready = -1  # O_RDONLY: poll() reports POLLHUP once no harness holds it
-        self._poller = None
+        self._poller: Any = None  # a select.poll on the ready FIFO
 
     @property
     def enabled(self) -> bool:
         return self.mm is not None and self.mm[_OFF_ENABLED] != 0
 
-    def _close_fifos(self):
+    def _close_fifos(self) -> None:
         for fd in (self._called, self._ready):
             if fd >= 0:
                 os.close(fd)
         self._called = self._ready = -1
         self._poller = None
 
-    def _reopen(self):
+    def _reopen(self) -> None:
         state = self._state
         self._close_fifos()
         with state.locked():
