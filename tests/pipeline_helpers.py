@@ -1,8 +1,8 @@
 """Fixtures of the Spark pipeline tests: one local Spark session for the whole test
-run; recordings made by the real vipc-record from the real synthetic vipc-camera with
-injected drops and delays; and synthetic recordings (vipc-record's writer) for what a
-camera cannot be told to show: black, frozen and blurred pictures (import the
-fixtures into a test module to use them)."""
+run (a new one for the next test when it died: ``live_spark``); recordings made by the
+real vipc-record from the real synthetic vipc-camera with injected drops and delays; and
+synthetic recordings (vipc-record's writer) for what a camera cannot be told to show:
+black, frozen and blurred pictures (import the fixtures into a test module to use them)."""
 
 import glob
 import os
@@ -22,11 +22,59 @@ DELAYS_MS = {30: 50, 40: 120}
 W, H = 64, 48
 
 
-@pytest.fixture(scope="session")
-def spark():
-    session = spark_session("local[2]", app_name="visionipc-tests", ui=False)
-    yield session
-    session.stop()
+_SESSION = None  # the session the tests share (live_spark)
+
+
+def _alive(session) -> bool:
+    """Whether the session's JVM answers and its SparkContext is not stopped."""
+    try:
+        return session is not None and not session.sparkContext._jsc.sc().isStopped()
+    except Exception:  # noqa: BLE001 - py4j: the JVM is gone ("SparkSession$ does not exist", refused...)
+        return False
+
+
+def _forget() -> None:
+    """Let a dead (or hung) session go: its JVM ended (killed if it still runs) and PySpark's
+    globals, which still name its gateway, cleared so that the next session starts a new JVM."""
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    gateway = SparkContext._gateway
+    proc = getattr(gateway, "proc", None)  # the JVM this process launched (spark-submit execs java)
+    if proc is not None and proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=30)
+    if gateway is not None:
+        try:
+            gateway.shutdown()
+        except Exception:  # noqa: BLE001 - its JVM is gone
+            pass
+    SparkContext._gateway = SparkContext._jvm = SparkContext._active_spark_context = None
+    SparkSession._instantiatedSession = SparkSession._activeSession = None
+
+
+def live_spark():
+    """The tests' local[2] session: the same one while it lives, a new one (a new JVM) when it
+    died (a test that timed out, a JVM that crashed or was killed), so later tests still run."""
+    global _SESSION
+    if not _alive(_SESSION):
+        if _SESSION is not None:
+            _forget()
+        _SESSION = spark_session("local[2]", app_name="visionipc-tests", ui=False)
+    return _SESSION
+
+
+def _stop_at_exit() -> None:
+    if _alive(_SESSION):
+        _SESSION.stop()
+
+
+@pytest.fixture
+def spark(request):
+    """One local Spark session for the whole test run, checked before each test (``live_spark``)."""
+    if _SESSION is None:
+        request.config.add_cleanup(_stop_at_exit)  # stopped once, when the test run ends
+    return live_spark()
 
 
 CAMERA_FRAMES = 120

@@ -9,7 +9,7 @@ import os
 import shutil
 import tempfile
 
-from visionipc.apps.pipeline import fs, jobs, runs
+from visionipc.apps.pipeline import cluster, fs, jobs, runs
 
 IN_PROGRESS = "recording"  # recording.json status while vipc-record still writes
 
@@ -132,7 +132,7 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
             metrics_sample=res.get("metrics_sample"),
             manifest=res.get("manifest"),
             events=res.get("events") if "health" in args.jobs else None,
-            header={"run": run.name, "master": spark.sparkContext.master, "recordings": len(recs), "jobs": args.jobs},
+            header={"run": run.name, "master": cluster.master_of(spark), "recordings": len(recs), "jobs": args.jobs},
         )
         fs.upload_dir(local, run.stage)
     finally:

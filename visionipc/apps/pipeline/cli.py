@@ -22,11 +22,15 @@ examples:
   vipc-analyze fleet/ --out r --jobs metrics,export --export sharp:500 --image-format png
   vipc-analyze s3://bucket/fleet --out s3://bucket/results --incremental
   vipc-analyze fleet/ --out r --master spark://head:7077 --ui
-  spark-submit --master spark://head:7077 $(which vipc-analyze) s3://bucket/fleet --out s3://bucket/r
+  vipc-analyze fleet/ --out r --remote sc://spark-connect:15002     # on a Spark Connect server
+  spark-submit --master spark://head:7077 $(vipc-analyze --submit-app) s3://bucket/fleet --out s3://bucket/r
 
 master: --master, else what spark-submit / SPARK_MASTER / spark-defaults.conf chose, else local[*].
+Spark Connect: --remote sc://host:port, else SPARK_REMOTE (when no master was chosen); the
+server's Python needs visionipc installed. spark-submit runs a .py file, not this console
+script: --submit-app prints the file to give it.
 RECORDINGS are recording folders, globs, or folders searched for recordings; local paths or
-URIs (s3://, gs://, hdfs://, file://: read by pyarrow in the executors).
+URIs (s3:// or s3a://, gs://, hdfs://, file://: read by pyarrow in the executors).
 Each run writes a new folder OUT/run-<time>-<id>/ (published with _SUCCESS and run.json;
 OUT/LATEST names the newest): health.parquet, drops.parquet, fps_timeline.parquet,
 latency_histogram.parquet, metrics/ (partitioned by recording_id, stream), metrics_summary.parquet,
@@ -49,15 +53,39 @@ def _export_filter(p, text: str):
     return kind, number
 
 
+class _SubmitApp(argparse.Action):
+    """--submit-app: print the Python file spark-submit runs for vipc-analyze, and exit."""
+
+    def __init__(self, option_strings, dest, **kw):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kw)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from visionipc.apps.pipeline import submit
+
+        print(submit.__file__)
+        parser.exit()
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="vipc-analyze", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_version_flag(p)
+    p.add_argument(
+        "--submit-app",
+        action=_SubmitApp,
+        help="print the file to give spark-submit (spark-submit [options] FILE RECORDINGS --out DIR), and exit",
+    )
     p.add_argument("recordings", nargs="+", metavar="RECORDINGS", help="recording folders, globs, parent folders, URIs")
     p.add_argument("--out", required=True, metavar="DIR", help="results folder or URI (each run adds a run folder)")
     p.add_argument(
         "--master", default=None, metavar="URL", help="Spark master (default: spark-submit's / SPARK_MASTER / local[*])"
+    )
+    p.add_argument(
+        "--remote",
+        default=None,
+        metavar="sc://HOST:PORT",
+        help="run on a Spark Connect server (default: SPARK_REMOTE, when no master is chosen)",
     )
     p.add_argument(
         "--jobs", default="health,metrics", help=f"comma-separated, of {','.join(JOBS)} (default health,metrics)"
@@ -97,6 +125,8 @@ def parse_args(argv):
     args.export = _export_filter(p, args.export)
     if args.export[0] == "sharp" and "metrics" not in args.jobs and "export" in args.jobs:
         p.error("--export sharp:S needs the metrics job (--jobs metrics,export)")
+    if args.remote and args.master:
+        p.error("--remote and --master: choose one (a Spark Connect server has its own master)")
     if args.starved_after <= 0:
         p.error("--starved-after must be > 0")
     try:
@@ -130,36 +160,43 @@ def run(args, step) -> int:
     if not recs:
         step(f"nothing to analyse (every recording given is still being recorded or already in {out})")
         return 0
-    master = cluster.resolve_master(args.master)
-    cluster.check_reachable(master or cluster.submitted_master())
-    step(f"{len(recs)} recording(s); starting Spark ({master or 'the master spark-submit chose'})")
-    from pyspark.sql import SparkSession
-
+    remote = cluster.resolve_remote(args.remote, args.master)
+    master = None if remote else cluster.resolve_master(args.master)
+    cluster.check_reachable(remote or master or cluster.submitted_master())
+    where = f"Spark Connect server {remote}" if remote else master or "the master spark-submit chose"
+    step(f"{len(recs)} recording(s); starting Spark ({where})")
     from visionipc.apps.pipeline.session import spark_session
 
-    reused = SparkSession.getActiveSession()  # a caller's session (tests, notebooks) is used, not stopped
-    spark = reused or spark_session(
-        args.master, ui=args.ui, progress=not args.no_progress and sys.stderr.isatty(), conf=args.conf
-    )
+    if remote:  # a session of its own on the server, closed at the end
+        reused, spark = None, spark_session(remote=remote, conf=args.conf)
+    else:
+        from pyspark.sql import SparkSession
+
+        reused = SparkSession.getActiveSession()  # a caller's session (tests, notebooks) is used, not stopped
+        spark = reused or spark_session(
+            args.master, ui=args.ui, progress=not args.no_progress and sys.stderr.isatty(), conf=args.conf
+        )
     if not args.verbose:  # failures are reported once, by main(), not as JVM stack traces
-        spark.sparkContext.setLogLevel("OFF")
+        cluster.set_log_level(spark, "OFF")
     run_dir = runs.Run(out)
     previous_handler = _on_ctrl_c(spark)
     try:
         with cluster.StarvationWatch(spark, args.starved_after):
-            sc = spark.sparkContext
-            step(f"Spark {sc.version}, master {sc.master}, application {sc.applicationId}")
+            facts = {"master": cluster.master_of(spark), "application_id": cluster.application_id(spark)}
+            if remote:
+                facts["remote"] = remote
+            step(f"Spark {spark.version}, master {facts['master']}, application {facts['application_id']}")
             if args.ui:
-                step(f"Spark UI: {cluster.ui_url(spark)}")
+                url = cluster.ui_url(spark)
+                step(f"Spark UI: {url}" if url else "Spark UI: the Spark Connect server's own")
             slots = cluster.task_slots(spark)
             step(f"{slots} task slot(s) in the executors")
             run_dir.begin()
             analyse(spark, recs, infos, args, run_dir, slots, step, files)
         final = run_dir.publish(
             inputs=[{"recording_id": r.recording_id, "path": r.path} for r in recs],
-            master=sc.master,
-            application_id=sc.applicationId,
             jobs=args.jobs,
+            **facts,
         )
         step(f"published {final}")
     except BaseException:
@@ -171,7 +208,7 @@ def run(args, step) -> int:
             if reused is None:
                 spark.stop()
             else:
-                spark.sparkContext.setLogLevel("WARN")
+                cluster.set_log_level(spark, "WARN")
         except Exception:  # noqa: BLE001 - the JVM went first (Ctrl-C reaches both); the run's error matters
             if not INTERRUPT.is_set():
                 raise
@@ -195,7 +232,9 @@ def _on_ctrl_c(spark):
         # as cancelAllJobs does from this handler) with a traceback: the run ends with one line
         logging.disable(logging.CRITICAL)
         try:
-            spark.sparkContext.cancelAllJobs()
+            from visionipc.apps.pipeline.cluster import cancel_all
+
+            cancel_all(spark)
         except Exception:  # noqa: BLE001
             pass
         raise KeyboardInterrupt

@@ -1,5 +1,11 @@
-"""The pipeline as a cluster citizen: which master, is it reachable, how many task slots
-the executors have, and a warning when the cluster cannot give what was asked.
+"""The pipeline as a cluster citizen: which master (or Spark Connect server), is it
+reachable, how many task slots the executors have, and a warning when the cluster cannot
+give what was asked.
+
+A Spark Connect session (``--remote sc://host:port``, else ``SPARK_REMOTE`` unless a master
+was chosen) has no SparkContext: what this module asks of a session it asks through the
+session's configuration and the DataFrame API there, and the classic-only views (executors
+registering, the web UI, log levels) are the server's business.
 
 Master precedence (``resolve_master``): ``--master``; else what ``spark-submit`` chose
 (``--master``, ``--conf spark.master`` or its ``spark-defaults.conf``: the session builder
@@ -36,6 +42,33 @@ STARVED_AFTER_S = 30.0
 
 class MasterError(ValueError):
     """The Spark master cannot be reached (bad input: exit 2)."""
+
+
+CONNECT_PORT = 15002  # Spark Connect's default
+
+
+def is_connect(spark) -> bool:
+    """True for a Spark Connect session (pyspark.sql.connect), False for a classic one."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+def resolve_remote(explicit: str | None, master: str | None = None):
+    """The Spark Connect URL to use, or None for a classic session: ``--remote``; else
+    ``SPARK_REMOTE`` unless a master was chosen (``--master``, spark-submit)."""
+    remote = explicit or (None if master or under_spark_submit() else os.environ.get("SPARK_REMOTE"))
+    if remote and not remote.startswith("sc://"):
+        raise MasterError(f"Spark Connect URL {remote!r}: use sc://host:port")
+    return remote or None
+
+
+def _connect_hostport(remote: str):
+    """(host, port) of ``sc://host[:port][/;param=value...]``."""
+    hostport = remote[len("sc://") :].split("/", 1)[0].split(";", 1)[0]
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, rest = hostport[1:].partition("]")
+        return host, int(rest[1:]) if rest.startswith(":") else CONNECT_PORT
+    host, _, port = hostport.partition(":")
+    return host, int(port) if port else CONNECT_PORT
 
 
 def under_spark_submit() -> bool:
@@ -77,8 +110,16 @@ def submitted_master():
 
 
 def check_reachable(master: str | None, timeout_s: float = REACH_TIMEOUT_S) -> None:
-    """Raise MasterError unless a ``spark://`` master accepts a TCP connection (Spark itself
-    retries for ~60 s and prints Java stack traces); other masters are left to Spark."""
+    """Raise MasterError unless a ``spark://`` master or an ``sc://`` Spark Connect server
+    accepts a TCP connection (Spark itself retries for ~60 s and prints Java stack traces,
+    the Connect client for minutes); other masters are left to Spark."""
+    if master and master.startswith("sc://"):
+        try:
+            host, port = _connect_hostport(master)
+            with socket.create_connection((host, port), timeout=timeout_s):
+                return
+        except (OSError, ValueError) as e:
+            raise MasterError(f"cannot reach the Spark Connect server {master} ({e})") from None
     if not master or not master.startswith("spark://"):
         return
     errors = []
@@ -96,8 +137,31 @@ def executor_env() -> dict:
     return {f"spark.executorEnv.{k}": os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
 
 
+def master_of(spark) -> str:
+    """The session's master (on Spark Connect: the server's)."""
+    return spark.conf.get("spark.master", None) or "unknown"
+
+
+def application_id(spark) -> str:
+    return spark.conf.get("spark.app.id", None) or "unknown"
+
+
 def is_local(spark) -> bool:
-    return spark.sparkContext.master.startswith("local")
+    return master_of(spark).startswith("local")
+
+
+def cancel_all(spark) -> None:
+    """Cancel the session's running Spark jobs (on Spark Connect: its operations)."""
+    if is_connect(spark):
+        spark.interruptAll()
+    else:
+        spark.sparkContext.cancelAllJobs()
+
+
+def set_log_level(spark, level: str) -> None:
+    """Spark's log level in this driver (a Spark Connect server keeps its own)."""
+    if not is_connect(spark):
+        spark.sparkContext.setLogLevel(level)
 
 
 def executor_count(spark) -> int:
@@ -109,10 +173,13 @@ def executor_count(spark) -> int:
 def task_slots(spark, settle_s: float = 2.0) -> int:
     """Tasks the executors run at once: Spark's default parallelism, which on a cluster is
     the executors' total cores; waits (up to ``settle_s`` after the first executor) for the
-    executors asked for to register, so work is not split for the driver's cores."""
+    executors asked for to register, so work is not split for the driver's cores. On Spark
+    Connect: the parallelism the server gives (its executors are its own business)."""
+    from visionipc.apps.pipeline.tasks import parallelism
+
+    if is_connect(spark) or is_local(spark):
+        return parallelism(spark)
     sc = spark.sparkContext
-    if is_local(spark):
-        return sc.defaultParallelism
     want = int(sc.getConf().get("spark.executor.instances", "0") or 0)
     deadline = None
     while True:
@@ -163,7 +230,7 @@ class StarvationWatch:
         self._thread = threading.Thread(target=self._run, name="vipc-starvation-watch", daemon=True)
 
     def __enter__(self):
-        if not is_local(self.spark):
+        if not is_connect(self.spark) and not is_local(self.spark):
             self._thread.start()
         return self
 
@@ -192,4 +259,5 @@ class StarvationWatch:
 
 
 def ui_url(spark) -> str | None:
-    return spark.sparkContext.uiWebUrl
+    """The web UI's address (None on Spark Connect: the server's own UI)."""
+    return None if is_connect(spark) else spark.sparkContext.uiWebUrl

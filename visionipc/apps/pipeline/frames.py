@@ -71,13 +71,12 @@ TASKS_PER_SLOT = 2
 def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
     """The segments as a DataFrame, spread over ``partitions`` tasks (default: two per task
     slot of the session, at most one per segment), consecutive segments together."""
+    from visionipc.apps.pipeline import tasks
+
     rows = segment_table(recordings, **kw)
     if partitions is None:
-        partitions = TASKS_PER_SLOT * spark.sparkContext.defaultParallelism
-    rdd = spark.sparkContext.parallelize(
-        [tuple(r.values()) for r in rows], numSlices=max(1, min(len(rows), int(partitions)))
-    )
-    return spark.createDataFrame(rdd, SEGMENT_SCHEMA)
+        partitions = TASKS_PER_SLOT * tasks.parallelism(spark)
+    return tasks.rows_df(spark, [tuple(r.values()) for r in rows], SEGMENT_SCHEMA, partitions)
 
 
 class _OneThreadStorage:

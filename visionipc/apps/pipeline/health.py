@@ -353,11 +353,11 @@ def streams_df(spark, recordings, *, skip_empty: bool = False, validate: bool = 
     by_stream = {}
     for rec, stream, _, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate):
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
+    from visionipc.apps.pipeline import tasks
+
     rows = [(rid, stream, files) for (rid, stream), files in sorted(by_stream.items())]
-    slices = max(1, min(len(rows), spark.sparkContext.defaultParallelism * 4))
-    return spark.createDataFrame(
-        spark.sparkContext.parallelize(rows, slices), "recording_id string, stream string, index_files array<string>"
-    )
+    schema = "recording_id string, stream string, index_files array<string>"
+    return tasks.rows_df(spark, rows, schema, tasks.parallelism(spark) * 4)
 
 
 def health_from_files(streams):

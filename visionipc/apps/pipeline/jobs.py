@@ -12,49 +12,18 @@ plus summaries and a sample. ``export_pass``: selected frames -> ``export/R/S/ID
 
 from __future__ import annotations
 
-import io
 from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
 
-from visionipc.apps.pipeline import fs, health
-from visionipc.apps.pipeline.frames import SEGMENT_SCHEMA, iter_pictures, read_segment_index
+from visionipc.apps.pipeline import fs, health, tasks
+from visionipc.apps.pipeline.frames import iter_pictures, read_segment_index
 
-PAYLOAD_SCHEMA = "kind string, payload binary"
 TASKS_PER_SLOT = 4
 SAMPLE_ROWS = 50_000  # metric values kept for the report's distributions
 # latency histogram bins: 0, then log-spaced 0.1 ms .. 10 s, the last bin everything above
 LATENCY_EDGES_MS = np.r_[0.0, np.geomspace(0.1, 10_000.0, 60)]
-
-
-def _ipc(df: pd.DataFrame) -> bytes:
-    import pyarrow as pa
-
-    table = pa.Table.from_pandas(df, preserve_index=False)
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return sink.getvalue()
-
-
-def _gather(pairs, kinds) -> dict:
-    """(kind, Arrow IPC bytes) pairs -> each kind's tables concatenated (pandas; None if none)."""
-    import pyarrow as pa
-
-    parts = {k: [] for k in kinds}
-    for kind, payload in pairs:
-        parts[kind].append(pa.ipc.open_stream(payload).read_all())
-    return {k: pa.concat_tables(v, promote_options="default").to_pandas() if v else None for k, v in parts.items()}
-
-
-def _collect(df, kinds) -> dict:
-    """Run a payload DataFrame and concatenate each kind's tables (pandas) on the driver."""
-    return _gather(((row.kind, row.payload) for row in df.collect()), kinds)
-
-
-def _payloads(items) -> pd.DataFrame:
-    return pd.DataFrame({"kind": [k for k, _ in items], "payload": [_ipc(d) for _, d in items]})
 
 
 # ---- health ---------------------------------------------------------------------------
@@ -191,8 +160,8 @@ def _concat(frames: list) -> pd.DataFrame:
 
 
 def _health_task(rows):
-    """RDD partition of (recording_id, stream, index_files) -> one (kind, Arrow IPC) per kind:
-    a task's streams are combined in the task, so the driver gets 5 small tables per task."""
+    """A task's (recording_id, stream, index_files) -> one (kind, frame) per kind: its
+    streams are combined in the task, so the driver gets 5 small tables per task."""
     found = {kind: [] for kind in HEALTH_KINDS}
     for recording_id, stream, files in rows:
         c = _read_stream(files)
@@ -206,27 +175,27 @@ def _health_task(rows):
         found["events"].append(events_of(*args))
     for kind, frames in found.items():
         if frames:
-            yield kind, _ipc(_concat(frames))
+            yield kind, _concat(frames)
 
 
-def _slices(spark, n: int, slots: int) -> int:
+def _slices(n: int, slots: int) -> int:
     return max(1, min(n, slots * TASKS_PER_SLOT))
 
 
 def health_pass(spark, files, slots: int) -> dict:
     """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency", "events"}`` pandas.
 
-    A plain RDD job (``mapPartitions`` over consecutive slices of the streams, results
-    collected as Arrow IPC bytes), one Python worker per task. The DataFrame form it
-    replaces (``createDataFrame`` of a Python RDD + ``mapInPandas``) spent 2.4-2.8 s of one
-    core on a fresh session's driver before its first task (the executors idle), ~5 s of
-    JVM CPU per job, and a second Python worker per task (BENCHMARKS.md, issue 18)."""
+    One ``mapInArrow`` job over consecutive slices of the streams (tasks.map_rows: the
+    streams ride in the task's function, no Python rows go through the JVM), results
+    collected as Arrow IPC payloads, one Python worker per task; the same on a classic
+    session and on Spark Connect. (A ``createDataFrame`` of a Python RDD + ``mapInPandas``
+    spent 2.4-2.8 s of one core on a fresh session's driver before its first task, and a
+    second Python worker per task: BENCHMARKS.md, issue 18.)"""
     by_stream = {}
     for rec, stream, _, path in files:
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
     rows = [(rid, stream, paths) for (rid, stream), paths in sorted(by_stream.items())]
-    pairs = spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)).mapPartitions(_health_task)
-    got = _gather(pairs.collect() if rows else [], HEALTH_KINDS)
+    got = tasks.collect(tasks.map_rows(spark, rows, _slices(len(rows), slots), _health_task), HEALTH_KINDS)
     return {k: (v if v is not None else health._empty(HEALTH_KINDS[k])) for k, v in got.items()}
 
 
@@ -238,55 +207,50 @@ def partition_dir(root: str, recording_id: str, stream: str) -> str:
     return fs.join(root, f"recording_id={quote(recording_id, safe='')}", f"stream={quote(stream, safe='')}")
 
 
-def _segments_df(spark, segments: list, slots: int):
-    rows = [tuple(s.values()) for s in segments]
-    return spark.createDataFrame(spark.sparkContext.parallelize(rows, _slices(spark, len(rows), slots)), SEGMENT_SCHEMA)
-
-
 def _metrics_task(out_root: str, dates: dict, sample_every: int, thresholds: dict):
-    def run(batches):
+    def run(segments):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from visionipc.apps.pipeline.metrics import _carrying
 
         fn = _carrying(**thresholds)
-        for batch in batches:
-            items = []
-            for segment in batch.to_dict("records"):
-                m = fn(segment)
-                if not len(m):
-                    continue
-                m["date"] = pd.Series([dates.get(segment["recording_id"])] * len(m), dtype="string")
-                part = fs.join(
-                    partition_dir(out_root, segment["recording_id"], segment["stream"]),
-                    f"part-{int(segment['segment']):06d}.parquet",
-                )
-                filesystem, path = fs.resolve(part)
-                filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
-                pq.write_table(
-                    pa.Table.from_pandas(m.drop(columns=["recording_id", "stream"]), preserve_index=False),
-                    path,
-                    filesystem=filesystem,
-                )
-                summary = pd.DataFrame(
-                    {
-                        "recording_id": [segment["recording_id"]],
-                        "stream": [segment["stream"]],
-                        "frames": [len(m)],
-                        "brightness_sum": [m["brightness"].sum()],
-                        "contrast_sum": [m["contrast"].sum()],
-                        "sharpness_sum": [m["sharpness"].sum()],
-                        "motion_sum": [m["motion"].sum()],
-                        "motion_frames": [int(m["motion"].notna().sum())],
-                        "black_frames": [int(m["black"].sum())],
-                        "frozen_frames": [int(m["frozen"].sum())],
-                    }
-                )
-                sample = m.iloc[::sample_every][["stream", "brightness", "contrast", "sharpness", "motion"]]
-                items += [("summary", summary), ("sample", sample)]
-            if items:
-                yield _payloads(items)
+        summaries, samples = [], []
+        for segment in segments:
+            m = fn(segment)
+            if not len(m):
+                continue
+            m["date"] = pd.Series([dates.get(segment["recording_id"])] * len(m), dtype="string")
+            part = fs.join(
+                partition_dir(out_root, segment["recording_id"], segment["stream"]),
+                f"part-{int(segment['segment']):06d}.parquet",
+            )
+            filesystem, path = fs.resolve(part)
+            filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            pq.write_table(
+                pa.Table.from_pandas(m.drop(columns=["recording_id", "stream"]), preserve_index=False),
+                path,
+                filesystem=filesystem,
+            )
+            summary = pd.DataFrame(
+                {
+                    "recording_id": [segment["recording_id"]],
+                    "stream": [segment["stream"]],
+                    "frames": [len(m)],
+                    "brightness_sum": [m["brightness"].sum()],
+                    "contrast_sum": [m["contrast"].sum()],
+                    "sharpness_sum": [m["sharpness"].sum()],
+                    "motion_sum": [m["motion"].sum()],
+                    "motion_frames": [int(m["motion"].notna().sum())],
+                    "black_frames": [int(m["black"].sum())],
+                    "frozen_frames": [int(m["frozen"].sum())],
+                }
+            )
+            summaries.append(summary)
+            samples.append(m.iloc[::sample_every][["stream", "brightness", "contrast", "sharpness", "motion"]])
+        if summaries:  # one payload of each per task
+            yield "summary", pd.concat(summaries, ignore_index=True)
+            yield "sample", pd.concat(samples, ignore_index=True)
 
     return run
 
@@ -294,11 +258,9 @@ def _metrics_task(out_root: str, dates: dict, sample_every: int, thresholds: dic
 def metrics_pass(spark, segments: list, slots: int, out_root: str, dates: dict, **thresholds) -> dict:
     """Per-frame metrics of every segment, written by the tasks under ``out_root``
     (partitioned by recording and stream); returns ``{"summary", "sample"}`` pandas."""
-    df = _segments_df(spark, segments, slots)
     every = max(1, (len(segments) * 200) // SAMPLE_ROWS)  # ~SAMPLE_ROWS of a typical 200-frame segment
-    got = _collect(
-        df.mapInPandas(_metrics_task(out_root, dates, every, thresholds), PAYLOAD_SCHEMA), ("summary", "sample")
-    )
+    task = _metrics_task(out_root, dates, every, thresholds)
+    got = tasks.collect(tasks.map_rows(spark, segments, _slices(len(segments), slots), task), ("summary", "sample"))
     s = got["summary"]
     if s is None:
         return {"summary": None, "sample": None}
@@ -354,31 +316,27 @@ def _positions(segment: dict, rule: tuple, drops: dict, metrics_root: str | None
 
 
 def _export_task(out_root: str, rule: tuple, drops: dict, metrics_root, image_format: str):
-    def run(batches):
+    def run(segments):
         import cv2
 
         from visionipc.apps.pipeline.export import image_name, manifest_frame, manifest_row
 
-        for batch in batches:
-            rows = []
-            for segment in batch.to_dict("records"):
-                reasons = _positions(segment, rule, drops, metrics_root)
-                if not reasons:
-                    continue
-                for row, picture in iter_pictures(segment, positions=reasons):
-                    rel = image_name(segment["recording_id"], segment["stream"], int(row["frame_id"]), image_format)
-                    ok, data = cv2.imencode(f".{image_format}", picture)
-                    if not ok:
-                        raise OSError(f"could not encode frame {int(row['frame_id'])} as {image_format}")
-                    fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes())
-                    rows.append(
-                        manifest_row(
-                            rel, segment["recording_id"], segment["stream"], row, reasons[int(row["position"])]
-                        )
-                    )
-            if rows:
-                manifest = manifest_frame(rows)
-                yield _payloads([("manifest", manifest)])
+        rows = []
+        for segment in segments:
+            reasons = _positions(segment, rule, drops, metrics_root)
+            if not reasons:
+                continue
+            for row, picture in iter_pictures(segment, positions=reasons):
+                rel = image_name(segment["recording_id"], segment["stream"], int(row["frame_id"]), image_format)
+                ok, data = cv2.imencode(f".{image_format}", picture)
+                if not ok:
+                    raise OSError(f"could not encode frame {int(row['frame_id'])} as {image_format}")
+                fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes())
+                rows.append(
+                    manifest_row(rel, segment["recording_id"], segment["stream"], row, reasons[int(row["position"])])
+                )
+        if rows:  # one manifest per task
+            yield "manifest", manifest_frame(rows)
 
     return run
 
@@ -396,10 +354,8 @@ def export_pass(spark, segments, slots, out_root, rule, *, drops=None, metrics_r
         segments = [s for s in segments if (s["recording_id"], s["stream"]) in gaps]
     if not segments:
         return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})
-    df = _segments_df(spark, segments, slots)
-    got = _collect(
-        df.mapInPandas(_export_task(out_root, rule, gaps, metrics_root, image_format), PAYLOAD_SCHEMA), ["manifest"]
-    )
+    task = _export_task(out_root, rule, gaps, metrics_root, image_format)
+    got = tasks.collect(tasks.map_rows(spark, segments, _slices(len(segments), slots), task), ["manifest"])
     m = got["manifest"]
     if m is None:
         return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})

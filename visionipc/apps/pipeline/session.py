@@ -6,6 +6,10 @@ handful of tiny shuffles is the common case here, not 200), on a cluster Spark's
 own (the executors' cores); the web UI off unless asked for; the workers run the
 same Python as the driver, forked from the pipeline's daemon (``daemon.py``: PySpark
 from bytecode, the task-side modules loaded once per executor).
+
+``remote="sc://host:port"``: a Spark Connect session instead (``connect_session``): a thin
+client, no JVM here; the server runs the jobs with its own master, executors and Python
+(which must have visionipc installed, as a cluster's executors must).
 """
 
 from __future__ import annotations
@@ -41,17 +45,55 @@ def master_cores(master: str) -> int:
     return 1 if m.group(1) is None else max(1, int(m.group(1)))
 
 
+# runtime settings of every session, classic or Spark Connect
+SQL_SETTINGS = {
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.sql.adaptive.enabled": "true",
+}
+
+
+def _pyspark():
+    try:
+        import pyspark.sql  # noqa: F401
+    except ImportError as e:  # optional dependency
+        raise ImportError(
+            "the Spark pipeline needs PySpark: pip install 'visionipc[spark]' (and a Java 17+ runtime)"
+        ) from e
+
+
+def connect_session(remote: str, app_name: str = "vipc-analyze", *, conf: dict | None = None):
+    """A new Spark Connect session on the server at ``remote`` (``sc://host:port``), with the
+    runtime settings of ``spark_session`` and ``conf`` (settings the server fixed at its start,
+    such as ``spark.executor.memory``, are the server's and are left as they are)."""
+    _pyspark()
+    try:
+        from pyspark.sql.connect.session import SparkSession
+    except ImportError as e:  # grpcio & co: pyspark[connect], in visionipc[spark]
+        raise ImportError(f"Spark Connect needs PySpark's client packages: pip install 'visionipc[spark]' ({e})") from e
+    settings = {**SQL_SETTINGS, "spark.app.name": app_name, **{k: str(v) for k, v in (conf or {}).items()}}
+    # create(): a session of its own, never a notebook's (its temporary views, its data sources)
+    spark = SparkSession.builder.remote(remote).config(map=settings).create()
+    from visionipc.apps.pipeline import datasource
+
+    datasource.register(spark)  # spark.read.format("vipc")
+    return spark
+
+
 def spark_session(
     master: str | None = None,
     app_name: str = "vipc-analyze",
     *,
+    remote: str | None = None,
     ui: bool = False,
     progress: bool = False,
     shuffle_partitions: int | None = None,
     java_options: str = FAST_START_JAVA_OPTIONS,
     conf: dict | None = None,
 ):
-    """Start (or get) a SparkSession.
+    """Start (or get) a SparkSession; with ``remote`` (``sc://host:port``) a new Spark Connect
+    session on that server (``connect_session``; the other arguments but ``conf`` are the
+    server's business).
 
     ``master``: a Spark master URL (``spark://host:7077``, ``yarn``, ``local[2]``...); None:
     what spark-submit / ``SPARK_MASTER`` / spark-defaults.conf chose, else ``local[*]``.
@@ -59,12 +101,11 @@ def spark_session(
     applied last. On a local master the workers always run ``sys.executable``; on a
     cluster ``PYSPARK_PYTHON`` is kept if set (the executors' Python may live elsewhere).
     """
-    try:
-        from pyspark.sql import SparkSession
-    except ImportError as e:  # optional dependency
-        raise ImportError(
-            "the Spark pipeline needs PySpark: pip install 'visionipc[spark]' (and a Java 17+ runtime)"
-        ) from e
+    if remote:
+        return connect_session(remote, app_name, conf=conf)
+    _pyspark()
+    from pyspark.sql import SparkSession
+
     from visionipc.apps.pipeline.cluster import executor_env, resolve_master
 
     master = resolve_master(master)  # None: spark-submit chose it
@@ -85,9 +126,7 @@ def spark_session(
         builder.appName(app_name)
         .config("spark.ui.enabled", str(bool(ui)).lower())
         .config("spark.ui.showConsoleProgress", str(bool(progress)).lower())
-        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.adaptive.enabled", "true")
+        .config(map=SQL_SETTINGS)
         .config("spark.python.worker.reuse", "true")
         .config("spark.python.daemon.module", DAEMON_MODULE)
         .config("spark.sql.debug.maxToStringFields", "200")

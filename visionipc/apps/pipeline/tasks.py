@@ -1,0 +1,88 @@
+"""Python lists as Spark work, with nothing but the DataFrame API: the same code runs on
+a classic session and on a Spark Connect one (no ``sparkContext``, no RDD).
+
+``map_rows``: the driver's rows (segments, streams: small dicts of strings) split into
+consecutive runs, one per task, each handed to a Python function in the executors
+(``spark.range(n, numPartitions=k).mapInArrow``: the row numbers travel, the rows ride
+in the function's closure, so no data goes from Python into the JVM and back). The
+function yields ``(kind, pandas frame)`` pairs; ``collect`` brings them back to the
+driver as Arrow IPC payloads and concatenates each kind. ``rows_df`` is the same split
+as a DataFrame of the rows themselves, for jobs of your own.
+"""
+
+from __future__ import annotations
+
+import io
+
+PAYLOAD_SCHEMA = "kind string, payload binary"
+
+
+def parallelism(spark) -> int:
+    """The session's default parallelism (its executors' cores): ``spark.default.parallelism``
+    when set, else the number of partitions Spark gives ``spark.range`` (a tiny JVM-only job)."""
+    configured = spark.conf.get("spark.default.parallelism", None)
+    if configured:
+        return max(1, int(configured))
+    got = spark.range(1 << 14).selectExpr("spark_partition_id() AS p").selectExpr("max(p) + 1 AS n").toArrow()
+    return max(1, int(got.column("n")[0].as_py()))
+
+
+def _ids(n: int, partitions: int, spark):
+    return spark.range(0, n, 1, max(1, min(n, int(partitions))))
+
+
+def ipc(df) -> bytes:
+    """A pandas frame as Arrow IPC stream bytes."""
+    import pyarrow as pa
+
+    table = pa.Table.from_pandas(df, preserve_index=False)
+    sink = io.BytesIO()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return sink.getvalue()
+
+
+def map_rows(spark, rows: list, partitions: int, fn):
+    """A DataFrame (``PAYLOAD_SCHEMA``) of what ``fn`` yields, as ``(kind, pandas frame)``
+    pairs, for each of ``partitions`` consecutive runs of ``rows`` (``fn`` gets one run,
+    an iterable of rows, per task)."""
+    rows = list(rows)
+
+    def run(batches):
+        import pyarrow as pa
+
+        mine = (rows[i] for batch in batches for i in batch.column(0).to_pylist())
+        for kind, frame in fn(mine):
+            yield pa.RecordBatch.from_pydict(
+                {"kind": [kind], "payload": [ipc(frame)]},
+                schema=pa.schema([("kind", pa.string()), ("payload", pa.binary())]),
+            )
+
+    return _ids(len(rows), partitions, spark).mapInArrow(run, PAYLOAD_SCHEMA)
+
+
+def gather(pairs, kinds) -> dict:
+    """(kind, Arrow IPC bytes) pairs -> each kind's tables concatenated (pandas; None if none)."""
+    import pyarrow as pa
+
+    parts = {k: [] for k in kinds}
+    for kind, payload in pairs:
+        parts[kind].append(pa.ipc.open_stream(payload).read_all())
+    return {k: pa.concat_tables(v, promote_options="default").to_pandas() if v else None for k, v in parts.items()}
+
+
+def collect(df, kinds) -> dict:
+    """Run a ``map_rows`` DataFrame; each kind's frames concatenated (pandas; None if none)."""
+    table = df.toArrow()
+    return gather(zip(table.column("kind").to_pylist(), table.column("payload").to_pylist()), kinds)
+
+
+def rows_df(spark, rows: list, schema: str, partitions: int):
+    """``rows`` (tuples in ``schema``'s order) as a DataFrame of ``partitions`` partitions (at
+    most one per row), consecutive rows together and in order: the row numbers of
+    ``spark.range`` joined with the rows, broadcast (JVM-side, no Python worker)."""
+    if not rows:
+        return spark.createDataFrame([], schema)
+    table = spark.createDataFrame([(i, *row) for i, row in enumerate(rows)], f"_row bigint, {schema}")
+    ids = _ids(len(rows), partitions, spark).withColumnRenamed("id", "_row")
+    return ids.join(table.hint("broadcast"), "_row").select(*[c for c in table.columns if c != "_row"])
