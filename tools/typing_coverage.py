@@ -1,24 +1,28 @@
 """Share of public functions and methods that declare a return type (and annotate every parameter).
 
     python tools/typing_coverage.py [PACKAGE_DIR ...]   (default: msgq visionipc)
+    python tools/typing_coverage.py --missing [PACKAGE_DIR ...]
 
 Public: a function or method whose name and enclosing classes have no leading underscore
 (dunder methods count), defined at module or class level, in any module of the package.
 Each package is counted whole and as its library (without the command-line tools under apps/ and bench/).
+``--missing`` lists the library's public functions that are not fully annotated (exit status 1 if any).
 """
 
 import ast
 import sys
 from pathlib import Path
+from typing import Iterator, List, Tuple
 
 ROOT = Path(__file__).resolve().parent.parent
+APPS = ("apps", "bench")
 
 
 def _public(name: str) -> bool:
     return not name.startswith("_") or (name.startswith("__") and name.endswith("__"))
 
 
-def _functions(tree: ast.Module):
+def _functions(tree: ast.Module) -> Iterator[Tuple[ast.FunctionDef, bool]]:
     """(function, is_method) for each public module-level function and public method of a public class."""
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _public(node.name):
@@ -38,15 +42,16 @@ def _params_annotated(func: ast.FunctionDef, is_method: bool) -> bool:
     return all(p.annotation is not None for p in params)
 
 
-APPS = ("apps", "bench")
+def _modules(package: Path, library_only: bool) -> Iterator[Path]:
+    for path in sorted(package.rglob("*.py")):
+        if not (library_only and path.relative_to(package).parts[0] in APPS):
+            yield path
 
 
-def coverage(package: Path, library_only: bool = False) -> tuple[int, int, int]:
+def coverage(package: Path, library_only: bool = False) -> Tuple[int, int, int]:
     """(public functions, with a return annotation, with every parameter and the return annotated)."""
     total = returns = full = 0
-    for path in sorted(package.rglob("*.py")):
-        if library_only and path.relative_to(package).parts[0] in APPS:
-            continue
+    for path in _modules(package, library_only):
         for func, is_method in _functions(ast.parse(path.read_text(), str(path))):
             total += 1
             returns += func.returns is not None
@@ -54,7 +59,21 @@ def coverage(package: Path, library_only: bool = False) -> tuple[int, int, int]:
     return total, returns, full
 
 
-def main(argv: list[str]) -> None:
+def missing(package: Path) -> List[str]:
+    """``path:line: name`` of each public library function not fully annotated."""
+    found = []
+    for path in _modules(package, library_only=True):
+        for func, is_method in _functions(ast.parse(path.read_text(), str(path))):
+            if func.returns is None or not _params_annotated(func, is_method):
+                found.append(f"{path.relative_to(ROOT)}:{func.lineno}: {func.name}")
+    return found
+
+
+def main(argv: List[str]) -> int:
+    if argv[:1] == ["--missing"]:
+        found = [line for name in argv[1:] or ["msgq", "visionipc"] for line in missing(ROOT / name)]
+        print("\n".join(found))
+        return 1 if found else 0
     for name in argv or ["msgq", "visionipc"]:
         for label, library_only in ((name, False), (f"{name} library", True)):
             total, returns, full = coverage(ROOT / name, library_only)
@@ -62,7 +81,8 @@ def main(argv: list[str]) -> None:
                 f"{label}: {total} public functions, {returns} ({100 * returns / max(total, 1):.0f} %) declare a "
                 f"return type, {full} ({100 * full / max(total, 1):.0f} %) fully annotated"
             )
+    return 0
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    sys.exit(main(sys.argv[1:]))
