@@ -16,8 +16,13 @@ interpolation); times in ms unless a name says otherwise.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 import pandas as pd
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 KEYS = ["recording_id", "stream"]
 PERCENTILES = (50, 95, 99)
@@ -290,7 +295,7 @@ _NEEDED = [
 ]
 
 
-def health_job(index_df):
+def health_job(index_df: DataFrame) -> DataFrame:
     """Spark: index DataFrame -> one health row per recording x stream (``stream_health``)."""
     return index_df.select(*_NEEDED).groupBy(*KEYS).applyInPandas(stream_health, spark_schema(HEALTH_COLUMNS))
 
@@ -360,7 +365,7 @@ def streams_df(spark, recordings, *, skip_empty: bool = False, validate: bool = 
     return tasks.rows_df(spark, rows, schema, tasks.parallelism(spark) * 4)
 
 
-def health_from_files(streams):
+def health_from_files(streams: DataFrame) -> DataFrame:
     """``health_job`` without a shuffle: each task reads its streams' index files itself
     (``streams_df``) and runs ``stream_health``. Same rows; several times faster on big
     indexes, since the index never goes through Spark's shuffle."""

@@ -13,6 +13,7 @@ Spark, optionally on a process pool.
 from __future__ import annotations
 
 from functools import partial
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +26,9 @@ from visionipc.apps.pipeline.frames import (
     segments_df,
 )
 from visionipc.apps.record.quality import COLUMNS, Luma, luma_of, measure
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 METRIC_COLUMNS = [
     ("recording_id", "string"),
@@ -144,6 +148,6 @@ def metrics_pandas(recordings, *, processes: int = 0, pool=None, **thresholds):
     return pd.concat([p for part in parts for p in part], ignore_index=True)
 
 
-def spark_metrics(spark, recordings, **thresholds):
+def spark_metrics(spark: SparkSession, recordings: Any, **thresholds: float) -> DataFrame:
     """``metrics_job`` over recordings (paths/globs/``Recording``s)."""
     return metrics_job(segments_df(spark, recordings), **thresholds)
