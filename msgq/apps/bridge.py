@@ -25,6 +25,7 @@ hold, so a larger one is never buffered: ZeroMQ drops that peer's connection
 """
 
 import argparse
+import logging
 import signal
 import sys
 import time
@@ -33,6 +34,7 @@ from msgq import add_version_flag, sockets
 from msgq import curve as msgq_curve
 from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
 from msgq._zmq_capped import CappedConnection
+from msgq.cli import parse_args
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
 
@@ -139,7 +141,7 @@ class _Reporter:
 def _context(n_sockets):
     """``(zmq, a new context)``. libzmq aborts the process when it runs out of
     descriptors: refused first, before pyzmq is even imported."""
-    ensure_descriptors(f"msgq-bridge: {n_sockets} ZeroMQ sockets", ZMQ_HEADROOM + 2 * n_sockets)
+    ensure_descriptors(f"{n_sockets} ZeroMQ sockets", ZMQ_HEADROOM + 2 * n_sockets)
     zmq = _zmq()
     return zmq, zmq.Context()
 
@@ -171,7 +173,7 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
                 pub.bind(endpoint)
             except zmq.ZMQError as exc:
                 pub.close(0)
-                log(f"msgq-bridge: cannot bind {endpoint} for {topic!r}: {exc}")
+                log(f"cannot bind {endpoint} for {topic!r}: {exc}")
                 return 1
             sub = sockets.SubSocket()
             sub.connect(ctx_msgq, topic)
@@ -179,7 +181,7 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
             stats = _TopicStats(topic, local=sub)
             stats.subscribers = 0
             routes.append((sub, pub, stats))
-            log(f"msgq-bridge: {topic} -> {endpoint}")
+            log(f"{topic} -> {endpoint}")
         by_sub = {id(sub): (sub, pub, stats) for sub, pub, stats in routes}
         reporter = _Reporter([r[2] for r in routes], verbose_every, "out", sys.stderr)
         while not stopper.stop:
@@ -242,7 +244,7 @@ class _Incoming:
     def reconnect_if_due(self, now, log):
         if self.link.reconnect_if_due(now) and self.link.reconnects == 1:
             log(
-                f"msgq-bridge: {self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
+                f"{self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
                 f"sent a message over the topic's {self.link.max_size}-byte maximum, which is refused); reconnecting"
             )
 
@@ -272,7 +274,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
             routes[route.sub], monitors[route.monitor] = route, route
             poller.register(route.sub, zmq.POLLIN)
             poller.register(route.monitor, zmq.POLLIN)
-            log(f"msgq-bridge: {route.endpoint} -> {topic}")
+            log(f"{route.endpoint} -> {topic}")
         reporter = _Reporter([r.stats for r in routes.values()], verbose_every, "in", sys.stderr)
         while not stopper.stop and routes:
             for sock, _ in poller.poll(POLL_MS):
@@ -297,11 +299,11 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                         stats.drops += 1
                         if stats.topic not in warned:
                             warned.add(stats.topic)
-                            log(f"msgq-bridge: dropping messages of {stats.topic!r}: {exc}")
+                            log(f"dropping messages of {stats.topic!r}: {exc}")
                         continue
                     except MultiplePublishersError:
                         # A local publisher took the topic over: it wins; stop forwarding it.
-                        log(f"msgq-bridge: another local publisher took over {stats.topic!r}; no longer forwarding it")
+                        log(f"another local publisher took over {stats.topic!r}; no longer forwarding it")
                         poller.unregister(sock)
                         poller.unregister(route.monitor)
                         del routes[sock], monitors[route.monitor]
@@ -315,7 +317,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                 route.reconnect_if_due(now, log)
             reporter.maybe_report()
         if not stopper.stop:
-            log("msgq-bridge: local publishers took over every topic; nothing left to forward")
+            log("local publishers took over every topic; nothing left to forward")
             return 1
         return 0
     finally:
@@ -379,7 +381,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, config=True)
     try:
         current_prefix()
         topics = list(dict.fromkeys(validate_name(t) for t in args.topics))
@@ -397,9 +399,7 @@ def main(argv=None) -> int:
             parser.error(str(exc))
     every = args.stats_interval if args.verbose else 0
 
-    def log(text):
-        sys.stderr.write(text + "\n")
-        sys.stderr.flush()
+    log = logging.getLogger("msgq-bridge").info  # msgq.cli's one format: "msgq-bridge: text"
 
     stopper = _Stopper()  # before any socket exists, so a stop request never leaves a segment behind
     try:
@@ -409,7 +409,7 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         return 0
     except IpcError as exc:
-        log(f"msgq-bridge: {exc}")
+        log(f"{exc}")
         return 1
     finally:
         stopper.restore()

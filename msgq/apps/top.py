@@ -18,6 +18,7 @@ from typing import Dict, List, Optional
 
 from msgq import _msgq, add_version_flag, artifacts
 from msgq._printable import printable
+from msgq.cli import parse_args
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
 
@@ -349,7 +350,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, config=True)
     if args.interval < 0:
         parser.error("--interval must be >= 0")
     directory = args.dir or segment_dir()

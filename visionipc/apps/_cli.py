@@ -6,8 +6,8 @@ import signal
 import sys
 import threading
 
-from msgq import add_version_flag
 from msgq._printable import printable
+from msgq.cli import parse_args
 from msgq.errors import IpcError
 from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
 
@@ -46,13 +46,13 @@ def error(prog: str, message: str) -> int:
     return 2
 
 
-def run_command(prog: str, parser, run, argv=None) -> int:
-    """``main``'s body for every command: parse ``argv``, ``run(args)``, and turn
-    UsageError into a one-line message and exit status 2, and an error of the
-    libraries (``msgq.IpcError``: a server name taken, no shared memory left, ...)
-    into a one-line message and exit status 1."""
-    add_version_flag(parser)
-    args = parser.parse_args(argv)
+def run_command(prog: str, parser, run, argv=None, config: bool = False) -> int:
+    """``main``'s body for every command: parse ``argv`` with the common options
+    (``msgq.cli``: --version, --log-level, --print-completion, and ``config``: --config
+    FILE), ``run(args)``, and turn UsageError into a one-line message and exit status 2,
+    and an error of the libraries (``msgq.IpcError``: a server name taken, no shared
+    memory left, ...) into a one-line message and exit status 1."""
+    args = parse_args(parser, argv, config=config)
     try:
         return run(args)
     except UsageError as e:

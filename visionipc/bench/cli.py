@@ -10,6 +10,7 @@ import time
 
 from msgq import add_version_flag
 from msgq._shared import scoped_env
+from msgq.cli import parse_args
 from visionipc.bench import reference, transports
 from visionipc.bench.harness import add_common_flags, logger, placement, write_json
 from visionipc.bench.report import render, summarize
@@ -172,7 +173,7 @@ def _own_files(run):
 
 def main(argv=None) -> int:
     ap = build_parser()
-    args = ap.parse_args(argv)
+    args = parse_args(ap, argv)
     cfg, skipped = make_config(args, ap)
     log = logger(args.quiet)
     from msgq.testing import isolated_prefix, segments, unique_name

@@ -2,6 +2,7 @@
 
 import argparse
 import collections
+import logging
 import sys
 import threading
 import time
@@ -11,6 +12,7 @@ from visionipc.apps.camera.config import DEFAULT_FPS, build_streams, load_toml
 from visionipc.apps.camera.sources import open_source
 
 PROG = "vipc-camera"
+log = logging.getLogger(PROG)
 DEFAULT_BUFFERS = 8
 WAIT_GRACE_S = 0.1  # after --wait-clients is met: lets the last client finish subscribing
 
@@ -196,11 +198,9 @@ def run(args) -> int:
         server.start_listener()
         if not args.quiet:
             for s in streams:
-                print(
-                    f"{PROG}: {name}/{s.name}: {s.width}x{s.height} {s.format} @ {s.fps:g} fps from "
-                    f"{sources[s.name].description}",
-                    file=sys.stderr,
-                    flush=True,
+                log.info(
+                    f"{name}/{s.name}: {s.width}x{s.height} {s.format} @ {s.fps:g} fps from "
+                    f"{sources[s.name].description}"
                 )
         if args.wait_clients:
             _wait_for_clients(server, streams, args.wait_clients, stopper.event)
@@ -216,14 +216,13 @@ def run(args) -> int:
             r.join()
         failed = [r for r in runners if r.error]
         for r in failed:
-            print(f"{PROG}: stream {r.cfg.name}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
+            log.error(f"stream {r.cfg.name}: {type(r.error).__name__}: {r.error}")
         if not args.quiet:
             for r in runners:
-                print(
-                    f"{PROG}: {name}/{r.cfg.name}: {r.published} frames published, {r.dropped} dropped "
+                log.info(
+                    f"{name}/{r.cfg.name}: {r.published} frames published, {r.dropped} dropped "
                     f"(--drop-frames), {r.skipped_slots} slots skipped (late), "
-                    f"{server.readers_woken(r.cfg.name)} sleeping clients woken by the server (wake {server.wake})",
-                    file=sys.stderr,
+                    f"{server.readers_woken(r.cfg.name)} sleeping clients woken by the server (wake {server.wake})"
                 )
         return 1 if failed else 0
     finally:

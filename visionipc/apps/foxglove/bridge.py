@@ -20,6 +20,7 @@ rate-limited logging.
 
 import argparse
 import asyncio
+import logging
 import sys
 import threading
 import time
@@ -29,6 +30,7 @@ from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.web import flags as web_flags
 
 PROG = "vipc-foxglove"
+logger = logging.getLogger(PROG)
 RECV_MS = 100
 FOXGLOVE_APP = "https://app.foxglove.dev"
 
@@ -225,7 +227,7 @@ def run(args) -> int:
         code = asyncio.run(_serve(args, hub, pumps, stop, log))
         failed = [p for p in pumps if p.error]
         for p in failed:
-            print(f"{PROG}: {type(p.error).__name__}: {p.error}", file=sys.stderr)
+            logger.error(f"{type(p.error).__name__}: {p.error}")
         return code or (1 if failed else 0)
     finally:
         _shut_down(stop, pumps, clients)
@@ -249,17 +251,15 @@ async def _serve(args, hub, pumps, stop, log) -> int:
         shown = f"[{args.host}]" if ":" in args.host else args.host
         url = f"ws://{shown}:{site.port}/{policy.url_query()}"
         streams = ", ".join(p.channel.topic for p in pumps if isinstance(p, StreamPump))
-        print(f"{PROG}: serving {streams} on {url}", file=sys.stderr)
+        logger.info(f"serving {streams} on {url}")
         if FOXGLOVE_APP in policy.origins:
             link = f"{FOXGLOVE_APP}/~/view?ds=foxglove-websocket&ds.url={urllib.parse.quote(url, safe='')}"
-            print(f"{PROG}: open in Foxglove: {link}", file=sys.stderr)
+            logger.info(f"open in Foxglove: {link}")
         else:
-            print(
-                f"{PROG}: for the Foxglove web app ({FOXGLOVE_APP}) start with --allow-origin {FOXGLOVE_APP} "
-                "(an app whose origin is refused is named in this log)",
-                file=sys.stderr,
+            logger.info(
+                f"for the Foxglove web app ({FOXGLOVE_APP}) start with --allow-origin {FOXGLOVE_APP} "
+                "(an app whose origin is refused is named in this log)"
             )
-        sys.stderr.flush()
         for p in pumps:
             p.start()
         start = time.monotonic()
@@ -283,7 +283,7 @@ def _shut_down(stop, pumps, clients):
 
 
 def main(argv=None) -> int:
-    return run_command(PROG, build_parser(), run, argv)
+    return run_command(PROG, build_parser(), run, argv, config=True)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
 import argparse
 import errno
 import json
+import logging
 import os
 import queue
 import sys
@@ -11,11 +12,13 @@ import threading
 import time
 
 from msgq._printable import printable
+from msgq.cli import progress
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.writer import StreamWriter
 
 PROG = "vipc-record"
+log = logging.getLogger(PROG)
 EXIT_DISK_FULL = 3  # the file system filled up (ENOSPC, EDQUOT, EFBIG): complete segments kept
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 QUEUE_BYTES = 256 << 20  # frames waiting for the encoder, per stream; beyond it frames are missed (counted)
@@ -336,8 +339,11 @@ def run(args) -> int:
         for r in recorders + topics:
             r.start()
         start = time.monotonic()
+        total = args.frames * len(recorders) if args.frames else None
+        bar = progress(total=total, desc="recording", unit="frame")
         while not stop.wait(0.05):
             now = time.monotonic()
+            bar.update(sum(r.received for r in recorders) - bar.n)
             if args.duration and now - start >= args.duration:
                 break
             if recorders and not any(r.receiver.is_alive() for r in recorders):
@@ -345,6 +351,8 @@ def run(args) -> int:
             if args.idle_timeout and recorders and all(now - r.last_frame_s >= args.idle_timeout for r in recorders):
                 break
         stop.set()
+        bar.update(sum(r.received for r in recorders) - bar.n)
+        bar.close()
         for r in recorders:
             r.join()
         for t in topics:
@@ -362,23 +370,21 @@ def run(args) -> int:
         finish_manifest(os.path.join(args.out, "recording.json"), manifest)
         if full is not None:
             segments = sum(info["segments"] for info in manifest["streams"].values())
-            print(
-                f"{PROG}: error: the disk is full ({printable(str(full))}): stopped; {segments} complete "
-                f"segment(s) kept in {printable(args.out)}, recording.json says so",
-                file=sys.stderr,
+            log.error(
+                f"the disk is full ({printable(str(full))}): stopped; {segments} complete "
+                f"segment(s) kept in {printable(args.out)}, recording.json says so"
             )
             return EXIT_DISK_FULL
         for r in failed:
-            print(f"{PROG}: {type(r.error).__name__}: {r.error}", file=sys.stderr)
+            log.error(f"{type(r.error).__name__}: {r.error}")
         if not args.quiet:
             for s, info in manifest["streams"].items():
-                print(
-                    f"{PROG}: {s}: {info['frames']} frames in {info['segments']} segment(s), "
-                    f"{info['missed']} missed by the recorder, {info['gaps']} missing frame ids",
-                    file=sys.stderr,
+                log.info(
+                    f"{s}: {info['frames']} frames in {info['segments']} segment(s), "
+                    f"{info['missed']} missed by the recorder, {info['gaps']} missing frame ids"
                 )
             for t in topics:
-                print(f"{PROG}: topic {t.topic}: {t.messages} messages", file=sys.stderr)
+                log.info(f"topic {t.topic}: {t.messages} messages")
         return 1 if failed else 0
     finally:
         stop.set()
@@ -427,7 +433,7 @@ def finish_manifest(path: str, manifest: dict) -> None:
 
 def main(argv=None) -> int:
     try:
-        return run_command(PROG, build_parser(), run, argv)
+        return run_command(PROG, build_parser(), run, argv, config=True)
     except OSError as e:  # before the recorders ran (creating --out, the first recording.json)
         if not disk_full(e):
             raise

@@ -3,6 +3,7 @@ original frame ids and timing (intervals scaled by --rate), in a deterministic o
 
 import argparse
 import contextlib
+import logging
 import os
 import queue
 import sys
@@ -10,6 +11,7 @@ import threading
 import time
 
 from msgq._printable import printable
+from msgq.cli import progress
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError, check_size
@@ -17,6 +19,7 @@ from visionipc.apps.record.reader import iter_segment_frames, open_video
 from visionipc.apps.record.storage import Storage
 
 PROG = "vipc-replay"
+log = logging.getLogger(PROG)
 DECODE_AHEAD = 16  # decoded frames kept ready per stream
 
 EPILOG = """\
@@ -291,14 +294,15 @@ def serve(args, rate, geometry, storages, events, topics, make_decoders, stop) -
             decoders = make_decoders(stop)
             for d in decoders.values():
                 d.start()
-            sent += _play(events, server, storages, decoders, pubs, rate, args.original_timestamps, stop)
+            with progress(total=len(events), desc=f"replaying (pass {passes + 1})", unit="msg") as bar:
+                sent += _play(events, server, storages, decoders, pubs, rate, args.original_timestamps, stop, bar)
             passes += 1
             for d in decoders.values():
                 d.join()
             if not args.loop:
                 break
         if not args.quiet:
-            print(f"{PROG}: {sent} frames of {', '.join(streams)} published in {passes} pass(es)", file=sys.stderr)
+            log.info(f"{sent} frames of {', '.join(streams)} published in {passes} pass(es)")
         return 0
     finally:
         stop.set()
@@ -310,7 +314,7 @@ def serve(args, rate, geometry, storages, events, topics, make_decoders, stop) -
             server.close()
 
 
-def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int:
+def _play(events, server, storages, decoders, pubs, rate, original, stop, bar) -> int:
     first = events[0][0]
     start = time.monotonic_ns()
     shift = 0 if original else start - first
@@ -324,6 +328,7 @@ def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int
                 break
         if stop.is_set():
             break
+        bar.update()
         if kind == 1:
             pubs[name].send(payload)
             continue
@@ -340,7 +345,7 @@ def _play(events, server, storages, decoders, pubs, rate, original, stop) -> int
 
 def main(argv=None) -> int:
     try:
-        return run_command(PROG, build_parser(), run, argv)
+        return run_command(PROG, build_parser(), run, argv, config=True)
     except (RuntimeError, OSError) as e:  # a failure, not bad input: one line, exit 1
         print(f"{PROG}: error: {printable(str(e))}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ import sys
 import threading
 
 from msgq import add_version_flag
+from msgq.cli import parse_args
 from msgq.errors import IpcError
 from visionipc._streams import server_name, stream_key
 from visionipc.apps.web import flags as web_flags
@@ -93,7 +94,7 @@ def _parser():
 
 def main(argv=None) -> int:
     parser = _parser()
-    args = parser.parse_args(argv)
+    args = parse_args(parser, argv, config=True)
     try:
         host, port = parse_http(args.http)
         name = server_name(args.name)

@@ -19,7 +19,7 @@ Thread contract:
 """
 
 import asyncio
-import sys
+import logging
 import threading
 import time
 from typing import NamedTuple
@@ -28,6 +28,8 @@ import cv2
 
 from visionipc.apps.view.stats import StreamStats
 from visionipc.client import VisionIpcClient
+
+log = logging.getLogger("vipc-view")
 
 BOUNDARY = "vipcframe"  # of the MJPEG multipart responses
 RECV_TIMEOUT_MS = 100  # how often the worker looks at its stop flag
@@ -84,7 +86,7 @@ class StreamFeed:
                     last_error = None
                 except Exception as exc:  # keep serving the other streams; say what broke, once
                     if repr(exc) != last_error:
-                        print(f"vipc-view: stream {self.stream!r}: {exc}", file=sys.stderr, flush=True)
+                        log.warning(f"stream {self.stream!r}: {exc}")
                         last_error = repr(exc)
                     self._stop.wait(ERROR_BACKOFF_S)
         finally:

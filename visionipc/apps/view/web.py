@@ -12,9 +12,9 @@ thread; the feeds' contract is in feed.py.
 
 import asyncio
 import json
+import logging
 import pathlib
 import socket
-import sys
 import time
 
 from aiohttp import web
@@ -23,6 +23,8 @@ from visionipc.apps.view.feed import BOUNDARY, StreamFeed
 from visionipc.apps.web.listener import Guard
 from visionipc.apps.web.policy import WebPolicy
 from visionipc.client import available_streams
+
+log = logging.getLogger("vipc-view")
 
 DISCOVERY_INTERVAL_S = 0.5  # how often a viewer of "every stream" asks the server for new ones
 SNAPSHOT_WAIT_S = 1.0  # a snapshot waits this long for a fresh frame, then takes the newest it has
@@ -97,7 +99,7 @@ class ViewServer:
                 last_error = None
             except Exception as exc:  # e.g. a server of another version: say so once, keep asking
                 if repr(exc) != last_error:
-                    print(f"vipc-view: cannot list the streams of {self.name!r}: {exc}", file=sys.stderr, flush=True)
+                    log.warning(f"cannot list the streams of {self.name!r}: {exc}")
                     last_error = repr(exc)
             await asyncio.sleep(DISCOVERY_INTERVAL_S)
 

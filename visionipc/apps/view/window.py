@@ -7,11 +7,13 @@ window stops vipc-view.
 """
 
 import asyncio
+import logging
 import os
 import queue
 import signal
-import sys
 import threading
+
+log = logging.getLogger("vipc-view")
 
 WAIT_MS = 30  # cv2.waitKey per round: the windows' refresh period
 
@@ -71,7 +73,7 @@ def run_with_windows(serve, settings) -> int:
                 if cv2.waitKey(WAIT_MS) & 0xFF in (ord("q"), 27):
                     break
         except cv2.error as exc:
-            print(f"vipc-view: the OpenCV window failed: {exc}", file=sys.stderr, flush=True)
+            log.error(f"the OpenCV window failed: {exc}")
         loop.call_soon_threadsafe(stop.set)
         http.join()
         return result[0] if result else 1

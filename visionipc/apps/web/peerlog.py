@@ -14,7 +14,6 @@ traceback per connection.
 """
 
 import logging
-import sys
 import threading
 import time
 
@@ -36,8 +35,13 @@ class PeerLog:
         self.printed = 0
         self._lock = threading.Lock()  # pump threads log too
 
-    def _out(self):
-        return self.stream or sys.stderr
+    def _emit(self, line: str) -> None:
+        """One line: to ``stream`` if one was given, else through the tool's logger
+        (msgq.cli's one format on stderr, ``PROG: line``; ``--log-level warning`` hides it)."""
+        if self.stream is not None:
+            print(f"{self.prog}: {line}", file=self.stream, flush=True)
+        else:
+            logging.getLogger(self.prog).info(line)
 
     def say(self, text) -> bool:
         """Print ``prog: text`` (escaped, cut) if the rate allows; True if printed."""
@@ -53,17 +57,13 @@ class PeerLog:
             if len(line) > MAX_CHARS:
                 line = line[:MAX_CHARS] + "..."
             self._report_suppressed()
-            print(f"{self.prog}: {line}", file=self._out(), flush=True)
+            self._emit(line)
             self.printed += 1
             return True
 
     def _report_suppressed(self):
         if self.suppressed:
-            print(
-                f"{self.prog}: {self.suppressed} more log lines were left out (at most {self.rate:g} a second)",
-                file=self._out(),
-                flush=True,
-            )
+            self._emit(f"{self.suppressed} more log lines were left out (at most {self.rate:g} a second)")
             self.printed += 1
             self.suppressed = 0
 
