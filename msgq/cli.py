@@ -220,6 +220,7 @@ def add_common(parser: argparse.ArgumentParser, config: bool = False) -> None:
             action=_Completion,
             help='print a shell completion script and exit: eval "$(PROG --print-completion bash)"',
         )
+        parser.add_argument("--print-man", nargs=0, action=_ManPage, help=argparse.SUPPRESS)
 
 
 class _Completion(argparse.Action):
@@ -232,6 +233,28 @@ class _Completion(argparse.Action):
         except ImportError:
             parser.exit(2, f"{parser.prog}: error: --print-completion needs shtab: pip install shtab\n")
         print(shtab.complete(parser, shell=values[0]))
+        parser.exit(0)
+
+
+class _ManPage(argparse.Action):
+    """``--print-man`` (hidden): the tool's man page in roff, made from its parser
+    (argparse-manpage); ``tools/make_man.py`` writes every tool's into a ``man1`` folder."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        try:
+            from argparse_manpage.manpage import Manpage
+        except ImportError:
+            parser.exit(2, f"{parser.prog}: error: --print-man needs argparse-manpage: pip install argparse-manpage\n")
+        from msgq import __version__
+
+        data = {
+            "project_name": "visionipc",
+            "version": __version__,
+            "manual_title": "visionipc manual",
+            "manual_section": 1,
+            "url": "https://github.com/commaai/msgq (the API it reimplements)",
+        }
+        print(str(Manpage(parser, data)))
         parser.exit(0)
 
 

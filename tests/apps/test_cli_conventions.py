@@ -186,3 +186,15 @@ def test_the_readmes_config_file_records_as_it_says(tmp_path):
     manifest = json.loads((tmp_path / "rec7" / "recording.json").read_text())
     assert sorted(manifest["streams"]) == ["road", "wide"]
     assert all(s["frames"] == 10 and s["codec"] == "ffv1" for s in manifest["streams"].values()), manifest
+
+
+def test_man_pages_are_made_from_every_tools_parser(tmp_path):
+    make = [sys.executable, str(ROOT / "tools" / "make_man.py"), str(tmp_path)]
+    out = subprocess.run(make, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    pages = sorted(p.name for p in (tmp_path / "man1").iterdir())
+    assert pages == [f"{name}.1" for name in SCRIPTS]
+    for name in SCRIPTS:
+        page = (tmp_path / "man1" / f"{name}.1").read_text()
+        assert page.startswith(f'.TH {name.upper().replace("-", chr(92) + "-")} "1"'), page[:80]
+        assert ".SH SYNOPSIS" in page and ".SH OPTIONS" in page and "log\\-level" in page

@@ -11,7 +11,7 @@ import sys
 import threading
 import time
 
-from msgq import add_version_flag
+from msgq import add_version_flag, cli
 
 JOBS = ("health", "metrics", "export")
 EPILOG = """\
@@ -38,6 +38,8 @@ export/ (images + manifest.parquet), report.html + plots/.
 """
 
 INTERRUPTED = 130
+
+log = logging.getLogger("vipc-analyze")
 
 
 def _export_filter(p, text: str):
@@ -117,7 +119,7 @@ def parse_args(argv):
     p.add_argument("--no-progress", action="store_true", help="no Spark progress bar on stderr")
     p.add_argument("-q", "--quiet", action="store_true", help="no step messages")
     p.add_argument("-v", "--verbose", action="store_true", help="Spark's own warnings and errors too")
-    args = p.parse_args(argv)
+    args = cli.parse_args(p, argv, config=True)
     args.jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
     bad = [j for j in args.jobs if j not in JOBS]
     if bad or not args.jobs:
@@ -142,11 +144,11 @@ class Steps:
 
     def __call__(self, msg: str):
         if not self.quiet:
-            print(f"vipc-analyze [{time.monotonic() - self.t0:6.1f} s] {msg}", file=sys.stderr, flush=True)
+            log.info(f"[{time.monotonic() - self.t0:6.1f} s] {msg}")
 
 
 def warn(msg: str) -> None:
-    print(f"vipc-analyze: warning: {msg}", file=sys.stderr, flush=True)
+    log.warning(msg)
 
 
 def run(args, step) -> int:
