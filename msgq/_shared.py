@@ -23,9 +23,17 @@ import math
 import os
 import time
 import weakref
-from typing import Any, Dict, Iterable, Iterator, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, Optional, TypeVar, Union
 
 from msgq.errors import InvalidArgumentError
+
+if TYPE_CHECKING:
+    import numpy as np
+    from typing_extensions import Buffer, TypeAlias
+
+    # What a send takes: bytes or any other buffer-protocol object (numpy arrays named
+    # too: numpy's stubs declare an array's __buffer__ only from Python 3.12 on).
+    BufferLike: TypeAlias = Union[Buffer, np.ndarray]
 
 _T = TypeVar("_T")
 

@@ -55,7 +55,7 @@ from msgq.errors import (
 from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
+    from msgq._shared import BufferLike
 
 logger = logging.getLogger("msgq.broadcast")
 
@@ -283,7 +283,7 @@ class BroadcastQueue(Closeable):
         ``TimeoutError`` (:class:`~msgq.errors.IpcTimeoutError`) after ``timeout`` s."""
         self._put(obj, False, timeout)
 
-    def enqueue_bytes(self, data: "Buffer", timeout: Optional[float] = None) -> None:
+    def enqueue_bytes(self, data: "BufferLike", timeout: Optional[float] = None) -> None:
         """Send one bytes-like message as it is (no pickling)."""
         try:
             view = memoryview(data)

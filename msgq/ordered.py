@@ -40,7 +40,7 @@ from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, IpcT
 from msgq.names import segment_basename, segment_dir, validate_name
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
+    from msgq._shared import BufferLike
 
 MODES = ("sequential", "newest")
 WINDOW = _queues.WINDOW
@@ -195,7 +195,7 @@ class OrderedProducer(_Attached):
             )
         return Reservation(self, got)
 
-    def send(self, data: "Buffer", timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
+    def send(self, data: "BufferLike", timeout: Optional[float] = None, t0: int = 0, t1: int = 0) -> int:
         """Reserve the next id, copy ``data`` (bytes-like) into it, publish; returns the id."""
         native = self._open()
         try:

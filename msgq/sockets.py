@@ -26,7 +26,7 @@ from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 if TYPE_CHECKING:
     import asyncio  # at run time imported where used: it costs most of msgq's import time
 
-    from typing_extensions import Buffer  # bytes or any other buffer-protocol object
+    from msgq._shared import BufferLike
 
 
 def _text(value: Union[str, bytes, bytearray]) -> str:
@@ -319,7 +319,7 @@ class PubSocket(_Socket):
         self._impl, self._backend, self.endpoint = impl, context.backend, endpoint
         self.send = impl.send  # type: ignore[method-assign]
 
-    def send(self, data: "Buffer") -> None:
+    def send(self, data: "BufferLike") -> None:
         """Publish ``data`` (bytes or any C-contiguous buffer); copies it into the ring once."""
         raise ClosedError("PubSocket is not connected" if self.endpoint is None else "PubSocket is closed")
 

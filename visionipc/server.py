@@ -13,8 +13,7 @@ from visionipc.formats import Geometry, check_count, normalize_format
 from visionipc.frame import ViewCache, VisionBuf
 
 if TYPE_CHECKING:
-    from typing_extensions import Buffer
-
+    from msgq._shared import BufferLike
     from visionipc.cuda.link import CudaLink as _CudaLink
 
 _U8 = np.dtype(np.uint8)
@@ -147,7 +146,7 @@ class VisionIpcServer(Closeable):
 
     @overload
     def send(
-        self, buf: StreamId, data: "Buffer", frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0
+        self, buf: StreamId, data: "BufferLike", frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0
     ) -> None: ...
 
     def send(
