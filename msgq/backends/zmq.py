@@ -103,6 +103,7 @@ import re
 import threading
 import time
 import weakref
+from typing import List, Optional
 
 import zmq
 
@@ -352,7 +353,7 @@ class Publisher(_Guarded):
 
     _kind = "publisher"
 
-    def __init__(self, endpoint, segment_size=0, wake=None):
+    def __init__(self, endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -> None:
         port = zmq_port(endpoint)
         self._segment_size = _segment_size(segment_size)
         self.handoff_wakes = wake_choice(wake)  # checked as the msgq backend does; nothing to hand off here
@@ -415,7 +416,7 @@ class Publisher(_Guarded):
                 f"(the zmq backend allows one per topic and host) or by another program listening on port {port}"
             )
 
-    def loan(self, size):
+    def loan(self, size: int) -> memoryview:
         size = int(size)
         if size < 0:
             raise InvalidArgumentError(f"loan size must be >= 0, got {size}")
@@ -431,7 +432,7 @@ class Publisher(_Guarded):
         # gets (sockets.Loan counts them to find views left behind).
         return memoryview(self._loan)
 
-    def commit(self, size):
+    def commit(self, size: int) -> None:
         size = int(size)
         self._enter("commit()")
         try:
@@ -447,7 +448,7 @@ class Publisher(_Guarded):
         finally:
             self._leave()
 
-    def cancel_loan(self):
+    def cancel_loan(self) -> None:
         self._loan = None
         self._block(self._closing)
 
@@ -514,7 +515,7 @@ class Publisher(_Guarded):
         super()._forget_after_fork()
         self._loan = None
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<zmq Publisher {getattr(self, 'endpoint', '?')!r} {'closed' if self.closed else 'open'}>"
 
 
@@ -628,7 +629,9 @@ class Subscriber(_Guarded):
 
     _kind = "subscriber"
 
-    def __init__(self, endpoint, address="127.0.0.1", conflate=False, segment_size=0):
+    def __init__(
+        self, endpoint: str, address: str = "127.0.0.1", conflate: bool = False, segment_size: int = 0
+    ) -> None:
         port = zmq_port(endpoint)
         host, ipv6 = _host(address, "address")
         self._segment_size = _segment_size(segment_size)
@@ -680,7 +683,7 @@ class Subscriber(_Guarded):
 
     # -------------------------------------------------------------- receiving
 
-    def receive_batch(self, max_messages=1024, timeout_ms=0):
+    def receive_batch(self, max_messages: int = 1024, timeout_ms: int = 0) -> List[bytes]:
         max_messages = int(max_messages)
         timeout_ms = int(timeout_ms)
         self._enter("receive_batch()")
@@ -707,7 +710,7 @@ class Subscriber(_Guarded):
         finally:
             self._leave()
 
-    def set_timeout(self, ms):
+    def set_timeout(self, ms: int) -> None:
         ms = int(ms)
         self._timeout = -1 if ms < 0 else ms
         self._set_hot_timeout(self._timeout)
@@ -747,7 +750,7 @@ class Subscriber(_Guarded):
         finally:
             self._leave()
 
-    def disarm(self):
+    def disarm(self) -> None:
         pass
 
     # -------------------------------------------------------------- properties
@@ -765,7 +768,7 @@ class Subscriber(_Guarded):
         return self._spin_us
 
     @spin_us.setter
-    def spin_us(self, value):
+    def spin_us(self, value: int) -> None:
         value = int(value)
         if value < 0:
             raise InvalidArgumentError(f"spin_us must be >= 0, got {value}")
@@ -802,7 +805,7 @@ class Subscriber(_Guarded):
         super()._forget_after_fork()
         self._items = []
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<zmq Subscriber {getattr(self, 'endpoint', '?')!r} {'closed' if self.closed else 'open'}>"
 
 
@@ -816,17 +819,17 @@ class Poller:
     :class:`ClosedError` instead of the poll waiting on it forever.
     """
 
-    def __init__(self):
-        self._subs = []
+    def __init__(self) -> None:
+        self._subs: List[Subscriber] = []
 
-    def add(self, subscriber):
+    def add(self, subscriber: Subscriber) -> None:
         if not isinstance(subscriber, Subscriber):
             raise IpcTypeError(f"a zmq Poller takes zmq backend subscribers, not {type(subscriber).__name__}")
         if subscriber.closed:
             raise ClosedError("Poller.add() of a closed subscriber")
         self._subs.append(subscriber)
 
-    def poll(self, timeout_ms):
+    def poll(self, timeout_ms: int) -> List[int]:
         timeout_ms = int(timeout_ms)
         subs = self._subs
         if not subs:
@@ -862,5 +865,5 @@ class Poller:
     def fileno(self) -> int:
         raise IpcError("Poller.fileno() is not supported by the zmq backend: poll(), or use each subscriber's fileno()")
 
-    def __len__(self):
+    def __len__(self) -> int:
         return len(self._subs)
