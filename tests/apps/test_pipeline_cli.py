@@ -4,6 +4,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -12,6 +14,8 @@ from pipeline_helpers import DROPS, FPS, camera_recordings, recordings, spark  #
 
 from visionipc.apps.pipeline import runs
 from visionipc.apps.pipeline.cli import main
+
+FLEET_COMMAND = [sys.executable, "-m", "visionipc.apps.pipeline.synthetic", "fleet", "--recordings", "4"]
 
 
 def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
@@ -104,8 +108,6 @@ def test_vipc_analyze_reports_bad_input_clearly(spark, recordings, tmp_path, cap
     (tmp_path / "afile").write_text("x")
     assert main([recordings["quality"], "--out", str(tmp_path / "afile")]) == 2
     assert "existing file" in capsys.readouterr().err
-    assert main([recordings["quality"], "--out", "s3a://bucket/out"]) == 2  # was written to ./s3a:/bucket/out
-    assert "use s3://" in capsys.readouterr().err
     started = time.monotonic()
     assert main([recordings["quality"], "--out", str(tmp_path / "o7"), "--master", "spark://127.0.0.1:9"]) == 2
     err = capsys.readouterr().err
@@ -138,3 +140,61 @@ def test_metrics_of_lossy_streams_without_recorder_metrics_are_flagged(spark, tm
     assert main([measured, decoded, "--out", str(tmp_path / "b"), "--jobs", "metrics"]) == 0
     note = [line for line in capsys.readouterr().err.splitlines() if "measured decoded" in line]
     assert len(note) == 1 and "1 lossy stream(s)" in note[0] and note[0].endswith("/s")
+
+
+def test_a_synthetic_fleet_from_the_readme_command_and_the_latency_axis(spark, tmp_path, capsys):
+    r = subprocess.run([*FLEET_COMMAND, "--frames", "60"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "4 recording(s) in fleet" in r.stdout, r.stderr
+    fleet = tmp_path / "fleet"
+    assert sorted(p.relative_to(fleet).as_posix() for p in fleet.glob("*/*")) == [
+        "car00/2026-11-01",
+        "car00/2026-11-02",
+        "car01/2026-11-01",
+        "car01/2026-11-02",
+    ]
+    out = tmp_path / "out"
+    assert main([str(fleet / "*" / "2026-11-02"), "--out", str(out), "--jobs", "health", "-q"]) == 0  # a glob
+    day2 = pd.read_parquet(os.path.join(runs.latest(str(out)), "health.parquet"))
+    assert len(day2) == 4 and set(day2["date"]) == {"2026-11-02"}
+    assert main([str(fleet), "--out", str(out), "--jobs", "health,metrics,export", "-q"]) == 0
+    run = runs.latest(str(out))
+    health = pd.read_parquet(os.path.join(run, "health.parquet"))
+    assert len(health) == 8 and set(health["stream"]) == {"road", "cabin"}
+    assert health["dropped"].sum() > 0 and (health["longest_stall_ms"] > 40).any()  # something to find
+    metrics = pd.read_parquet(os.path.join(run, "metrics"))
+    assert metrics["black"].any() or metrics["frozen"].any()
+
+    # the report's latency axis starts at 0 ms, never below (issue 33: it showed negative ticks);
+    # a stream whose every frame is in the first bin (a consumer on the same machine) drew -0.055
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from visionipc.apps.pipeline.report import latency_figure
+
+    hist = pd.read_parquet(os.path.join(run, "latency_histogram.parquet"))
+    cabin = hist[hist.stream == "cabin"]
+    assert set(cabin["lo_ms"]) == {0.0}  # 0.05 ms: the first bin
+    for shown in (hist, cabin[cabin.recording_id == cabin.recording_id.iloc[0]]):
+        fig = latency_figure(plt, shown)
+        fig.canvas.draw()
+        lo, hi = fig.axes[0].get_xlim()
+        ticks = [t for t in fig.axes[0].get_xticks() if lo <= t <= hi]
+        plt.close(fig)
+        assert lo == 0 and len(ticks) >= 2 and min(ticks) >= 0, ticks
+
+    r = subprocess.run([*FLEET_COMMAND[:-1], "0"], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].endswith("--recordings must be >= 1")
+
+
+def test_spark_submit_command_shown_by_the_help(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    shown = capsys.readouterr().out
+    assert e.value.code == 0 and "spark-submit --master spark://head:7077 $(vipc-analyze --submit-app)" in shown
+    assert "$(which vipc-analyze)" not in shown  # spark-submit takes a .py file, not the console script
+    with pytest.raises(SystemExit) as e:
+        main(["--submit-app"])
+    app = capsys.readouterr().out.strip()
+    assert e.value.code == 0 and app.endswith("submit.py") and os.path.isfile(app)  # run: test_pipeline_cluster

@@ -22,7 +22,7 @@ from visionipc.apps.pipeline.cli import main
 
 BIN = os.path.dirname(sys.executable)
 SUBMIT = [os.path.join(BIN, "spark-submit")]
-APP = os.path.join(os.path.dirname(fs.__file__), "submit.py")
+ANALYZE = os.path.join(BIN, "vipc-analyze")
 BUCKET = "fleet"
 
 
@@ -139,7 +139,9 @@ def cluster(tmp_path_factory):
 
 
 def _submit(cluster, *args, conf=(), timeout=240):
-    cmd = [*SUBMIT, "--master", cluster["master"], "--conf", "spark.executor.memory=512m", *conf, APP, *args]
+    """spark-submit [options] $(vipc-analyze --submit-app) ARGS, as vipc-analyze --help shows it."""
+    app = subprocess.run([ANALYZE, "--submit-app"], capture_output=True, text=True, check=True).stdout.strip()
+    cmd = [*SUBMIT, "--master", cluster["master"], "--conf", "spark.executor.memory=512m", *conf, app, *args]
     return subprocess.run(cmd, env=cluster["env"], capture_output=True, text=True, timeout=timeout)
 
 
@@ -194,9 +196,19 @@ def test_spark_submit_on_a_standalone_cluster_reads_and_writes_s3_like_a_local_r
     export = _read(fs.join(run, "export", "manifest.parquet"))
     assert len(export) and all(fs.isfile(fs.join(run, "export", p)) for p in export["path"])
 
-    # --incremental: nothing new -> no new run
+    # --incremental: nothing new -> no new run; s3a:// (as Spark users write it) names the same objects
     assert main([f"s3://{BUCKET}/recordings", "--out", out, "--jobs", "health", "--incremental"]) == 0
+    assert main([f"s3a://{BUCKET}/recordings", "--out", f"s3a://{BUCKET}/results", "--incremental"]) == 0
     assert runs.completed_runs(out) == [fs.basename(run)]
+    s3a_out = f"s3a://{BUCKET}/s3a-results"
+    args = [f"s3a://{BUCKET}/recordings/faults", "--out", s3a_out, "--jobs", "health", "--master", "local[1]", "-q"]
+    assert main(args) == 0
+    s3a_run = runs.latest(f"s3://{BUCKET}/s3a-results")  # written where s3:// finds it
+    inputs = json.loads(fs.read_bytes(fs.join(s3a_run, "run.json")))["inputs"]
+    assert [i["path"] for i in inputs] == [f"s3://{BUCKET}/recordings/faults"]
+    a = _read(fs.join(s3a_run, "health.parquet"))
+    b = _read(fs.join(run, "health.parquet"))
+    pd.testing.assert_frame_equal(a, b[b.recording_id == "faults"].reset_index(drop=True))
 
 
 def test_starved_application_is_reported_and_ctrl_c_is_one_line(cluster, tmp_path):
@@ -225,7 +237,7 @@ def test_starved_application_is_reported_and_ctrl_c_is_one_line(cluster, tmp_pat
 def test_master_precedence_flag_then_spark_submit_then_env_then_defaults_file(monkeypatch, tmp_path):
     from visionipc.apps.pipeline.cluster import resolve_master
 
-    for k in ("SPARK_MASTER", "SPARK_CONF_DIR", "SPARK_HOME", "PYSPARK_GATEWAY_PORT"):
+    for k in ("SPARK_MASTER", "SPARK_CONF_DIR", "SPARK_HOME", "PYSPARK_GATEWAY_PORT", "SPARK_REMOTE"):
         monkeypatch.delenv(k, raising=False)
     assert resolve_master(None) == "local[*]"
     (tmp_path / "spark-defaults.conf").write_text("# cluster\nspark.master   spark://from-defaults:7077\n")
@@ -236,3 +248,17 @@ def test_master_precedence_flag_then_spark_submit_then_env_then_defaults_file(mo
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # a driver spark-submit started: its choice stands
     assert resolve_master(None) is None
     assert resolve_master("local[3]") == "local[3]"
+
+
+def test_spark_connect_url_precedence_flag_then_master_then_env(monkeypatch):
+    from visionipc.apps.pipeline.cluster import resolve_remote
+
+    monkeypatch.delenv("PYSPARK_GATEWAY_PORT", raising=False)
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    assert resolve_remote(None) is None  # a classic session
+    monkeypatch.setenv("SPARK_REMOTE", "sc://from-env:15002")
+    assert resolve_remote(None) == "sc://from-env:15002"
+    assert resolve_remote("sc://flag:1") == "sc://flag:1"
+    assert resolve_remote(None, "local[2]") is None  # --master chose a classic session
+    monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # spark-submit started this driver: classic
+    assert resolve_remote(None) is None

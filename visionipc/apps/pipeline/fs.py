@@ -4,6 +4,10 @@ implementation reaches. All I/O is Python-side (pyarrow), in the driver for list
 and small files and in the executors for index files, video segments and results:
 no Hadoop filesystem jars are needed on the cluster.
 
+``s3a://`` and ``s3n://`` (Hadoop's names for the same buckets, as Spark users write them)
+are taken as ``s3://``: ``normalize`` rewrites them, so a run names its inputs the same
+whichever was given.
+
 Credentials come the standard way of each filesystem (for S3: ``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY`` / ``AWS_PROFILE``, ``AWS_REGION``, and ``AWS_ENDPOINT_URL`` for an
 S3-compatible server). A location is kept as a string everywhere (a URI, or an
@@ -37,9 +41,14 @@ def is_local(location: str) -> bool:
     return scheme(location) == ""
 
 
+S3_ALIASES = ("s3a", "s3n")  # Hadoop's S3 filesystems: the same bucket and keys as s3://
+
+
 def normalize(location) -> str:
-    """An absolute local path, or the URI without a trailing slash."""
+    """An absolute local path, or the URI without a trailing slash (``s3a://``: ``s3://``)."""
     location = os.fspath(location)
+    if scheme(location) in S3_ALIASES:
+        location = "s3" + location[location.index("://") :]
     if is_local(location):
         if location.startswith("file://"):
             location = location[len("file://") :]
@@ -77,15 +86,14 @@ def _remote(root: str):
         return pafs.FileSystem.from_uri(root)
     except pa_errors() + (ValueError,):
         pass
-    hint = " (s3a:// is Spark's Hadoop filesystem: use s3:// for the same bucket)" if root.startswith("s3a:") else ""
     try:
         import fsspec
 
         fs, path = fsspec.core.url_to_fs(root)
     except ImportError:
-        raise StorageError(f"{root}: no pyarrow filesystem for this scheme, and no fsspec installed{hint}") from None
+        raise StorageError(f"{root}: no pyarrow filesystem for this scheme, and no fsspec installed") from None
     except (ValueError, OSError) as e:
-        raise StorageError(f"{root}: {e}{hint}") from None
+        raise StorageError(f"{root}: {e}") from None
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 

@@ -51,7 +51,10 @@ def _plot_timeline(plt, timeline, health, drops, path):
     plt.close(fig)
 
 
-def _plot_latency(plt, hist, path):
+def latency_figure(plt, hist):
+    """The report's latency histogram (a matplotlib figure): counts per bin from 0 ms up,
+    log-scaled counts; per recording x stream, bins log-spaced, so the axis is symlog (linear
+    to 0.1 ms) starting at 0 ms, never below (a latency is not negative)."""
     fig, ax = plt.subplots(figsize=(10, 4))
     keys = ["recording_id", "stream"] if "recording_id" in hist.columns else ["stream"]
     for i, (key, h) in enumerate(hist.groupby(keys, sort=True)):
@@ -63,12 +66,20 @@ def _plot_latency(plt, hist, path):
     ax.set_yscale("log")
     if "recording_id" in hist.columns:
         ax.set_xscale("symlog", linthresh=0.1)
+    # from 0 ms (autoscale's margin went below it: negative ticks on a latency axis; one
+    # bin at 0 drew -0.055 .. 0.055) past the last bin's start (a bin is drawn from its start)
+    ax.set_xlim(0, max(float(hist["lo_ms"].max()) * 1.5, 1.0))
     ax.set_xlabel("latency receive - eof (ms; the last bin holds everything above)")
     ax.set_ylabel("frames")
     ax.set_title("Latency histogram")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def _plot_latency(plt, hist, path):
+    fig = latency_figure(plt, hist)
     fig.savefig(path, dpi=90)
     plt.close(fig)
 

@@ -1,8 +1,8 @@
 """The file ``spark-submit`` runs for ``vipc-analyze`` (spark-submit takes a Python
-application as a ``.py`` file, not a console script)::
+application as a ``.py`` file, not a console script; ``vipc-analyze --submit-app`` prints
+this file's path)::
 
-    app=$(python -c 'import visionipc.apps.pipeline.submit as s; print(s.__file__)')
-    spark-submit --master spark://head:7077 "$app" s3://bucket/fleet --out s3://bucket/results
+    spark-submit --master spark://head:7077 $(vipc-analyze --submit-app) s3://bucket/fleet --out s3://bucket/results
 
 The arguments are vipc-analyze's; the master (and executor resources) are spark-submit's.
 """

@@ -3,6 +3,13 @@ vipc-record's own segment writer (so the layout is the recorder's by
 construction). Recordings of the real camera are the real thing; these let a
 test choose exact pictures (black, frozen, blurred) and exact timings, and
 ``write_index`` makes index-only recordings of millions of rows quickly.
+
+``write_fleet`` (and the command line) makes a fleet of N small recordings to try
+vipc-analyze on: cars x days, each with a lossless NV12 stream and a lossy gray one,
+some with drops, delays, black or frozen frames::
+
+    python -m visionipc.apps.pipeline.synthetic fleet --recordings 12
+    vipc-analyze fleet --out results --jobs health,metrics,export
 """
 
 from __future__ import annotations
@@ -51,7 +58,9 @@ def _storage(cv2, spec: dict, fmt: str, width: int, height: int):
     return codecs.AvStorage(fmt, width, height, codec, spec.get("crf"), container=spec.get("container", codecs.EXT))
 
 
-def write_recording(path, streams: dict, *, name: str = "synthetic", status: str = "complete") -> str:
+def write_recording(
+    path, streams: dict, *, name: str = "synthetic", status: str = "complete", wall_time: str | None = None
+) -> str:
     """Write a recording with vipc-record's own writer and return its path.
 
     ``streams``: ``{name: spec}`` where spec has ``frames``, ``width``, ``height`` and optionally
@@ -64,7 +73,8 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
     image, with ``crf``; it overrides ``lossless``), ``container`` (``mcap``: MCAP segments, as
     vipc-record --format mcap; default Matroska), ``frame_metrics`` (measure the frames as written
     and keep the numbers in the index, as vipc-record --frame-metrics; default: lossy streams).
-    Formats rgb8/bgr8 store the picture as R = G = B.
+    Formats rgb8/bgr8 store the picture as R = G = B. ``wall_time``: the recording's start
+    (ISO 8601 UTC, ``2026-11-03T08:00:00.000Z``; default now), which gives its ``date``.
     """
     import cv2
 
@@ -73,6 +83,8 @@ def write_recording(path, streams: dict, *, name: str = "synthetic", status: str
 
     os.makedirs(path, exist_ok=True)
     start_clock = index.clock_now()
+    if wall_time is not None:
+        start_clock["wall_time"] = wall_time
     meta = {
         "format_version": index.FORMAT_VERSION,
         "name": name,
@@ -191,3 +203,65 @@ def write_index(
             json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)
         out.append(rec)
     return out
+
+
+def write_fleet(path, recordings: int, *, frames: int = 150, width: int = 160, height: int = 120, seed: int = 0):
+    """``recordings`` recordings under ``path`` as ``carNN/2026-11-DD`` (N/3 cars, one
+    recording a day each over up to 3 days), each with streams ``road`` (NV12, lossless) and ``cabin`` (gray,
+    lossy mp4v, measured as recorded) of ``frames`` frames at 30 fps; drawn from ``seed``:
+    most streams lose a few frames or have a delayed one, some show black or frozen
+    pictures, a few are clean. Returns the recording paths."""
+    import math
+
+    rng = np.random.default_rng(seed)
+    cars = max(1, math.ceil(recordings / 3))
+    out = []
+    for i in range(recordings):
+        car, day = i % cars, 1 + i // cars
+        spec = dict(frames=frames, width=width, height=height, segment_frames=60)
+        kind = rng.integers(0, 4)  # 0: clean, 1: drops, 2: a delay, 3: drops and a delay
+        road = dict(spec, latency_ms=float(rng.uniform(1, 8)))
+        if kind in (1, 3):
+            road["drop"] = sorted(int(f) for f in rng.choice(np.arange(5, frames - 5), size=3, replace=False))
+        if kind in (2, 3):
+            road["delay_ms"] = {int(rng.integers(5, frames - 5)): float(rng.uniform(40, 200))}
+        cabin = dict(spec, format="gray8", lossless=False, latency_ms=0.05)  # a consumer on the same machine
+        if rng.random() < 0.3:
+            cabin["black"] = list(range(20, 26))
+        if rng.random() < 0.3:
+            cabin["frozen"] = list(range(40, 50))
+        folder = os.path.join(path, f"car{car:02d}", f"2026-11-{day:02d}")
+        out.append(
+            write_recording(
+                folder,
+                {"road": road, "cabin": cabin},
+                name=f"car{car:02d}",
+                wall_time=f"2026-11-{day:02d}T08:00:00.000Z",
+            )
+        )
+    return out
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(
+        prog="python -m visionipc.apps.pipeline.synthetic",
+        description="Write a synthetic fleet of recordings to try vipc-analyze on (carNN/2026-11-DD folders).",
+    )
+    p.add_argument("out", help="folder for the fleet (created)")
+    p.add_argument("--recordings", "-n", type=int, default=12, metavar="N", help="how many recordings (default 12)")
+    p.add_argument("--frames", type=int, default=150, help="frames per stream (default 150: 5 s at 30 fps)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    args = p.parse_args(argv)
+    if args.recordings < 1:
+        p.error("--recordings must be >= 1")
+    if args.frames < 20:
+        p.error("--frames must be >= 20")
+    paths = write_fleet(args.out, args.recordings, frames=args.frames, seed=args.seed)
+    print(f"{len(paths)} recording(s) in {args.out} (try: vipc-analyze {args.out} --out results)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
