@@ -28,11 +28,16 @@ import math
 import os
 import struct
 import time
+import types
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
 
 from msgq._descriptors import ensure_descriptors
 from msgq._guarded import Guarded
 from msgq._zmq_capped import CappedConnection
 from msgq.errors import ClosedError, QueueShutdownError
+
+if TYPE_CHECKING:
+    import zmq  # optional (pip install 'visionipc[zmq]'): imported where used
 
 KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN = 0, 1, 2
 FRAME = struct.Struct("<BQ")  # first ZeroMQ frame of a message: kind, sequence number
@@ -42,7 +47,7 @@ _log = logging.getLogger("msgq.broadcast")
 FAREWELL_LINGER_MS = 1000  # how long ZeroMQ's I/O thread may go on delivering the shutdown message after close
 
 
-def parse(frames):
+def parse(frames: Sequence["zmq.Frame"]) -> Tuple[int, int, List[memoryview]]:
     """``(kind, sequence, parts)`` of a message as received; ValueError saying
     what is wrong with one the writer cannot have sent."""
     head = frames[0].bytes
@@ -59,7 +64,7 @@ def parse(frames):
     return kind, seq, parts
 
 
-def zmq_module():
+def zmq_module() -> types.ModuleType:
     try:
         import zmq
     except ImportError as e:  # optional dependency
@@ -92,7 +97,7 @@ class RemoteChannel(Guarded):
 
     _kind = "broadcast queue"
 
-    def __init__(self, sock, name, closed_message):
+    def __init__(self, sock: "zmq.Socket[Any]", name: str, closed_message: str) -> None:
         zmq = zmq_module()
         try:
             self._pipe = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)  # [read, write]: close() wakes a wait
@@ -110,7 +115,7 @@ class RemoteChannel(Guarded):
         self._init_guard()
 
     @classmethod
-    def writer(cls, name, bind_url, curve_dir=None):
+    def writer(cls, name: str, bind_url: str, curve_dir: Optional[str] = None) -> Tuple["RemoteChannel", int]:
         """The writer's XPUB bound to ``bind_url`` (``tcp://IFACE``, a random port): ``(channel, port)``."""
         sock = _socket("XPUB", f"broadcast queue {name!r}: the remote readers' socket")
         zmq = zmq_module()
@@ -127,7 +132,15 @@ class RemoteChannel(Guarded):
         return cls(sock, name, f"broadcast queue {name!r} is closed"), port
 
     @classmethod
-    def reader(cls, name, rank, addr, max_message_bytes, curve_dir=None, curve_server_key=None):
+    def reader(
+        cls,
+        name: str,
+        rank: int,
+        addr: str,
+        max_message_bytes: int,
+        curve_dir: Optional[str] = None,
+        curve_server_key: Optional[str] = None,
+    ) -> "RemoteChannel":
         """Remote reader ``rank``'s SUB, connected to the writer at ``addr``, refusing a
         message over ``max_message_bytes`` before buffering it (a peer that sends one
         loses its connection, made again after a back-off: msgq/_zmq_capped.py)."""
@@ -159,10 +172,10 @@ class RemoteChannel(Guarded):
 
     # -------------------------------------------------------------- using
 
-    def _closed_error(self, what) -> ClosedError:
+    def _closed_error(self, what: str) -> ClosedError:
         return ClosedError(self._closed_message)
 
-    def enter(self, what, after_shutdown=False):
+    def enter(self, what: str, after_shutdown: bool = False) -> "zmq.Socket[Any]":
         """The socket, for this thread alone until ``leave()`` (call it in a
         ``finally``): ClosedError if the channel is closed; QueueShutdownError
         once it was shut down, unless ``after_shutdown``. (Not a context
@@ -175,10 +188,10 @@ class RemoteChannel(Guarded):
                 self._leave()
         return self._zsock
 
-    def leave(self):
+    def leave(self) -> None:
         self._leave()
 
-    def wait(self, events, timeout_ms) -> bool:
+    def wait(self, events: int, timeout_ms: Optional[int]) -> bool:
         """Between ``enter()`` and ``leave()``: wait up to ``timeout_ms`` (None: no limit) for
         ``events`` on the socket; False if the time ran out. A close() or
         shutdown() from another thread ends the wait with its error."""
@@ -266,7 +279,7 @@ class RemoteChannel(Guarded):
             else:
                 self._send_farewell_locked()  # a user that enters now sees shut_down and waits for the lock
 
-    def close(self, farewell=None):
+    def close(self, farewell: Optional[bytes] = None) -> None:
         """Close (from any thread); ``farewell``: a shutdown message to send
         first unless the channel was shut down already (the writer's close)."""
         lock = getattr(self, "_close_lock", None)

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import contextlib
 import time
+import types
+from typing import Any
 
 RECONNECT_FIRST_S, RECONNECT_MAX_S = 0.1, 2.0
 
@@ -30,7 +32,7 @@ class CappedConnection:
     socket to poll beside ``sock``; ``poll_ms(timeout_ms)`` bounds a wait so that a
     due reconnection is not missed; ``after_wait()`` handles what the monitor said."""
 
-    def __init__(self, zmq, sock, endpoint: str, max_size: int):
+    def __init__(self, zmq: types.ModuleType, sock: Any, endpoint: str, max_size: int) -> None:
         self._zmq, self.sock, self.endpoint, self.max_size = zmq, sock, endpoint, int(max_size)
         self.reconnects = 0  # connections made again after the peer closed one
         self.due = None  # monotonic time of the next reconnection, None: none pending
