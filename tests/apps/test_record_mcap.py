@@ -38,11 +38,16 @@ def test_lossless_mcap_holds_foxglove_raw_images_bit_exactly(fmt, tmp_path):
     assert all(a.dtype == b.dtype and np.array_equal(a, b) for a, b in zip(images, back))
     _, metadata, messages = _read(tmp_path, rows[0]["segment_file"])
     assert [m.name for m in metadata] == ["visionipc.stream"]
-    assert metadata[0].metadata == {"stream": "s", "format": fmt, "width": str(W), "height": str(H), "codec": "ffv1"}
+    info = dict(metadata[0].metadata)
+    offset = int(info.pop("monotonic_to_epoch_ns"))
+    assert info == {
+        "stream": "s", "format": fmt, "width": str(W), "height": str(H), "codec": "ffv1", "clock": "unix epoch",
+    }  # fmt: skip
     assert [(name, topic) for name, topic, _, _ in messages] == [("foxglove.RawImage", "/s")] * 3
     for row, (_, _, message, msg) in zip(rows, messages):
-        assert (message.log_time, message.publish_time) == (row["receive_time"], row["publish_time"])
-        assert msg.timestamp.seconds * 10**9 + msg.timestamp.nanos == row["timestamp_eof"]
+        # Unix-epoch nanoseconds, as MCAP and Foxglove expect; the index keeps CLOCK_MONOTONIC
+        assert (message.log_time, message.publish_time) == (row["receive_time"] + offset, row["publish_time"] + offset)
+        assert msg.timestamp.seconds * 10**9 + msg.timestamp.nanos == row["timestamp_eof"] + offset
         expect = {"gray8": "mono8", "raw16": "mono16", "rgb8": "rgb8", "bgr8": "bgr8"}.get(fmt, "nv12")
         assert (msg.width, msg.height, msg.encoding, msg.frame_id) == (W, H, expect, "s")
         assert len(msg.data) == msg.step * (H * 3 // 2 if expect == "nv12" else H)
@@ -53,10 +58,11 @@ def test_lossy_mcap_holds_one_access_unit_per_compressed_video_message(codec, fo
     storage = codecs.AvStorage("nv12", W, H, codec, crf=20, gop=4, container="mcap")
     images = _smooth("nv12", 9)
     rows = _write(tmp_path, storage, images)
-    summary, _, messages = _read(tmp_path, rows[0]["segment_file"])
+    summary, metadata, messages = _read(tmp_path, rows[0]["segment_file"])
+    offset = int(metadata[0].metadata["monotonic_to_epoch_ns"])
     assert [name for name, _, _, _ in messages] == ["foxglove.CompressedVideo"] * 9
     assert {msg.format for _, _, _, msg in messages} == {foxglove_format}
-    assert [m.log_time for _, _, m, _ in messages] == [r["receive_time"] for r in rows]  # in frame order
+    assert [m.log_time for _, _, m, _ in messages] == [r["receive_time"] + offset for r in rows]  # in frame order
     if codec == "h264":  # Annex B; every keyframe (each 4th frame) carries its SPS (NAL type 7)
         for i in (0, 4, 8):
             data = messages[i][3].data
@@ -80,6 +86,7 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
     name, topic, out = unique_name("cam"), unique_topic("events"), tmp_path / "rec"
     camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 96, "--height", 64, "--fps", 20)
     pub = msgq.pub_sock(topic)
+    began = time.time_ns()
     recorder = start(RECORD, "--name", name, "--out", out, "--format", "mcap", "--topic", topic, "--idle-timeout", 30)
     try:
         deadline = time.monotonic() + 20
@@ -92,6 +99,7 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
             time.sleep(0.05)
         recorder.terminate()
         rc, _, err = finish(recorder)
+        ended = time.time_ns()
         assert rc == 0, err
     finally:
         pub.close()
@@ -100,6 +108,11 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
         reap()
     with open(out / "topics" / topic / "000000.mcap", "rb") as f:
         reader = make_reader(f)
-        messages = [(c.topic, c.message_encoding, m.data) for _, c, m in reader.iter_messages()]
+        found = [(c.topic, c.message_encoding, m.data, m.log_time) for _, c, m in reader.iter_messages()]
+    messages, topic_times = [m[:3] for m in found], [m[3] for m in found]
     assert messages == [(f"/{topic}", "msgq", b"m%d" % i) for i in range(3)]
     assert sorted(os.listdir(out / "frames" / "s"))[0] == "000000.mcap"
+    with open(out / "frames" / "s" / "000000.mcap", "rb") as f:
+        frame_times = [m.log_time for _, _, m in make_reader(f).iter_messages()]
+    # Foxglove places the recording at the wall-clock time it was made: epoch ns, within 1 s
+    assert frame_times and all(began - 10**9 <= t <= ended + 10**9 for t in frame_times + topic_times)

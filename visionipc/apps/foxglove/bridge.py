@@ -102,6 +102,8 @@ class StreamPump(threading.Thread):
         self.sent, self.error = 0, None
 
     def run(self):
+        from visionipc.apps.record.mcap_io import wall_ns
+
         try:
             while not self.stop.is_set():
                 frame = self.client.recv(RECV_MS)
@@ -157,11 +159,6 @@ class StreamPump(threading.Thread):
             timestamp=self._stamp(when), frame_id=self.stream, data=data, format="h264"
         )
         return message, keyframe
-
-
-def wall_ns(monotonic_ns: int) -> int:
-    """A CLOCK_MONOTONIC time (a frame's timestamps) in nanoseconds since the Unix epoch."""
-    return monotonic_ns + (time.time_ns() - time.monotonic_ns())
 
 
 class TopicPump(threading.Thread):

@@ -15,6 +15,7 @@ msgq topics get MCAP segments of their own (``topics/<topic>/NNNNNN.mcap``, chan
 """
 
 import os
+import time
 from fractions import Fraction
 
 import numpy as np
@@ -28,6 +29,18 @@ FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
 DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
 RAW_ENCODING = {"gray8": "mono8", "raw16": "mono16", "rgb8": "rgb8", "bgr8": "bgr8", "nv12": "nv12", "i420": "nv12"}
 METADATA = "visionipc.stream"
+
+
+def epoch_offset_ns() -> int:
+    """What to add to a CLOCK_MONOTONIC time (frames' timestamps, the index's times) to
+    get nanoseconds since the Unix epoch, now: MCAP, Foxglove and ROS 2 expect epoch
+    times, so a recording opened in Foxglove lands at the wall-clock time it was made."""
+    return time.time_ns() - time.monotonic_ns()
+
+
+def wall_ns(monotonic_ns: int) -> int:
+    """A CLOCK_MONOTONIC time in nanoseconds since the Unix epoch."""
+    return monotonic_ns + epoch_offset_ns()
 
 
 def _messages():
@@ -108,6 +121,9 @@ class McapWriter:
         self.channel = self.writer.register_channel(f"/{stream}", "protobuf", schema_id)
         info = {"stream": stream, "format": storage.fmt, "width": str(storage.width), "height": str(storage.height)}
         info["codec"] = storage.codec
+        # Message times are epoch nanoseconds; the index (and this offset) keep CLOCK_MONOTONIC.
+        self.offset = epoch_offset_ns()
+        info["clock"], info["monotonic_to_epoch_ns"] = "unix epoch", str(self.offset)
         self.writer.add_metadata(METADATA, info)
         self.ctx, self.metas, self.seq = None, {}, 0
         if not lossless:
@@ -133,7 +149,8 @@ class McapWriter:
             self._log(msg, meta)
 
     def _stamp(self, meta):
-        return self.messages.Timestamp(sec=meta["timestamp_eof"] // 10**9, nsec=meta["timestamp_eof"] % 10**9)
+        t = meta["timestamp_eof"] + self.offset
+        return self.messages.Timestamp(sec=t // 10**9, nsec=t % 10**9)
 
     def _raw(self, image, meta):
         s = self.storage
@@ -148,8 +165,8 @@ class McapWriter:
 
     def _log(self, msg, meta):
         self.writer.add_message(
-            self.channel, log_time=meta["receive_time"], data=msg.encode(), publish_time=meta["publish_time"],
-            sequence=meta["frame_id"] & 0xFFFFFFFF,
+            self.channel, log_time=meta["receive_time"] + self.offset, data=msg.encode(),
+            publish_time=meta["publish_time"] + self.offset, sequence=meta["frame_id"] & 0xFFFFFFFF,
         )  # fmt: skip
 
     def release(self):
@@ -163,7 +180,7 @@ class McapWriter:
 
 def write_topic(rows: dict, path: str):
     """One topic segment's messages (recorder's TopicRecorder rows) as an MCAP file: channel
-    ``/<topic>`` of the raw msgq bytes (no schema), logged at their receive time."""
+    ``/<topic>`` of the raw msgq bytes (no schema), logged at their receive time (epoch ns)."""
     from mcap.writer import Writer
 
     from visionipc.apps.record.index import partial_path
@@ -173,7 +190,9 @@ def write_topic(rows: dict, path: str):
         writer = Writer(f)
         writer.start(profile="", library="visionipc")
         channel = writer.register_channel(f"/{rows['topic'][0]}", "msgq", 0)
-        for seq, when, data in zip(rows["seq"], rows["receive_time"], rows["data"]):
+        offset = epoch_offset_ns()
+        writer.add_metadata("visionipc.topic", {"clock": "unix epoch", "monotonic_to_epoch_ns": str(offset)})
+        for seq, when, data in zip(rows["seq"], (t + offset for t in rows["receive_time"]), rows["data"]):
             writer.add_message(channel, log_time=when, data=data, publish_time=when, sequence=seq & 0xFFFFFFFF)
         writer.finish()
     os.replace(tmp, path)
