@@ -16,10 +16,15 @@ Without a driver or a device, ``cuda=True`` raises :class:`CudaUnavailableError`
 saying so; the client works as before with ``cuda=False``.
 """
 
+from typing import TYPE_CHECKING, Sequence, Union
+
 import numpy as np
 
 from visionipc.cuda._runtime import CudaError, CudaUnavailableError, runtime
 from visionipc.cuda.device_frame import DeviceArray, DeviceBuffer, DeviceFrame, contiguous_strides
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
 
 
 def device_count() -> int:
@@ -27,7 +32,7 @@ def device_count() -> int:
     return runtime().device_count()
 
 
-def empty(shape, dtype=np.uint8, device: int = 0) -> DeviceArray:
+def empty(shape: Union[int, Sequence[int]], dtype: "npt.DTypeLike" = np.uint8, device: int = 0) -> DeviceArray:
     """A new C-contiguous array in device memory (freed with its last reference), e.g.
     the ``out=`` of ``frame.to_device`` when no framework is at hand."""
     shape = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)

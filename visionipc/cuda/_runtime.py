@@ -11,6 +11,7 @@ client a stand-in with the same methods where no device exists
 from __future__ import annotations
 
 import functools
+from typing import Any
 
 from msgq.errors import InvalidArgumentError, IpcError
 
@@ -46,7 +47,7 @@ HOST_TO_DEVICE, DEVICE_TO_HOST = "h2d", "d2h"
 class Runtime:
     """Checked calls into ``cuda.bindings.runtime``; handles are ints."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._rt = rt = _load()
         self._ok = rt.cudaError_t.cudaSuccess
         self._not_ready = rt.cudaError_t.cudaErrorNotReady
@@ -71,7 +72,7 @@ class Runtime:
     def set_device(self, device: int) -> None:
         self._check(f"cudaSetDevice({device})", self._rt.cudaSetDevice(device))
 
-    def pointer_device(self, ptr: int):
+    def pointer_device(self, ptr: int) -> int | None:
         """The device ordinal of device memory at ``ptr``, or None for host memory."""
         attrs = self._check("cudaPointerGetAttributes", self._rt.cudaPointerGetAttributes(ptr))
         kind = getattr(attrs.type, "name", "")
@@ -130,7 +131,9 @@ class Runtime:
         rt = self._rt
         self._check("cudaStreamWaitEvent", rt.cudaStreamWaitEvent(rt.cudaStream_t(stream), rt.cudaEvent_t(event), 0))
 
-    def memcpy2d_async(self, dst, dpitch, src, spitch, width, height, kind: str, stream: int) -> None:
+    def memcpy2d_async(
+        self, dst: int, dpitch: int, src: int, spitch: int, width: int, height: int, kind: str, stream: int
+    ) -> None:
         rt, how = self._rt, self._kinds[kind]
         result = rt.cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, how, rt.cudaStream_t(stream))
         self._check(f"cudaMemcpy2DAsync({width}x{height}, {kind})", result)
@@ -147,7 +150,7 @@ def runtime() -> Runtime:
     return Runtime()
 
 
-def resolve_device(rt, cuda) -> int:
+def resolve_device(rt: Runtime, cuda: bool | int) -> int:
     """The device ordinal of a ``cuda=`` argument (True: device 0), checked against
     the devices present (CudaUnavailableError without a driver or a device)."""
     if isinstance(cuda, bool):
@@ -164,7 +167,7 @@ def resolve_device(rt, cuda) -> int:
     return device
 
 
-def stream_handle(stream) -> int:
+def stream_handle(stream: Any) -> int:
     """A CUDA stream given as an int handle, a ``cuda.bindings`` stream, an object
     with ``__cuda_stream__`` (the stream protocol), ``.cuda_stream`` (PyTorch) or
     ``.ptr`` (CuPy)."""

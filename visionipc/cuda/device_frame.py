@@ -12,6 +12,7 @@ consumer's stream S wait for the copy's event (no host synchronisation at all).
 from __future__ import annotations
 
 import weakref
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
@@ -19,6 +20,12 @@ from msgq.errors import InvalidArgumentError
 from visionipc import _visionipc
 from visionipc.cuda._runtime import DEVICE_TO_HOST
 from visionipc.frame import plane
+
+if TYPE_CHECKING:
+    import numpy.typing as npt
+
+    from visionipc.cuda._runtime import Runtime
+    from visionipc.formats import Geometry
 
 KDL_CUDA = 2
 _TYPE_CODES = {"u": 1, "i": 0, "f": 2}
@@ -32,7 +39,18 @@ class DeviceArray:
 
     __slots__ = ("ptr", "shape", "strides", "dtype", "device", "_owner", "_event", "_stream", "_runtime", "__weakref__")
 
-    def __init__(self, ptr, shape, strides, dtype, device, owner, event, stream, runtime):
+    def __init__(
+        self,
+        ptr: int,
+        shape: Sequence[int],
+        strides: Sequence[int],
+        dtype: npt.DTypeLike,
+        device: int,
+        owner: object,
+        event: Any,
+        stream: int,
+        runtime: Runtime,
+    ) -> None:
         self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
         self.dtype, self.device = np.dtype(dtype), int(device)
         self._owner, self._event, self._stream, self._runtime = owner, event, stream, runtime
@@ -64,10 +82,16 @@ class DeviceArray:
             "stream": self._stream if self._stream else None,
         }
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> tuple[int, int]:
         return (KDL_CUDA, self.device)
 
-    def __dlpack__(self, stream=None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(
+        self,
+        stream: int | None = None,
+        max_version: tuple[int, int] | None = None,
+        dl_device: tuple[int, int] | None = None,
+        copy: bool | None = None,
+    ) -> Any:
         if dl_device is not None and tuple(dl_device) != (KDL_CUDA, self.device):
             raise BufferError(f"a DeviceFrame lives on CUDA device {self.device}; copy it to {dl_device} yourself")
         if copy:
@@ -111,7 +135,7 @@ class DeviceArray:
             self._runtime,
         )  # fmt: skip
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.shape} {self.dtype} on cuda:{self.device}>"
 
 
@@ -122,7 +146,18 @@ class DeviceFrame(DeviceArray):
 
     __slots__ = ("geometry", "frame_id", "timestamp_sof", "timestamp_eof", "timestamp_publish", "timestamp_recv")
 
-    def __init__(self, ptr, host_array, geometry, device, owner, event, stream, runtime, meta):
+    def __init__(
+        self,
+        ptr: int,
+        host_array: np.ndarray,
+        geometry: Geometry,
+        device: int,
+        owner: object,
+        event: Any,
+        stream: int,
+        runtime: Runtime,
+        meta: tuple[int, int, int, int, int],
+    ) -> None:
         shape, strides, dtype = host_array.shape, host_array.strides, host_array.dtype
         super().__init__(ptr, shape, strides, dtype, device, owner, event, stream, runtime)
         self.geometry = geometry
@@ -142,7 +177,7 @@ class DeviceFrame(DeviceArray):
     u = property(lambda self: self._plane("U"))
     v = property(lambda self: self._plane("V"))
 
-    def __repr__(self):
+    def __repr__(self) -> str:
         return f"<DeviceFrame {self.format} {self.width}x{self.height} frame_id={self.frame_id} on cuda:{self.device}>"
 
 
@@ -150,7 +185,7 @@ class DeviceBuffer:
     """Device memory this library allocated for a DeviceFrame (``to_device()`` without
     ``out=``): freed when the last array over it goes."""
 
-    def __init__(self, runtime, device, size):
+    def __init__(self, runtime: Runtime, device: int, size: int) -> None:
         runtime.set_device(device)
         self.ptr = runtime.malloc(size)
         self.size = size
@@ -193,14 +228,16 @@ def _on_device(ptr, device, runtime, what, verified=None):
         verified.add(ptr)
 
 
-def device_source(array, device: int, runtime, verified=None):
+def device_source(array: Any, device: int, runtime: Runtime, verified: set[int] | None = None) -> tuple[int, int]:
     """``(pointer, bytes)`` of a C-contiguous device array on ``device`` (a frame's source)."""
     _, ptr, nbytes = _interface(array, "the device array")
     _on_device(ptr, device, runtime, "the device array", verified)
     return ptr, nbytes
 
 
-def external_buffer(out, size: int, device: int, runtime, verified=None):
+def external_buffer(
+    out: Any, size: int, device: int, runtime: Runtime, verified: set[int] | None = None
+) -> tuple[int, Any]:
     """``(pointer, owner)`` of a caller's device buffer (anything with
     ``__cuda_array_interface__``) that can hold ``size`` contiguous bytes on ``device``."""
     cai, ptr, nbytes = _interface(out, "out=")
@@ -212,7 +249,7 @@ def external_buffer(out, size: int, device: int, runtime, verified=None):
     return ptr, out
 
 
-def contiguous_strides(shape, itemsize) -> tuple:
+def contiguous_strides(shape: Sequence[int], itemsize: int) -> tuple[int, ...]:
     """The byte strides of a C-contiguous array of ``shape``."""
     strides, step = [], itemsize
     for n in reversed(shape):

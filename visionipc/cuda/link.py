@@ -29,10 +29,14 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING, Any, Hashable
 
 from msgq.errors import InvalidArgumentError
 from visionipc.cuda import _runtime
 from visionipc.cuda.device_frame import DeviceBuffer, DeviceFrame, device_source, external_buffer
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 EVENTS = 8  # events in the ring: a copy's event is reused EVENTS copies later (long done by then)
 
@@ -40,12 +44,12 @@ EVENTS = 8  # events in the ring: a copy's event is reused EVENTS copies later (
 class _Event:
     __slots__ = ("handle",)
 
-    def __init__(self, handle):
+    def __init__(self, handle: int | None) -> None:
         self.handle = handle
 
 
 class CudaLink:
-    def __init__(self, cuda, runtime=None):
+    def __init__(self, cuda: bool | int, runtime: _runtime.Runtime | None = None) -> None:
         rt = self.runtime = runtime or _runtime.runtime()
         self.device = _runtime.resolve_device(rt, cuda)
         rt.set_device(self.device)
@@ -65,7 +69,7 @@ class CudaLink:
             self._thread.current = True
 
     # registration ------------------------------------------------------------
-    def pin(self, key, span, keepalive, read_only=False) -> None:
+    def pin(self, key: Hashable, span: tuple[int, int], keepalive: object, read_only: bool = False) -> None:
         """Register ``span`` = (address, length) as ``key``'s (after dropping the one
         it had: a client's remapped pool); ``keepalive`` keeps the span mapped."""
         self.unpin(key)
@@ -74,7 +78,7 @@ class CudaLink:
         self.runtime.host_register(address, length, read_only)
         self._pinned[key] = (address, length, keepalive)
 
-    def unpin(self, key=None) -> None:
+    def unpin(self, key: Hashable | None = None) -> None:
         """Unregister ``key``'s span (None: every one), once the copies in flight are done."""
         keys = list(self._pinned) if key is None else [key] if key in self._pinned else []
         if keys:
@@ -86,19 +90,21 @@ class CudaLink:
         """Whether host bytes [address, address + size) are registered."""
         return any(a <= address and address + size <= a + n for a, n, _ in self._pinned.values())
 
-    def host_device(self, frame):
+    def host_device(self, frame: VisionBuf) -> int | None:
         """DLPack's CUDA-host device id (0) of a frame whose bytes are registered, else None."""
         return 0 if self.pinned(frame.as_array().ctypes.data, len(frame)) else None
 
     # copies ------------------------------------------------------------------
-    def _record(self, key, stream: int) -> _Event:
+    def _record(self, key: Hashable, stream: int) -> _Event:
         event = self._events[self._next]
         self._next = (self._next + 1) % EVENTS
         self.runtime.event_record(event.handle, stream)
         self.inflight.setdefault(key, []).append(event)
         return event
 
-    def copy_to_device(self, frame, out=None, stream=None, key="lease") -> DeviceFrame:
+    def copy_to_device(
+        self, frame: VisionBuf, out: Any = None, stream: Any = None, key: Hashable = "lease"
+    ) -> DeviceFrame:
         """Submit the copy of ``frame`` (whose lease the caller holds) into device
         memory; the returned DeviceFrame is ready once its event completes."""
         rt, size = self.runtime, frame.geometry.size
@@ -115,7 +121,7 @@ class CudaLink:
         meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
         return DeviceFrame(ptr, frame.array, frame.geometry, self.device, owner, event, s, rt, meta)
 
-    def copy_from_device(self, buf, array, stream=None) -> None:
+    def copy_from_device(self, buf: VisionBuf, array: Any, stream: Any = None) -> None:
         """Submit the copy of device array ``array`` into the pool buffer ``buf`` (a
         producer's): the whole buffer's bytes, or its rows without the stride's padding
         (a (h, w, 3) image into a padded RGB buffer, (h*3/2, w) into a padded NV12 one)."""
@@ -137,7 +143,7 @@ class CudaLink:
             )
         self._record((buf.stream, buf.idx), s)
 
-    def finish(self, key=None) -> None:
+    def finish(self, key: Hashable | None = None) -> None:
         """Wait until every copy of ``key`` (None: every copy) submitted so far has
         completed (before a lease goes, before a buffer is sent)."""
         for k in list(self.inflight) if key is None else [key]:
