@@ -27,22 +27,20 @@ SPARK_FIXTURES = {"spark", "cluster"}  # tests/pipeline_helpers.py's session-wid
 BROWSER_FIXTURES = {"browser"}  # tests/apps/test_view.py's headless Chromium
 SANITIZER_FILES = {"system/test_fuzz.py"}  # libFuzzer + AddressSanitizer builds
 SANITIZER_VARIANTS = {"asan", "tsan"}  # system/test_cpp.py's sanitizer builds
-# Files whose tests take tens of seconds to minutes each (builds, soak, model checking,
-# benchmark runs, mutation campaigns): the whole suite runs them, --quick does not.
+# Slow: every test of these folders and files (builds, lint and typing, soak, stress, model
+# checking, benchmark runs, mutation campaigns, the applications' multi-process scenarios of
+# several seconds each). The whole suite runs them, --quick does not: a new test file whose
+# tests take seconds belongs here (pytest --durations shows them).
+SLOW_FOLDERS = ("system/", "bench/")
 SLOW_FILES = {
-    "system/test_cpp.py",
-    "system/test_cpp_install.py",
-    "system/test_checkout.py",
-    "system/test_setup.py",
-    "system/test_soak.py",
-    "system/test_stress.py",
-    "system/test_model.py",
-    "system/test_lint.py",
-    "system/test_readme.py",
-    "system/test_demo.py",
-    "bench/test_pubsub_benchmarks.py",
-    "bench/test_queue_benchmarks.py",
-    "bench/test_vipc_bench.py",
+    "apps/test_bridge.py",
+    "apps/test_camera.py",
+    "apps/test_record.py",
+    "apps/test_record_decoding.py",
+    "apps/test_view.py",
+    "apps/test_view_replay.py",
+    "apps/test_web_limits.py",
+    "apps/test_web_surfaces.py",
     "hostile/test_files_mutation.py",
 }
 
@@ -59,7 +57,7 @@ def _tiers(item, where):
     callspec = getattr(item, "callspec", None)
     if where in SANITIZER_FILES or (callspec and callspec.params.get("variant") in SANITIZER_VARIANTS):
         tiers.append("sanitizer")
-    if where in SLOW_FILES:
+    if where.startswith(SLOW_FOLDERS) or where in SLOW_FILES:
         tiers.append("slow")
     return tiers
 
