@@ -111,7 +111,7 @@ def test_timeouts_raise_timeout_error_naming_the_reader_the_writer_waits_for():
     started = time.monotonic()
     with pytest.raises(TimeoutError, match=r"reader 1 \(never attached\)"):
         queue.enqueue(3, timeout=0.1)
-    assert time.monotonic() - started < 5
+    assert 0.1 <= time.monotonic() - started < 60  # it waited its timeout; the bound is only against a hang
     queue.close()
     reader.close()
 
