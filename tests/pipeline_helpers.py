@@ -33,6 +33,16 @@ def _alive(session) -> bool:
         return False
 
 
+def _jvm_answers() -> bool:
+    """Whether PySpark's gateway still reaches a JVM."""
+    from pyspark import SparkContext
+
+    try:
+        return SparkContext._gateway is not None and SparkContext._gateway.jvm.java.lang.System.nanoTime() > 0
+    except Exception:  # noqa: BLE001 - py4j: the JVM is gone
+        return False
+
+
 def _forget() -> None:
     """Let a dead (or hung) session go: its JVM ended (killed if it still runs) and PySpark's
     globals, which still name its gateway, cleared so that the next session starts a new JVM."""
@@ -58,7 +68,7 @@ def live_spark():
     died (a test that timed out, a JVM that crashed or was killed), so later tests still run."""
     global _SESSION
     if not _alive(_SESSION):
-        if _SESSION is not None:
+        if _SESSION is not None and not _jvm_answers():  # a stopped session's JVM is reused
             _forget()
         _SESSION = spark_session("local[2]", app_name="visionipc-tests", ui=False)
     return _SESSION

@@ -9,7 +9,8 @@ import pipeline_helpers
 import pytest
 from pipeline_helpers import spark  # noqa: F401
 
-KILLED = []  # application ids whose JVM a test here killed
+KILLED = []  # (application id, JVM pid) of the sessions whose JVM a test here killed
+STOPPED = []  # (application id, JVM pid) of the sessions a test here stopped
 
 
 def _jvm_pid(session) -> int:
@@ -32,3 +33,11 @@ def test_the_next_test_runs_jobs_on_the_fixture(spark):
     assert spark is pipeline_helpers.live_spark()  # and the new session is shared again
     rows = spark.createDataFrame([(1, "a"), (2, "b")], "n int, s string").groupBy("s").count().collect()
     assert sorted((r.s, r["count"]) for r in rows) == [("a", 1), ("b", 1)]
+    STOPPED.append((spark.sparkContext.applicationId, _jvm_pid(spark)))
+    spark.stop()  # a test that stops the shared session: the next one gets another, in the same JVM
+
+
+def test_a_stopped_session_is_replaced_in_its_jvm(spark):
+    for application, pid in STOPPED:
+        assert spark.sparkContext.applicationId != application and _jvm_pid(spark) == pid
+    assert spark.range(4).count() == 4
