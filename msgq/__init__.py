@@ -48,6 +48,8 @@ from msgq.events import (
     wait_for_one_event,
 )
 from msgq.ordered import OrderedProducer, OrderedReader
+from msgq.schemas import Schema, protobuf_schema, set_topic_schema, topic_schema
+from msgq.services import PubMaster, SubMaster
 from msgq.sockets import Context, Loan, Poller, PubSocket, SubSocket
 
 # DEPRECATED paths: msgq-top, msgq-bridge and their diagnostics moved to msgq.apps
@@ -79,6 +81,12 @@ __all__ = [
     "pub_sock",
     "sub_sock",
     "drain_sock_raw",
+    "Schema",
+    "set_topic_schema",
+    "topic_schema",
+    "protobuf_schema",
+    "SubMaster",
+    "PubMaster",
 ]
 
 NO_TRAVERSAL_LIMIT = 2**64 - 1
@@ -134,13 +142,22 @@ def fake_event_handle(
     return handle
 
 
-def pub_sock(endpoint: str, segment_size: int = 0, wake: _typing.Optional[str] = None) -> PubSocket:
+def pub_sock(
+    endpoint: str, segment_size: int = 0, wake: _typing.Optional[str] = None, schema: _typing.Optional[Schema] = None
+) -> PubSocket:
     """A publisher on ``endpoint``. ``segment_size`` (bytes of ring; 0: the
     existing size, or 1 MiB for a new topic) bounds the largest message.
     ``wake`` (``"all"`` or ``"handoff"``; None: ``MSGQ_WAKE``, else ``"all"``):
-    how a send wakes subscribers asleep in a blocking receive."""
+    how a send wakes subscribers asleep in a blocking receive. ``schema``: what
+    the topic's messages are (:class:`msgq.Schema`; see :mod:`msgq.schemas`)."""
     sock = PubSocket()
     sock.connect(context, endpoint, segment_size, wake)
+    if schema is not None:
+        try:
+            set_topic_schema(endpoint, schema)
+        except BaseException:
+            sock.close()
+            raise
     return sock
 
 

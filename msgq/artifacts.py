@@ -17,6 +17,7 @@ ring being resized      ``TOPIC#resize``                       no live process a
 ordered topic           ``NAME#ordered``                       no live process attached [1]
 broadcast ring          ``NAME#broadcast``                     no live process attached [1]
 broadcast large msgs    ``NAME#broadcast~TOKEN`` (directory)   its ring is absent or stale [2]
+topic schema            ``TOPIC#schema`` (msgq.schemas)         its ring is absent or stale
 fake-event state        ``fake@ID@ENDPOINT``, ``fake#DIGEST``  no live process attached [1]
 fake-event wake-up      ``fake~PID-TOKEN.KIND`` (FIFO)         process PID is gone
 ======================  =====================================  ================================
@@ -53,6 +54,7 @@ RESIZING = "ring being resized"
 ORDERED = "ordered topic"
 BROADCAST = "broadcast ring"
 OVERFLOW = "broadcast large messages"
+SCHEMA = "topic schema"
 FAKE_STATE = "fake-event state"
 FAKE_FIFO = "fake-event wake-up"
 UNKNOWN = "unknown"
@@ -92,7 +94,7 @@ def kind_of(rest: str) -> str:
         return FAKE_STATE
     if _OVERFLOW.match(rest):
         return OVERFLOW
-    for suffix, kind in (("#broadcast", BROADCAST), ("#ordered", ORDERED), ("#resize", RESIZING)):
+    for suffix, kind in (("#broadcast", BROADCAST), ("#ordered", ORDERED), ("#resize", RESIZING), ("#schema", SCHEMA)):
         if rest.endswith(suffix) and "#" not in rest[: -len(suffix)] and "~" not in rest:
             return kind
     if rest and "#" not in rest and "~" not in rest and "@" not in rest:
@@ -127,6 +129,11 @@ def _is_stale(directory: str, name: str, kind: str, rest: str, prefix: str) -> b
             return False
         ring = name[: len(name) - len(rest)] + _OVERFLOW.match(rest).group(1)
         return not os.path.lexists(os.path.join(directory, ring)) or _msgq.stale_file(directory, ring, False)
+    if kind == SCHEMA:  # a plain file (no presence lock): judged by its topic's ring
+        if not _mine(path, stat.S_ISREG):
+            return False
+        ring = name[: -len("#schema")]
+        return not os.path.lexists(os.path.join(directory, ring)) or _msgq.stale_file(directory, ring, False)
     if kind == UNKNOWN:
         return False  # not ours to judge
     return _msgq.stale_file(directory, name, False)
@@ -160,7 +167,7 @@ def remove(directory: str, artifact: Artifact) -> bool:
 
         OverflowDir(path).remove_all()
         return not os.path.lexists(path)
-    if artifact.kind == FAKE_FIFO:
+    if artifact.kind in (FAKE_FIFO, SCHEMA):
         if not _is_stale(directory, artifact.file, artifact.kind, artifact.rest, artifact.prefix):
             return False
         with contextlib.suppress(FileNotFoundError):
@@ -174,10 +181,10 @@ def remove(directory: str, artifact: Artifact) -> bool:
 def sweep(directory: str, prefix: Optional[str]) -> List[str]:
     """Remove every stale artifact of run ``prefix`` (None: every run's). Files go
     before directories, so a broadcast ring and its large-message directory go in
-    one sweep. Returns the names removed."""
+    one sweep (a topic's schema file with its ring too). Returns the names removed."""
     removed = []
-    for artifact in sorted(scan(directory, prefix), key=lambda a: a.kind == OVERFLOW):
-        # a large-message directory is judged again: its ring may have gone just now
-        if (artifact.stale or artifact.kind == OVERFLOW) and remove(directory, artifact):
+    for artifact in sorted(scan(directory, prefix), key=lambda a: a.kind in (OVERFLOW, SCHEMA)):
+        # a large-message directory or a schema is judged again: its ring may have gone just now
+        if (artifact.stale or artifact.kind in (OVERFLOW, SCHEMA)) and remove(directory, artifact):
             removed.append(artifact.file)
     return removed

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, Uni
 from msgq import backends
 from msgq._shared import INT32_MAX, INT64_MAX, MAX_SPIN_US, ClosesOnExit, check_int, check_timeout_ms, deadline, expired
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
+from msgq.schemas import forget_schema
 
 if TYPE_CHECKING:
     import asyncio  # at run time imported where used: it costs most of msgq's import time
@@ -73,8 +74,12 @@ class _Socket(ClosesOnExit):
     endpoint: Optional[str]
 
     def close(self) -> None:
-        if self._impl is not None:
-            self._impl.close()
+        impl = self._impl
+        if impl is not None:
+            was_open = not impl.closed
+            impl.close()
+            if was_open and self.endpoint is not None:  # the topic's schema file goes with its ring
+                forget_schema(self.endpoint, isinstance(self, PubSocket), getattr(self._backend, "NAME", ""))
         self.__dict__.pop(self._FAST, None)
 
     @property

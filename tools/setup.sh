@@ -47,7 +47,7 @@ fi
 # root imports the same code as everywhere else. pip runs only when the
 # packaging inputs changed; otherwise an incremental build (ninja: seconds, and
 # nothing at all when no C++ file changed) brings the modules up to date.
-EXTRAS="test,zmq,bench,cv,record,view,spark,lint,cuda"
+EXTRAS="test,zmq,bench,cv,record,view,spark,lint,cuda,typed"
 STAMP=.venv/.visionipc-setup
 want="$(cat pyproject.toml CMakeLists.txt | sha256sum | cut -c1-16) $EXTRAS $(.venv/bin/python -VV | sha256sum | cut -c1-8)"
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$want" ] && [ -f build/dev/build.ninja ]; then

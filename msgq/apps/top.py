@@ -21,6 +21,8 @@ from msgq._printable import printable
 from msgq.cli import parse_args
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
+from msgq.schemas import SUFFIX as SCHEMA_SUFFIX
+from msgq.schemas import read_schema_file
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -33,8 +35,9 @@ what the columns mean:
            slot, pid, rate, LAG (bytes the reader still has to read;
            'lapped' when the publisher overwrote its unread data), RESETS
            (times it was lapped and skipped ahead: dropped data)
-  STALE    nobody is attached: a leftover of killed processes
-           (new publishers and subscribers remove or reuse it)
+  STATE    stale: nobody is attached, a leftover of killed processes
+           (new publishers and subscribers remove or reuse it); then the
+           declared schema, ENCODING:NAME (msgq.Schema; pub_sock(schema=))
 
 examples:
   msgq-top                          this run's topics (MSGQ_PREFIX), refreshed every second
@@ -114,12 +117,24 @@ def lag_bytes(write_pointer: int, read_pointer: int, data_size: int) -> Optional
     return None
 
 
-def build_report(before: Dict[str, dict], after: Dict[str, dict]) -> dict:
-    """The ``{"topics": [...]}`` document from two snapshots."""
+def _schema(directory: Optional[str], name: str, topic: str) -> Optional[dict]:
+    """The topic's declared schema (msgq.schemas) as ``{"encoding", "name", "bytes"}``, or None."""
+    if directory is None:
+        return None
+    try:
+        schema = read_schema_file(os.path.join(directory, name + SCHEMA_SUFFIX), topic)
+    except IpcError as exc:
+        return {"error": str(exc)}
+    return None if schema is None else {"encoding": schema.encoding, "name": schema.name, "bytes": len(schema.data)}
+
+
+def build_report(before: Dict[str, dict], after: Dict[str, dict], directory: Optional[str] = None) -> dict:
+    """The ``{"topics": [...]}`` document from two snapshots (of ``directory``: with each
+    topic's declared schema)."""
     topics = []
     for name, cur in after.items():
         prefix, topic = _parse_name(name)
-        entry = {"topic": topic, "prefix": prefix, "file": name}
+        entry = {"topic": topic, "prefix": prefix, "file": name, "schema": _schema(directory, name, topic)}
         if "error" in cur:
             entry["error"] = cur["error"]
             topics.append(entry)
@@ -200,6 +215,11 @@ def render(report: dict, show_prefix: bool, header: str = "") -> str:
             lines.append(f"{label:<{name_width}}  error: {printable(t['error'])}")
             continue
         state = "stale" if t["stale"] else "superseded" if t["superseded"] else ""
+        schema = t.get("schema")
+        if schema:
+            state = (state + " " if state else "") + printable(
+                f"schema error: {schema['error']}" if "error" in schema else f"{schema['encoding']}:{schema['name']}"
+            )
         pub = "-" if t["publisher_pid"] is None else str(t["publisher_pid"])
         lines.append(
             f"{label:<{name_width}}  {_size(t['segment_size']):>8} {pub:>8} {_human(t['messages']):>9} "
@@ -376,7 +396,7 @@ def main(argv=None) -> int:
 
             before = snapshot(directory, prefix)  # two snapshots: a reader that stopped reading shows
             time.sleep(args.interval)
-            found = problems(build_report(before, snapshot(directory, prefix)))
+            found = problems(build_report(before, snapshot(directory, prefix), directory))
             found += leftovers(directory, artifacts.scan(directory, prefix))
             out.write("\n".join(printable(line) for line in found) + "\n" if found else "no problems\n")
             out.flush()
@@ -384,7 +404,7 @@ def main(argv=None) -> int:
         if args.json or args.once:
             before = snapshot(directory, prefix)
             time.sleep(args.interval)
-            report = build_report(before, snapshot(directory, prefix))
+            report = build_report(before, snapshot(directory, prefix), directory)
             out.write(json.dumps(report, indent=2) + "\n" if args.json else render(report, show_prefix))
             out.flush()
             return 0
@@ -399,7 +419,7 @@ def main(argv=None) -> int:
                     f"prefix {'(all)' if prefix is None else printable(prefix) or '(none)'}  "
                     f"every {args.interval or 1.0:g}s  q: quit"
                 )
-                out.write(CLEAR + render(build_report(before, after), show_prefix, title))
+                out.write(CLEAR + render(build_report(before, after, directory), show_prefix, title))
                 out.flush()
                 before = after
         finally:

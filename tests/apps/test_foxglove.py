@@ -64,6 +64,24 @@ async def _subscribe(url, topics, count):
     return got, channels
 
 
+def _subscribe_while_publishing(url, topics, pub, message):
+    """``_subscribe(url, topics, 3)`` while ``pub`` sends ``message(i)`` every 20 ms."""
+
+    async def both():
+        async def publish():
+            for i in range(200):
+                pub.send(message(i))
+                await asyncio.sleep(0.02)
+
+        task = asyncio.create_task(publish())
+        try:
+            return await _subscribe(url, topics, 3)
+        finally:
+            task.cancel()
+
+    return asyncio.run(both())
+
+
 def _serve(tmp_path, *extra):
     name = unique_name("cam")
     camera = start(CAMERA, "--name", name, "--stream", "road", "--width", 96, "--height", 64, "--fps", 30)
@@ -80,19 +98,7 @@ def test_frames_as_jpeg_and_a_topic_as_raw_bytes(tmp_path):
     camera, bridge, url = _serve(tmp_path, "--topic", topic, "--quality", 95)
     pub = msgq.pub_sock(topic)
 
-    async def both():
-        async def publish():
-            for i in range(200):
-                pub.send(b"event %d" % i)
-                await asyncio.sleep(0.02)
-
-        task = asyncio.create_task(publish())
-        try:
-            return await _subscribe(url, ["/road", f"/{topic}"], 3)
-        finally:
-            task.cancel()
-
-    got, channels = asyncio.run(both())
+    got, channels = _subscribe_while_publishing(url, ["/road", f"/{topic}"], pub, lambda i: b"event %d" % i)
     pub.close()
     bridge.terminate()
     camera.terminate()
@@ -144,3 +150,29 @@ def test_bad_input_is_a_clear_error(capsys):
     assert "no VisionIPC server" in capsys.readouterr().err
     assert foxglove_main(["--name", "x", "--quality", "0"]) == 2
     assert "--quality must be in 1..100" in capsys.readouterr().err
+
+
+def test_a_typed_topic_is_advertised_with_its_schema_and_decodes_in_a_client(tmp_path):
+    """A topic declared with a protobuf schema (msgq.pub_sock(schema=)) is advertised
+    with the schema's name, encoding and FileDescriptorSet, so a Foxglove client decodes
+    its messages; it was msgq.raw without a schema."""
+    from google.protobuf import api_pb2
+
+    topic = unique_topic("apis")
+    pub = msgq.pub_sock(topic, schema=msgq.protobuf_schema(api_pb2.Api))
+    camera, bridge, url = _serve(tmp_path, "--topic", topic)
+
+    message = lambda i: api_pb2.Api(name=f"api {i}", version="v2").SerializeToString()  # noqa: E731
+    got, channels = _subscribe_while_publishing(url, [f"/{topic}"], pub, message)
+    pub.close()
+    bridge.terminate()
+    camera.terminate()
+    assert finish(bridge)[0] == 0
+    finish(camera)
+    channel = channels[f"/{topic}"]
+    assert (channel["encoding"], channel["schemaName"], channel["schemaEncoding"]) == (
+        "protobuf", "google.protobuf.Api", "protobuf",
+    )  # fmt: skip
+    cls = _message_class(channel["schema"], channel["schemaName"])
+    decoded = [cls.FromString(payload) for _, payload in got[f"/{topic}"]]
+    assert all(m.name.startswith("api ") and m.version == "v2" for m in decoded)

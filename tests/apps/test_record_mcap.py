@@ -86,8 +86,14 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
     name, topic, out = unique_name("cam"), unique_topic("events"), tmp_path / "rec"
     camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 96, "--height", 64, "--fps", 20)
     pub = msgq.pub_sock(topic)
+    typed = unique_topic("typed")
+    schema = msgq.Schema("jsonschema", "Reading", b'{"type": "object"}')
+    typed_pub = msgq.pub_sock(typed, schema=schema)
     began = time.time_ns()
-    recorder = start(RECORD, "--name", name, "--out", out, "--format", "mcap", "--topic", topic, "--idle-timeout", 30)
+    recorder = start(
+        RECORD, "--name", name, "--out", out, "--format", "mcap", "--topic", topic, "--topic", typed,
+        "--idle-timeout", 30,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 20
         while not os.path.exists(out / "recording.json"):
@@ -96,6 +102,7 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
         time.sleep(0.3)  # the topic's subscriber is up
         for i in range(3):
             pub.send(b"m%d" % i)
+            typed_pub.send(b'{"i": %d}' % i)
             time.sleep(0.05)
         recorder.terminate()
         rc, _, err = finish(recorder)
@@ -103,6 +110,7 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
         assert rc == 0, err
     finally:
         pub.close()
+        typed_pub.close()
         camera.terminate()
         finish(camera)
         reap()
@@ -112,6 +120,11 @@ def test_recorded_topics_get_mcap_segments_of_their_own(tmp_path):
     messages, topic_times = [m[:3] for m in found], [m[3] for m in found]
     assert messages == [(f"/{topic}", "msgq", b"m%d" % i) for i in range(3)]
     assert sorted(os.listdir(out / "frames" / "s"))[0] == "000000.mcap"
+    with open(out / "topics" / typed / "000000.mcap", "rb") as f:  # a declared schema travels with the channel
+        typed_found = [
+            (s.name, s.encoding, s.data, c.message_encoding, m.data) for s, c, m in make_reader(f).iter_messages()
+        ]
+    assert typed_found == [("Reading", "jsonschema", schema.data, "json", b'{"i": %d}' % i) for i in range(3)]
     with open(out / "frames" / "s" / "000000.mcap", "rb") as f:
         frame_times = [m.log_time for _, _, m in make_reader(f).iter_messages()]
     # Foxglove places the recording at the wall-clock time it was made: epoch ns, within 1 s

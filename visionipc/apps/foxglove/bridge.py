@@ -170,8 +170,13 @@ class TopicPump(threading.Thread):
 
         self.topic, self.stop, self.hub = topic, stop, hub
         self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
-        # schemaless raw bytes (msgq messages have no schema of their own)
-        self.channel = hub.add_channel(f"/{topic}", "raw", "raw", "msgq.raw")
+        schema = msgq.topic_schema(topic)  # declared by its publisher (msgq.Schema), else raw bytes
+        if schema is None:
+            self.channel = hub.add_channel(f"/{topic}", "raw", "raw", "msgq.raw")
+        else:
+            self.channel = hub.add_channel(
+                f"/{topic}", "raw", schema.message_encoding, schema.name, schema.encoding, schema.data
+            )
         self.sent, self.error = 0, None
 
     def run(self):

@@ -63,7 +63,8 @@ class Channel:
     def __init__(self, channel_id, topic, kind, encoding, schema_name, schema_encoding="", schema=b""):
         self.id, self.topic, self.kind = channel_id, topic, kind
         self.encoding, self.schema_name, self.schema_encoding = encoding, schema_name, schema_encoding
-        self.schema = base64.b64encode(schema).decode() if schema_encoding == "protobuf" else schema.decode()
+        binary = schema_encoding in ("protobuf", "flatbuffer")  # the protocol carries these base64
+        self.schema = base64.b64encode(schema).decode() if binary else schema.decode(errors="replace")
         self.subscribers = set()
         self.keyframe_wanted = threading.Event()  # video: set here, cleared by the pump that encodes one
 

@@ -178,9 +178,11 @@ class McapWriter:
             self.file.close()
 
 
-def write_topic(rows: dict, path: str):
+def write_topic(rows: dict, path: str, schema=None):
     """One topic segment's messages (recorder's TopicRecorder rows) as an MCAP file: channel
-    ``/<topic>`` of the raw msgq bytes (no schema), logged at their receive time (epoch ns)."""
+    ``/<topic>`` of the msgq bytes, logged at their receive time (epoch ns); with the
+    topic's declared schema (``msgq.Schema``: its encoding, name and bytes, the channel's
+    message encoding from it), else message encoding ``msgq`` and no schema."""
     from mcap.writer import Writer
 
     from visionipc.apps.record.index import partial_path
@@ -189,7 +191,11 @@ def write_topic(rows: dict, path: str):
     with open(tmp, "wb") as f:
         writer = Writer(f)
         writer.start(profile="", library="visionipc")
-        channel = writer.register_channel(f"/{rows['topic'][0]}", "msgq", 0)
+        if schema is None:
+            channel = writer.register_channel(f"/{rows['topic'][0]}", "msgq", 0)
+        else:
+            schema_id = writer.register_schema(schema.name, schema.encoding, schema.data)
+            channel = writer.register_channel(f"/{rows['topic'][0]}", schema.message_encoding, schema_id)
         offset = epoch_offset_ns()
         writer.add_metadata("visionipc.topic", {"clock": "unix epoch", "monotonic_to_epoch_ns": str(offset)})
         for seq, when, data in zip(rows["seq"], (t + offset for t in rows["receive_time"]), rows["data"]):

@@ -222,9 +222,11 @@ class TopicRecorder(threading.Thread):
             rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet"))
         )
         if self.mcap:
+            import msgq
             from visionipc.apps.record import mcap_io
 
-            mcap_io.write_topic(rows, os.path.join(self.dir, index.segment_name(self.segments, "mcap")))
+            path = os.path.join(self.dir, index.segment_name(self.segments, "mcap"))
+            mcap_io.write_topic(rows, path, msgq.topic_schema(self.topic))
         self.segments += 1
 
 
