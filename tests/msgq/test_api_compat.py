@@ -55,7 +55,8 @@ def test_helper_signatures_match_the_reference():
         return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
 
     # The reference's parameters, in its order; ours may add keywords after them.
-    assert params(msgq.pub_sock) == [("endpoint", inspect.Parameter.empty), ("segment_size", 0), ("wake", None)]
+    assert params(msgq.pub_sock)[:3] == [("endpoint", inspect.Parameter.empty), ("segment_size", 0), ("wake", None)]
+    assert params(msgq.pub_sock)[3:] == [("schema", None)]  # ours: a typed topic's schema (msgq.schemas)
     assert params(msgq.sub_sock) == [
         ("endpoint", inspect.Parameter.empty),
         ("poller", None),
