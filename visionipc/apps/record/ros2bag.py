@@ -42,7 +42,13 @@ def _decoder_factory():
 
 
 def _stamp(data: bytes, log_time: int) -> int:
-    """The header stamp (ns) of a CDR-encoded message that starts with std_msgs/Header."""
+    """The header stamp (ns) of a CDR-encoded message that starts with std_msgs/Header.
+
+    Read from the first 12 bytes instead of decoding with mcap_ros2 (issue 34, item 5
+    asked why): this pass over the bag wants only the stamps, and mcap_ros2 decodes the
+    whole message, image bytes included. Measured (2026-11-27, 20 messages of 1080p rgb8,
+    reading included): 1,061 µs a message this way, 4,743 µs decoded (4.5x). The images
+    themselves are decoded by mcap_ros2 (``Bag.images``)."""
     if len(data) < 12:
         return log_time
     order = "<" if data[1] & 1 else ">"  # the encapsulation kind: CDR_LE or CDR_BE
