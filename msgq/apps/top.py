@@ -244,28 +244,14 @@ def _label(topic: dict, show_prefix: bool) -> str:
 
 
 class _Keys:
-    """Reads single key presses from a terminal (cbreak mode, restored on exit),
-    or lines from a pipe; ``wait(s)`` returns True when 'q' was pressed."""
+    """Reads lines from a pipe (the live view without a terminal: ``q`` quits);
+    ``wait(s)`` returns True when 'q' came. A terminal gets curses instead (``_live``)."""
 
     def __init__(self, stream):
-        self.stream = stream
-        self.saved = None
         try:
             self.fd = stream.fileno()
         except (AttributeError, OSError, ValueError):
             self.fd = None
-        if self.fd is not None and os.isatty(self.fd):
-            import termios
-            import tty
-
-            self.saved = termios.tcgetattr(self.fd)
-            tty.setcbreak(self.fd)
-
-    def close(self):
-        if self.saved is not None:
-            import termios
-
-            termios.tcsetattr(self.fd, termios.TCSADRAIN, self.saved)
 
     def wait(self, seconds: float) -> bool:
         deadline = time.monotonic() + seconds
@@ -285,6 +271,29 @@ class _Keys:
                 continue
             if b"q" in data.lower():
                 return True
+
+
+def _live(refresh, interval: float) -> None:
+    """The live view on a terminal, drawn with curses (the standard library's terminal
+    UI: it restores the terminal on every exit, follows resizes and redraws only what
+    changed); ``refresh()`` gives the screen's lines; q or Esc quits."""
+    import curses
+
+    def loop(screen):
+        curses.curs_set(0)
+        screen.timeout(max(1, int(interval * 1000)))
+        while True:
+            lines = refresh()
+            height, width = screen.getmaxyx()
+            screen.erase()
+            for row, line in enumerate(lines[:height]):
+                screen.addnstr(row, 0, line, max(0, width - 1))
+            screen.refresh()
+            key = screen.getch()  # waits up to the interval
+            if key in (ord("q"), ord("Q"), 27):
+                return
+
+    curses.wrapper(loop)
 
 
 def _shown(name: str) -> str:
@@ -409,21 +418,27 @@ def main(argv=None) -> int:
             out.flush()
             return 0
 
-        keys = _Keys(sys.stdin)
-        try:
-            before = snapshot(directory, prefix)
-            while not keys.wait(args.interval or 1.0):
-                after = snapshot(directory, prefix)
-                title = (
-                    f"msgq-top  {time.strftime('%H:%M:%S')}  dir {printable(directory)}  "
-                    f"prefix {'(all)' if prefix is None else printable(prefix) or '(none)'}  "
-                    f"every {args.interval or 1.0:g}s  q: quit"
-                )
-                out.write(CLEAR + render(build_report(before, after, directory), show_prefix, title))
-                out.flush()
-                before = after
-        finally:
-            keys.close()
+        interval = args.interval or 1.0
+        state = {"before": snapshot(directory, prefix)}
+
+        def screen() -> str:
+            after = snapshot(directory, prefix)
+            title = (
+                f"msgq-top  {time.strftime('%H:%M:%S')}  dir {printable(directory)}  "
+                f"prefix {'(all)' if prefix is None else printable(prefix) or '(none)'}  "
+                f"every {interval:g}s  q: quit"
+            )
+            text = render(build_report(state["before"], after, directory), show_prefix, title)
+            state["before"] = after
+            return text
+
+        if sys.stdin.isatty() and out.isatty() and os.environ.get("TERM", "dumb") != "dumb":
+            _live(lambda: screen().splitlines(), interval)
+            return 0
+        keys = _Keys(sys.stdin)  # a pipe: plain screens, each after a clear-screen sequence
+        while not keys.wait(interval):
+            out.write(CLEAR + screen())
+            out.flush()
         return 0
     except KeyboardInterrupt:
         return 0

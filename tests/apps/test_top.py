@@ -3,6 +3,7 @@
 import io
 import json
 import os
+import select
 import shutil
 import signal
 import struct
@@ -271,3 +272,40 @@ def test_clean_lists_and_removes_only_topics_whose_users_are_all_dead(capsys, ms
     with pytest.raises(SystemExit) as exc:
         top.main(["--yes"])
     assert exc.value.code == 2
+
+
+def test_on_a_terminal_the_live_view_is_drawn_with_curses_and_q_restores_the_terminal():
+    import fcntl
+    import pty
+    import termios
+
+    topic = unique_topic()
+    with msgq.pub_sock(topic), msgq.sub_sock(topic):
+        master, slave = pty.openpty()
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 120, 0, 0))
+        env = dict(os.environ, TERM="xterm")
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "msgq.apps.top", "--interval", "0.05"],
+            stdin=slave, stdout=slave, stderr=slave, env=env, start_new_session=True,
+        )  # fmt: skip
+        os.close(slave)
+        shown, deadline = b"", time.monotonic() + 30
+        try:
+            while topic.encode() not in shown or b"q: quit" not in shown:
+                assert proc.poll() is None and time.monotonic() < deadline, shown[-2000:]
+                if select.select([master], [], [], 0.1)[0]:
+                    shown += os.read(master, 65536)
+            os.write(master, b"q")
+            assert proc.wait(timeout=30) == 0
+            while select.select([master], [], [], 0.2)[0]:
+                try:
+                    shown += os.read(master, 65536)
+                except OSError:
+                    break
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            os.close(master)
+    # curses took the alternate screen and gave it back on the way out (the terminal restored)
+    assert b"\x1b[?1049h" in shown and b"\x1b[?1049l" in shown[shown.rindex(b"\x1b[?1049h") :]
