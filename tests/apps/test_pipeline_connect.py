@@ -17,7 +17,7 @@ import pyspark
 import pytest
 from pipeline_helpers import recordings, spark  # noqa: F401
 
-from visionipc.apps.pipeline import health, runs
+from visionipc.apps.pipeline import health, report, runs
 from visionipc.apps.pipeline.cli import main
 from visionipc.apps.pipeline.session import DAEMON_MODULE, connect_session
 
@@ -155,12 +155,14 @@ def test_every_job_on_spark_connect_gives_the_classic_sessions_results(spark, co
         for session in (remote, spark):
             index = session.read.format("vipc").load(recordings["faults"]).where("frame_id >= 30")
             rows = health.health_from_files(health.streams_df(session, paths)).toPandas()
-            got = (index.toPandas().sort_values(["stream", "frame_id"], ignore_index=True), rows)
+            hist = report.latency_histogram(index, 100.0, bins=20)
+            got = (index.toPandas().sort_values(["stream", "frame_id"], ignore_index=True), rows, hist)
             if session is remote:
                 on_connect = got
         for a, b in zip(on_connect, got):
             pd.testing.assert_frame_equal(_plain(a), _plain(b), check_exact=True)
         assert on_connect[0]["frame_id"].min() == 30 and len(on_connect[1]) == 5
+        assert on_connect[2]["count"].sum() == len(on_connect[0]) and on_connect[2]["bin"].max() == 20  # 120 ms: over
     finally:
         remote.stop()
 

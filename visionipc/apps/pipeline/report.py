@@ -16,13 +16,12 @@ MAX_LINES = 12  # streams drawn in the per-stream plots; the tables list all of 
 
 def latency_histogram(index_df, max_ms: float, bins: int = 60):
     """Spark: counts of ``receive_time - timestamp_eof`` per stream name in ``bins`` equal bins
-    over [0, max_ms) plus one overflow bin (``bin == bins``); returns pandas."""
-    from pyspark.sql import functions as F
-
+    over [0, max_ms) plus one overflow bin (``bin == bins``); returns pandas. (SQL text, no
+    ``pyspark.sql.functions``: the same on a classic and a Spark Connect session.)"""
     width = max_ms / bins
-    lat_ms = (F.col("receive_time") - F.col("timestamp_eof")) / 1e6
-    b = F.least(F.greatest(F.floor(lat_ms / width), F.lit(0)), F.lit(bins)).cast("int")
-    out = index_df.groupBy("stream", b.alias("bin")).count().toPandas()
+    lat_ms = "(receive_time - timestamp_eof) / 1e6"
+    b = f"CAST(LEAST(GREATEST(FLOOR({lat_ms} / {width!r}), 0), {int(bins)}) AS INT) AS bin"
+    out = index_df.selectExpr("stream", b).groupBy("stream", "bin").count().toPandas()
     out["lo_ms"] = out["bin"] * width
     return out.sort_values(["stream", "bin"], ignore_index=True)
 
