@@ -17,7 +17,7 @@ import pyspark
 import pytest
 from pipeline_helpers import recordings, spark  # noqa: F401
 
-from visionipc.apps.pipeline import health, report, runs
+from visionipc.apps.pipeline import export, health, read, report, runs
 from visionipc.apps.pipeline.cli import main
 from visionipc.apps.pipeline.session import DAEMON_MODULE, connect_session
 
@@ -156,13 +156,26 @@ def test_every_job_on_spark_connect_gives_the_classic_sessions_results(spark, co
             index = session.read.format("vipc").load(recordings["faults"]).where("frame_id >= 30")
             rows = health.health_from_files(health.streams_df(session, paths)).toPandas()
             hist = report.latency_histogram(index, 100.0, bins=20)
-            got = (index.toPandas().sort_values(["stream", "frame_id"], ignore_index=True), rows, hist)
+            by_group = health.health_job(read.read_index(session, paths)).toPandas()  # Spark's reader, applyInPandas
+            nth = export.select_every_nth(read.read_index(session, paths), 10).toPandas()
+            got = [
+                g.sort_values(keys, ignore_index=True)
+                for g, keys in (
+                    (index.toPandas(), ["stream", "frame_id"]),
+                    (rows, health.KEYS),
+                    (hist, ["stream", "bin"]),
+                    (by_group, health.KEYS),
+                    (nth, ["recording_id", "stream", "frame_id"]),
+                )
+            ]
             if session is remote:
                 on_connect = got
         for a, b in zip(on_connect, got):
             pd.testing.assert_frame_equal(_plain(a), _plain(b), check_exact=True)
         assert on_connect[0]["frame_id"].min() == 30 and len(on_connect[1]) == 5
         assert on_connect[2]["count"].sum() == len(on_connect[0]) and on_connect[2]["bin"].max() == 20  # 120 ms: over
+        pd.testing.assert_frame_equal(_plain(on_connect[3]), _plain(on_connect[1]), check_exact=True)
+        assert len(on_connect[4]) and set(on_connect[4]["frame_id"] % 10) == {0}
     finally:
         remote.stop()
 

@@ -33,41 +33,38 @@ MANIFEST_SCHEMA = ", ".join(f"{n} {t}" for n, t in MANIFEST_COLUMNS)
 IMAGE_FORMATS = ("jpg", "png")
 
 
+def _with_reason(df, reason: str):
+    return df.selectExpr(*KEEP, f"'{reason}' AS reason")
+
+
+# (SQL text, no pyspark.sql.functions: the same on a classic and a Spark Connect session)
+
+
 def select_sharp(metrics_df, min_sharpness: float):
     """Frames whose sharpness (variance of the Laplacian) is at least ``min_sharpness``."""
-    from pyspark.sql import functions as F
-
-    return (
-        metrics_df.where(F.col("sharpness") >= min_sharpness)
-        .where(~F.col("black"))
-        .select(*KEEP)
-        .withColumn("reason", F.lit("sharp"))
-    )
+    return _with_reason(metrics_df.where(f"sharpness >= {float(min_sharpness)!r} AND NOT black"), "sharp")
 
 
 def select_every_nth(index_df, n: int):
     """Every ``n``-th frame of each stream, by frame id (frame ids divisible by n)."""
-    from pyspark.sql import functions as F
-
     if n < 1:
         raise ValueError(f"every-nth needs n >= 1, got {n}")
-    return index_df.where(F.col("frame_id") % n == 0).select(*KEEP).withColumn("reason", F.lit(f"every_{n}"))
+    return _with_reason(index_df.where(f"frame_id % {int(n)} = 0"), f"every_{int(n)}")
 
 
 def select_around_drops(index_df, drops_df, window: int = 2):
     """The ``window`` frames recorded before and after each gap in frame_id."""
-    from pyspark.sql import functions as F
-
+    w = int(window)
     d = drops_df.select("recording_id", "stream", "after_frame_id", "next_frame_id")
-    near = ((F.col("frame_id") > F.col("after_frame_id") - window) & (F.col("frame_id") <= F.col("after_frame_id"))) | (
-        (F.col("frame_id") >= F.col("next_frame_id")) & (F.col("frame_id") < F.col("next_frame_id") + window)
+    near = (
+        f"(frame_id > after_frame_id - {w} AND frame_id <= after_frame_id) "
+        f"OR (frame_id >= next_frame_id AND frame_id < next_frame_id + {w})"
     )
-    return (
-        index_df.join(F.broadcast(d), ["recording_id", "stream"])
+    return _with_reason(
+        index_df.join(d.hint("broadcast"), ["recording_id", "stream"])
         .where(near)
-        .select(*KEEP)
-        .dropDuplicates(["recording_id", "stream", "frame_id"])
-        .withColumn("reason", F.lit("around_drop"))
+        .dropDuplicates(["recording_id", "stream", "frame_id"]),
+        "around_drop",
     )
 
 

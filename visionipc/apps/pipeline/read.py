@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc.apps.pipeline import fs
 from visionipc.apps.record.checks import RecordingError, check_relpath, check_stream, parse_manifest
 from visionipc.apps.record.index import index_schema, quality_schema
@@ -215,8 +215,6 @@ def _recordings(recordings) -> list:
 def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = True):
     """The frame index of many recordings as one Spark DataFrame (index columns +
     ``recording_id``, ``recording_path``). ``recordings``: paths/globs or ``Recording``s."""
-    from pyspark.sql import functions as F
-
     recs = _recordings(recordings)
     files = index_files(recs, skip_empty=skip_empty, validate=validate)
     owners = spark.createDataFrame(
@@ -225,10 +223,11 @@ def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = 
     )
     df = spark.read.schema(INDEX_SPARK_SCHEMA).parquet(*[path for _, _, _, path in files])
     # _metadata.file_path is a percent-encoded URI ('+' stays literal, url_decode would make it a space)
-    df = df.withColumn(
-        "_file", F.expr("url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B'))")
+    # (SQL text, no pyspark.sql.functions: the same on a classic and a Spark Connect session)
+    df = df.selectExpr(
+        "*", "url_decode(replace(regexp_replace(_metadata.file_path, '^file:(//)?', ''), '+', '%2B')) AS _file"
     )
-    return df.join(F.broadcast(owners), "_file").drop("_file")
+    return df.join(owners.hint("broadcast"), "_file").drop("_file")
 
 
 def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = True, columns=None):
