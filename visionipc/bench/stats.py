@@ -1,33 +1,34 @@
 """Statistics and formatting shared by the benchmarks (nanoseconds in, µs out)."""
 
 import math
+import statistics
+
+import numpy as np
 
 
 def percentile(sorted_values, p):
-    """Nearest-rank percentile ``p`` (0-100) of an already sorted sequence."""
-    n = len(sorted_values)
-    if n == 0:
+    """Nearest-rank percentile ``p`` (0-100) of a sequence (numpy's ``inverted_cdf``)."""
+    if len(sorted_values) == 0:
         return float("nan")
-    k = max(0, min(n - 1, int(math.ceil(p / 100.0 * n)) - 1))
-    return sorted_values[k]
+    return float(np.percentile(np.asarray(sorted_values), p, method="inverted_cdf"))
 
 
 def latency_stats(samples_ns):
-    """Percentiles of latency samples given in ns, reported in µs."""
-    s = sorted(samples_ns)
-    n = len(s)
-    if n == 0:
+    """Percentiles of latency samples given in ns, reported in µs (nearest rank, numpy)."""
+    s = np.asarray(samples_ns, dtype=np.float64)
+    if s.size == 0:
         return {"n": 0}
     us = 1e-3
+    p50, p90, p99, p999 = np.percentile(s, [50, 90, 99, 99.9], method="inverted_cdf") * us
     return {
-        "n": n,
-        "min": s[0] * us,
-        "p50": percentile(s, 50) * us,
-        "p90": percentile(s, 90) * us,
-        "p99": percentile(s, 99) * us,
-        "p99.9": percentile(s, 99.9) * us,
-        "max": s[-1] * us,
-        "mean": sum(s) / n * us,
+        "n": int(s.size),
+        "min": float(s.min()) * us,
+        "p50": float(p50),
+        "p90": float(p90),
+        "p99": float(p99),
+        "p99.9": float(p999),
+        "max": float(s.max()) * us,
+        "mean": float(s.mean()) * us,
     }
 
 
@@ -36,11 +37,9 @@ def is_number(x):
 
 
 def median(values):
-    v = sorted(x for x in values if is_number(x))
-    if not v:
-        return float("nan")
-    mid = len(v) // 2
-    return v[mid] if len(v) % 2 else (v[mid - 1] + v[mid]) / 2
+    """The median of the values that are numbers (statistics.median), NaN if none."""
+    v = [x for x in values if is_number(x)]
+    return statistics.median(v) if v else float("nan")
 
 
 def ratio(a, b):
@@ -51,19 +50,12 @@ def ratio(a, b):
 
 
 def format_table(headers, rows, aligns=None):
-    """Plain-text table; ``aligns`` is a string of 'l'/'r' per column."""
-    cols = len(headers)
-    aligns = aligns or ("l" + "r" * (cols - 1))
-    cells = [[str(c) for c in headers]] + [[("" if c is None else str(c)) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(cols)]
+    """Plain-text table (tabulate's "simple"); ``aligns`` is a string of 'l'/'r' per column."""
+    from tabulate import tabulate
 
-    def line(r):
-        return "  ".join(
-            c.ljust(widths[i]) if aligns[i] == "l" else c.rjust(widths[i]) for i, c in enumerate(r)
-        ).rstrip()
-
-    sep = "  ".join("-" * w for w in widths)
-    return "\n".join([line(cells[0]), sep] + [line(r) for r in cells[1:]])
+    aligns = aligns or ("l" + "r" * (len(headers) - 1))
+    colalign = ["left" if a == "l" else "right" for a in aligns]
+    return tabulate(rows, headers=headers, tablefmt="simple", colalign=colalign, disable_numparse=True, missingval="")
 
 
 def fmt_rate(per_s):
