@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any, Iterable, Optional, Set, Union
 from msgq._shared import INT32_MAX, INT32_MIN, Closeable, check_timeout_ms, disown_in_forked_child
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, IpcTypeError
 from visionipc import _visionipc
-from visionipc._streams import ServerName, StreamId, run_options, server_name, stream_id, stream_key
 from visionipc.formats import Geometry
 from visionipc.frame import ViewCache, VisionBuf
+from visionipc.streams import ServerName, StreamId, run_options, server_name, stream_id, stream_key
 
 if TYPE_CHECKING:
     from visionipc.cuda.device_frame import DeviceFrame

@@ -31,7 +31,6 @@ from typing import Any, Optional, Tuple
 from msgq._shared import Closeable, check_timeout_ms
 from msgq.errors import InvalidArgumentError, IpcTimeoutError, SegmentError
 from msgq.ordered import OrderedProducer, OrderedReader
-from visionipc._streams import ServerName, StreamId, server_name, stream_key
 from visionipc.formats import (
     FORMAT_TABLE,
     Geometry,
@@ -40,6 +39,7 @@ from visionipc.formats import (
     normalize_format,
 )
 from visionipc.frame import ViewCache, VisionBuf
+from visionipc.streams import ServerName, StreamId, server_name, stream_key
 
 _TRAILER = struct.Struct("<8sIIIIIQ")  # magic, format code, width, height, stride, uv_offset, size
 _MAGIC = b"VIPCORD1"

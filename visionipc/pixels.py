@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Optional, Tuple
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
-from visionipc._optional import need
 from visionipc.formats import format_info
+from visionipc.optional import need
 
 if TYPE_CHECKING:
     from visionipc.frame import VisionBuf

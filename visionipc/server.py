@@ -8,9 +8,9 @@ import numpy as np
 from msgq._shared import Closeable, disown_in_forked_child, wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
-from visionipc._streams import ServerName, StreamId, run_options, server_name, stream_key
 from visionipc.formats import Geometry, check_count, normalize_format
 from visionipc.frame import ViewCache, VisionBuf
+from visionipc.streams import ServerName, StreamId, run_options, server_name, stream_key
 
 if TYPE_CHECKING:
     from msgq._shared import BufferLike

@@ -1,6 +1,7 @@
-"""Stream ids: the reference's opaque ints (and VisionStreamType members) or
-readable names. Both become the stream's name on the wire: ``str(int(id))``
-for ints, the str itself otherwise; names that look like ints come back as ints."""
+"""Stream ids and server names, as the applications and other programs spell them:
+the reference's opaque ints (and VisionStreamType members) or readable names. Both
+become the stream's name on the wire: ``str(int(id))`` for ints, the str itself
+otherwise; names that look like ints come back as ints."""
 
 from typing import Dict, SupportsIndex, Union
 

@@ -32,11 +32,10 @@ import time
 
 from msgq import add_version_flag, sockets
 from msgq import curve as msgq_curve
-from msgq._descriptors import ZMQ_HEADROOM, ensure_descriptors
-from msgq._zmq_capped import CappedConnection
 from msgq.cli import parse_args
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
+from msgq.tooling import ZMQ_HEADROOM, CappedConnection, ensure_descriptors
 
 POLL_MS = 100  # longest wait before the loop checks for a stop request (and for a reconnect due)
 BATCH = 256  # messages moved per socket per turn, so one busy topic cannot starve the others

@@ -16,13 +16,13 @@ import sys
 import time
 from typing import Dict, List, Optional
 
-from msgq import _msgq, add_version_flag, artifacts
-from msgq._printable import printable
+from msgq import add_version_flag, artifacts
 from msgq.cli import parse_args
 from msgq.errors import IpcError
 from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
 from msgq.schemas import SUFFIX as SCHEMA_SUFFIX
 from msgq.schemas import read_schema_file
+from msgq.tooling import printable, segment_stats
 
 CLEAR = "\x1b[H\x1b[2J"
 
@@ -88,7 +88,7 @@ def snapshot(directory: str, prefix: Optional[str]) -> Dict[str, dict]:
             taken[name] = {"error": "not a msgq segment name (not ASCII)", "_t": time.monotonic()}
             continue
         try:
-            stats = _msgq.segment_stats(directory, name)
+            stats = segment_stats(directory, name)
         except (IpcError, OSError) as exc:
             if not os.path.lexists(os.path.join(directory, name)):
                 continue  # removed between listing and reading: its last participant left

@@ -19,7 +19,7 @@ from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError, Ipc
 from msgq.names import segment_dir
 from visionipc import VisionIpcClient, VisionIpcServer, _visionipc
 from visionipc import client as client_module
-from visionipc._streams import run_options
+from visionipc.streams import run_options
 
 pytestmark = pytest.mark.timeout(60)
 

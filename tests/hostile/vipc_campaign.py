@@ -19,7 +19,7 @@ from msgq.errors import ClosedError
 from msgq.names import segment_dir
 from msgq.testing import isolated_prefix
 from visionipc import VisionIpcClient, _visionipc
-from visionipc._streams import run_options
+from visionipc.streams import run_options
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_vipc_hostile import forked_server, serving  # noqa: E402

@@ -1,15 +1,15 @@
 """Pieces every visionipc command shares: a SIGINT/SIGTERM stop flag and one way
 to report a usage error (optional imports with an install hint live in the
-library, ``visionipc._optional``)."""
+library, ``visionipc.optional``)."""
 
 import signal
 import sys
 import threading
 
-from msgq._printable import printable
 from msgq.cli import parse_args
 from msgq.errors import IpcError
-from visionipc._optional import UsageError, need  # noqa: F401  (re-exported for the apps)
+from msgq.tooling import printable
+from visionipc.optional import UsageError, need  # noqa: F401  (re-exported for the apps)
 
 
 class Stopper:
@@ -40,7 +40,7 @@ class Stopper:
 
 
 def error(prog: str, message: str) -> int:
-    """``message`` as one escaped line (msgq._printable: names from files and other users'
+    """``message`` as one escaped line (msgq.tooling.printable: names from files and other users'
     processes may hold terminal escapes), exit status 2."""
     print(f"{prog}: error: {printable(message)}", file=sys.stderr)
     return 2

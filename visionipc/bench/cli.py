@@ -9,8 +9,8 @@ import tempfile
 import time
 
 from msgq import add_version_flag
-from msgq._shared import scoped_env
 from msgq.cli import parse_args
+from msgq.tooling import scoped_env
 from visionipc.bench import reference, transports
 from visionipc.bench.harness import add_common_flags, logger, placement, write_json
 from visionipc.bench.report import render, summarize

@@ -11,7 +11,7 @@ import struct
 import time
 from itertools import repeat
 
-from msgq._descriptors import ensure_descriptors
+from msgq.tooling import ensure_descriptors
 from visionipc.bench.workers import BenchError
 
 STAMP = struct.Struct("<q")

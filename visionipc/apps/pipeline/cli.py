@@ -264,7 +264,7 @@ def _spark_message(exc) -> str:
 def main(argv=None) -> int:
     """Exit status 0; 2 for bad input (a missing or hostile recording); 1 for a failure
     (in Spark or writing the results): one line on stderr, never a traceback."""
-    from msgq._printable import printable
+    from msgq.tooling import printable
 
     args = parse_args(argv)
     step = Steps(args.quiet)

@@ -46,7 +46,7 @@ import os
 import sys
 import zipfile
 
-from msgq._shared import scoped_env
+from msgq.tooling import scoped_env
 
 # what a health task imports, pyarrow's lazy imports of its first read included
 PRELOAD = (

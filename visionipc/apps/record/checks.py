@@ -9,7 +9,7 @@ reader, vipc-replay, the Spark pipeline).
 - ``parse_manifest(data, where)``: recording.json's bytes -> a checked dict (size,
   JSON nesting depth, stream names, formats, frame sizes).
 - ``check_stream(name, where)``: a stream name as every VisionIPC stream is named
-  (``visionipc._streams.stream_key``): never ``/``, ``..`` or a leading ``.``.
+  (``visionipc.streams.stream_key``): never ``/``, ``..`` or a leading ``.``.
 - ``reading(path)``: the one door every reader of a recording's files, an MCAP segment
   or a ROS 2 bag goes through. Whatever a parsing library raises inside it (numpy's
   ``cannot reshape``, mcap's ``RecordLengthLimitExceeded`` / ``EndOfFile``, ``KeyError``,
@@ -30,9 +30,9 @@ import json
 import os
 import stat
 
-from msgq._printable import printable
 from msgq.errors import IpcError
-from visionipc._optional import UsageError
+from msgq.tooling import printable
+from visionipc.optional import UsageError
 
 MAX_MANIFEST_BYTES = 1 << 20  # recording.json is a few KiB
 MAX_JSON_DEPTH = 8  # recording.json nests 4 deep
@@ -173,7 +173,7 @@ def proc_path(fd: int) -> str:
 
 
 def check_stream(name, where) -> str:
-    from visionipc._streams import stream_key
+    from visionipc.streams import stream_key
 
     try:
         if not isinstance(name, str):

@@ -22,7 +22,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 

@@ -11,7 +11,7 @@ import json
 import os
 import time
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc.apps._cli import UsageError, need
 
 FORMAT_VERSION = 2  # 2: PyAV codecs (recording.json's codec h264/hevc/av1/ffv1/*_nvenc, .mkv)

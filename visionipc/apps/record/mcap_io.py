@@ -20,7 +20,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record.codecs import encoder_frame, ordinary_scheduling, tag_colour

@@ -14,7 +14,7 @@ import os
 
 import numpy as np
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc.apps._cli import need
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path, reading

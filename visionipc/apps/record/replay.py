@@ -10,8 +10,8 @@ import sys
 import threading
 import time
 
-from msgq._printable import printable
 from msgq.cli import progress
+from msgq.tooling import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.checks import RecordingError, check_size

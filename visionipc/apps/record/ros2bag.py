@@ -13,7 +13,7 @@ import struct
 
 import numpy as np
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record import replay as folder_replay

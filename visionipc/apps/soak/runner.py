@@ -216,8 +216,8 @@ class Soak:
                     self.failures.append(f"{c.name} exited {c.proc.returncode}:\n{c.output()}")
 
     def shutdown(self):
-        from msgq import _msgq
         from msgq.names import run_segment_prefix, segment_dir
+        from msgq.tooling import segment_stats
 
         for c in self.children:
             if c.stopped and c.proc.poll() is None:
@@ -227,7 +227,7 @@ class Soak:
         for name in os.listdir(segment_dir()):
             if name.startswith(run_segment_prefix(self.prefix)):
                 try:
-                    stats = _msgq.segment_stats(segment_dir(), name)
+                    stats = segment_stats(segment_dir(), name)
                 except Exception as exc:  # noqa: BLE001 - reported, not fatal here
                     self.failures.append(f"cannot read {name}: {exc}")
                     continue

@@ -9,8 +9,8 @@ import threading
 from msgq import add_version_flag
 from msgq.cli import parse_args
 from msgq.errors import IpcError
-from visionipc._streams import server_name, stream_key
 from visionipc.apps.web import flags as web_flags
+from visionipc.streams import server_name, stream_key
 
 DEFAULT_HTTP = "127.0.0.1:8080"
 

@@ -4,7 +4,7 @@ a command parses its arguments before it looks for its optional packages)."""
 import re
 import urllib.parse
 
-from msgq._printable import printable
+from msgq.tooling import printable
 
 MAX_CONNECTIONS = 256  # default of --max-connections (listener.py enforces it)
 

@@ -2,7 +2,7 @@
 
 Whatever a peer sends (a Host header, a WebSocket message, a reason for closing) is
 untrusted: printed as is, an ESC sequence would act on the terminal and a newline would
-forge a line of our own. Every line goes through ``msgq._printable.printable`` (one
+forge a line of our own. Every line goes through ``msgq.tooling.printable`` (one
 line, escapes visible), is cut at MAX_CHARS, and at most BURST lines plus RATE per
 second reach stderr; the rest are counted and reported in one line when the log may
 speak again (or at ``flush()``), so a peer that sends 10,000 bad messages costs a few
@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 
-from msgq._printable import printable
+from msgq.tooling import printable
 
 MAX_CHARS = 300  # of one line, after escaping
 BURST = 20  # lines that may come at once

@@ -31,7 +31,7 @@ import secrets
 
 from aiohttp import web
 
-from msgq._printable import printable
+from msgq.tooling import printable
 from visionipc.apps.web.flags import host_of, normal_origin
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")

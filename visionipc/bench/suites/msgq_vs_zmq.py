@@ -35,9 +35,9 @@ import tempfile
 import time
 from itertools import repeat
 
-from msgq._shared import scoped_env
 from msgq.names import segment_dir
 from msgq.testing import segments
+from msgq.tooling import scoped_env
 from visionipc.bench import reference
 from visionipc.bench.harness import (
     add_common_flags,

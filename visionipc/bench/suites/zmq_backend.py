@@ -42,7 +42,7 @@ import sys
 import time
 from itertools import repeat
 
-from msgq._shared import scoped_env
+from msgq.tooling import scoped_env
 from visionipc.bench import harness, pubsub
 from visionipc.bench.pubsub import STAMP as _Q
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median

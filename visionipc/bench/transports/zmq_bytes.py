@@ -4,7 +4,7 @@ through the socket), the stamp in a 16-byte header part; SUB makes ``np.frombuff
 
 import time
 
-from msgq._descriptors import ensure_descriptors
+from msgq.tooling import ensure_descriptors
 from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12
 from visionipc.bench.workers import BenchError
 
