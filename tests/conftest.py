@@ -28,10 +28,10 @@ BROWSER_FIXTURES = {"browser"}  # tests/apps/test_view.py's headless Chromium
 SANITIZER_FILES = {"system/test_fuzz.py"}  # libFuzzer + AddressSanitizer builds
 SANITIZER_VARIANTS = {"asan", "tsan"}  # system/test_cpp.py's sanitizer builds
 # Slow: every test of these folders and files (builds, lint and typing, soak, stress, model
-# checking, benchmark runs, mutation campaigns, the applications' multi-process scenarios of
-# several seconds each). The whole suite runs them, --quick does not: a new test file whose
-# tests take seconds belongs here (pytest --durations shows them).
-SLOW_FOLDERS = ("system/", "bench/")
+# checking, benchmark runs, hostile peers and inputs, the applications' multi-process
+# scenarios of several seconds each). The whole suite runs them, --quick does not: a new
+# test file whose tests take seconds belongs here (pytest --durations shows them).
+SLOW_FOLDERS = ("system/", "bench/", "hostile/")
 SLOW_FILES = {
     "apps/test_bridge.py",
     "apps/test_camera.py",
@@ -41,7 +41,6 @@ SLOW_FILES = {
     "apps/test_view_replay.py",
     "apps/test_web_limits.py",
     "apps/test_web_surfaces.py",
-    "hostile/test_files_mutation.py",
 }
 
 
