@@ -58,7 +58,7 @@ else
   # build requirements in the venv: the editable build is reused (no isolation)
   # (and setuptools + wheel: without isolation, sdist-only dependencies such as
   # pyspark build their wheels with the venv's own setuptools)
-  .venv/bin/python -m pip install -q "scikit-build-core>=0.10" "pybind11>=2.12" setuptools wheel
+  .venv/bin/python -m pip install -q "scikit-build-core>=0.12" "pybind11>=2.12" setuptools wheel
   echo "setup: building and installing visionipc editable (C++ core + Python packages)"
   .venv/bin/python -m pip install -q --no-build-isolation \
     --config-settings=build-dir=build/dev --config-settings=cmake.build-type=Release \

@@ -1,6 +1,7 @@
 #include "msgq/subscriber.h"
 
 #include <sys/epoll.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +12,12 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/futex.h"
+
+// epoll_pwait2 (Linux 5.11) is called as a system call: glibc wraps it only from 2.35,
+// and wheels are built against an older glibc (manylinux_2_28) to run on older systems.
+#ifndef SYS_epoll_pwait2
+#define SYS_epoll_pwait2 441  // the same number on every architecture
+#endif
 
 namespace vipc::msgq {
 
@@ -268,7 +275,8 @@ common::WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) 
         tsp = &ts;
       }
       epoll_event events[16];
-      int n = epoll_pwait2(epoll_.get(), events, 16, tsp, nullptr);
+      int n = static_cast<int>(
+          syscall(SYS_epoll_pwait2, long{epoll_.get()}, events, long{16}, tsp, static_cast<void*>(nullptr), 0L));
       if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond timeouts, rounded up
         const int ms = tsp == nullptr ? -1 : static_cast<int>(std::min<int64_t>((deadline - now + 999'999) / 1'000'000, INT32_MAX));
         n = epoll_wait(epoll_.get(), events, 16, ms);

@@ -1,0 +1,137 @@
+"""The wheel people install (issue 34, item 1), built the way a release builds it.
+
+Once per module: ``bash tools/build_wheels.sh`` makes the sdist, builds the wheel from that sdist
+alone in a fresh folder and has auditwheel repair it (a manylinux tag); then a fresh virtual
+environment under build/ installs the repaired wheel. The tests read the wheel's contents, run
+README.md's Python blocks with that environment from a folder outside the checkout
+(tools/wheel_smoke.py) and build C++ programs against the installed library as its docs say.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+
+import pytest
+from repo import ROOT, TOOLS
+
+OUT = ROOT / "build" / "wheel-test"
+VENV = ROOT / "build" / "wheel-test-venv"
+
+
+def _run(cmd, timeout=600, **kw):
+    proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, timeout=timeout, **kw)
+    assert proc.returncode == 0, f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def built():
+    """tools/build_wheels.sh's output folder and its log (stdout: auditwheel show's report last)."""
+    log = _run(["bash", TOOLS / "build_wheels.sh", "--out", OUT], env=dict(os.environ, PYTHON=sys.executable))
+    return OUT, log
+
+
+@pytest.fixture(scope="module")
+def wheel(built):
+    (found,) = built[0].glob("visionipc-*-manylinux_*.whl")
+    return found
+
+
+@pytest.fixture(scope="module")
+def venv(wheel):
+    """A fresh virtual environment holding the wheel (and the extras the README blocks use: cv, zmq)."""
+    shutil.rmtree(VENV, ignore_errors=True)
+    _run([sys.executable, "-m", "venv", VENV])
+    python = VENV / "bin" / "python"
+    _run([python, "-m", "pip", "install", "-q", f"{wheel}[cv,zmq]"], env=dict(os.environ, TMPDIR=str(OUT)))
+    return python
+
+
+def test_auditwheel_names_a_manylinux_policy_for_the_wheel_built_from_the_sdist(built, wheel):
+    out, log = built
+    assert len(list(out.glob("visionipc-*.tar.gz"))) == 1, "no sdist"
+    assert wheel.name.startswith("visionipc-0.1.0-cp3") and "-manylinux_2_" in wheel.name, wheel.name
+    report = _run([sys.executable, "-m", "auditwheel", "show", wheel], env=dict(os.environ, TMPDIR=str(out)))
+    tag = wheel.name.rsplit("-", 1)[1].removesuffix(".whl")
+    assert f'is consistent with the following platform tag: "{tag}"' in " ".join(report.split()), report
+    assert tag.startswith("manylinux_2_") and tag in log
+
+
+def test_the_wheel_holds_one_copy_of_the_shared_library_and_no_static_one(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    libraries = [n for n in names if "libvisionipc" in n]
+    assert libraries == ["visionipc/lib/libvisionipc.so.0.1"], libraries  # named by its soname
+    for needed in (
+        "visionipc/include/visionipc/vipc/vipc.h",
+        "visionipc/include/visionipc/msgq/ipc.h",
+        "visionipc/lib/cmake/visionipc/visionipc-config.cmake",
+        "visionipc/lib/pkgconfig/visionipc.pc",
+        "visionipc-0.1.0.dist-info/licenses/LICENSE",
+    ):
+        assert needed in names, needed
+    assert not [n for n in names if "Static" in n or n.endswith(".a")], "the static library is for C++ installs"
+    assert not [n for n in names if n.startswith("visionipc.libs/")], "auditwheel grafted a library into the wheel"
+    metadata = zipfile.ZipFile(wheel).read("visionipc-0.1.0.dist-info/METADATA").decode()
+    assert "Project-URL: " in metadata and "Classifier: License :: OSI Approved :: MIT License" in metadata
+
+
+def test_the_installed_wheel_runs_the_readme_blocks_outside_the_checkout(venv):
+    workdir = OUT / "smoke"
+    workdir.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = _run([venv, TOOLS / "wheel_smoke.py", "--workdir", workdir], timeout=300, env=env)
+    site = _run([venv, "-c", "import visionipc; print(visionipc.__file__)"], cwd=workdir, env=env).strip()
+    assert site.startswith(str(VENV)), site
+    assert out.count("ok: README.md line ") >= 8, out
+
+
+CHECK_CC = """
+#include <cstdio>
+#include <string_view>
+#include <vipc/vipc.h>
+
+int main() {
+  const vipc::RunOptions run = vipc::RunOptions::from_environment();
+  vipc::Subscriber sub("wheel_check", {.run = run});
+  vipc::Publisher pub("wheel_check", {.run = run});
+  pub.send(std::string_view("hello from the wheel"));
+  std::optional<vipc::Bytes> msg = sub.receive(vipc::Timeout(5000));
+  if (!msg) return 1;
+  std::printf("%.*s\\n", int(msg->size()), reinterpret_cast<const char*>(msg->data()));
+}
+"""
+
+
+def test_cpp_programs_build_against_the_installed_wheel_with_cmake_and_pkg_config(venv):
+    """docs/cpp.md: -DCMAKE_PREFIX_PATH=<site-packages>, or pkg-config with an rpath; the one
+    library file (libvisionipc.so.0.1) serves both, as link input and at run time."""
+    site = _run([venv, "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"]).strip()
+    project = OUT / "cpp-check"
+    shutil.rmtree(project, ignore_errors=True)
+    project.mkdir(parents=True)
+    (project / "check.cc").write_text(CHECK_CC)
+    (project / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.20)\nproject(wheel_check LANGUAGES CXX)\n"
+        "find_package(visionipc CONFIG REQUIRED)\nadd_executable(check check.cc)\n"
+        "target_link_libraries(check PRIVATE visionipc::visionipc)\n"
+        'if(TARGET visionipc::visionipc_static)\n  message(FATAL_ERROR "a wheel has no static library")\nendif()\n'
+    )
+    _run(["cmake", "-S", project, "-B", project / "out", f"-DCMAKE_PREFIX_PATH={site}"], timeout=300)
+    _run(["cmake", "--build", project / "out"], timeout=300)
+    env = dict(os.environ, PKG_CONFIG_PATH=f"{site}/visionipc/lib/pkgconfig")
+    flags = _run(["pkg-config", "--cflags", "--libs", "visionipc"], env=env).split()
+    libdir = _run(["pkg-config", "--variable=libdir", "visionipc"], env=env).strip()
+    by_hand = project / "check-pkg-config"
+    _run(["c++", "-std=c++20", project / "check.cc", *flags, f"-Wl,-rpath,{libdir}", "-o", by_hand], timeout=300)
+    for program in (project / "out" / "check", by_hand):
+        assert _run([program], timeout=60) == "hello from the wheel\n"
+        (line,) = [line for line in _run(["ldd", program]).splitlines() if "libvisionipc" in line]
+        assert os.path.realpath(line.split()[2]) == os.path.realpath(f"{site}/visionipc/lib/libvisionipc.so.0.1"), line
+
+
+def test_build_wheels_refuses_an_unknown_argument_in_one_line():
+    proc = subprocess.run(["bash", TOOLS / "build_wheels.sh", "--wheel"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2
+    assert proc.stderr == "build_wheels.sh: unknown argument '--wheel' (try --help)\n"
