@@ -164,7 +164,7 @@ def _tokens(parser: argparse.ArgumentParser, values: dict, where: str) -> list:
 def _config_argv(parser: argparse.ArgumentParser, argv: list) -> list:
     """``argv`` with the tokens of its ``--config FILE`` (if any) put in front of the
     command line's own (after the subcommand, for a tool that has subcommands)."""
-    pre = argparse.ArgumentParser(add_help=False)
+    pre = argparse.ArgumentParser(add_help=False, allow_abbrev=False)  # --conf is not --config
     pre.add_argument("--config")
     known, _ = pre.parse_known_args(argv)
     if not known.config:

@@ -198,3 +198,16 @@ def test_man_pages_are_made_from_every_tools_parser(tmp_path):
         page = (tmp_path / "man1" / f"{name}.1").read_text()
         assert page.startswith(f'.TH {name.upper().replace("-", chr(92) + "-")} "1"'), page[:80]
         assert ".SH SYNOPSIS" in page and ".SH OPTIONS" in page and "log\\-level" in page
+
+
+def test_an_option_that_starts_like_config_is_not_taken_for_it(tmp_path):
+    import argparse
+
+    from msgq import cli
+
+    parser = argparse.ArgumentParser(prog="demo")
+    parser.add_argument("--conf", action="append", default=[])
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text('conf = ["a=1"]\n')
+    args = cli.parse_args(parser, ["--conf", "spark.executor.memory=64g", "--config", str(cfg)], config=True)
+    assert args.conf == ["a=1", "spark.executor.memory=64g"]  # vipc-analyze --conf KEY=VALUE
