@@ -6,7 +6,6 @@ Everything here works on small pandas frames the jobs have already reduced
 
 from __future__ import annotations
 
-import html
 import os
 
 import numpy as np
@@ -141,48 +140,47 @@ def fleet_summary(health):
     return h[[c for c in cols if c in h.columns]].reset_index(drop=True)
 
 
-def _header(header: dict) -> str:
-    def text(v):
-        return html.escape(", ".join(map(str, v)) if isinstance(v, list) else str(v))
-
-    rows = "".join(f"<tr><th>{html.escape(str(k))}</th><td>{text(v)}</td></tr>" for k, v in header.items())
-    return f"<table class='header'>{rows}</table>"
+# The page: report.html.j2 beside this file, a Jinja2 template with autoescaping (every
+# name, path and value that comes from a recording is escaped by the template engine).
+TEMPLATE = "report.html.j2"
 
 
-def _details(summary: str, body: str) -> str:
-    return f"<details><summary>{html.escape(summary)}</summary>{body}</details>"
+def _text(v) -> str:
+    return ", ".join(map(str, v)) if isinstance(v, list) else str(v)
 
 
-def _thumbnails(manifest) -> str:
-    figures = "".join(
-        f"<figure><img src='export/{html.escape(str(r.path))}' width='160' loading='lazy' "
-        f"alt='{html.escape(f'{r.recording_id}/{r.stream} frame {r.frame_id}')}'>"
-        f"<figcaption>{html.escape(f'{r.recording_id}/{r.stream} #{r.frame_id} ({r.reason})')}</figcaption></figure>"
+def _thumbnails(manifest) -> dict:
+    figures = [
+        {
+            "path": str(r.path),
+            "alt": f"{r.recording_id}/{r.stream} frame {r.frame_id}",
+            "caption": f"{r.recording_id}/{r.stream} #{r.frame_id} ({r.reason})",
+        }
         for r in manifest.head(MAX_THUMBNAILS).itertuples(index=False)
-    )
-    more = f"<p>{len(manifest) - MAX_THUMBNAILS} more in export/.</p>" if len(manifest) > MAX_THUMBNAILS else ""
-    return f"<div class='thumbs'>{figures}</div>{more}"
+    ]
+    return {"kind": "thumbnails", "figures": figures, "more": max(0, len(manifest) - MAX_THUMBNAILS)}
 
 
-def _table(df, max_rows: int = 200) -> str:
+def _table(df, max_rows: int = 200) -> dict:
+    """A DataFrame as the template's table: formatted cells, the status row classes."""
+
     def fmt(v):
         if isinstance(v, float):
             return f"{v:.3f}" if np.isfinite(v) else "-"
         if isinstance(v, (list, np.ndarray)):
             v = list(v)
-            return html.escape(", ".join(map(str, v[:10])) + (f" ... ({len(v)})" if len(v) > 10 else ""))
-        return html.escape(str(v))
+            return ", ".join(map(str, v[:10])) + (f" ... ({len(v)})" if len(v) > 10 else "")
+        return str(v)
 
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in df.columns)
     status = list(df.columns).index("status") if "status" in df.columns else None
-
-    def tr(row):
-        cls = {"BAD": " class='bad'", "WARN": " class='warn'"}.get(row[status], "") if status is not None else ""
-        return f"<tr{cls}>" + "".join(f"<td>{fmt(v)}</td>" for v in row) + "</tr>"
-
-    body = "".join(tr(row) for row in df.head(max_rows).itertuples(index=False))
-    more = f"<p>... {len(df) - max_rows} more rows in the Parquet results.</p>" if len(df) > max_rows else ""
-    return f"<table><tr>{head}</tr>{body}</table>{more}"
+    rows = [
+        {
+            "cls": {"BAD": "bad", "WARN": "warn"}.get(row[status], "") if status is not None else "",
+            "cells": [fmt(v) for v in row],
+        }
+        for row in df.head(max_rows).itertuples(index=False)
+    ]
+    return {"columns": [str(c) for c in df.columns], "rows": rows, "more": max(0, len(df) - max_rows)}
 
 
 HEALTH_SHOWN = [
@@ -223,6 +221,7 @@ def write_report(
     Laid out for a fleet: a run header (``header``: name -> value), the fleet summary
     (worst streams first), stall/delay events and drops, then the details (full tables,
     per-recording latency) in collapsible sections, thumbnails of exported frames."""
+    import jinja2
     import matplotlib
 
     matplotlib.use("Agg")
@@ -230,30 +229,30 @@ def write_report(
 
     plots = os.path.join(out_dir, "plots")
     os.makedirs(plots, exist_ok=True)
-    parts = [f"<h1>{html.escape(title)}</h1>"]
-    if header:
-        parts.append(_header(header))
+    parts: list = []
+
+    def heading(level, text):
+        parts.append({"kind": "heading", "level": level, "text": text})
+
+    def table(df, max_rows=200):
+        parts.append({"kind": "table", "table": _table(df, max_rows)})
+
+    def details(summary, df, max_rows=200):
+        parts.append({"kind": "details", "summary": summary, "table": _table(df, max_rows)})
 
     def figure(name, caption, draw, *args):
         draw(plt, *args, os.path.join(plots, name))
-        parts.append(
-            f"<figure><img src='plots/{name}' alt='{html.escape(caption)}'>"
-            f"<figcaption>{html.escape(caption)}</figcaption></figure>"
-        )
+        parts.append({"kind": "figure", "name": name, "caption": caption})
 
     if health is not None:
-        parts.append(f"<h2>Fleet summary ({len(health)} recording x stream, worst first)</h2>")
-        parts.append(_table(fleet_summary(health)))
+        heading(2, f"Fleet summary ({len(health)} recording x stream, worst first)")
+        table(fleet_summary(health))
         if events is not None:
-            parts.append(
-                f"<h3>Stall and delay events ({len(events)})</h3>"
-                + _table(events.sort_values("value_ms", ascending=False), 100)
-            )
-        parts.append(
-            _details(
-                f"Stream health, every column ({len(health)} rows)",
-                _table(health[[c for c in HEALTH_SHOWN if c in health.columns]]),
-            )
+            heading(3, f"Stall and delay events ({len(events)})")
+            table(events.sort_values("value_ms", ascending=False), 100)
+        details(
+            f"Stream health, every column ({len(health)} rows)",
+            health[[c for c in HEALTH_SHOWN if c in health.columns]],
         )
         if timeline is not None and len(timeline):
             figure(
@@ -263,24 +262,25 @@ def write_report(
             figure("latency_histogram.png", "latency (receive - eof) histogram", _plot_latency, latency_hist)
         if drops is not None and len(health):
             figure("drop_timeline.png", "where frames were dropped", _plot_drops, health, drops)
-            parts.append(_details(f"Drops ({len(drops)} gaps)", _table(drops)))
+            details(f"Drops ({len(drops)} gaps)", drops)
     if metrics_summary is not None:
-        parts.append("<h2>Image metrics</h2>" + _table(metrics_summary))
+        heading(2, "Image metrics")
+        table(metrics_summary)
         if metrics_sample is not None and len(metrics_sample):
             figure("metric_distributions.png", "distributions of the per-frame metrics", _plot_metrics, metrics_sample)
     if manifest is not None:
-        parts.append(f"<h2>Export ({len(manifest)} frames)</h2>" + _thumbnails(manifest))
-        parts.append(_details("Export manifest", _table(manifest, 200)))
-    style = (
-        "body{font-family:sans-serif;margin:2em}table{border-collapse:collapse;font-size:12px}"
-        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:right}img{max-width:100%}"
-        ".thumbs{display:flex;flex-wrap:wrap;gap:6px}.thumbs figure{margin:0;font-size:10px}"
-        "tr.bad td{background:#fdd}tr.warn td{background:#ffe9b3}summary{cursor:pointer;font-weight:bold}"
+        heading(2, f"Export ({len(manifest)} frames)")
+        parts.append(_thumbnails(manifest))
+        details("Export manifest", manifest, 200)
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    page = environment.get_template(TEMPLATE).render(
+        title=title, header=[(str(k), _text(v)) for k, v in (header or {}).items()], parts=parts
     )
     path = os.path.join(out_dir, "report.html")
     with open(path, "w") as f:
-        f.write(
-            f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{style}</style></head><body>{''.join(parts)}</body></html>"
-        )
+        f.write(page)
     return path
