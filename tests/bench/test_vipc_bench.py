@@ -16,7 +16,7 @@ FRAMES = 4
 # Paced, these deliver every frame to every client: visionipc (conflate=False clients
 # read every announcement from the msgq ring), pyzmq (XPUB_NODROP), shm+pipe (the
 # pipe). The futex page and iceoryx2's 2-sample subscriber buffer keep only the newest.
-LOSSLESS = ("visionipc", "visionipc-copy", "pyzmq", "shm+pipe", "msgq")
+LOSSLESS = ("visionipc", "visionipc-get", "visionipc-copy", "pyzmq", "shm+pipe", "msgq")
 BUILT_FROM_SOURCE = ("reference",)  # commaai/msgq: never installed by pip, so not required in CI
 NEEDS_GPU = ("visionipc-cuda", "naive-cuda", "pinned-staging")  # tools/gpu_check.sh runs them on a GPU machine
 

@@ -42,6 +42,11 @@ TRANSPORTS = {
         "visionipc zero-copy with VisionIpcServer(wake='handoff'): send wakes one sleeping client, it wakes the rest",
         None,
     ),
+    "visionipc-get": (
+        "vipc_get",
+        "visionipc zero-copy stamped before get_buffer() (the producer's whole per-frame path), not before send(buf)",
+        None,
+    ),
     "visionipc-copy": (
         "vipc_copy",
         "visionipc, the reference's copying send: server.send(stream, frame) copies into a free buffer",
@@ -95,7 +100,8 @@ def _cuda_available() -> bool:
 
 HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): the report gives it the 8-client targets too
 # Variants measured only when named in --transports (the default matrix stays as long as it was).
-ON_REQUEST = (HANDOFF, "visionipc-cuda", "naive-cuda", "pinned-staging")  # the GPU rows need a GPU
+# the GPU rows need a GPU; visionipc-get is the producer's side of issue 36
+ON_REQUEST = (HANDOFF, "visionipc-get", "visionipc-cuda", "naive-cuda", "pinned-staging")
 
 
 def load(name):
