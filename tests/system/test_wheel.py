@@ -131,7 +131,20 @@ def test_cpp_programs_build_against_the_installed_wheel_with_cmake_and_pkg_confi
         assert os.path.realpath(line.split()[2]) == os.path.realpath(f"{site}/visionipc/lib/libvisionipc.so.0.1"), line
 
 
-def test_build_wheels_refuses_an_unknown_argument_in_one_line():
-    proc = subprocess.run(["bash", TOOLS / "build_wheels.sh", "--wheel"], capture_output=True, text=True, timeout=30)
-    assert proc.returncode == 2
-    assert proc.stderr == "build_wheels.sh: unknown argument '--wheel' (try --help)\n"
+@pytest.mark.parametrize(
+    ("args", "python", "said"),
+    [
+        (["--wheel"], sys.executable, "unknown argument '--wheel' (try --help)"),
+        (["--out"], sys.executable, "--out needs a folder"),
+        ([], "/no/such/python", "no Python at /no/such/python: run bash tools/setup.sh or set PYTHON"),
+    ],
+)
+def test_build_wheels_refuses_bad_input_in_one_line(args, python, said):
+    proc = subprocess.run(
+        ["bash", TOOLS / "build_wheels.sh", *args],
+        env=dict(os.environ, PYTHON=python),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (proc.returncode, proc.stderr) == (2, f"build_wheels.sh: {said}\n")
