@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <utility>
 
 #include "common/clock.h"
 #include "common/errors.h"
@@ -239,12 +238,15 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
   return false;
 }
 
-// G1 for the first buffer, least recently sent first, that is neither checked out nor
-// leased nor ``avoid``; kNoBuffer if there is none (nothing is taken then).
-uint32_t Server::take_free(Stream& s, uint32_t avoid) {
+Acquired Server::get_buffer(const std::string& stream) {
+  const common::UseOrClosed call = use();
+  Stream& s = find(stream);
   const uint32_t n = s.layout.count;
+  uint8_t* const data = s.pool->data() + s.layout.data_offset;
+  const auto pixels = [&](uint32_t i) { return data + uint64_t{i} * s.layout.slot_size; };
   // Candidates from least to most recently sent (ties by index); buffers already
-  // checked out (odd) go last. On the stack: no allocation per frame (n <= kMaxBuffers).
+  // checked out (odd) go last, so recycling one only happens when nothing else is
+  // left. On the stack: no allocation per frame (n <= kMaxBuffers).
   std::array<uint32_t, kMaxBuffers> order;
   for (uint32_t i = 0; i < n; i++) order[i] = i;
   std::sort(order.begin(), order.begin() + n, [&](uint32_t a, uint32_t b) {
@@ -252,10 +254,11 @@ uint32_t Server::take_free(Stream& s, uint32_t avoid) {
     if (oa != ob) return ob;
     return s.last_sent[a] != s.last_sent[b] ? s.last_sent[a] < s.last_sent[b] : a < b;
   });
+  const uint32_t chosen = order[0];
   for (uint32_t k = 0; k < n; k++) {
     const uint32_t i = order[k];
     const uint64_t gen = s.generation[i];
-    if ((gen & 1) || i == avoid) continue;
+    if (gen & 1) continue;
     if (gen != 0 && leased(s, i, gen)) continue;
     if (gen != 0) {
       // G1a: probe, then re-check: a client whose L1 store we missed sees the
@@ -269,28 +272,10 @@ uint32_t Server::take_free(Stream& s, uint32_t avoid) {
     s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
     std::atomic_thread_fence(std::memory_order_release);              // pixel writes after it
     s.generation[i] = gen + 1;
-    return i;
+    return Acquired{i, gen + 1, pixels(i), s.pool};
   }
-  return kNoBuffer;
-}
-
-Acquired Server::get_buffer(const std::string& stream) {
-  const common::UseOrClosed call = use();
-  Stream& s = find(stream);
-  uint8_t* const data = s.pool->data() + s.layout.data_offset;
-  const auto pixels = [&](uint32_t i) { return data + uint64_t{i} * s.layout.slot_size; };
-  // The spare send() took while everything was warm (see Stream::spare): still ours.
-  const uint32_t spare = std::exchange(s.spare, kNoBuffer);
-  if (spare != kNoBuffer && (s.generation[spare] & 1)) return Acquired{spare, s.generation[spare], pixels(spare), s.pool};
-  const uint32_t free = take_free(s, kNoBuffer);
-  if (free != kNoBuffer) return Acquired{free, s.generation[free], pixels(free), s.pool};
   // Everything is leased (or checked out): take the least recently sent one;
   // its holder's validity check fails from here on.
-  uint32_t chosen = 0;
-  for (uint32_t i = 1; i < s.layout.count; i++) {
-    const bool oc = s.generation[chosen] & 1, oi = s.generation[i] & 1;
-    if (oc != oi ? oc : s.last_sent[i] < s.last_sent[chosen]) chosen = i;
-  }
   uint64_t& gen = s.generation[chosen];
   gen += (gen & 1) ? 2 : 1;
   s.meta(chosen).generation.store(gen, std::memory_order_seq_cst);
@@ -317,10 +302,6 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
   const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof,
                  static_cast<uint64_t>(common::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));
-  // Take the next get_buffer()'s buffer now, while this stream's state is in the cache
-  // (a camera calls get_buffer cold, a frame interval later: issue 36). Never the buffer
-  // just sent, never a leased one, nothing stolen: with no free buffer, none is taken.
-  if (s.spare == kNoBuffer) s.spare = take_free(s, index);
 }
 
 void Server::start_listener() {

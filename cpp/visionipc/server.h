@@ -99,7 +99,6 @@ class Server {
   uint64_t generation(const std::string& stream, uint32_t index) const;
 
  private:
-  static constexpr uint32_t kNoBuffer = UINT32_MAX;
   struct Stream {
     std::string name;
     uint32_t ordinal = 0;
@@ -112,11 +111,6 @@ class Server {
     std::vector<uint64_t> last_sent;    // send counter at each buffer's last send (0 = never)
     std::vector<uint64_t> generation;   // our copy of each buffer's generation
     uint64_t sends = 0;
-    // A buffer send() checked out (G1, as get_buffer does) for the next get_buffer(),
-    // or kNoBuffer: the producer's per-frame path then finds it in the cache instead of
-    // sorting and reading lease slots a frame interval later. Producer thread only.
-    // Its previous frame is invalidated one send earlier than it would be otherwise.
-    uint32_t spare = kNoBuffer;
     // Lease slots given to live connections: written by the listener under mutex_,
     // read by the producer without it. SYNC: a bit is set (seq_cst RMW) before the
     // admission reply goes out, so before the client's first lease store (L1), and
@@ -139,7 +133,6 @@ class Server {
   common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC server is closed"); }
   Stream& find(const std::string& stream) const;
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
-  uint32_t take_free(Stream& s, uint32_t avoid);
   static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
   void listen_loop();
   void accept_client();

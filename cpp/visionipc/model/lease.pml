@@ -21,10 +21,6 @@
  * few instructions), anything else is a lost frame (L1 undone). A held frame
  * is read twice, then released (L2).
  *
- * send() also runs G1 for the next get_buffer's buffer right after its G3 (the
- * "spare", issue 36): the same steps on another buffer, never the one just
- * published, so this model's producer (pick, G1a, G1b, G3) covers it.
- *
  * Property: a frame a client holds is never written: while it holds (i, g),
  * meta[i] stays g or g+PROBE (asserted at each read of the frame).
  *
