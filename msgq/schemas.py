@@ -13,9 +13,9 @@ bytes; the schema says how to read them::
 
 Where it is kept: a file ``msgq@[PREFIX@]TOPIC#schema`` beside the topic's ring in the
 shared-memory directory (owner-only, written atomically, the newest publisher's wins),
-removed by the stale sweep once the topic's ring is gone (``msgq.artifacts``). It is
-local to the host: the ``zmq`` backend's remote subscribers and ``msgq-bridge`` do not
-carry it (yet).
+removed by the stale sweep once the topic's ring is gone (``msgq.artifacts``).
+``msgq-bridge`` carries it to the other host (an announcement when a subscriber joins);
+the ``zmq`` backend's remote subscribers do not see it.
 """
 
 from __future__ import annotations
@@ -31,6 +31,9 @@ from msgq.errors import InvalidArgumentError, IpcError
 from msgq.names import segment_basename, segment_dir
 
 SUFFIX = "#schema"
+# msgq-bridge carries a topic's schema as a two-frame ZeroMQ message [ANNOUNCE, JSON] (every
+# msgq message is one frame), sent by `out` when a remote subscriber joins.
+ANNOUNCE = b"\x00msgq-schema\x00"
 MAX_SCHEMA_BYTES = 16 << 20  # a schema file larger than this is refused (it is someone else's)
 
 # What a message of each schema encoding is encoded as (MCAP's well-known encodings).
@@ -90,7 +93,7 @@ def set_topic_schema(topic: str, schema: Optional[Schema]) -> None:
         return
     if not isinstance(schema, Schema):
         raise InvalidArgumentError(f"schema= takes a msgq.Schema, not {type(schema).__name__}")
-    body = {"encoding": schema.encoding, "name": schema.name, "data": base64.b64encode(schema.data).decode()}
+    body = _body(schema)
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=os.path.basename(path) + "~")  # mode 600
     try:
@@ -103,6 +106,32 @@ def set_topic_schema(topic: str, schema: Optional[Schema]) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def _body(schema: Schema) -> dict:
+    return {"encoding": schema.encoding, "name": schema.name, "data": base64.b64encode(schema.data).decode()}
+
+
+def _from_body(body: Any) -> Schema:
+    return Schema(body["encoding"], body["name"], base64.b64decode(body["data"], validate=True))
+
+
+def announcement(schema: Schema) -> list:
+    """The frames msgq-bridge sends to carry ``schema``: ``[ANNOUNCE, JSON]``."""
+    return [ANNOUNCE, json.dumps(_body(schema)).encode()]
+
+
+def from_announcement(frames: list) -> Optional[Schema]:
+    """The schema in frames from the network, None if they are not an announcement;
+    IpcError if they claim to be one but are malformed (a peer's bytes)."""
+    if len(frames) != 2 or bytes(frames[0]) != ANNOUNCE:
+        return None
+    if len(frames[1]) > 4 * MAX_SCHEMA_BYTES // 3 + 1024:
+        raise IpcError("a schema announcement larger than any schema")
+    try:
+        return _from_body(json.loads(bytes(frames[1])))
+    except (ValueError, KeyError, TypeError, InvalidArgumentError) as e:
+        raise IpcError(f"a malformed schema announcement ({e})") from None
 
 
 def forget_schema(topic: str, publisher: bool, backend: str) -> None:
@@ -141,8 +170,7 @@ def read_schema_file(path: str, topic: str) -> Optional[Schema]:
             raise IpcError(f"topic {topic!r}: its schema file {path} belongs to another user")
         raw = f.read(4 * MAX_SCHEMA_BYTES // 3 + 1024)
     try:
-        body = json.loads(raw)
-        return Schema(body["encoding"], body["name"], base64.b64decode(body["data"], validate=True))
+        return _from_body(json.loads(raw))
     except (ValueError, KeyError, TypeError, InvalidArgumentError) as e:
         raise IpcError(f"topic {topic!r}: its schema file {path} is malformed ({e})") from None
 

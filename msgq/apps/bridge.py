@@ -25,6 +25,7 @@ hold, so a larger one is never buffered: ZeroMQ drops that peer's connection
 """
 
 import argparse
+import contextlib
 import logging
 import signal
 import sys
@@ -35,6 +36,7 @@ from msgq import curve as msgq_curve
 from msgq.cli import parse_args
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
+from msgq.schemas import announcement, from_announcement, set_topic_schema, topic_schema
 from msgq.tooling import ZMQ_HEADROOM, CappedConnection, ensure_descriptors
 
 POLL_MS = 100  # longest wait before the loop checks for a stop request (and for a reconnect due)
@@ -205,15 +207,27 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
 
 
 def _count_subscriptions(zmq, pub, stats):
+    """Take the (un)subscriptions waiting on ``pub``; a new subscriber gets the topic's
+    declared schema (msgq.schemas: a two-frame announcement, which `in` declares on its side)."""
+    joined = False
     while True:
         try:
             event = pub.recv(zmq.NOBLOCK)
         except zmq.Again:
-            return
+            break
         if event[:1] == b"\x01":
             stats.subscribers += 1
+            joined = True
         elif event[:1] == b"\x00":
             stats.subscribers = max(0, stats.subscribers - 1)
+    if joined:
+        try:
+            schema = topic_schema(stats.topic)
+        except IpcError:  # a schema file that is not ours: nothing to carry
+            schema = None
+        if schema is not None:
+            with contextlib.suppress(zmq.Again):
+                pub.send_multipart(announcement(schema), zmq.NOBLOCK)
 
 
 class _Incoming:
@@ -289,8 +303,16 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                         frames = sock.recv_multipart(zmq.NOBLOCK, copy=True)
                     except zmq.Again:
                         break
-                    if len(frames) != 1:  # not a msgq message: one frame of payload
-                        stats.drops += 1
+                    if len(frames) != 1:  # not a msgq message (one frame of payload): a schema?
+                        try:
+                            schema = from_announcement(frames)
+                        except IpcError as exc:
+                            schema = None
+                            log(f"{stats.topic!r}: {exc} from {route.endpoint}: ignored")
+                        if schema is not None:
+                            set_topic_schema(stats.topic, schema)
+                        else:
+                            stats.drops += 1
                         continue
                     try:
                         pub.send(frames[0])

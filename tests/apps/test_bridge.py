@@ -423,3 +423,50 @@ def test_messages_larger_than_the_topic_never_reach_the_bridges_memory(tmp_path)
         remote.close()
     finally:
         ctx.destroy(linger=0)
+
+
+def test_out_announces_a_topics_schema_to_each_new_subscriber(tmp_path):
+    from msgq.schemas import from_announcement
+
+    topic = unique_topic()
+    schema = msgq.Schema("jsonschema", "Reading", b'{"type": "object"}')
+    ctx = zmq.Context()
+    try:
+        with msgq.pub_sock(topic, schema=schema) as pub, bridge(tmp_path, "out", topic, "--bind", "127.0.0.1") as proc:
+            wait_for_segment(topic, proc)
+            remote = zmq_sub(ctx, topic)
+            deadline, announced = time.monotonic() + DEADLINE, None
+            while announced is None:  # the announcement, among the messages sent meanwhile
+                assert time.monotonic() < deadline and proc.poll() is None, "no schema announcement came"
+                pub.send(b"x")
+                if remote.poll(20):
+                    announced = from_announcement(remote.recv_multipart())
+            assert announced == schema
+            remote.close()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def test_in_declares_the_schema_a_remote_bridge_announces_and_ignores_a_malformed_one(tmp_path):
+    from msgq.schemas import ANNOUNCE, announcement
+
+    topic = unique_topic()
+    schema = msgq.Schema("protobuf", "pkg.Msg", b"\x0a\x03abc")
+    ctx = zmq.Context()
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        remote.bind(endpoint(topic))
+        with msgq.sub_sock(topic) as sub, bridge(tmp_path, "in", topic, "--from", "127.0.0.1") as proc:
+            warm_up(remote.send, msgq_receiver(sub), proc)
+            remote.send_multipart([ANNOUNCE, b"{not json"])
+            remote.send_multipart(announcement(schema))
+            deadline = time.monotonic() + DEADLINE
+            while msgq.topic_schema(topic) != schema:
+                assert time.monotonic() < deadline and proc.poll() is None, "the schema never arrived"
+                time.sleep(0.02)
+        remote.close()
+    finally:
+        ctx.destroy(linger=0)
+    log = "".join(p.read_text() for p in tmp_path.glob("bridge-*.log"))
+    assert "malformed schema announcement" in log and log.count("malformed") == 1
