@@ -36,7 +36,7 @@ def test_vipc_analyze_writes_parquet_results_and_a_report_with_plots(
     )
     assert rc == 0
     run = out / open(out / "LATEST").read().strip()
-    assert (run / "_SUCCESS").is_file() and sorted(os.listdir(out)) == ["LATEST", run.name]  # no staging left
+    assert (run / "_SUCCESS").is_file() and sorted(os.listdir(out)) == ["LATEST", run.name, "tables"]  # no staging left
     manifest = json.loads((run / "run.json").read_text())
     assert manifest["master"].startswith("local") and manifest["jobs"] == ["health", "metrics", "export"]
     assert {i["recording_id"] for i in manifest["inputs"]} == {"lossless", "quality"} and manifest["command"]

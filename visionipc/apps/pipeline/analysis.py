@@ -9,7 +9,8 @@ import os
 import shutil
 import tempfile
 
-from visionipc.apps.pipeline import cluster, fs, jobs, runs
+from visionipc.apps.pipeline import cluster, fs, jobs, runs, tables
+from visionipc.apps.record.checks import RecordingError
 
 IN_PROGRESS = "recording"  # recording.json status while vipc-record still writes
 
@@ -23,8 +24,9 @@ def recording_date(info: dict):
 
 def select_recordings(recs, args, out, warn):
     """Drop recordings still being recorded (unless ``--allow-partial``) and, with
-    ``--incremental``, those a published run in ``out`` analysed; returns (recordings,
-    {recording_id: recording.json}). A broken recording.json is a RecordingError."""
+    ``--incremental``, those a published run in ``out`` analysed as they are now (same id,
+    same segments: tables.fingerprint); returns (recordings, {name: recording.json},
+    {name: (stable id, fingerprint)}). A broken recording.json is a RecordingError."""
     from visionipc.apps.pipeline.read import recording_info
 
     infos = {r.recording_id: recording_info(r) for r in recs}
@@ -35,10 +37,22 @@ def select_recordings(recs, args, out, warn):
             + ", ".join(r.path for r in partial)
         )
         recs = [r for r in recs if r not in partial]
+    keys = {}
+    for r in recs:
+        rid = tables.stable_id(r, infos[r.recording_id])
+        keys[r.recording_id] = (rid, tables.fingerprint(r, rid))
+    seen = {}
+    for r in recs:
+        other = seen.setdefault(keys[r.recording_id][0], r)
+        if other is not r:
+            raise RecordingError(
+                f"{other.path} and {r.path} are the same recording (recording_id {keys[r.recording_id][0]}): "
+                "analyse one of them"
+            )
     if args.incremental:
         done = runs.analysed_recordings(out)
-        recs = [r for r in recs if r.path not in done]
-    return recs, infos
+        recs = [r for r in recs if keys[r.recording_id] not in done]
+    return recs, infos, keys
 
 
 def unmeasured_lossy_streams(recs, infos) -> list:
@@ -64,9 +78,10 @@ def _write_table(df, location: str, dates: dict | None = None) -> None:
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path, filesystem=filesystem)
 
 
-def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
-    """Run the jobs of ``args`` over ``recs`` into ``run`` (runs.Run); returns the small tables.
-    ``files``: their ``index_files`` rows when the caller has checked them already."""
+def analyse(spark, recs, infos, args, run, slots, step, files=None, keys=None) -> dict:
+    """Run the jobs of ``args`` over ``recs`` into ``run`` (runs.Run) and the tables of its
+    ``--out`` (tables.py); returns the small tables. ``files``: their ``index_files`` rows
+    when the caller has checked them already; ``keys``: select_recordings' third value."""
     from visionipc.apps.pipeline import report
     from visionipc.apps.pipeline.frames import segment_rows
     from visionipc.apps.pipeline.read import index_files
@@ -120,18 +135,20 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
         )
         _write_table(res["manifest"], run.path("export", "manifest.parquet"))
         step(f"export: {len(res['manifest'])} frames written")
+    write_tables(spark, recs, infos, args, run, res, step, keys)
+    shown = {k: _named(v) for k, v in res.items()} if args.incremental else res
     local = tempfile.mkdtemp(prefix="vipc-report-")
     try:
         report.write_report(
             local,
-            health=res.get("health") if "health" in args.jobs else None,
-            drops=res.get("drops") if "health" in args.jobs else None,
-            timeline=res.get("timeline"),
-            latency_hist=res.get("latency"),
-            metrics_summary=res.get("metrics_summary"),
-            metrics_sample=res.get("metrics_sample"),
-            manifest=res.get("manifest"),
-            events=res.get("events") if "health" in args.jobs else None,
+            health=shown.get("health") if "health" in args.jobs else None,
+            drops=shown.get("drops") if "health" in args.jobs else None,
+            timeline=shown.get("timeline"),
+            latency_hist=shown.get("latency"),
+            metrics_summary=shown.get("metrics_summary"),
+            metrics_sample=shown.get("metrics_sample"),
+            manifest=shown.get("manifest"),
+            events=shown.get("events") if "health" in args.jobs else None,
             header={"run": run.name, "master": cluster.master_of(spark), "recordings": len(recs), "jobs": args.jobs},
         )
         fs.upload_dir(local, run.stage)
@@ -139,3 +156,56 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None) -> dict:
         shutil.rmtree(local, ignore_errors=True)
     step(f"report: {os.path.join(run.final, 'report.html') if fs.is_local(run.final) else run.final + '/report.html'}")
     return res
+
+
+# the run's small tables (analysis results keyed as jobs.HEALTH_KINDS) -> their table names
+SMALL = {
+    "health": "health",
+    "drops": "drops",
+    "timeline": "fps_timeline",
+    "latency": "latency_histogram",
+    "events": "events",
+    "metrics_summary": "metrics_summary",
+}
+
+
+def write_tables(spark, recs, infos, args, run, res, step, keys=None) -> None:
+    """The run's results into ``OUT/tables`` (replacing exactly its recordings' partitions);
+    with ``--incremental`` the run folder's small tables become the whole tables (every
+    recording analysed so far, as last analysed) and ``res`` with them."""
+    if keys is None:
+        keys = {r.recording_id: (tables.stable_id(r, infos[r.recording_id]), None) for r in recs}
+    ids = {name: key[0] for name, key in keys.items() if name in {r.recording_id for r in recs}}
+    dates = {name: recording_date(infos[name]) for name in ids}
+    names = [t for t in tables.HEALTH_TABLES if "health" in args.jobs]
+    if "metrics" in args.jobs and res.get("metrics_summary") is not None:
+        names += list(tables.METRICS_TABLES)
+    if not names:
+        return
+    step(f"tables: {', '.join(names)} -> {tables.location(run.out, '')}")
+    try:
+        for kind, name in SMALL.items():
+            if name in names:
+                tables.write_small(spark, run.out, name, res[kind], ids, dates)
+        if "metrics" in names:
+            tables.write_metrics(spark, run.out, run.path("metrics"), ids, dates)
+    except Exception as e:  # noqa: BLE001 - only a storage Spark's own writer cannot reach is let pass
+        if not tables.unreachable(e):
+            raise
+        step(f"tables: not written: Spark's writer cannot reach {run.out} ({tables.unreachable(e)}; docs/pipeline.md)")
+        return
+    if args.incremental:
+        for kind, name in SMALL.items():
+            if name in names:
+                res[kind] = tables.read_whole(spark, run.out, name)
+                _write_table(res[kind], run.path(f"{name}.parquet"))
+    if getattr(args, "table", None):
+        made = tables.register(spark, args.table, run.out, names)
+        step(f"tables: registered {', '.join(made)} in the session's catalog")
+
+
+def _named(frame):
+    """A whole table as the report shows it: recordings by their names."""
+    if frame is None or "recording" not in getattr(frame, "columns", ()):
+        return frame
+    return frame.assign(recording_id=frame["recording"])

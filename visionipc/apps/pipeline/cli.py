@@ -35,6 +35,9 @@ Each run writes a new folder OUT/run-<time>-<id>/ (published with _SUCCESS and r
 OUT/LATEST names the newest): health.parquet, drops.parquet, fps_timeline.parquet,
 latency_histogram.parquet, metrics/ (partitioned by recording_id, stream), metrics_summary.parquet,
 export/ (images + manifest.parquet), report.html + plots/.
+Tables that grow with the fleet: OUT/tables/<table>/date=D/recording_id=R/ (Hive-style;
+a run replaces exactly its recordings' partitions; one file per recording); --table NAME
+registers them in the Spark catalog.
 """
 
 INTERRUPTED = 130
@@ -106,7 +109,18 @@ def parse_args(argv):
     p.add_argument(
         "--allow-partial", action="store_true", help="analyse recordings still being recorded (skipped by default)"
     )
-    p.add_argument("--incremental", action="store_true", help="analyse only recordings no run in --out analysed")
+    p.add_argument(
+        "--incremental",
+        action="store_true",
+        help="analyse only recordings new or changed since a run in --out analysed them (by their id and "
+        "segments, not their location); the run folder's tables then hold every recording analysed",
+    )
+    p.add_argument(
+        "--table",
+        default=None,
+        metavar="NAME",
+        help="register the tables in the Spark catalog as NAME_health, NAME_metrics, ... (NAME or db.NAME)",
+    )
     p.add_argument("--ui", action="store_true", help="start Spark's web UI (its address is printed)")
     p.add_argument(
         "--starved-after",
@@ -129,6 +143,8 @@ def parse_args(argv):
         p.error("--export sharp:S needs the metrics job (--jobs metrics,export)")
     if args.remote and args.master:
         p.error("--remote and --master: choose one (a Spark Connect server has its own master)")
+    if args.table is not None and not re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", args.table):
+        p.error(f"--table {args.table!r}: a name of letters, digits and '_' (or db.name)")
     if args.starved_after <= 0:
         p.error("--starved-after must be > 0")
     try:
@@ -152,12 +168,12 @@ def warn(msg: str) -> None:
 
 
 def run(args, step) -> int:
-    from visionipc.apps.pipeline import cluster, runs
+    from visionipc.apps.pipeline import cluster, fs, runs
     from visionipc.apps.pipeline.analysis import analyse, select_recordings
     from visionipc.apps.pipeline.read import find_recordings, index_files
 
     out = runs.check_out(args.out)
-    recs, infos = select_recordings(find_recordings(args.recordings), args, out, warn)
+    recs, infos, keys = select_recordings(find_recordings(args.recordings), args, out, warn)
     files = index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
     if not recs:
         step(f"nothing to analyse (every recording given is still being recorded or already in {out})")
@@ -194,10 +210,15 @@ def run(args, step) -> int:
             slots = cluster.task_slots(spark)
             step(f"{slots} task slot(s) in the executors")
             run_dir.begin()
-            analyse(spark, recs, infos, args, run_dir, slots, step, files)
+            analyse(spark, recs, infos, args, run_dir, slots, step, files, keys)
         final = run_dir.publish(
-            inputs=[{"recording_id": r.recording_id, "path": r.path} for r in recs],
+            inputs=[
+                {"recording_id": r.recording_id, "path": r.path, "id": keys[r.recording_id][0], "fingerprint": fp}
+                for r in recs
+                for fp in [keys[r.recording_id][1]]
+            ],
             jobs=args.jobs,
+            tables=fs.join(out, "tables"),
             **facts,
         )
         step(f"published {final}")

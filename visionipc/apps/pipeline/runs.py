@@ -54,14 +54,16 @@ def completed_runs(out: str) -> list:
 
 
 def analysed_recordings(out: str) -> set:
-    """Locations of the recordings that a published run in ``out`` analysed."""
+    """``(recording id, fingerprint)`` of every recording a published run in ``out``
+    analysed (tables.fingerprint: by content, not by location; runs made before the
+    fingerprint was kept name none, so their recordings are analysed again)."""
     done = set()
     for name in completed_runs(out):
         try:
             manifest = json.loads(fs.read_bytes(fs.join(out, name, MANIFEST)))
         except (OSError, ValueError):
             continue
-        done.update(item["path"] for item in manifest.get("inputs", []))
+        done.update((i["id"], i["fingerprint"]) for i in manifest.get("inputs", []) if "fingerprint" in i)
     return done
 
 

@@ -10,6 +10,7 @@ import queue
 import sys
 import threading
 import time
+import uuid
 
 from msgq.cli import progress
 from msgq.tooling import printable
@@ -315,6 +316,7 @@ def run(args) -> int:
             raise UsageError(f"--topic: {e}") from None
         manifest = {
             "format_version": index.FORMAT_VERSION,
+            "recording_id": str(uuid.uuid4()),  # stable: vipc-analyze's tables key on it
             "name": args.name,
             "streams": {},
             "topics": args.topic,
