@@ -17,7 +17,7 @@ import pyspark
 import pytest
 from pipeline_helpers import recordings, spark  # noqa: F401
 
-from visionipc.apps.pipeline import export, health, read, report, runs
+from visionipc.apps.pipeline import export, health, read, report, runs, tables
 from visionipc.apps.pipeline.cli import main
 from visionipc.apps.pipeline.session import DAEMON_MODULE, connect_session
 
@@ -142,9 +142,16 @@ def test_every_job_on_spark_connect_gives_the_classic_sessions_results(spark, co
     ):
         classic_out, connect_out = tmp_path / f"classic{i}", tmp_path / f"connect{i}"
         assert main([*paths, "--out", str(classic_out), *jobs, "-q"]) == 0  # the tests' classic session
-        assert main([*paths, "--out", str(connect_out), "--remote", connect_server, *jobs, "-q"]) == 0
+        table = ["--table", "fleet"] if i == 0 else []  # registered in the server's catalog
+        assert main([*paths, "--out", str(connect_out), "--remote", connect_server, *jobs, *table, "-q"]) == 0
         classic, connect = _results(classic_out), _results(connect_out)
         _same(connect, classic)
+        for name in (*tables.HEALTH_TABLES, *tables.METRICS_TABLES):  # OUT/tables (issue 33, item 3)
+            keys = ["recording_id", *tables.ORDER[name]]
+            found = [tables.location(str(o), name) for o in (connect_out, classic_out)]
+            if os.path.isdir(found[1]):
+                a, b = (_plain(pd.read_parquet(f).sort_values(keys, ignore_index=True)) for f in found)
+                pd.testing.assert_frame_equal(a, b, check_exact=True, obj=name)
         assert connect["run.json"]["remote"] == connect_server and "remote" not in classic["run.json"]
         assert connect["run.json"]["master"] == "local[2]"  # the server's master
         assert any(name.startswith("export/") and name != "export/manifest.parquet" for name in connect)
@@ -176,6 +183,7 @@ def test_every_job_on_spark_connect_gives_the_classic_sessions_results(spark, co
         assert on_connect[2]["count"].sum() == len(on_connect[0]) and on_connect[2]["bin"].max() == 20  # 120 ms: over
         pd.testing.assert_frame_equal(_plain(on_connect[3]), _plain(on_connect[1]), check_exact=True)
         assert len(on_connect[4]) and set(on_connect[4]["frame_id"] % 10) == {0}
+        assert remote.table("fleet_health").count() == 5  # --table: in the server's catalog, for its sessions
     finally:
         remote.stop()
 
