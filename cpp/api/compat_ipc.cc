@@ -14,15 +14,24 @@ namespace {
 
 int errno_of(vipc::ErrorKind kind) {
   switch (kind) {
-    case vipc::ErrorKind::multiple_publishers: return EADDRINUSE;  // what the reference's send() sets
-    case vipc::ErrorKind::message_too_large: return EMSGSIZE;
-    case vipc::ErrorKind::invalid_argument: return EINVAL;
-    case vipc::ErrorKind::permission: return EACCES;
-    case vipc::ErrorKind::no_space: return ENOSPC;
-    case vipc::ErrorKind::too_many_readers: return EBUSY;
-    case vipc::ErrorKind::closed: return EBADF;
-    case vipc::ErrorKind::timeout: return ETIMEDOUT;
-    default: return EIO;
+    case vipc::ErrorKind::multiple_publishers:
+      return EADDRINUSE;  // what the reference's send() sets
+    case vipc::ErrorKind::message_too_large:
+      return EMSGSIZE;
+    case vipc::ErrorKind::invalid_argument:
+      return EINVAL;
+    case vipc::ErrorKind::permission:
+      return EACCES;
+    case vipc::ErrorKind::no_space:
+      return ENOSPC;
+    case vipc::ErrorKind::too_many_readers:
+      return EBUSY;
+    case vipc::ErrorKind::closed:
+      return EBADF;
+    case vipc::ErrorKind::timeout:
+      return ETIMEDOUT;
+    default:
+      return EIO;
   }
 }
 
@@ -52,11 +61,14 @@ class ShmSubSocket : public SubSocket {
       return -1;
     }
     sub_.reset();
-    return attempt(&why_, [&] {
-      const vipc::TopicOptions options{vipc::RunOptions::from_environment(), segment_size, conflate,
-                                       vipc::RunOptions::spin_from_environment()};
-      sub_.emplace(endpoint, options);
-    }) ? 0 : -1;
+    return attempt(&why_,
+                   [&] {
+                     const vipc::TopicOptions options{vipc::RunOptions::from_environment(), segment_size, conflate,
+                                                      vipc::RunOptions::spin_from_environment()};
+                     sub_.emplace(endpoint, options);
+                   })
+               ? 0
+               : -1;
   }
   void setTimeout(int timeout) override { timeout_ms_ = timeout < 0 ? -1 : timeout; }
   Message* receive(bool non_blocking) override {
@@ -65,7 +77,9 @@ class ShmSubSocket : public SubSocket {
       return nullptr;
     }
     bool got = false;
-    if (!attempt(nullptr, [&] { got = sub_->receive_into(buffer_, non_blocking ? vipc::Timeout(0) : timeout_of(timeout_ms_)); })) {
+    if (!attempt(nullptr, [&] {
+          got = sub_->receive_into(buffer_, non_blocking ? vipc::Timeout(0) : timeout_of(timeout_ms_));
+        })) {
       return nullptr;
     }
     if (!got) return nullptr;

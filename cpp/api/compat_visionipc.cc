@@ -105,8 +105,7 @@ std::string get_ipc_path(const std::string& name) {
 }
 
 struct VisionIpcServer::Impl {
-  explicit Impl(std::string name)
-      : server(std::move(name), core_options()) {}
+  explicit Impl(std::string name) : server(std::move(name), core_options()) {}
   static vipc::visionipc::ServerOptions core_options() {
     const vipc::RunOptions run = vipc::RunOptions::from_environment();
     vipc::visionipc::ServerOptions o{run.prefix, run.shm_dir, {}};
@@ -130,7 +129,8 @@ struct VisionIpcServer::Impl {
   std::vector<std::unique_ptr<VisionBuf>>& stream(VisionStreamType type) {
     auto it = buffers.find(type);
     if (it == buffers.end()) {
-      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "no stream " + stream_key(type) + " (create_buffers first)");
+      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                         "no stream " + stream_key(type) + " (create_buffers first)");
     }
     return it->second;
   }
@@ -153,8 +153,9 @@ static uint32_t dim(const char* what, size_t v) {
 
 void VisionIpcServer::create_buffers(VisionStreamType type, size_t num_buffers, size_t width, size_t height) {
   vipc::api::guarded([&] {
-    impl->create(type, count_of(num_buffers),
-                 vipc::visionipc::make_geometry(vipc::visionipc::Format::kNV12, dim("width", width), dim("height", height)));
+    impl->create(
+        type, count_of(num_buffers),
+        vipc::visionipc::make_geometry(vipc::visionipc::Format::kNV12, dim("width", width), dim("height", height)));
   });
 }
 
@@ -191,7 +192,8 @@ void VisionIpcServer::send(VisionBuf* buf, VisionIpcBufExtra* extra, bool sync) 
     auto& bufs = impl->stream(buf->type);
     const std::string key = stream_key(buf->type);
     if (buf->idx >= bufs.size() || bufs[buf->idx].get() != buf) {
-      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "send() of a VisionBuf that is not one of this server's");
+      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                         "send() of a VisionBuf that is not one of this server's");
     }
     auto& out = impl->checked_out[buf->type];
     uint32_t index = static_cast<uint32_t>(buf->idx);
@@ -220,8 +222,8 @@ void VisionIpcServer::start_listener() {
 struct VisionIpcClient::Impl {
   Impl(std::string name, VisionStreamType type, bool conflate)
       : client(std::move(name), stream_key(type), conflate,
-               vipc::visionipc::ClientOptions{vipc::RunOptions::from_environment().prefix,
-                                              vipc::RunOptions::from_environment().shm_dir, {}}) {}
+               vipc::visionipc::ClientOptions{
+                   vipc::RunOptions::from_environment().prefix, vipc::RunOptions::from_environment().shm_dir, {}}) {}
   vipc::visionipc::Client client;
   uint64_t epoch = 0;  // the client's mapping that buffers[] describe
 };

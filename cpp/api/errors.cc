@@ -16,16 +16,36 @@ void rethrow(const common::Error& e) {
   ErrorKind k = e.kind();
   vipc::ErrorKind out = vipc::ErrorKind::ipc;
   switch (k) {
-    case ErrorKind::kIpc: out = vipc::ErrorKind::ipc; break;
-    case ErrorKind::kMultiplePublishers: out = vipc::ErrorKind::multiple_publishers; break;
-    case ErrorKind::kMessageTooLarge: out = vipc::ErrorKind::message_too_large; break;
-    case ErrorKind::kSegment: out = vipc::ErrorKind::segment; break;
-    case ErrorKind::kTooManyReaders: out = vipc::ErrorKind::too_many_readers; break;
-    case ErrorKind::kClosed: out = vipc::ErrorKind::closed; break;
-    case ErrorKind::kPermission: out = vipc::ErrorKind::permission; break;
-    case ErrorKind::kInvalidArgument: out = vipc::ErrorKind::invalid_argument; break;
-    case ErrorKind::kNoSpace: out = vipc::ErrorKind::no_space; break;
-    case ErrorKind::kTimeout: out = vipc::ErrorKind::timeout; break;
+    case ErrorKind::kIpc:
+      out = vipc::ErrorKind::ipc;
+      break;
+    case ErrorKind::kMultiplePublishers:
+      out = vipc::ErrorKind::multiple_publishers;
+      break;
+    case ErrorKind::kMessageTooLarge:
+      out = vipc::ErrorKind::message_too_large;
+      break;
+    case ErrorKind::kSegment:
+      out = vipc::ErrorKind::segment;
+      break;
+    case ErrorKind::kTooManyReaders:
+      out = vipc::ErrorKind::too_many_readers;
+      break;
+    case ErrorKind::kClosed:
+      out = vipc::ErrorKind::closed;
+      break;
+    case ErrorKind::kPermission:
+      out = vipc::ErrorKind::permission;
+      break;
+    case ErrorKind::kInvalidArgument:
+      out = vipc::ErrorKind::invalid_argument;
+      break;
+    case ErrorKind::kNoSpace:
+      out = vipc::ErrorKind::no_space;
+      break;
+    case ErrorKind::kTimeout:
+      out = vipc::ErrorKind::timeout;
+      break;
   }
   throw vipc::Error(out, e.what());
 }

@@ -62,11 +62,13 @@ void FrameServer::create_buffers(std::string_view stream, uint32_t count, uint32
   if (!impl_) moved_from();
   api::guarded([&] {
     if (format == PixelFormat::custom) {
-      common::fail(common::ErrorKind::kInvalidArgument, "PixelFormat::custom buffers come from create_buffers_with_sizes()");
+      common::fail(common::ErrorKind::kInvalidArgument,
+                   "PixelFormat::custom buffers come from create_buffers_with_sizes()");
     }
     const auto f = static_cast<visionipc::Format>(format);
     if (static_cast<uint32_t>(format) > static_cast<uint32_t>(visionipc::Format::kCustom)) {
-      common::fail(common::ErrorKind::kInvalidArgument, "unknown PixelFormat " + std::to_string(static_cast<uint32_t>(format)));
+      common::fail(common::ErrorKind::kInvalidArgument,
+                   "unknown PixelFormat " + std::to_string(static_cast<uint32_t>(format)));
     }
     impl_->server.create_buffers(api::str(stream), count, visionipc::make_geometry(f, width, height));
   });
@@ -76,7 +78,8 @@ void FrameServer::create_buffers_with_sizes(std::string_view stream, uint32_t co
                                             uint64_t size, uint32_t stride, uint32_t uv_offset) {
   if (!impl_) moved_from();
   api::guarded([&] {
-    impl_->server.create_buffers(api::str(stream), count, visionipc::custom_geometry(width, height, size, stride, uv_offset));
+    impl_->server.create_buffers(api::str(stream), count,
+                                 visionipc::custom_geometry(width, height, size, stride, uv_offset));
   });
 }
 
@@ -196,7 +199,8 @@ std::optional<Frame> FrameClient::recv(Timeout timeout) {
     for (;;) {
       const common::WaitStatus st = c.recv(deadline, f);
       if (st == common::WaitStatus::kReady) break;
-      if (st == common::WaitStatus::kClosed) common::fail(common::ErrorKind::kClosed, "client was closed while waiting");
+      if (st == common::WaitStatus::kClosed)
+        common::fail(common::ErrorKind::kClosed, "client was closed while waiting");
       if (st == common::WaitStatus::kTimeout) return std::nullopt;
       if (deadline != common::kNever && common::monotonic_ns() >= deadline) return std::nullopt;  // interrupted, late
     }
@@ -207,7 +211,8 @@ std::optional<Frame> FrameClient::recv(Timeout timeout) {
     out.epoch_ = c.epoch();
     out.publish_ns_ = f.publish_ns;
     out.info_ = FrameInfo{f.frame_id, f.timestamp_sof, f.timestamp_eof};
-    out.owner_ = std::make_shared<FrameOwner>(FrameOwner{std::shared_ptr<const visionipc::Client>(impl_, &c), c.pool()});
+    out.owner_ =
+        std::make_shared<FrameOwner>(FrameOwner{std::shared_ptr<const visionipc::Client>(impl_, &c), c.pool()});
     return out;
   });
 }
@@ -243,7 +248,8 @@ void FrameClient::close() {
   if (impl_) impl_->client.close();
 }
 
-std::optional<std::vector<std::string>> FrameClient::available_streams(std::string_view name, const ClientOptions& options) {
+std::optional<std::vector<std::string>> FrameClient::available_streams(std::string_view name,
+                                                                       const ClientOptions& options) {
   return api::guarded([&] { return visionipc::Client::list_streams(api::str(name), client_options(options)); });
 }
 

@@ -47,7 +47,8 @@ bool read_or_wait(msgq::Subscriber& sub, Bytes& out, Timeout timeout) {
   const int64_t deadline = api::deadline_of(timeout);
   for (;;) {
     const common::WaitStatus st = sub.wait(deadline);
-    if (st == common::WaitStatus::kClosed) common::fail(common::ErrorKind::kClosed, "subscriber was closed while waiting");
+    if (st == common::WaitStatus::kClosed)
+      common::fail(common::ErrorKind::kClosed, "subscriber was closed while waiting");
     if (sub.try_read(sink)) return true;
     if (st == common::WaitStatus::kTimeout) return false;
     if (deadline != common::kNever && common::monotonic_ns() >= deadline) return false;
@@ -168,7 +169,7 @@ void Subscriber::disarm() {
 void Subscriber::close() {
   if (!impl_) return;
   impl_->calls.begin_close();
-  impl_->sub->interrupt();  // a receive asleep on the ring returns: closed
+  impl_->sub->interrupt();   // a receive asleep on the ring returns: closed
   impl_->calls.wait_idle();  // one reading a message finishes it
   impl_->sub->close();
 }

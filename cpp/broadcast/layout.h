@@ -15,8 +15,8 @@
 namespace vipc::broadcast {
 
 inline constexpr uint64_t kMagic = 0x31305154'53414342ull;  // "BCASTQ01" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 3;  // 2: space_wanted; 3: wait points' may-sleep bit
-inline constexpr uint32_t kMaxReaders = 64;      // one bit each in ChunkMeta::read_mask
+inline constexpr uint32_t kLayoutVersion = 3;               // 2: space_wanted; 3: wait points' may-sleep bit
+inline constexpr uint32_t kMaxReaders = 64;                 // one bit each in ChunkMeta::read_mask
 inline constexpr uint32_t kMaxChunks = 4096;
 inline constexpr uint64_t kMinChunkBytes = 64;
 inline constexpr uint64_t kMaxChunkBytes = uint64_t{1} << 31;
@@ -41,11 +41,11 @@ struct alignas(kCacheLine) QueueHeader {
   // copied to process memory at attach and never re-read.
   uint64_t magic;
   uint32_t layout_version;
-  uint32_t n_readers;      // local readers known at creation, 1..64
-  uint32_t n_chunks;       // 1..4096
+  uint32_t n_readers;  // local readers known at creation, 1..64
+  uint32_t n_chunks;   // 1..4096
   uint32_t creator_uid;
-  uint64_t chunk_bytes;    // payload capacity of one chunk (multiple of 64)
-  uint64_t header_bytes;   // offset of the chunk data (page multiple)
+  uint64_t chunk_bytes;   // payload capacity of one chunk (multiple of 64)
+  uint64_t header_bytes;  // offset of the chunk data (page multiple)
   uint64_t created_ns;
   char pad0[kCacheLine - 48];
 
@@ -103,8 +103,8 @@ struct ChunkFrame {
   uint32_t n_parts;  // pickle stream + out-of-band buffers, or 1 raw part
   uint64_t total;    // bytes used in the chunk, frame included
 };
-inline constexpr uint32_t kFlagRaw = 1;        // raw bytes, not a pickle stream
-inline constexpr uint32_t kFlagOverflow = 2;   // payload travels on the ZeroMQ side channel
+inline constexpr uint32_t kFlagRaw = 1;       // raw bytes, not a pickle stream
+inline constexpr uint32_t kFlagOverflow = 2;  // payload travels on the ZeroMQ side channel
 inline constexpr uint32_t kMaxParts = 1 << 16;
 
 inline constexpr size_t align8(size_t n) { return (n + 7) & ~size_t{7}; }

@@ -40,8 +40,9 @@ std::shared_ptr<QueueFile> QueueFile::create(const QueueSpec& spec) {
   std::shared_ptr<QueueFile> q(new QueueFile());
   q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   if (!q->file_.alone_at_open()) {
-    fail(ErrorKind::kInvalidArgument, q->path() + " is in use by another broadcast queue (or another program): "
-                                                  "pick another name, or close that queue first");
+    fail(ErrorKind::kInvalidArgument, q->path() +
+                                          " is in use by another broadcast queue (or another program): "
+                                          "pick another name, or close that queue first");
   }
   q->n_readers_ = spec.n_readers;
   q->n_chunks_ = spec.n_chunks;
@@ -69,8 +70,9 @@ std::shared_ptr<QueueFile> QueueFile::open(const QueueSpec& spec) {
   q->file_ = common::ShmFile::open_locked(spec.dir, spec.basename, spec.mode);
   const size_t size = q->file_.size_at_open();
   if (size < sizeof(QueueHeader)) {
-    fail(ErrorKind::kInvalidArgument, q->path() + ": no broadcast queue of that name (its writer is gone, "
-                                                  "or was never created)");
+    fail(ErrorKind::kInvalidArgument, q->path() +
+                                          ": no broadcast queue of that name (its writer is gone, "
+                                          "or was never created)");
   }
   q->file_.map(size);
   if (const std::string problem = q->header_problem(size); !problem.empty()) {
@@ -161,8 +163,8 @@ common::WaitStatus Writer::wait_writable(int64_t deadline_ns) {
   auto stop = [&] { return h.shutdown.load(std::memory_order_seq_cst) != 0 || gate_.closing(); };
   auto ready = [&] { return writable() || stop(); };
   // Readers a short while behind: poll for the one chunk (no sleep, no wake-up).
-  common::WaitStatus r = common::wait_until(h.space_free, ready, std::min(deadline_ns, common::monotonic_ns() + kPollNs),
-                                      kPollNs);
+  common::WaitStatus r =
+      common::wait_until(h.space_free, ready, std::min(deadline_ns, common::monotonic_ns() + kPollNs), kPollNs);
   if (r == common::WaitStatus::kTimeout && !ready() && common::monotonic_ns() < deadline_ns) {
     // BW1's hysteresis: the ring is full and the readers are far behind.
     // Sleep until a quarter of the ring is free, not one chunk: a writer
@@ -247,7 +249,8 @@ Reader::Reader(const QueueSpec& spec, uint32_t rank) : file_(QueueFile::open(spe
     const uint32_t n = file_->n_readers();
     file_.reset();
     fail(ErrorKind::kInvalidArgument, "reader rank " + std::to_string(rank) + " does not exist: the queue has " +
-                                          std::to_string(n) + " local readers (ranks 0.." + std::to_string(n - 1) + ")");
+                                          std::to_string(n) + " local readers (ranks 0.." + std::to_string(n - 1) +
+                                          ")");
   }
   if (!common::ofd_try_lock(file_->fd(), kLockReaderBase + rank, true)) {
     const uint32_t pid = file_->header().readers[rank].pid.load(std::memory_order_relaxed);

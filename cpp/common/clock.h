@@ -27,8 +27,6 @@ inline void cpu_relax() {
 
 // Deadline arithmetic: timeout < 0 means "never".
 inline constexpr int64_t kNever = INT64_MAX;
-inline int64_t deadline_after(int64_t timeout_ns) {
-  return timeout_ns < 0 ? kNever : monotonic_ns() + timeout_ns;
-}
+inline int64_t deadline_after(int64_t timeout_ns) { return timeout_ns < 0 ? kNever : monotonic_ns() + timeout_ns; }
 
 }  // namespace vipc::common

@@ -10,16 +10,16 @@
 namespace vipc::common {
 
 enum class ErrorKind {
-  kIpc,                  // anything else that went wrong talking to a peer or the OS
-  kMultiplePublishers,   // another publisher took the topic over
-  kMessageTooLarge,      // payload larger than the ring can ever hold
-  kSegment,              // corrupt, incompatible or foreign shared-memory segment
-  kTooManyReaders,       // all reader slots of a topic are taken by live readers
-  kClosed,               // use after close()
-  kPermission,           // owner / mode / peer credential check failed
-  kInvalidArgument,      // a bad size, count, name or option
-  kNoSpace,              // /dev/shm (or memfd) could not provide the memory
-  kTimeout,              // a bounded wait ran out
+  kIpc,                 // anything else that went wrong talking to a peer or the OS
+  kMultiplePublishers,  // another publisher took the topic over
+  kMessageTooLarge,     // payload larger than the ring can ever hold
+  kSegment,             // corrupt, incompatible or foreign shared-memory segment
+  kTooManyReaders,      // all reader slots of a topic are taken by live readers
+  kClosed,              // use after close()
+  kPermission,          // owner / mode / peer credential check failed
+  kInvalidArgument,     // a bad size, count, name or option
+  kNoSpace,             // /dev/shm (or memfd) could not provide the memory
+  kTimeout,             // a bounded wait ran out
 };
 
 class Error : public std::runtime_error {
@@ -35,7 +35,7 @@ class Error : public std::runtime_error {
 
 // errno-based failure: "what: strerror (errno N)".
 [[noreturn]] inline void fail_errno(const std::string& what, int err = errno) {
-  const ErrorKind kind = (err == ENOSPC || err == ENOMEM) ? ErrorKind::kNoSpace
+  const ErrorKind kind = (err == ENOSPC || err == ENOMEM)  ? ErrorKind::kNoSpace
                          : (err == EACCES || err == EPERM) ? ErrorKind::kPermission
                                                            : ErrorKind::kIpc;
   throw Error(kind, what + ": " + std::strerror(err) + " (errno " + std::to_string(err) + ")");

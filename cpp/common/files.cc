@@ -38,7 +38,7 @@ void UniqueFd::reset(int fd) {
 namespace {
 
 struct flock byte_lock(off_t byte, short type) {
-  struct flock fl {};
+  struct flock fl{};
   fl.l_type = type;
   fl.l_whence = SEEK_SET;
   fl.l_start = byte;
@@ -112,8 +112,8 @@ int64_t lock_patience_ns() {
   char* end = nullptr;
   const double s = std::strtod(text, &end);
   if (end == text || *end != '\0' || !(s > 0) || s > 1e6) {
-    fail(ErrorKind::kInvalidArgument, std::string("MSGQ_LOCK_TIMEOUT_S='") + text +
-                                          "' must be a number of seconds above 0 (at most 1e6), e.g. 10");
+    fail(ErrorKind::kInvalidArgument,
+         std::string("MSGQ_LOCK_TIMEOUT_S='") + text + "' must be a number of seconds above 0 (at most 1e6), e.g. 10");
   }
   return static_cast<int64_t>(s * 1e9);
 }
@@ -150,7 +150,7 @@ void ofd_lock_bounded(int fd, off_t byte, bool exclusive, const std::string& wha
 }
 
 std::string lock_holders(int fd, off_t byte) {
-  struct stat mine {};
+  struct stat mine{};
   if (fstat(fd, &mine) != 0) return "an unknown process";
   char dev_ino[64];
   std::snprintf(dev_ino, sizeof(dev_ino), "%02x:%02x:%lu", major(mine.st_dev), minor(mine.st_dev),
@@ -168,7 +168,7 @@ std::string lock_holders(int fd, off_t byte) {
     while (dirent* e = readdir(fds)) {
       if (e->d_name[0] == '.') continue;
       if (pid == self && std::atoi(e->d_name) == fd) continue;
-      struct stat st {};
+      struct stat st{};
       if (stat((fd_dir + "/" + e->d_name).c_str(), &st) != 0 || st.st_dev != mine.st_dev || st.st_ino != mine.st_ino) {
         continue;
       }

@@ -21,9 +21,12 @@ FutexResult futex_wait(std::atomic<uint32_t>* word, uint32_t expected, int64_t t
   const long r = syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, expected, tsp, nullptr, 0);
   if (r == 0) return FutexResult::kWoken;
   switch (errno) {
-    case ETIMEDOUT: return FutexResult::kTimeout;
-    case EINTR: return FutexResult::kInterrupted;
-    default: return FutexResult::kValueChanged;  // EAGAIN: the word moved before we slept
+    case ETIMEDOUT:
+      return FutexResult::kTimeout;
+    case EINTR:
+      return FutexResult::kInterrupted;
+    default:
+      return FutexResult::kValueChanged;  // EAGAIN: the word moved before we slept
   }
 }
 
@@ -47,9 +50,12 @@ FutexResult futex_wait_bitset(const void* word32, uint32_t expected, int64_t tim
   const long r = syscall(SYS_futex, addr, FUTEX_WAIT_BITSET, expected, tsp, nullptr, bitset);
   if (r == 0) return FutexResult::kWoken;
   switch (errno) {
-    case ETIMEDOUT: return FutexResult::kTimeout;
-    case EINTR: return FutexResult::kInterrupted;
-    default: return FutexResult::kValueChanged;
+    case ETIMEDOUT:
+      return FutexResult::kTimeout;
+    case EINTR:
+      return FutexResult::kInterrupted;
+    default:
+      return FutexResult::kValueChanged;
   }
 }
 

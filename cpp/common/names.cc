@@ -9,8 +9,8 @@ namespace vipc::common {
 namespace {
 
 bool name_char(char ch) {
-  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' ||
-         ch == '.' || ch == ':' || ch == '-';
+  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' ||
+         ch == ':' || ch == '-';
 }
 
 }  // namespace

@@ -20,8 +20,8 @@ constexpr int kOpenAttempts = 100;
 }
 
 void check_basename(const std::string& basename, size_t capacity) {
-  if (basename.empty() || basename.size() >= capacity || basename.find('/') != std::string::npos ||
-      basename == "." || basename == ".." || basename.find('\0') != std::string::npos) {
+  if (basename.empty() || basename.size() >= capacity || basename.find('/') != std::string::npos || basename == "." ||
+      basename == ".." || basename.find('\0') != std::string::npos) {
     fail(ErrorKind::kInvalidArgument, "invalid segment name '" + basename + "'");
   }
 }
@@ -35,13 +35,14 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
     f.fd_.reset(open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, mode));
     if (!f.fd_) {
       if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
-      struct stat other {};
+      struct stat other{};
       if (errno == EACCES && lstat(path.c_str(), &other) == 0) {
         char mode_text[8];
         std::snprintf(mode_text, sizeof(mode_text), "%03o", static_cast<unsigned>(other.st_mode & 0777));
         fail(ErrorKind::kPermission,
              path + " belongs to uid " + std::to_string(other.st_uid) + " with mode " + mode_text +
-                 ", and this process (uid " + std::to_string(geteuid()) + ") may not open it. To share topics "
+                 ", and this process (uid " + std::to_string(geteuid()) +
+                 ") may not open it. To share topics "
                  "between users, run them with MSGQ_SHM_MODE=660 and MSGQ_SHM_DIR set to a setgid directory of a "
                  "common group, and MSGQ_TRUSTED_UIDS listing each other's uids");
       }
@@ -49,7 +50,7 @@ ShmFile ShmFile::open_locked(const std::string& dir, const std::string& basename
     }
     ofd_lock_bounded(f.fd(), kLockInit, true, "attaching " + path);
     f.participant_ = true;
-    struct stat st {};
+    struct stat st{};
     if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
     f.dev_ = st.st_dev;
     f.ino_ = st.st_ino;
@@ -88,7 +89,7 @@ ShmFile ShmFile::adopt(int fd, const std::string& path) {
   if (!f.fd_) fail_errno("dup of the descriptor passed for " + path);
   ofd_lock_bounded(f.fd(), kLockInit, true, "attaching " + path);
   f.participant_ = true;
-  struct stat st {};
+  struct stat st{};
   if (fstat(f.fd(), &st) != 0) fail_errno("fstat " + path);
   if (!S_ISREG(st.st_mode)) fail(ErrorKind::kPermission, path + ": the descriptor passed is not a regular file");
   f.dev_ = st.st_dev;
@@ -154,7 +155,7 @@ void ShmFile::forget() {
 }
 
 bool ShmFile::still_linked() const {
-  struct stat st {};
+  struct stat st{};
   if (stat(path_.c_str(), &st) != 0) return false;
   return st.st_dev == dev_ && st.st_ino == ino_;
 }
@@ -226,7 +227,7 @@ bool stale_file(const std::string& dir, const std::string& name, bool remove) {
   const std::string path = dir + "/" + name;
   UniqueFd fd(open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK));
   if (!fd) return false;
-  struct stat st {}, now {};
+  struct stat st{}, now{};
   if (fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) return false;
   if (!ofd_try_lock(fd.get(), kLockInit, true)) return false;  // someone is attaching right now
   if (stat(path.c_str(), &now) != 0 || now.st_ino != st.st_ino || now.st_dev != st.st_dev) return false;

@@ -104,7 +104,7 @@ class ShmFile {
   bool alone_ = false;
   uint8_t* data_ = nullptr;
   size_t mapped_ = 0;
-  bool ours_ = true;  // false for an adopted file of another user: never unlinked by us
+  bool ours_ = true;          // false for an adopted file of another user: never unlinked by us
   bool participant_ = false;  // we took the init lock: detaching runs the unlink protocol
 };
 

@@ -97,8 +97,7 @@ void notify_all_if(WaitPoint& wp, Wanted&& wanted) {
   // winner's change sees our condition (its fetch_or comes after the value
   // our failed compare read, so its fence follows ours). The model
   // (model/wait_point.pml) verifies with and without a retry.
-  if (wp.word.compare_exchange_strong(w, (w & ~kMaySleep) + 2, std::memory_order_release,
-                                      std::memory_order_relaxed)) {
+  if (wp.word.compare_exchange_strong(w, (w & ~kMaySleep) + 2, std::memory_order_release, std::memory_order_relaxed)) {
     futex_wake(&wp.word, INT_MAX);
   }
 }

@@ -13,11 +13,16 @@ enum class WaitStatus { kReady, kTimeout, kInterrupted, kShutdown, kClosed };
 // Python bindings hand back (msgq/broadcast.py, msgq/ordered.py).
 inline const char* wait_status_name(WaitStatus st) {
   switch (st) {
-    case WaitStatus::kReady: return "ready";
-    case WaitStatus::kTimeout: return "timeout";
-    case WaitStatus::kInterrupted: return "interrupted";
-    case WaitStatus::kShutdown: return "shutdown";
-    case WaitStatus::kClosed: return "closed";
+    case WaitStatus::kReady:
+      return "ready";
+    case WaitStatus::kTimeout:
+      return "timeout";
+    case WaitStatus::kInterrupted:
+      return "interrupted";
+    case WaitStatus::kShutdown:
+      return "shutdown";
+    case WaitStatus::kClosed:
+      return "closed";
   }
   return "?";
 }

@@ -67,8 +67,8 @@ struct ExactSink {
 // removes it afterwards), else /dev/shm, else /tmp.
 inline std::string make_temp_dir() {
   const char* base = getenv("VIPC_TEST_TMPDIR");
-  std::string templ = std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) +
-                      "/vipc-fuzz-XXXXXX";
+  std::string templ =
+      std::string(base && *base ? base : (access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp")) + "/vipc-fuzz-XXXXXX";
   if (mkdtemp(templ.data()) == nullptr) abort();
   return templ;
 }

@@ -57,8 +57,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint8_t flags = in.take<uint8_t>();
   // Mostly a plausible segment size (header + 4 KiB or 8 KiB ring), sometimes anything small.
   const uint8_t size_sel = in.take<uint8_t>();
-  size_t file_size = size_sel < 128 ? kHeaderSize + kMinDataSize : size_sel < 224 ? kHeaderSize + 2 * kMinDataSize
-                                                                                  : size_sel * 97u;
+  size_t file_size = size_sel < 128   ? kHeaderSize + kMinDataSize
+                     : size_sel < 224 ? kHeaderSize + 2 * kMinDataSize
+                                      : size_sel * 97u;
   if (flags & 2) file_size += 64;  // a size the header cannot match
   std::vector<uint8_t> file(file_size, 0);
   in.fill(file.data(), file.size());

@@ -20,14 +20,14 @@
 namespace vipc::msgq {
 
 inline constexpr uint64_t kMagic = 0x474e4952'5147534dull;  // the bytes "MSGQRING" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 2;  // 2: handoff_pending (readers hand wake-ups on)
-inline constexpr uint32_t kMaxReaders = 64;          // one bit each in the 64-bit masks below
+inline constexpr uint32_t kLayoutVersion = 2;               // 2: handoff_pending (readers hand wake-ups on)
+inline constexpr uint32_t kMaxReaders = 64;                 // one bit each in the 64-bit masks below
 inline constexpr size_t kCacheLine = 64;
 inline constexpr size_t kNameCapacity = common::kBasenameCapacity;  // file basename incl. NUL
-inline constexpr size_t kWakeNameCapacity = 31;       // abstract socket name incl. leading NUL
-inline constexpr int64_t kWrapMarker = -1;            // size prefix meaning "continue at offset 0"
-inline constexpr size_t kPrefixBytes = 8;             // every message: int64 size, then payload
-inline constexpr size_t kSpareBytes = 8;              // always free at the end so -1 fits
+inline constexpr size_t kWakeNameCapacity = 31;                     // abstract socket name incl. leading NUL
+inline constexpr int64_t kWrapMarker = -1;                          // size prefix meaning "continue at offset 0"
+inline constexpr size_t kPrefixBytes = 8;                           // every message: int64 size, then payload
+inline constexpr size_t kSpareBytes = 8;                            // always free at the end so -1 fits
 
 // Packed ring position: cycle in the high 32 bits, byte offset in the low 32.
 inline constexpr uint64_t pack(uint32_t cycle, uint32_t offset) {
@@ -54,11 +54,11 @@ struct alignas(kCacheLine) ReaderSlot {
   char pad_hot[kCacheLine - 16];
 
   // --- cold line (reader-written, relaxed; informational only) ---
-  std::atomic<uint32_t> pid;          // owner process, for diagnostics
-  std::atomic<uint32_t> conflate;     // 1 if the reader only wants the newest message
-  std::atomic<uint64_t> messages;     // messages delivered
-  std::atomic<uint64_t> bytes;        // payload bytes delivered
-  std::atomic<uint64_t> resets;       // times the reader was lapped and reset (drops)
+  std::atomic<uint32_t> pid;       // owner process, for diagnostics
+  std::atomic<uint32_t> conflate;  // 1 if the reader only wants the newest message
+  std::atomic<uint64_t> messages;  // messages delivered
+  std::atomic<uint64_t> bytes;     // payload bytes delivered
+  std::atomic<uint64_t> resets;    // times the reader was lapped and reset (drops)
   // Abstract AF_UNIX datagram address the writer pokes when this reader armed a
   // file-descriptor wait (see armed_mask). Reader-written before arming;
   // the writer copies it with a length bound, so garbage only costs a failed sendto.
@@ -74,11 +74,11 @@ struct alignas(kCacheLine) SegmentHeader {
   // the kernel lock orders them. Copied locally at attach, never trusted later.
   uint64_t magic;
   uint32_t layout_version;
-  uint32_t header_size;       // bytes before the data ring (page multiple)
-  uint64_t data_size;         // bytes in the data ring (multiple of 64)
-  uint32_t max_readers;       // kMaxReaders
+  uint32_t header_size;  // bytes before the data ring (page multiple)
+  uint64_t data_size;    // bytes in the data ring (multiple of 64)
+  uint32_t max_readers;  // kMaxReaders
   uint32_t creator_uid;
-  uint64_t created_ns;        // CLOCK_REALTIME at creation, for msgq-top
+  uint64_t created_ns;  // CLOCK_REALTIME at creation, for msgq-top
   char pad0[kCacheLine - 40];
 
   // --- line 1: writer-owned.
@@ -92,7 +92,7 @@ struct alignas(kCacheLine) SegmentHeader {
   // A new publisher CASes in its own token ("last publisher wins"); the old
   // one's next CAS fails and it raises MultiplePublishersError.
   std::atomic<uint64_t> publisher;
-  std::atomic<uint32_t> publisher_pid;   // diagnostics only
+  std::atomic<uint32_t> publisher_pid;  // diagnostics only
   // kStateReady, or kStateSuperseded once a publisher replaced this segment by
   // a new one of another size: readers reattach by name (store release,
   // load acquire, followed by a futex wake).
@@ -141,7 +141,7 @@ struct alignas(kCacheLine) SegmentHeader {
   char pad3[kCacheLine - 8];
 
   // --- lines 4..7: names, written once at creation.
-  char name[kNameCapacity];   // file basename, e.g. "msgq@prefix@topic"
+  char name[kNameCapacity];  // file basename, e.g. "msgq@prefix@topic"
 
   ReaderSlot readers[kMaxReaders];
 };
@@ -153,7 +153,7 @@ inline constexpr uint32_t kStateSuperseded = 2;
 // lie beyond EOF). Released by the kernel when the holder dies.
 inline constexpr off_t kLockInit = common::kLockInit;          // exclusive: attach/detach (common/shm_file.h)
 inline constexpr off_t kLockPresence = common::kLockPresence;  // shared while attached; detach probes exclusive
-inline constexpr off_t kLockSlotBase = 16;  // exclusive: reader slot i owner
+inline constexpr off_t kLockSlotBase = 16;                     // exclusive: reader slot i owner
 // exclusive: publisher with token t is alive, byte kLockPublisherBase + t % span
 inline constexpr off_t kLockPublisherBase = 4096;
 inline constexpr off_t kPublisherLockSpan = off_t{1} << 30;

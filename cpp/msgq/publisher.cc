@@ -48,7 +48,7 @@ Publisher::~Publisher() { close(); }
 void Publisher::close() {
   if (!seg_) return;
   gate_.begin_close();
-  gate_.wait_idle();  // a send on another thread finishes its copy
+  gate_.wait_idle();            // a send on another thread finishes its copy
   if (loan_size_) drop_loan();  // a thread may still fill it: loaned_seg_ keeps it mapped
   common::ofd_unlock(seg_->fd(), liveness_byte_);
   // Leave the token in place: a publisher that restarts later continues at
@@ -70,10 +70,10 @@ void Publisher::check_open() const {
 
 void Publisher::check_size(size_t n) const {
   if (n > max_message_size()) {
-    fail(ErrorKind::kMessageTooLarge,
-         "message of " + std::to_string(n) + " bytes does not fit in " + seg_->path() + " (at most " +
-             std::to_string(max_message_size()) + " bytes with segment_size=" + std::to_string(seg_->data_size()) +
-             "): publish with a larger segment_size");
+    fail(ErrorKind::kMessageTooLarge, "message of " + std::to_string(n) + " bytes does not fit in " + seg_->path() +
+                                          " (at most " + std::to_string(max_message_size()) +
+                                          " bytes with segment_size=" + std::to_string(seg_->data_size()) +
+                                          "): publish with a larger segment_size");
   }
 }
 
@@ -122,7 +122,8 @@ void Publisher::begin_write() {
     }
     const bool retired = (mine >> 1) == 1;
     fail(ErrorKind::kMultiplePublishers,
-         retired ? seg_->path() + " was replaced by a publisher asking for another segment_size; this one can no longer send"
+         retired ? seg_->path() +
+                       " was replaced by a publisher asking for another segment_size; this one can no longer send"
                  : "another publisher (pid " + std::to_string(header().publisher_pid.load()) + ") took over " +
                        seg_->path() + "; this one can no longer send");
   }

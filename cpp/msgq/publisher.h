@@ -84,9 +84,9 @@ class Publisher {
   uint64_t messages_sent_ = 0;
   WakeMode wake_mode_ = WakeMode::kAll;
   std::atomic<uint64_t> readers_woken_{0};  // relaxed: a statistic, read from any thread
-  int fruitless_wakes_ = 0;  // futex wakes that woke nobody: a sleeper died, reclaim
-  common::UseGate gate_;       // sends in flight on other threads
-  off_t liveness_byte_ = 0; // our OFD lock: held while we live, so a successor can tell
+  int fruitless_wakes_ = 0;                 // futex wakes that woke nobody: a sleeper died, reclaim
+  common::UseGate gate_;                    // sends in flight on other threads
+  off_t liveness_byte_ = 0;                 // our OFD lock: held while we live, so a successor can tell
 };
 
 }  // namespace vipc::msgq

@@ -149,9 +149,9 @@ class RingReader {
   // retries) only if the writer laps the whole ring on every attempt.
   void reset() {
     for (int attempt = 0; attempt < 1000; attempt++) {
-      slot_->valid.store(1, std::memory_order_seq_cst);                           // X1
+      slot_->valid.store(1, std::memory_order_seq_cst);  // X1
       const uint64_t wp = v_.header->write_pointer.load(std::memory_order_seq_cst);
-      publish_position(wp);                                                       // X2 + X3
+      publish_position(wp);  // X2 + X3
       if (cycle_of(v_.header->write_pointer.load(std::memory_order_seq_cst)) == cycle_of(wp)) return;
     }
     slot_->valid.store(0, std::memory_order_relaxed);
@@ -228,11 +228,11 @@ class RingReader {
         lapped(conflate);
         continue;
       }
-      const int64_t size = load_prefix(v_.data + ro);                                   // R1
+      const int64_t size = load_prefix(v_.data + ro);  // R1
       // SYNC: the size load happens before the validity load (the spec's "do not
       // reorder 1 and 2"); pairs with the writer's release fence after W1.
       std::atomic_thread_fence(std::memory_order_acquire);
-      if (slot_->valid.load(std::memory_order_relaxed) == 0) continue;                  // R2
+      if (slot_->valid.load(std::memory_order_relaxed) == 0) continue;  // R2
       if (size == kWrapMarker) {
         advance(pack(rc + 1, 0));
         continue;
@@ -247,10 +247,10 @@ class RingReader {
         continue;
       }
       char* dst = sink.prepare(static_cast<size_t>(size));
-      ring_copy(dst, v_.data + ro + kPrefixBytes, static_cast<size_t>(size));          // R3
-      advance(next);                                                                     // R4
-      std::atomic_thread_fence(std::memory_order_acquire);  // SYNC: copy before re-check
-      if (slot_->valid.load(std::memory_order_relaxed) == 0) {                          // R5
+      ring_copy(dst, v_.data + ro + kPrefixBytes, static_cast<size_t>(size));  // R3
+      advance(next);                                                           // R4
+      std::atomic_thread_fence(std::memory_order_acquire);                     // SYNC: copy before re-check
+      if (slot_->valid.load(std::memory_order_relaxed) == 0) {                 // R5
         sink.discard();
         rp_ = pack(rc, ro);  // not delivered: the reset that follows may come back to it
         continue;
@@ -263,9 +263,7 @@ class RingReader {
   }
 
  private:
-  bool in_ring(uint64_t pos) const {
-    return offset_of(pos) <= v_.data_size - kSpareBytes && offset_of(pos) % 8 == 0;
-  }
+  bool in_ring(uint64_t pos) const { return offset_of(pos) <= v_.data_size - kSpareBytes && offset_of(pos) % 8 == 0; }
 
   // Ring order of two positions, tolerant of the 32-bit cycle counter wrapping.
   static bool precedes(uint64_t a, uint64_t b) {

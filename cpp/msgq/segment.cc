@@ -22,7 +22,7 @@ void check_basename(const std::string& basename) { common::check_basename(basena
 
 namespace {
 
-constexpr int kAttachAttempts = 100;  // a segment superseded while we attach is attached again
+constexpr int kAttachAttempts = 100;              // a segment superseded while we attach is attached again
 constexpr const char* kResizeSuffix = "#resize";  // the temporary name of a replacement being made
 
 size_t round_data_size(size_t requested) {
@@ -62,8 +62,8 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
         const std::string problem = seg->adopt_header(file_size);
         if (!problem.empty()) {
           if (!nobody_else) {
-            fail(ErrorKind::kSegment, path + ": " + problem +
-                                          ". A process using it is still alive: stop it, or pick another name.");
+            fail(ErrorKind::kSegment,
+                 path + ": " + problem + ". A process using it is still alive: stop it, or pick another name.");
           }
           seg->initialize(spec, wanted == 0 ? round_data_size(0) : wanted);  // stale leftover: start over
         } else if (wanted != 0 && spec.size_is_binding && seg->data_size_ != wanted) {
@@ -74,8 +74,8 @@ std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {
     seg->file_.finish_attach();
     return seg;
   }
-  fail(ErrorKind::kIpc, "could not attach " + spec.dir + "/" + spec.basename +
-                            ": it kept being replaced while we opened it");
+  fail(ErrorKind::kIpc,
+       "could not attach " + spec.dir + "/" + spec.basename + ": it kept being replaced while we opened it");
 }
 
 std::shared_ptr<Segment> Segment::adopt(int fd, const SegmentSpec& spec) {

@@ -24,10 +24,10 @@ std::string segment_basename(const std::string& prefix, const std::string& topic
 
 struct SegmentSpec {
   std::string dir = "/dev/shm";
-  std::string basename;          // e.g. "msgq@topic"; validated again here
-  size_t data_size = 0;          // 0: keep an existing segment's size, or the default when creating
-  bool size_is_binding = false;  // a publisher's explicit size replaces a segment of another size
-  mode_t mode = 0600;            // permissions of a segment we create
+  std::string basename;             // e.g. "msgq@topic"; validated again here
+  size_t data_size = 0;             // 0: keep an existing segment's size, or the default when creating
+  bool size_is_binding = false;     // a publisher's explicit size replaces a segment of another size
+  mode_t mode = 0600;               // permissions of a segment we create
   std::vector<uid_t> trusted_uids;  // owners besides us whose segment files we accept (sharing between users)
 };
 

@@ -49,7 +49,7 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
 
   // Refuse anything but a regular file before opening it: opening a FIFO
   // would block, opening a device may have side effects.
-  struct stat before {};
+  struct stat before{};
   if (lstat(path.c_str(), &before) != 0) fail_errno("cannot stat " + path);
   if (S_ISLNK(before.st_mode)) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
   if (!S_ISREG(before.st_mode)) fail(ErrorKind::kPermission, path + " is not a regular file: refusing it");
@@ -69,10 +69,11 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
   // raise SIGBUS. It delays an attacher by the microseconds of the copy below.
   const int64_t give_up = common::monotonic_ns() + kBusyPatienceNs;
   if (!common::ofd_lock_until(fd.get(), kLockInit, false, give_up, true)) {
-    fail(ErrorKind::kIpc, path + " stayed busy: its attach lock is held by " + common::lock_holders(fd.get(), kLockInit));
+    fail(ErrorKind::kIpc,
+         path + " stayed busy: its attach lock is held by " + common::lock_holders(fd.get(), kLockInit));
   }
 
-  struct stat st {};
+  struct stat st{};
   if (fstat(fd.get(), &st) != 0) fail_errno("fstat " + path);
   if (st.st_dev != before.st_dev || st.st_ino != before.st_ino || !S_ISREG(st.st_mode) || st.st_uid != geteuid()) {
     fail(ErrorKind::kIpc, path + " was replaced while being read");
@@ -83,7 +84,8 @@ SegmentStats read_segment_stats(const std::string& dir, const std::string& basen
 
   const HeaderMapping mapping(fd.get(), path);
   const SegmentHeader& h = *mapping;
-  if (const std::string problem = header_problem(h, file_size); !problem.empty()) fail(ErrorKind::kSegment, path + ": " + problem);
+  if (const std::string problem = header_problem(h, file_size); !problem.empty())
+    fail(ErrorKind::kSegment, path + ": " + problem);
 
   // Every live field is an informational relaxed load: the snapshot is not
   // one instant, and nothing here orders against the publisher or readers.

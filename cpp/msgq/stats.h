@@ -14,11 +14,11 @@ namespace vipc::msgq {
 
 struct ReaderStats {
   uint32_t slot = 0;
-  uint32_t pid = 0;           // last owner; meaningful only while `alive`
+  uint32_t pid = 0;  // last owner; meaningful only while `alive`
   bool conflate = false;
-  bool valid = false;         // false: lapped by the writer, resets at its next read
-  bool alive = false;         // a live process holds the slot's lock
-  uint64_t messages = 0;      // delivered since the slot was claimed
+  bool valid = false;     // false: lapped by the writer, resets at its next read
+  bool alive = false;     // a live process holds the slot's lock
+  uint64_t messages = 0;  // delivered since the slot was claimed
   uint64_t bytes = 0;
   uint64_t resets = 0;        // times lapped and reset (drops)
   uint64_t read_pointer = 0;  // packed (cycle << 32 | offset)
@@ -32,9 +32,9 @@ struct SegmentStats {
   uint64_t bytes_written = 0;
   uint32_t publisher_pid = 0;  // last publisher; meaningful only while `publisher_alive`
   bool publisher_alive = false;
-  bool superseded = false;     // replaced by a segment of another size; readers are moving on
-  bool attached = false;       // some live process holds the presence lock; false: a stale leftover
-  uint64_t created_ns = 0;     // CLOCK_REALTIME
+  bool superseded = false;           // replaced by a segment of another size; readers are moving on
+  bool attached = false;             // some live process holds the presence lock; false: a stale leftover
+  uint64_t created_ns = 0;           // CLOCK_REALTIME
   std::vector<ReaderStats> readers;  // one per bit of reader_mask, by slot
 };
 

@@ -123,13 +123,9 @@ void Subscriber::follow_publisher() {
   claim_slot(true);  // from the start of the new ring: nothing its publisher sent is lost
 }
 
-bool Subscriber::has_data(std::memory_order order) const {
-  return reader_->has_data(order) || seg_->superseded();
-}
+bool Subscriber::has_data(std::memory_order order) const { return reader_->has_data(order) || seg_->superseded(); }
 
-bool Subscriber::ready() const {
-  return seg_ != nullptr && (gate_.closing() || has_data(std::memory_order_acquire));
-}
+bool Subscriber::ready() const { return seg_ != nullptr && (gate_.closing() || has_data(std::memory_order_acquire)); }
 
 int64_t Subscriber::spin_budget_ns() const {
   // Spinning pays only when the message is likely to come within the limit.
@@ -176,7 +172,8 @@ common::WaitStatus Subscriber::wait(int64_t deadline_ns) {
       h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
       return common::WaitStatus::kTimeout;
     }
-    const common::FutexResult r = common::futex_wait(&h.futex_seq, seq, deadline_ns == common::kNever ? -1 : deadline_ns - now);
+    const common::FutexResult r =
+        common::futex_wait(&h.futex_seq, seq, deadline_ns == common::kNever ? -1 : deadline_ns - now);
     h.sleeping_mask.fetch_and(~bit, std::memory_order_relaxed);
     if (has_data(std::memory_order_acquire)) {
       // SYNC: a publisher in WakeMode::kHandoff woke only one of us; whichever
@@ -278,7 +275,9 @@ common::WaitStatus Poller::poll(int64_t timeout_ns, std::vector<size_t>& ready) 
       int n = static_cast<int>(
           syscall(SYS_epoll_pwait2, long{epoll_.get()}, events, long{16}, tsp, static_cast<void*>(nullptr), 0L));
       if (n < 0 && errno == ENOSYS) {  // kernels before 5.11: millisecond timeouts, rounded up
-        const int ms = tsp == nullptr ? -1 : static_cast<int>(std::min<int64_t>((deadline - now + 999'999) / 1'000'000, INT32_MAX));
+        const int ms = tsp == nullptr
+                           ? -1
+                           : static_cast<int>(std::min<int64_t>((deadline - now + 999'999) / 1'000'000, INT32_MAX));
         n = epoll_wait(epoll_.get(), events, 16, ms);
       }
       if (n < 0) {

@@ -93,7 +93,7 @@ class Subscriber {
   std::unique_ptr<WakeSocket> wake_;
   int64_t spin_limit_ns_ = 50'000;
   int64_t typical_wait_ns_ = 25'000;  // moving average of recent waits
-  common::UseGate gate_;  // calls running without the GIL: wait(), Poller::poll()
+  common::UseGate gate_;              // calls running without the GIL: wait(), Poller::poll()
 };
 
 // Waits on many subscribers at once through their wake sockets (epoll).

@@ -59,7 +59,8 @@ bool WakeSender::poke(const char* name, size_t length) {
   socklen_t len = 0;
   const sockaddr_un addr = abstract_address(name, length, &len);
   const char byte = 1;
-  const ssize_t r = sendto(fd_.get(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), len);
+  const ssize_t r =
+      sendto(fd_.get(), &byte, 1, MSG_DONTWAIT | MSG_NOSIGNAL, reinterpret_cast<const sockaddr*>(&addr), len);
   return r == 1 || errno == EAGAIN;  // a full queue is already readable
 }
 

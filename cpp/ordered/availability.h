@@ -97,7 +97,8 @@ inline Reserve try_reserve_id(std::atomic<uint64_t>& word, uint64_t id) {
     const uint64_t leaving = shift >= kWindow ? kBitmapMask : (kBitmapMask << (kWindow - shift)) & kBitmapMask;
     if ((a.bitmap & leaving) != leaving) return Reserve::kWindowFull;
     const uint64_t kept = shift >= kWindow ? 0 : (uint64_t{a.bitmap} << shift) & kBitmapMask;
-    const uint64_t skipped = shift >= kWindow ? kBitmapMask & ~uint64_t{1} : ((uint64_t{1} << shift) - 1) & ~uint64_t{1};
+    const uint64_t skipped =
+        shift >= kWindow ? kBitmapMask & ~uint64_t{1} : ((uint64_t{1} << shift) - 1) & ~uint64_t{1};
     const Availability next{id + 1, static_cast<uint16_t>(kept | skipped)};
     if (word.compare_exchange_weak(cur, next.pack(), std::memory_order_acq_rel, std::memory_order_acquire)) {
       return Reserve::kOk;

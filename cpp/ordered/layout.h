@@ -13,9 +13,9 @@
 namespace vipc::ordered {
 
 inline constexpr uint64_t kMagic = 0x31304452'44524f51ull;  // "QORDRD01" read as little-endian
-inline constexpr uint32_t kLayoutVersion = 2;  // 2: SlotMeta::owner, the reclaimed stamp state
-inline constexpr uint32_t kMinCapacity = 16;   // >= the availability window: a slot is reused
-                                              // only after its previous id left the window
+inline constexpr uint32_t kLayoutVersion = 2;               // 2: SlotMeta::owner, the reclaimed stamp state
+inline constexpr uint32_t kMinCapacity = 16;                // >= the availability window: a slot is reused
+                                                            // only after its previous id left the window
 inline constexpr uint32_t kMaxCapacity = 1 << 16;
 inline constexpr uint64_t kMaxSlotBytes = uint64_t{1} << 30;
 inline constexpr size_t kCacheLine = 64;
@@ -27,10 +27,10 @@ struct alignas(kCacheLine) TopicHeader {
   // --- line 0: identity, written once under the init lock; copied at attach.
   uint64_t magic;
   uint32_t layout_version;
-  uint32_t capacity;       // slots, kMinCapacity..kMaxCapacity
-  uint64_t slot_bytes;     // payload capacity of one slot
-  uint64_t slot_stride;    // distance between slots (64- or 4096-aligned)
-  uint64_t data_offset;    // offset of slot 0's data (page multiple)
+  uint32_t capacity;     // slots, kMinCapacity..kMaxCapacity
+  uint64_t slot_bytes;   // payload capacity of one slot
+  uint64_t slot_stride;  // distance between slots (64- or 4096-aligned)
+  uint64_t data_offset;  // offset of slot 0's data (page multiple)
   uint64_t created_ns;
   uint32_t creator_uid;
   uint32_t reserved0;

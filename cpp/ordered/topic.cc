@@ -54,10 +54,10 @@ std::shared_ptr<Topic> Topic::attach(const TopicSpec& spec) {
   }
   if (problem.empty() && spec.capacity != 0 && (spec.capacity != t->capacity_ || spec.slot_bytes != t->slot_bytes_)) {
     if (!t->file_.alone_at_open()) {
-      fail(ErrorKind::kInvalidArgument,
-           t->path() + " exists with capacity " + std::to_string(t->capacity_) + " and slot_bytes " +
-               std::to_string(t->slot_bytes_) + ", not " + std::to_string(spec.capacity) + " and " +
-               std::to_string(spec.slot_bytes) + " (pass 0 to take the existing sizes)");
+      fail(ErrorKind::kInvalidArgument, t->path() + " exists with capacity " + std::to_string(t->capacity_) +
+                                            " and slot_bytes " + std::to_string(t->slot_bytes_) + ", not " +
+                                            std::to_string(spec.capacity) + " and " + std::to_string(spec.slot_bytes) +
+                                            " (pass 0 to take the existing sizes)");
     }
     problem = "stale, of other sizes";  // a leftover nobody uses: start over
   }
@@ -244,7 +244,7 @@ void Producer::begin_fill(uint64_t id) {
                                 " was reclaimed (this producer stalled for over 1 s after reserving it)");
     }
   } while (!m.stamp.compare_exchange_weak(s, stamp(id, kStateWriting), std::memory_order_release,
-                                         std::memory_order_relaxed));
+                                          std::memory_order_relaxed));
   std::atomic_thread_fence(std::memory_order_release);
   std::lock_guard<std::mutex> lock(mutex_);
   pending_.insert(id);
@@ -278,7 +278,8 @@ common::WaitStatus Producer::reserve_id(uint64_t id, int64_t deadline_ns) {
     const Reserve r = try_reserve_id(h.availability, id);  // O2
     if (r == Reserve::kOk) break;
     if (r == Reserve::kTooOld) {
-      fail(ErrorKind::kInvalidArgument, "message id " + std::to_string(id) + " was reserved already (the next free id is " +
+      fail(ErrorKind::kInvalidArgument, "message id " + std::to_string(id) +
+                                            " was reserved already (the next free id is " +
                                             std::to_string(topic_->snapshot().last) + ")");
     }
     if (r == Reserve::kTooLarge) fail(ErrorKind::kInvalidArgument, "message ids end at 2**48 - 1");
@@ -327,7 +328,7 @@ void Producer::publish(uint64_t id, uint64_t size, uint64_t t0, uint64_t t1) {
   m.size.store(size, std::memory_order_relaxed);
   m.t0.store(t0, std::memory_order_relaxed);
   m.t1.store(t1, std::memory_order_relaxed);
-  m.stamp.store(stamp(id, kStateDone), std::memory_order_release);  // S2
+  m.stamp.store(stamp(id, kStateDone), std::memory_order_release);                    // S2
   if (try_make_available(topic_->header().availability, id) != MakeAvailable::kOk) {  // O3
     fail(ErrorKind::kSegment, topic_->path() + ": id " + std::to_string(id) + " was made available by someone else");
   }

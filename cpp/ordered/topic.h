@@ -42,9 +42,7 @@ class Topic {
   uint32_t capacity() const { return capacity_; }
   uint64_t slot_bytes() const { return slot_bytes_; }
   const std::string& path() const { return file_.path(); }
-  Availability snapshot() const {
-    return Availability::unpack(header().availability.load(std::memory_order_acquire));
-  }
+  Availability snapshot() const { return Availability::unpack(header().availability.load(std::memory_order_acquire)); }
   // Sleep until done(snapshot) is true, the deadline passes, a signal comes,
   // shutdown, or gate closes. bitset: the ids (bit id % 32) whose availability
   // may make done() true; ~0u for any change.
@@ -100,7 +98,9 @@ class Producer {
   // The id reserve_next waits on (the oldest in flight), for error messages.
   uint64_t oldest_in_flight() const;
   const std::shared_ptr<Topic>& topic() const { return topic_; }
-  void shutdown() { if (topic_) topic_->shutdown(); }
+  void shutdown() {
+    if (topic_) topic_->shutdown();
+  }
   void close();
   bool closed() const { return topic_ == nullptr || gate_.closing(); }
   void forget_after_fork();
@@ -145,9 +145,9 @@ class Reader {
   common::WaitStatus wait(int64_t deadline_ns);
 
   Mode mode() const { return mode_; }
-  uint64_t cursor() const { return cursor_; }  // the lowest id this reader may still deliver
-  uint64_t dropped() const { return dropped_; }  // ids overwritten before this reader got them
-  uint64_t gaps() const { return gaps_; }        // ids skipped by reserve_id, cancelled or reclaimed
+  uint64_t cursor() const { return cursor_; }        // the lowest id this reader may still deliver
+  uint64_t dropped() const { return dropped_; }      // ids overwritten before this reader got them
+  uint64_t gaps() const { return gaps_; }            // ids skipped by reserve_id, cancelled or reclaimed
   uint64_t reclaimed() const { return reclaimed_; }  // of the gaps: ids whose producer died holding them
   const std::shared_ptr<Topic>& topic() const { return topic_; }
   void close();

@@ -27,16 +27,26 @@ inline constexpr size_t kReleaseGilAbove = 256 * 1024;
 
 inline const char* python_error_name(vipc::common::ErrorKind kind) {
   switch (kind) {
-    case vipc::common::ErrorKind::kMultiplePublishers: return "MultiplePublishersError";
-    case vipc::common::ErrorKind::kMessageTooLarge: return "MessageTooLargeError";
-    case vipc::common::ErrorKind::kSegment: return "SegmentError";
-    case vipc::common::ErrorKind::kTooManyReaders: return "TooManyReadersError";
-    case vipc::common::ErrorKind::kClosed: return "ClosedError";
-    case vipc::common::ErrorKind::kPermission: return "IpcPermissionError";
-    case vipc::common::ErrorKind::kInvalidArgument: return "InvalidArgumentError";
-    case vipc::common::ErrorKind::kNoSpace: return "NoSpaceError";
-    case vipc::common::ErrorKind::kTimeout: return "IpcTimeoutError";
-    case vipc::common::ErrorKind::kIpc: break;
+    case vipc::common::ErrorKind::kMultiplePublishers:
+      return "MultiplePublishersError";
+    case vipc::common::ErrorKind::kMessageTooLarge:
+      return "MessageTooLargeError";
+    case vipc::common::ErrorKind::kSegment:
+      return "SegmentError";
+    case vipc::common::ErrorKind::kTooManyReaders:
+      return "TooManyReadersError";
+    case vipc::common::ErrorKind::kClosed:
+      return "ClosedError";
+    case vipc::common::ErrorKind::kPermission:
+      return "IpcPermissionError";
+    case vipc::common::ErrorKind::kInvalidArgument:
+      return "InvalidArgumentError";
+    case vipc::common::ErrorKind::kNoSpace:
+      return "NoSpaceError";
+    case vipc::common::ErrorKind::kTimeout:
+      return "IpcTimeoutError";
+    case vipc::common::ErrorKind::kIpc:
+      break;
   }
   return "IpcError";
 }
@@ -142,7 +152,7 @@ inline std::optional<double> timeout_from_py(const py::handle& t) {
   }
   if (s != s) {
     vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
-              "timeout must be a number of seconds or None, not " + py::repr(t).cast<std::string>());
+                       "timeout must be a number of seconds or None, not " + py::repr(t).cast<std::string>());
   }
   return s;
 }

@@ -36,7 +36,7 @@ class Parts {
         PyErr_Clear();
         release(i);
         vipc::python::type_error(std::string("message parts must be bytes-like, C-contiguous buffers, not ") +
-                             Py_TYPE(o.ptr())->tp_name);
+                                 Py_TYPE(o.ptr())->tp_name);
       }
       parts_.push_back(vipc::broadcast::Part{views_[i].buf, static_cast<uint64_t>(views_[i].len)});
     }
@@ -106,9 +106,12 @@ const Sentinels* g_sentinels = nullptr;  // set once at module init
 const Sentinels& sentinels() { return *g_sentinels; }
 py::object status_sentinel(vipc::common::WaitStatus st) {
   switch (st) {
-    case vipc::common::WaitStatus::kTimeout: return sentinels().timeout;
-    case vipc::common::WaitStatus::kShutdown: return sentinels().shutdown;
-    default: return sentinels().closed;
+    case vipc::common::WaitStatus::kTimeout:
+      return sentinels().timeout;
+    case vipc::common::WaitStatus::kShutdown:
+      return sentinels().shutdown;
+    default:
+      return sentinels().closed;
   }
 }
 
@@ -148,7 +151,8 @@ void write_parts(vipc::broadcast::Writer& w, uint32_t flags, const vipc::broadca
 
 // The message of a (non-overflow) chunk, decoded: see take_message.
 py::object decode_message(vipc::broadcast::Reader& r, const vipc::broadcast::ChunkView& v) {
-  if (v.parts.empty()) vipc::common::fail(vipc::common::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
+  if (v.parts.empty())
+    vipc::common::fail(vipc::common::ErrorKind::kSegment, r.file()->path() + ": corrupt chunk (no parts)");
   if (v.flags & vipc::broadcast::kFlagRaw) return copy_out(v.parts[0], true);
   py::object buffers;  // out-of-band buffers, if any (most messages have none)
   if (v.parts.size() > 1) {
@@ -262,11 +266,14 @@ void bind_broadcast(py::module_& m) {
             return "ready";
           },
           py::arg("flags"), py::arg("parts"), py::arg("timeout_s"),
-          "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or too_large.")
+          "Wait for a free chunk (up to timeout_s; None: no limit), then write; returns the wait's status, or "
+          "too_large.")
       .def(
           "put",
-          [](vipc::broadcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout, double cap_s) -> py::object {
-            const int64_t deadline = vipc::python::deadline_from(vipc::python::timeout_from_py(timeout));  // checked before pickling
+          [](vipc::broadcast::Writer& w, const py::handle& obj, bool raw, const py::handle& timeout,
+             double cap_s) -> py::object {
+            const int64_t deadline =
+                vipc::python::deadline_from(vipc::python::timeout_from_py(timeout));  // checked before pickling
             py::list parts;
             if (raw) {
               parts.append(obj);
@@ -317,26 +324,33 @@ void bind_broadcast(py::module_& m) {
              }
              return ranks;
            })
-      .def("reader_attached", [](const vipc::broadcast::Writer& w, uint32_t r) {
-        if (w.closed() || r >= w.file()->n_readers()) return false;
-        return w.file()->reader_attached(r);
-      })
-      .def("reader_pid", [](const vipc::broadcast::Writer& w, uint32_t r) {
-        if (w.closed() || r >= w.file()->n_readers()) return uint32_t{0};
-        return w.file()->header().readers[r].pid.load(std::memory_order_relaxed);
-      })
-      .def("reader_consumed", [](const vipc::broadcast::Writer& w, uint32_t r) {
-        if (w.closed() || r >= w.file()->n_readers()) return uint64_t{0};
-        return w.file()->header().readers[r].consumed.load(std::memory_order_relaxed);
-      })
+      .def("reader_attached",
+           [](const vipc::broadcast::Writer& w, uint32_t r) {
+             if (w.closed() || r >= w.file()->n_readers()) return false;
+             return w.file()->reader_attached(r);
+           })
+      .def("reader_pid",
+           [](const vipc::broadcast::Writer& w, uint32_t r) {
+             if (w.closed() || r >= w.file()->n_readers()) return uint32_t{0};
+             return w.file()->header().readers[r].pid.load(std::memory_order_relaxed);
+           })
+      .def("reader_consumed",
+           [](const vipc::broadcast::Writer& w, uint32_t r) {
+             if (w.closed() || r >= w.file()->n_readers()) return uint64_t{0};
+             return w.file()->header().readers[r].consumed.load(std::memory_order_relaxed);
+           })
       .def("consumed_by_all", &vipc::broadcast::Writer::consumed_by_all, py::arg("seq"),
            "Every reader consumed message seq (its chunk is free, or holds a later message).")
       .def("shutdown", &vipc::broadcast::Writer::shutdown)
       .def_property_readonly("written", &vipc::broadcast::Writer::written)
-      .def_property_readonly("chunk_bytes", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
-      .def_property_readonly("n_chunks", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_chunks(); })
-      .def_property_readonly("n_readers", [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_readers(); })
-      .def_property_readonly("path", [](const vipc::broadcast::Writer& w) { return w.closed() ? std::string() : w.file()->path(); })
+      .def_property_readonly("chunk_bytes",
+                             [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->chunk_bytes(); })
+      .def_property_readonly("n_chunks",
+                             [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_chunks(); })
+      .def_property_readonly("n_readers",
+                             [](const vipc::broadcast::Writer& w) { return w.closed() ? 0 : w.file()->n_readers(); })
+      .def_property_readonly(
+          "path", [](const vipc::broadcast::Writer& w) { return w.closed() ? std::string() : w.file()->path(); })
       .def_property_readonly("closed", &vipc::broadcast::Writer::closed)
       .def("close", &vipc::broadcast::Writer::close)
       .def("_forget_after_fork", &vipc::broadcast::Writer::forget_after_fork);
@@ -367,7 +381,8 @@ void bind_broadcast(py::module_& m) {
           "take",
           [](vipc::broadcast::Reader& r, const py::handle& timeout) -> py::object {
             thread_local vipc::broadcast::ChunkView v;  // keeps its capacity: no allocation per message
-            const std::optional<double> timeout_s = vipc::python::timeout_from_py(timeout);  // checked even when a message waits
+            const std::optional<double> timeout_s =
+                vipc::python::timeout_from_py(timeout);  // checked even when a message waits
             if (py::object got = take_if_ready(r, v)) return got;
             const int64_t deadline = vipc::python::deadline_from(timeout_s);
             for (;;) {
@@ -379,7 +394,8 @@ void bind_broadcast(py::module_& m) {
           py::arg("timeout"),
           "The hot path in one call: wait up to timeout s (None: no limit; a bad one raises\n"
           "InvalidArgumentError) for the next message, decode it (unpickled in place, or bytes if raw),\n"
-          "consume it. OVERFLOW (not consumed) for a message in an overflow file; TIMEOUT, SHUTDOWN or CLOSED when there is none.")
+          "consume it. OVERFLOW (not consumed) for a message in an overflow file; TIMEOUT, SHUTDOWN or CLOSED when "
+          "there is none.")
       .def("read",
            [](vipc::broadcast::Reader& r) -> py::object {
              // The next message, copied out: (flags, [first part as bytes,

@@ -38,7 +38,8 @@ T& self_of(PyObject* self) {
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
   if (!inst->simple_layout) return py::handle(self).cast<T&>();
   if (!inst->simple_holder_constructed || inst->simple_value_holder[0] == nullptr) {
-    vipc::python::type_error(std::string(Py_TYPE(self)->tp_name) + " object was not initialized (its __init__ never ran)");
+    vipc::python::type_error(std::string(Py_TYPE(self)->tp_name) +
+                             " object was not initialized (its __init__ never ran)");
   }
   return *static_cast<T*>(inst->simple_value_holder[0]);
 }
@@ -69,8 +70,8 @@ PyObject* guarded(F&& body) noexcept {
 inline void check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most) {
   if (nargs < least || nargs > most) {
     vipc::python::type_error(std::string(name) + "() takes " + std::to_string(least) +
-                         (least == most ? "" : " to " + std::to_string(most)) + " arguments (" + std::to_string(nargs) +
-                         " given)");
+                             (least == most ? "" : " to " + std::to_string(most)) + " arguments (" +
+                             std::to_string(nargs) + " given)");
   }
 }
 
@@ -88,7 +89,7 @@ inline long long int_arg(PyObject* v, const char* what, long long lo, long long 
     if (overflow == 0 && n >= lo && n <= hi) return n;
   }
   vipc::python::type_error(std::string(what) + " must be an int in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                       "], got " + py::repr(v).cast<std::string>());
+                           "], got " + py::repr(v).cast<std::string>());
 }
 
 // An int in [0, 2**64) (exact, or anything with __index__ but bool) into `out`;
@@ -140,7 +141,8 @@ inline PyObject* one_optional_arg(const char* fn, const char* name, PyObject* co
   if (nkw == 0) return nargs ? args[0] : nullptr;
   PyObject* key = PyTuple_GET_ITEM(kwnames, 0);
   if (PyUnicode_CompareWithASCIIString(key, name) != 0) {
-    vipc::python::type_error(std::string(fn) + "() got an unexpected keyword argument " + py::repr(key).cast<std::string>());
+    vipc::python::type_error(std::string(fn) + "() got an unexpected keyword argument " +
+                             py::repr(key).cast<std::string>());
   }
   return args[nargs];
 }
@@ -156,8 +158,9 @@ class Payload {
     }
     if (PyObject_GetBuffer(data.ptr(), &view_, PyBUF_C_CONTIGUOUS) != 0) {
       PyErr_Clear();
-      vipc::python::type_error(std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
-                           Py_TYPE(data.ptr())->tp_name);
+      vipc::python::type_error(
+          std::string("send() takes bytes or a C-contiguous buffer (bytearray, memoryview, numpy), not ") +
+          Py_TYPE(data.ptr())->tp_name);
     }
     has_view_ = true;
     ptr_ = view_.buf;

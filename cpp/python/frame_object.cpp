@@ -13,7 +13,8 @@ PyTypeObject* the_type = nullptr;
 
 // The object fields, in declaration order (all of FrameObject after the head).
 constexpr Py_ssize_t kFieldCount = 11;
-static_assert(sizeof(FrameObject) == sizeof(PyObject) + kFieldCount * sizeof(PyObject*), "FrameObject: object fields only");
+static_assert(sizeof(FrameObject) == sizeof(PyObject) + kFieldCount * sizeof(PyObject*),
+              "FrameObject: object fields only");
 
 PyObject** fields(PyObject* self) { return &reinterpret_cast<FrameObject*>(self)->views; }
 
@@ -74,7 +75,8 @@ PyMemberDef frame_members[] = {
     VIPC_FRAME_FIELD("frame_id", frame_id, nullptr),
     VIPC_FRAME_FIELD("timestamp_sof", timestamp_sof, nullptr),
     VIPC_FRAME_FIELD("timestamp_eof", timestamp_eof, nullptr),
-    VIPC_FRAME_FIELD("timestamp_publish", timestamp_publish, "CLOCK_MONOTONIC ns of the server's send (0: not received)"),
+    VIPC_FRAME_FIELD("timestamp_publish", timestamp_publish,
+                     "CLOCK_MONOTONIC ns of the server's send (0: not received)"),
     VIPC_FRAME_FIELD("timestamp_recv", timestamp_recv, "CLOCK_MONOTONIC ns of this client's receive (0: not received)"),
     VIPC_FRAME_FIELD("_owner", owner, nullptr),
     VIPC_FRAME_FIELD("stream", stream, nullptr),

@@ -18,9 +18,8 @@
 namespace vipc::python {
 
 struct FrameObject {
-  PyObject_HEAD
-  PyObject* views;     // FrameViews of the frame's buffer (the owner's cached views)
-  PyObject* geometry;  // visionipc.formats.Geometry
+  PyObject_HEAD PyObject* views;  // FrameViews of the frame's buffer (the owner's cached views)
+  PyObject* geometry;             // visionipc.formats.Geometry
   PyObject* idx;
   PyObject* generation;
   PyObject* frame_id;

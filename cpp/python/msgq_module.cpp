@@ -20,15 +20,15 @@
 #include "python/fastcall.h"
 
 namespace py = pybind11;
+using vipc::common::WaitStatus;
 using vipc::msgq::Publisher;
 using vipc::msgq::SegmentSpec;
 using vipc::msgq::Subscriber;
-using vipc::common::WaitStatus;
 
 namespace {
 
-constexpr size_t kBatchBytes = 256 * 1024;       // receive_batch stops after this much
-constexpr int64_t kMaxSpinUs = 1'000'000;        // msgq._shared.MAX_SPIN_US
+constexpr size_t kBatchBytes = 256 * 1024;  // receive_batch stops after this much
+constexpr int64_t kMaxSpinUs = 1'000'000;   // msgq._shared.MAX_SPIN_US
 
 SegmentSpec make_spec(const std::string& dir, const std::string& basename, size_t segment_size, unsigned mode,
                       std::vector<uid_t> trusted_uids) {
@@ -69,7 +69,8 @@ struct PySubscriber {
   // Wait with the GIL released, in slices broken only by signals.
   bool wait_until(int64_t deadline) {
     const vipc::common::WaitStatus st = vipc::python::blocking([&] { return sub->wait(deadline); });
-    if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "subscriber was closed while waiting");
+    if (st == vipc::common::WaitStatus::kClosed)
+      vipc::common::fail(vipc::common::ErrorKind::kClosed, "subscriber was closed while waiting");
     return st == vipc::common::WaitStatus::kReady;
   }
 
@@ -189,9 +190,12 @@ PYBIND11_MODULE(_msgq, m) {
       .def_property_readonly("messages_sent", &Publisher::messages_sent)
       .def_property(
           "handoff_wakes", [](const Publisher& p) { return p.wake_mode() == vipc::msgq::WakeMode::kHandoff; },
-          [](Publisher& p, bool on) { p.set_wake_mode(on ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll); })
+          [](Publisher& p, bool on) {
+            p.set_wake_mode(on ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll);
+          })
       .def_property_readonly("readers_woken", &Publisher::readers_woken)
-      .def_property_readonly("path", [](const Publisher& p) { return p.closed() ? std::string() : p.segment()->path(); })
+      .def_property_readonly("path",
+                             [](const Publisher& p) { return p.closed() ? std::string() : p.segment()->path(); })
       .def_property_readonly("closed", &Publisher::closed)
       .def("close", &Publisher::close)
       .def("_forget_after_fork", &Publisher::forget_after_fork);
@@ -232,17 +236,19 @@ PYBIND11_MODULE(_msgq, m) {
   py::class_<vipc::msgq::Poller>(m, "Poller")
       .def(py::init<>())
       .def("add", [](vipc::msgq::Poller& p, PySubscriber& s) { p.add(s.sub); })
-      .def("poll",
-           [](vipc::msgq::Poller& p, int timeout_ms) {
-             std::vector<size_t> ready;
-             const int64_t deadline = vipc::python::deadline_from_ms(timeout_ms);
-             vipc::python::blocking([&] {
-               const int64_t left = deadline == vipc::common::kNever ? -1 : std::max<int64_t>(0, deadline - vipc::common::monotonic_ns());
-               return p.poll(left, ready);
-             });
-             return ready;
-           },
-           py::arg("timeout_ms"))
+      .def(
+          "poll",
+          [](vipc::msgq::Poller& p, int timeout_ms) {
+            std::vector<size_t> ready;
+            const int64_t deadline = vipc::python::deadline_from_ms(timeout_ms);
+            vipc::python::blocking([&] {
+              const int64_t left =
+                  deadline == vipc::common::kNever ? -1 : std::max<int64_t>(0, deadline - vipc::common::monotonic_ns());
+              return p.poll(left, ready);
+            });
+            return ready;
+          },
+          py::arg("timeout_ms"))
       .def("fileno", &vipc::msgq::Poller::fileno)
       .def("__len__", &vipc::msgq::Poller::size);
 

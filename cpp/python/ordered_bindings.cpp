@@ -22,7 +22,7 @@ namespace {
 using SlotBuffer = vipc::python::MappedBytes<vipc::ordered::Topic>;
 
 vipc::ordered::TopicSpec topic_spec(const std::string& dir, const std::string& basename, uint32_t capacity,
-                              uint64_t slot_bytes, unsigned mode) {
+                                    uint64_t slot_bytes, unsigned mode) {
   vipc::ordered::TopicSpec s;
   s.dir = dir;
   s.basename = basename;
@@ -57,8 +57,8 @@ void bind_ordered(py::module_& m) {
           [](vipc::ordered::Producer& p, std::optional<uint64_t> id, std::optional<double> timeout_s) -> py::object {
             const int64_t deadline = vipc::python::deadline_from(timeout_s);
             uint64_t got = id.value_or(0);
-            const vipc::common::WaitStatus st =
-                vipc::python::blocking([&] { return id ? p.reserve_id(*id, deadline) : p.reserve_next(deadline, &got); });
+            const vipc::common::WaitStatus st = vipc::python::blocking(
+                [&] { return id ? p.reserve_id(*id, deadline) : p.reserve_next(deadline, &got); });
             if (st != vipc::common::WaitStatus::kReady) return py::str(vipc::common::wait_status_name(st));
             return py::int_(got);
           },
@@ -76,12 +76,13 @@ void bind_ordered(py::module_& m) {
           [](vipc::ordered::Producer& p, py::buffer data, std::optional<double> timeout_s, uint64_t t0,
              uint64_t t1) -> py::object {
             py::buffer_info info = data.request();
-            if (!PyBuffer_IsContiguous(info.view(), 'C')) vipc::python::type_error("send() needs a C-contiguous buffer");
+            if (!PyBuffer_IsContiguous(info.view(), 'C'))
+              vipc::python::type_error("send() needs a C-contiguous buffer");
             const auto size = static_cast<uint64_t>(info.size * info.itemsize);
             if (size > p.topic()->slot_bytes()) {
-              vipc::common::fail(vipc::common::ErrorKind::kMessageTooLarge, "message of " + std::to_string(size) +
-                                                              " bytes does not fit in a " +
-                                                              std::to_string(p.topic()->slot_bytes()) + "-byte slot");
+              vipc::common::fail(vipc::common::ErrorKind::kMessageTooLarge,
+                                 "message of " + std::to_string(size) + " bytes does not fit in a " +
+                                     std::to_string(p.topic()->slot_bytes()) + "-byte slot");
             }
             const int64_t deadline = vipc::python::deadline_from(timeout_s);
             uint64_t id = 0;
@@ -93,30 +94,32 @@ void bind_ordered(py::module_& m) {
           },
           py::arg("data"), py::arg("timeout_s"), py::arg("t0") = 0, py::arg("t1") = 0)
       .def("availability", [](const vipc::ordered::Producer& p) { return availability_tuple(*p.topic()); })
-      .def("is_available", [](const vipc::ordered::Producer& p, uint64_t id) { return p.topic()->snapshot().is_available(id); })
+      .def("is_available",
+           [](const vipc::ordered::Producer& p, uint64_t id) { return p.topic()->snapshot().is_available(id); })
       .def_property_readonly("oldest_in_flight", &vipc::ordered::Producer::oldest_in_flight)
       .def_property_readonly("capacity", [](const vipc::ordered::Producer& p) { return p.topic()->capacity(); })
       .def_property_readonly("slot_bytes", [](const vipc::ordered::Producer& p) { return p.topic()->slot_bytes(); })
-      .def_property_readonly("path", [](const vipc::ordered::Producer& p) { return p.closed() ? std::string() : p.topic()->path(); })
+      .def_property_readonly(
+          "path", [](const vipc::ordered::Producer& p) { return p.closed() ? std::string() : p.topic()->path(); })
       .def("shutdown", &vipc::ordered::Producer::shutdown)
       .def_property_readonly("closed", &vipc::ordered::Producer::closed)
       .def("close", &vipc::ordered::Producer::close)
       .def("_forget_after_fork", &vipc::ordered::Producer::forget_after_fork);
 
   py::class_<vipc::ordered::Reader, std::shared_ptr<vipc::ordered::Reader>>(m, "OrderedReader")
-      .def(py::init([](const std::string& dir, const std::string& basename, const std::string& mode_name,
-                       unsigned mode) {
-             vipc::ordered::Mode md;
-             if (mode_name == "sequential") {
-               md = vipc::ordered::Mode::kSequential;
-             } else if (mode_name == "newest") {
-               md = vipc::ordered::Mode::kNewest;
-             } else {
-               vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
-                         "mode must be 'sequential' or 'newest', not '" + mode_name + "'");
-             }
-             return std::make_shared<vipc::ordered::Reader>(topic_spec(dir, basename, 0, 0, mode), md);
-           }),
+      .def(py::init(
+               [](const std::string& dir, const std::string& basename, const std::string& mode_name, unsigned mode) {
+                 vipc::ordered::Mode md;
+                 if (mode_name == "sequential") {
+                   md = vipc::ordered::Mode::kSequential;
+                 } else if (mode_name == "newest") {
+                   md = vipc::ordered::Mode::kNewest;
+                 } else {
+                   vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                                      "mode must be 'sequential' or 'newest', not '" + mode_name + "'");
+                 }
+                 return std::make_shared<vipc::ordered::Reader>(topic_spec(dir, basename, 0, 0, mode), md);
+               }),
            py::arg("dir"), py::arg("basename"), py::arg("mode_name"), py::arg("mode") = 0600)
       .def(
           "recv",
@@ -139,7 +142,8 @@ void bind_ordered(py::module_& m) {
                   // A close() on another thread may come during a copy without the GIL: the slot stays mapped
                   // (still_valid() then says false, and the next call raises ClosedError).
                   const std::shared_ptr<vipc::ordered::Topic> mapped = r.topic();
-                  vipc::python::copy_maybe_without_gil(msg.size, [&] { std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size); });
+                  vipc::python::copy_maybe_without_gil(msg.size,
+                                                       [&] { std::memcpy(PyBytes_AS_STRING(o), msg.data, msg.size); });
                 }
                 if (r.still_valid(msg)) return py::make_tuple(msg.id, data, msg.t0, msg.t1);
               }
@@ -161,7 +165,10 @@ void bind_ordered(py::module_& m) {
       .def_property_readonly("reclaimed", &vipc::ordered::Reader::reclaimed)
       .def_property_readonly("capacity", [](const vipc::ordered::Reader& r) { return r.topic()->capacity(); })
       .def_property_readonly("slot_bytes", [](const vipc::ordered::Reader& r) { return r.topic()->slot_bytes(); })
-      .def("shutdown", [](vipc::ordered::Reader& r) { if (!r.closed()) r.topic()->shutdown(); })
+      .def("shutdown",
+           [](vipc::ordered::Reader& r) {
+             if (!r.closed()) r.topic()->shutdown();
+           })
       .def_property_readonly("closed", &vipc::ordered::Reader::closed)
       .def("close", &vipc::ordered::Reader::close)
       .def("_forget_after_fork", &vipc::ordered::Reader::forget_after_fork);

@@ -88,7 +88,8 @@ PyObject* client_recv_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
     const int64_t deadline = vp::deadline_from_ms(timeout_ms);
     vipc::visionipc::Frame got;
     const vipc::common::WaitStatus st = vp::blocking([&] { return c.recv(deadline, got); });
-    if (st == vipc::common::WaitStatus::kClosed) vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
+    if (st == vipc::common::WaitStatus::kClosed)
+      vipc::common::fail(vipc::common::ErrorKind::kClosed, "client was closed while waiting");
     if (st != vipc::common::WaitStatus::kReady) Py_RETURN_NONE;
     auto* f = reinterpret_cast<vp::FrameObject*>(args[0]);
     const bool stored = vp::set_field(f->idx, PyLong_FromUnsignedLong(got.index)) &&
@@ -101,7 +102,8 @@ PyObject* client_recv_into(PyObject* self, PyObject* const* args, Py_ssize_t nar
     if (!stored) throw py::error_already_set();
     long flags = got.valid ? kLeased : 0;
     PyObject* views = nullptr;
-    if (made && have_epoch && epoch == c.epoch() && PyList_Check(made.ptr()) && got.index < PyList_GET_SIZE(made.ptr())) {
+    if (made && have_epoch && epoch == c.epoch() && PyList_Check(made.ptr()) &&
+        got.index < PyList_GET_SIZE(made.ptr())) {
       views = PyList_GET_ITEM(made.ptr(), got.index);
     }
     if (views != nullptr && views != Py_None) {
@@ -129,8 +131,9 @@ PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nar
     vp::Payload data(args[1]);
     const size_t n = data.size(), want = s.geometry(stream).size;
     if (n != want) {
-      vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
-                         "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
+      vipc::common::fail(
+          vipc::common::ErrorKind::kInvalidArgument,
+          "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
     }
     const vipc::visionipc::Acquired a = s.get_buffer(stream);  // a.pool keeps a.data mapped if another thread closes s
     vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(a.data, data.data(), n); });
@@ -158,8 +161,8 @@ PyObject* client_is_valid(PyObject* self, PyObject* const* args, Py_ssize_t narg
   return vipc::python::guarded([&]() -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("is_valid", nargs, 2, 2);
-    const bool ok = vp::self_of<Client>(self).is_valid(static_cast<uint32_t>(vp::int_arg(args[0], "index", 0, UINT32_MAX)),
-                                                        vp::u64_arg(args[1], "generation"));
+    const bool ok = vp::self_of<Client>(self).is_valid(
+        static_cast<uint32_t>(vp::int_arg(args[0], "index", 0, UINT32_MAX)), vp::u64_arg(args[1], "generation"));
     return PyBool_FromLong(ok);
   });
 }
@@ -173,7 +176,8 @@ vipc::visionipc::Format parse(const std::string& name) {
     for (const vipc::visionipc::FormatInfo& info : vipc::visionipc::kFormats) {
       if (info.format != vipc::visionipc::Format::kCustom) names += std::string(names.empty() ? "" : ", ") + info.name;
     }
-    vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument, "unknown pixel format '" + name + "' (" + names + ")");
+    vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
+                       "unknown pixel format '" + name + "' (" + names + ")");
   }
   return f;
 }
@@ -186,7 +190,8 @@ py::tuple buffers_span(const std::shared_ptr<vipc::visionipc::Mapping>& pool, co
   const auto page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
   const auto base = reinterpret_cast<uintptr_t>(pool->data());
   const uintptr_t begin = reinterpret_cast<uintptr_t>(first) & ~(page - 1);
-  const uintptr_t end = std::min((reinterpret_cast<uintptr_t>(last) + size + page - 1) & ~(page - 1), base + pool->size());
+  const uintptr_t end =
+      std::min((reinterpret_cast<uintptr_t>(last) + size + page - 1) & ~(page - 1), base + pool->size());
   return py::make_tuple(begin, end - begin);
 }
 
@@ -209,7 +214,9 @@ PYBIND11_MODULE(_visionipc, m) {
                                   info.channels, info.yuv420, info.format != vipc::visionipc::Format::kCustom));
   }
   m.attr("FORMAT_TABLE") = py::tuple(formats);
-  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) { return geometry_tuple(vipc::visionipc::make_geometry(parse(format), w, h)); });
+  m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) {
+    return geometry_tuple(vipc::visionipc::make_geometry(parse(format), w, h));
+  });
   m.def("endpoint_name", &vipc::visionipc::endpoint_name);
   m.def("dlpack_capsule", &vipc::python::dlpack_capsule, py::arg("owner"), py::arg("data"), py::arg("shape"),
         py::arg("strides"), py::arg("type_code"), py::arg("bits"), py::arg("device_type"), py::arg("device_id"),
@@ -218,21 +225,23 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::bind_mapped_bytes<vipc::visionipc::Mapping>(m, "View");
 
   py::class_<Server>(m, "Server")
-      .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir, std::vector<uid_t> uids,
-                       bool handoff) {
+      .def(py::init([](const std::string& name, const std::string& prefix, const std::string& shm_dir,
+                       std::vector<uid_t> uids, bool handoff) {
              vipc::visionipc::ServerOptions o{prefix, shm_dir, std::move(uids)};
              o.wake = handoff ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll;
              return std::make_unique<Server>(name, std::move(o));
            }),
-           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm", py::arg("allowed_uids") = std::vector<uid_t>{},
-           py::arg("handoff_wakes") = false)
+           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm",
+           py::arg("allowed_uids") = std::vector<uid_t>{}, py::arg("handoff_wakes") = false)
       .def("create_buffers",
            [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
              s.create_buffers(stream, count, vipc::visionipc::make_geometry(parse(format), w, h));
            })
       .def("create_buffers_with_sizes",
-           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size, uint32_t stride,
-              uint32_t uv_offset) { s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset)); })
+           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size,
+              uint32_t stride, uint32_t uv_offset) {
+             s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset));
+           })
       .def("get_buffer",
            [](Server& s, const std::string& stream) {
              const vipc::visionipc::Acquired a = s.get_buffer(stream);
@@ -244,13 +253,15 @@ PYBIND11_MODULE(_visionipc, m) {
            })
       .def("buffers_span",
            [](const Server& s, const std::string& stream) {
-             return buffers_span(s.pool(stream), s.buffer(stream, 0), s.buffer(stream, s.count(stream) - 1), s.geometry(stream).size);
+             return buffers_span(s.pool(stream), s.buffer(stream, 0), s.buffer(stream, s.count(stream) - 1),
+                                 s.geometry(stream).size);
            })
       .def("start_listener", &Server::start_listener)
-      .def("close", [](Server& s) {
-        py::gil_scoped_release nogil;  // joins the listener thread
-        s.close();
-      })
+      .def("close",
+           [](Server& s) {
+             py::gil_scoped_release nogil;  // joins the listener thread
+             s.close();
+           })
       .def("streams", &Server::streams)
       .def("geometry", [](const Server& s, const std::string& stream) { return geometry_tuple(s.geometry(stream)); })
       .def("count", &Server::count)
@@ -269,19 +280,23 @@ PYBIND11_MODULE(_visionipc, m) {
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::string& name, const std::string& stream, bool conflate, const std::string& prefix,
                        const std::string& shm_dir, std::vector<uid_t> trusted_uids) {
-             return std::make_unique<Client>(name, stream, conflate, vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
+             return std::make_unique<Client>(name, stream, conflate,
+                                             vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
            }),
-           py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm",
-           py::arg("trusted_uids") = std::vector<uid_t>{})
-      .def("connect", [](Client& c) {
-        py::gil_scoped_release nogil;
-        return c.connect();
-      })
+           py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "",
+           py::arg("shm_dir") = "/dev/shm", py::arg("trusted_uids") = std::vector<uid_t>{})
+      .def("connect",
+           [](Client& c) {
+             py::gil_scoped_release nogil;
+             return c.connect();
+           })
       .def_property_readonly("last_error", &Client::last_error)
-      .def_property_readonly("last_refusal", [](const Client& c) {
-        static const char* const names[] = {"", "no server", "unknown stream", "full", "peer limit"};
-        return std::string(names[static_cast<int>(c.last_refusal())]);
-      })
+      .def_property_readonly("last_refusal",
+                             [](const Client& c) {
+                               static const char* const names[] = {"", "no server", "unknown stream", "full",
+                                                                   "peer limit"};
+                               return std::string(names[static_cast<int>(c.last_refusal())]);
+                             })
       .def("connected", &Client::connected)
       .def("take_lease", &Client::take_lease)
       .def("release_lease", &Client::release_lease)
@@ -290,20 +305,23 @@ PYBIND11_MODULE(_visionipc, m) {
              return View{c.pool(), const_cast<uint8_t*>(c.buffer(index)), c.geometry().size, false};
            })
       .def("geometry", [](const Client& c) { return geometry_tuple(c.geometry()); })
-      .def("buffers_span",
-           [](const Client& c) {
-             if (c.count() == 0) vipc::common::fail(vipc::common::ErrorKind::kClosed, "no pool is mapped (not connected)");
-             return buffers_span(c.pool(), c.buffer(0), c.buffer(c.count() - 1), c.geometry().size);
-           },
-           "(address, length): the whole pages holding every buffer of the mapped pool (to register with CUDA)")
+      .def(
+          "buffers_span",
+          [](const Client& c) {
+            if (c.count() == 0)
+              vipc::common::fail(vipc::common::ErrorKind::kClosed, "no pool is mapped (not connected)");
+            return buffers_span(c.pool(), c.buffer(0), c.buffer(c.count() - 1), c.geometry().size);
+          },
+          "(address, length): the whole pages holding every buffer of the mapped pool (to register with CUDA)")
       .def_property_readonly("count", &Client::count)
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)
       .def_property_readonly("dropped", &Client::dropped)
-      .def("close", [](Client& c) {
-        py::gil_scoped_release nogil;  // waits for a recv() of another thread to leave
-        c.close();
-      })
+      .def("close",
+           [](Client& c) {
+             py::gil_scoped_release nogil;  // waits for a recv() of another thread to leave
+             c.close();
+           })
       .def("_forget_after_fork", &Client::forget_after_fork);
 
   vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
@@ -312,13 +330,16 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::add_fast_method(m.attr("Client"), &client_recv_into_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
 
-  m.def("list_streams", [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
-                           std::vector<uid_t> trusted_uids) {
-    std::optional<std::vector<std::string>> r;
-    {
-      py::gil_scoped_release nogil;
-      r = Client::list_streams(name, vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
-    }
-    return r;
-  }, py::arg("name"), py::arg("prefix"), py::arg("shm_dir"), py::arg("trusted_uids") = std::vector<uid_t>{});
+  m.def(
+      "list_streams",
+      [](const std::string& name, const std::string& prefix, const std::string& shm_dir,
+         std::vector<uid_t> trusted_uids) {
+        std::optional<std::vector<std::string>> r;
+        {
+          py::gil_scoped_release nogil;
+          r = Client::list_streams(name, vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
+        }
+        return r;
+      },
+      py::arg("name"), py::arg("prefix"), py::arg("shm_dir"), py::arg("trusted_uids") = std::vector<uid_t>{});
 }

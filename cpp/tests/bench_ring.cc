@@ -46,9 +46,9 @@ static_assert(sizeof(Line) == 64, "one cache line each, so ping and pong do not 
 
 // In an anonymous shared mapping, inherited by the forked child.
 struct Shared {
-  Line ping;                 // parent writes (release), child spins on it (acquire)
-  Line pong;                 // child writes, parent spins
-  Line received;             // throughput: messages the child has consumed (release)
+  Line ping;      // parent writes (release), child spins on it (acquire)
+  Line pong;      // child writes, parent spins
+  Line received;  // throughput: messages the child has consumed (release)
   std::atomic<uint32_t> ready{0};
 };
 
@@ -107,7 +107,7 @@ pid_t fork_child(F child) {
   const pid_t pid = fork();
   if (pid < 0) give_up(std::string("fork: ") + std::strerror(errno));
   if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);  // never outlive a parent that gave up
+    prctl(PR_SET_PDEATHSIG, SIGKILL);   // never outlive a parent that gave up
     if (getppid() == 1) std::_Exit(1);  // it gave up before the line above took effect
     g_peer = 0;                         // the child's loops watch only their deadline
     g_in_child = true;
@@ -287,8 +287,8 @@ Throughput large_messages(Shared& sh, const testing::TempDir& dir, uint64_t mess
     for (uint64_t i = 1; i <= messages; i++) {
       spin_until([&] { return in.try_read(sink); });
       if (sink.size != kLarge || in.resets() != 0) {  // flow control failed: not a valid run
-        std::fprintf(stderr, "bench_ring: 1 MiB message %llu: size %zu, %llu resets\n", static_cast<unsigned long long>(i),
-                     sink.size, static_cast<unsigned long long>(in.resets()));
+        std::fprintf(stderr, "bench_ring: 1 MiB message %llu: size %zu, %llu resets\n",
+                     static_cast<unsigned long long>(i), sink.size, static_cast<unsigned long long>(in.resets()));
         std::exit(3);
       }
       sh.received.value.store(i, std::memory_order_release);
@@ -333,9 +333,9 @@ void print_json(uint64_t iters, bool pinned, const Percentiles& line, const Perc
   std::printf(" \"cacheline_oneway_ns\": %s,\n", pct(line).c_str());
   std::printf(" \"msgq_64B_oneway_ns\": %s,\n", pct(ring).c_str());
   std::printf(" \"latency_ratio_p50\": %.3f,\n", ring.p50 / line.p50);
-  std::printf(" \"throughput_1MiB\": {\"messages\": %llu, \"msgq_GBps\": %.3f, \"memcpy_GBps\": %.3f, \"ratio\": %.3f}}\n",
-              static_cast<unsigned long long>(tp.messages), tp.msgq_gbps, tp.memcpy_gbps,
-              tp.msgq_gbps / tp.memcpy_gbps);
+  std::printf(
+      " \"throughput_1MiB\": {\"messages\": %llu, \"msgq_GBps\": %.3f, \"memcpy_GBps\": %.3f, \"ratio\": %.3f}}\n",
+      static_cast<unsigned long long>(tp.messages), tp.msgq_gbps, tp.memcpy_gbps, tp.msgq_gbps / tp.memcpy_gbps);
 }
 
 void print_table(uint64_t iters, bool pinned, const Percentiles& line, const Percentiles& ring, const Throughput& tp) {

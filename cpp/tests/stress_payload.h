@@ -36,10 +36,13 @@ class Payloads {
   size_t size_of(uint64_t seq) const {
     const uint64_t r = mix(seed_ ^ mix(seq));
     switch (r & 3) {
-      case 0: return (r >> 8) % 24;
+      case 0:
+        return (r >> 8) % 24;
       case 1:
-      case 2: return (r >> 8) % (max_ / 8 + 1);
-      default: return ((r >> 2) & 63) == 0 ? max_ : (r >> 8) % (max_ + 1);
+      case 2:
+        return (r >> 8) % (max_ / 8 + 1);
+      default:
+        return ((r >> 2) & 63) == 0 ? max_ : (r >> 8) % (max_ + 1);
     }
   }
 
@@ -118,8 +121,8 @@ class StreamChecker {
  private:
   [[noreturn]] void fail(const char* what, uint64_t seq, size_t n) const {
     check::failed(__FILE__, __LINE__,
-                  name_ + ": " + what + ": seq " + std::to_string(seq) + ", " + std::to_string(n) + " bytes, last seq " +
-                      (have_last_ ? std::to_string(last_) : std::string("none")));
+                  name_ + ": " + what + ": seq " + std::to_string(seq) + ", " + std::to_string(n) +
+                      " bytes, last seq " + (have_last_ ? std::to_string(last_) : std::string("none")));
   }
 
   const Payloads& p_;

@@ -16,6 +16,7 @@
 
 #include "broadcast/queue.h"
 #include "check.h"
+#include "check_errors.h"
 #include "common/clock.h"
 #include "common/wait_point.h"
 #include "ordered/availability.h"
@@ -233,7 +234,8 @@ TEST(ordered_topic_threads_sequential_reader_gets_every_id_in_order) {
       std::mt19937 rng(p + 100);
       for (int i = 0; i < kEach; i++) {
         uint64_t id = 0;
-        CHECK(prod.reserve_next(vipc::common::monotonic_ns() + 30'000'000'000, &id) == vipc::common::WaitStatus::kReady);
+        CHECK(prod.reserve_next(vipc::common::monotonic_ns() + 30'000'000'000, &id) ==
+              vipc::common::WaitStatus::kReady);
         if (rng() % 4 == 0) std::this_thread::sleep_for(std::chrono::microseconds(rng() % 200));
         const std::vector<uint8_t> data = payload_for(id, 96);
         std::memcpy(prod.slot(id), data.data(), data.size());
@@ -254,7 +256,8 @@ TEST(ordered_topic_bad_input) {
   vipc::ordered::TopicSpec spec;
   spec.dir = dir.path();
   spec.basename = "ordered-bad";
-  CHECK_THROWS_KIND(vipc::ordered::Reader(spec, vipc::ordered::Mode::kSequential), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(vipc::ordered::Reader(spec, vipc::ordered::Mode::kSequential),
+                    vipc::common::ErrorKind::kInvalidArgument);
   spec.capacity = 8;  // below the window
   spec.slot_bytes = 16;
   CHECK_THROWS_KIND(vipc::ordered::Producer p(spec), vipc::common::ErrorKind::kInvalidArgument);
@@ -295,17 +298,20 @@ TEST(wait_point_notifier_clears_the_sleep_bit_and_skips_syscalls_until_a_waiter_
   std::atomic<int> woke{0};
   std::thread waiter([&] {
     auto ready = [&] { return flag.load(std::memory_order_acquire); };
-    CHECK(vipc::common::wait_until(wp, ready, vipc::common::monotonic_ns() + 10'000'000'000) == vipc::common::WaitStatus::kReady);
+    CHECK(vipc::common::wait_until(wp, ready, vipc::common::monotonic_ns() + 10'000'000'000) ==
+          vipc::common::WaitStatus::kReady);
     woke.store(1);
   });
   // The waiter registers (bit 0 set) before it sleeps.
   const int64_t give_up = vipc::common::monotonic_ns() + 5'000'000'000;
-  while ((wp.word.load() & vipc::common::kMaySleep) == 0 && vipc::common::monotonic_ns() < give_up) std::this_thread::yield();
+  while ((wp.word.load() & vipc::common::kMaySleep) == 0 && vipc::common::monotonic_ns() < give_up)
+    std::this_thread::yield();
   CHECK((wp.word.load() & vipc::common::kMaySleep) != 0);
   const uint32_t before = wp.word.load();
   vipc::common::notify_all(wp);  // condition still false: the waiter wakes, re-registers and sleeps again
   CHECK(wp.word.load() != before);
-  while ((wp.word.load() & vipc::common::kMaySleep) == 0 && vipc::common::monotonic_ns() < give_up) std::this_thread::yield();
+  while ((wp.word.load() & vipc::common::kMaySleep) == 0 && vipc::common::monotonic_ns() < give_up)
+    std::this_thread::yield();
   flag.store(true, std::memory_order_release);
   const uint32_t registered = wp.word.load();
   CHECK((registered & vipc::common::kMaySleep) != 0);
@@ -333,14 +339,16 @@ TEST(wait_point_ping_pong_never_loses_a_wake) {
   std::thread b([&] {
     for (uint64_t i = 0; i < kRounds; i++) {
       auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i + 1; };
-      CHECK(vipc::common::wait_until(to_b, mine, vipc::common::monotonic_ns() + 10'000'000'000) == vipc::common::WaitStatus::kReady);
+      CHECK(vipc::common::wait_until(to_b, mine, vipc::common::monotonic_ns() + 10'000'000'000) ==
+            vipc::common::WaitStatus::kReady);
       token.store(2 * i + 2, std::memory_order_release);
       vipc::common::notify_all(to_a);
     }
   });
   for (uint64_t i = 0; i < kRounds; i++) {
     auto mine = [&] { return token.load(std::memory_order_acquire) == 2 * i; };
-    CHECK(vipc::common::wait_until(to_a, mine, vipc::common::monotonic_ns() + 10'000'000'000) == vipc::common::WaitStatus::kReady);
+    CHECK(vipc::common::wait_until(to_a, mine, vipc::common::monotonic_ns() + 10'000'000'000) ==
+          vipc::common::WaitStatus::kReady);
     token.store(2 * i + 1, std::memory_order_release);
     vipc::common::notify_all(to_b);
   }

@@ -10,10 +10,13 @@
 #include <vector>
 
 #include "check.h"
+#include "check_errors.h"
 #include "msgq/publisher.h"
 #include "msgq/subscriber.h"
 #include "test_support.h"
 
+using testing::HeapRing;
+using testing::VecSink;
 using vipc::msgq::align8;
 using vipc::msgq::cycle_of;
 using vipc::msgq::kPrefixBytes;
@@ -23,8 +26,6 @@ using vipc::msgq::pack;
 using vipc::msgq::ReadStatus;
 using vipc::msgq::RingReader;
 using vipc::msgq::RingWriter;
-using testing::HeapRing;
-using testing::VecSink;
 
 namespace {
 
@@ -441,8 +442,8 @@ TEST(reader_that_left_its_slot_is_not_invalidated_or_tracked) {
 
 TEST(corrupt_size_prefix_is_reset_and_counted_without_reading_out_of_bounds) {
   const int64_t max = static_cast<int64_t>(kRingFit);
-  for (const int64_t bad : {int64_t{-2}, int64_t{-4096}, INT64_MIN, max + 1, int64_t{kRing}, int64_t{1} << 40,
-                            INT64_MAX}) {
+  for (const int64_t bad :
+       {int64_t{-2}, int64_t{-4096}, INT64_MIN, max + 1, int64_t{kRing}, int64_t{1} << 40, INT64_MAX}) {
     HeapRing ring(kRing);
     RingWriter w(ring.view());
     RingReader r = ring.add_reader(0);
@@ -536,7 +537,8 @@ TEST(sixty_four_subscribers_receive_a_sixty_fifth_is_refused_and_closing_one_fre
   {
     Publisher pub(spec_in(dir, kSegment));
     std::vector<std::unique_ptr<Subscriber>> subs;
-    for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++) subs.push_back(std::make_unique<Subscriber>(spec_in(dir), false));
+    for (uint32_t i = 0; i < vipc::msgq::kMaxReaders; i++)
+      subs.push_back(std::make_unique<Subscriber>(spec_in(dir), false));
     CHECK_EQ(pub.num_readers(), vipc::msgq::kMaxReaders);
     CHECK_THROWS_KIND(Subscriber(spec_in(dir), false), vipc::common::ErrorKind::kTooManyReaders);
 

@@ -58,11 +58,16 @@ enum class Role { kFast, kFastPoller, kConflate, kSlow, kVictim };
 
 const char* role_name(Role r) {
   switch (r) {
-    case Role::kFast: return "fast";
-    case Role::kFastPoller: return "fast-fd";
-    case Role::kConflate: return "conflate";
-    case Role::kSlow: return "slow";
-    case Role::kVictim: return "killed";
+    case Role::kFast:
+      return "fast";
+    case Role::kFastPoller:
+      return "fast-fd";
+    case Role::kConflate:
+      return "conflate";
+    case Role::kSlow:
+      return "slow";
+    case Role::kVictim:
+      return "killed";
   }
   return "?";
 }
@@ -72,8 +77,8 @@ const char* role_name(Role r) {
 struct Control {
   std::atomic<uint64_t> bytes_sent{0};  // writer: release after each send; slow reader: acquire
   std::atomic<uint64_t> sent{0};
-  std::atomic<uint32_t> ready{0};       // readers attached
-  std::atomic<uint32_t> done{0};        // writer finished: release; readers drain, then stop
+  std::atomic<uint32_t> ready{0};  // readers attached
+  std::atomic<uint32_t> done{0};   // writer finished: release; readers drain, then stop
 };
 
 struct ReaderResult {
@@ -282,9 +287,9 @@ void process_writer(const vipc::msgq::SegmentSpec& spec, const Payloads& payload
     shared.ctl.bytes_sent.fetch_add(n, std::memory_order_release);
     seq++;
     if (seq % 256 == 0) usleep(2000);  // let the fast readers catch up now and then
-    if (seq % 1024 == 0) {  // both wake modes, switched while readers sleep and wake
+    if (seq % 1024 == 0) {             // both wake modes, switched while readers sleep and wake
       pub.set_wake_mode(pub.wake_mode() == vipc::msgq::WakeMode::kAll ? vipc::msgq::WakeMode::kHandoff
-                                                                       : vipc::msgq::WakeMode::kAll);
+                                                                      : vipc::msgq::WakeMode::kAll);
     }
   }
   shared.ctl.sent.store(seq, std::memory_order_relaxed);
@@ -333,15 +338,16 @@ void run_processes(const Options& opt) {
 
   std::vector<pid_t> readers;
   for (size_t i = 0; i < roles.size(); i++) {
-    readers.push_back(spawn([&, i] { process_reader(spec, roles[i], payloads, *shared, shared->results[i]); },
-                            watchdog));
+    readers.push_back(
+        spawn([&, i] { process_reader(spec, roles[i], payloads, *shared, shared->results[i]); }, watchdog));
   }
   const pid_t writer = spawn([&] { process_writer(spec, payloads, *shared, roles.size(), opt.seconds); }, watchdog);
 
   // Kill the victim a third of the way in, without letting it detach: the
   // writer must not care, and its slot and presence die with it.
   const int64_t attach_deadline = vipc::common::monotonic_ns() + 10'000'000'000;
-  while (shared->ctl.ready.load(std::memory_order_acquire) < roles.size() && vipc::common::monotonic_ns() < attach_deadline) {
+  while (shared->ctl.ready.load(std::memory_order_acquire) < roles.size() &&
+         vipc::common::monotonic_ns() < attach_deadline) {
     usleep(1000);
   }
   usleep(static_cast<useconds_t>(opt.seconds * 1e6 / 3));

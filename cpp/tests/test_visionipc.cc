@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "check.h"
+#include "check_errors.h"
 #include "common/clock.h"
 #include "common/frame_copy.h"
 #include "test_support.h"
@@ -32,7 +33,7 @@ struct Rig {
   testing::TempDir dir;
   std::string prefix = unique_prefix();
   ServerOptions sopt() const { return ServerOptions{prefix, dir.path(), {}}; }
-  ClientOptions copt() const { return ClientOptions{prefix, dir.path()}; }
+  ClientOptions copt() const { return ClientOptions{prefix, dir.path(), {}}; }
 };
 
 bool recv_frame(Client& c, Frame& f, int64_t timeout_ms = 1000) {
@@ -48,7 +49,10 @@ void fill(Server& s, const std::string& stream, uint8_t value, uint64_t frame_id
 }  // namespace
 
 TEST(formats_follow_the_documented_layout) {
-  const struct { Format f; uint32_t bpp; } single[] = {{Format::kGray8, 1}, {Format::kRGB8, 3}, {Format::kBGR8, 3}, {Format::kRaw16, 2}};
+  const struct {
+    Format f;
+    uint32_t bpp;
+  } single[] = {{Format::kGray8, 1}, {Format::kRGB8, 3}, {Format::kBGR8, 3}, {Format::kRaw16, 2}};
   for (uint32_t w : {1u, 63u, 64u, 65u, 1928u}) {
     for (auto [f, bpp] : single) {
       const Geometry g = make_geometry(f, w, 7);
@@ -67,7 +71,8 @@ TEST(formats_follow_the_documented_layout) {
   }
   CHECK_THROWS_KIND(make_geometry(Format::kNV12, 0, 2), vipc::common::ErrorKind::kInvalidArgument);
   CHECK_THROWS_KIND(make_geometry(static_cast<Format>(42), 2, 2), vipc::common::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(custom_geometry(100, 100, 100, 100, 0), vipc::common::ErrorKind::kInvalidArgument);  // stride*h > size
+  CHECK_THROWS_KIND(custom_geometry(100, 100, 100, 100, 0),
+                    vipc::common::ErrorKind::kInvalidArgument);  // stride*h > size
   const PoolLayout l = make_layout(3, 5000);
   CHECK_EQ(l.slot_size, 8192u);
   CHECK_EQ(l.data_offset % kBufferAlign, 0u);
@@ -111,7 +116,8 @@ TEST(missing_server_or_stream_connects_false) {
   Client wrong("cam", "driver", false, rig.copt());
   CHECK(!wrong.connect());
   CHECK_THROWS_KIND(server.get_buffer("driver"), vipc::common::ErrorKind::kInvalidArgument);
-  CHECK_THROWS_KIND(server.create_buffers("road", 1, make_geometry(Format::kGray8, 8, 8)), vipc::common::ErrorKind::kInvalidArgument);
+  CHECK_THROWS_KIND(server.create_buffers("road", 1, make_geometry(Format::kGray8, 8, 8)),
+                    vipc::common::ErrorKind::kInvalidArgument);
   CHECK_THROWS_KIND(Server("bad/name", rig.sopt()), vipc::common::ErrorKind::kInvalidArgument);
 }
 
@@ -208,7 +214,8 @@ TEST(a_hostile_handshake_is_refused) {
   sockaddr_un sa{};
   sa.sun_family = AF_UNIX;
   std::memcpy(sa.sun_path, addr.data(), addr.size());
-  CHECK(bind(lfd.get(), reinterpret_cast<sockaddr*>(&sa), static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size())) == 0);
+  CHECK(bind(lfd.get(), reinterpret_cast<sockaddr*>(&sa),
+             static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size())) == 0);
   CHECK(listen(lfd.get(), 8) == 0);
   vipc::common::UniqueFd pool = create_sealed_memfd("evil", 8192);
   vipc::common::UniqueFd leases = create_sealed_memfd("evil-l", kLeaseTableSize);
@@ -387,7 +394,8 @@ TEST(client_and_server_close_from_another_thread_while_frames_flow) {
           const std::shared_ptr<Mapping> mapped = client.pool();  // what keeps p readable after a close()
           const uint8_t* p = client.buffer(f.index);
           bool intact = true;
-          for (uint64_t i = 8; i < client.geometry().size; i += 53) intact = intact && p[i] == static_cast<uint8_t>(f.frame_id);
+          for (uint64_t i = 8; i < client.geometry().size; i += 53)
+            intact = intact && p[i] == static_cast<uint8_t>(f.frame_id);
           if (client.is_valid(f.index, f.generation)) CHECK(intact);
           client.release_lease();
           (void)client.take_lease(f.index, f.generation);

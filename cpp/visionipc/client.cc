@@ -23,16 +23,17 @@ namespace {
 void check_server(int fd, const std::string& name, const ClientOptions& options) {
   ucred cred{};
   socklen_t len = sizeof(cred);
-  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) common::fail_errno("SO_PEERCRED of VisionIPC server '" + name + "'");
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0)
+    common::fail_errno("SO_PEERCRED of VisionIPC server '" + name + "'");
   if (cred.uid == geteuid() || cred.uid == 0) return;
   for (uid_t u : options.trusted_uids) {
     if (u == cred.uid) return;
   }
   common::fail(common::ErrorKind::kPermission,
-            "VisionIPC server '" + name + "' is run by uid " + std::to_string(cred.uid) + " (pid " +
-                std::to_string(cred.pid) + "), which this client (uid " + std::to_string(geteuid()) +
-                ") does not trust: if that is really your server, pass its uid in trusted_uids; otherwise another "
-                "user is squatting the name");
+               "VisionIPC server '" + name + "' is run by uid " + std::to_string(cred.uid) + " (pid " +
+                   std::to_string(cred.pid) + "), which this client (uid " + std::to_string(geteuid()) +
+                   ") does not trust: if that is really your server, pass its uid in trusted_uids; otherwise another "
+                   "user is squatting the name");
 }
 
 common::UniqueFd dial(const std::string& prefix, const std::string& name) {
@@ -63,15 +64,15 @@ bool ask(int fd, const std::string& name, RequestKind kind, const std::string& s
   if (reply.version != kProtocolVersion ||
       (r == sizeof(reply) && reply.status == static_cast<uint32_t>(ReplyStatus::kBadRequest))) {
     common::fail(common::ErrorKind::kIpc, "VisionIPC server '" + name + "' speaks protocol version " +
-                                        std::to_string(reply.version) + ", this client version " +
-                                        std::to_string(kProtocolVersion) +
-                                        ": run the same visionipc release in the server and its clients");
+                                              std::to_string(reply.version) + ", this client version " +
+                                              std::to_string(kProtocolVersion) +
+                                              ": run the same visionipc release in the server and its clients");
   }
   if (r != static_cast<ssize_t>(sizeof(reply))) return false;
   if (reply.status == static_cast<uint32_t>(ReplyStatus::kDenied)) {
     common::fail(common::ErrorKind::kPermission,
-              "VisionIPC server '" + name + "' refused this client (uid " + std::to_string(geteuid()) +
-                  "): it admits its own user only; start it with allowed_uids=[" + std::to_string(geteuid()) + "]");
+                 "VisionIPC server '" + name + "' refused this client (uid " + std::to_string(geteuid()) +
+                     "): it admits its own user only; start it with allowed_uids=[" + std::to_string(geteuid()) + "]");
   }
   return true;
 }
@@ -92,7 +93,11 @@ struct PacketSink {
 }  // namespace
 
 Client::Client(std::string name, std::string stream, bool conflate, ClientOptions options)
-    : name_(std::move(name)), stream_(std::move(stream)), conflate_(conflate), options_(std::move(options)), owner_(common::current_pid()) {
+    : name_(std::move(name)),
+      stream_(std::move(stream)),
+      conflate_(conflate),
+      options_(std::move(options)),
+      owner_(common::current_pid()) {
   check_name("server name", name_);
   check_name("stream name", stream_);
 }
@@ -175,7 +180,8 @@ void Client::check_owner() const {
 bool Client::connect() {
   const common::UseOrClosed call = use();
   check_owner();
-  const std::string who = "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
+  const std::string who =
+      "VisionIPC server '" + name_ + "'" + (options_.prefix.empty() ? "" : " (prefix '" + options_.prefix + "')");
   common::UniqueFd fd = dial(options_.prefix, name_);
   if (!fd) return refused(Refusal::kNoServer, "no " + who + " is running");
   check_server(fd.get(), name_, options_);
@@ -191,12 +197,13 @@ bool Client::connect() {
       std::string known(reply->list, std::min<size_t>(reply->list_length, kListCapacity));
       while (!known.empty() && known.back() == '\n') known.pop_back();
       for (char& ch : known) ch = ch == '\n' ? ',' : ch;
-      return refused(Refusal::kUnknownStream, who + " has no stream '" + stream_ + "'; it has: " +
-                                                  (known.empty() ? std::string("none yet") : known));
+      return refused(Refusal::kUnknownStream, who + " has no stream '" + stream_ +
+                                                  "'; it has: " + (known.empty() ? std::string("none yet") : known));
     }
     case ReplyStatus::kFull:
-      return refused(Refusal::kFull, who + " is full: all " + std::to_string(kMaxClients) + " client slots of stream '" +
-                                         stream_ + "' are taken (or " + std::to_string(kMaxPending) +
+      return refused(Refusal::kFull, who + " is full: all " + std::to_string(kMaxClients) +
+                                         " client slots of stream '" + stream_ + "' are taken (or " +
+                                         std::to_string(kMaxPending) +
                                          " connections wait for an answer); close a client or try again later");
     case ReplyStatus::kPeerLimit:
       return refused(Refusal::kPeerLimit, who + " refused this process (pid " + std::to_string(getpid()) +
@@ -358,7 +365,8 @@ common::WaitStatus Client::recv(int64_t deadline_ns, Frame& out) {
     }
     const int64_t now = common::monotonic_ns();
     if (deadline_ns != common::kNever && now >= deadline_ns) return common::WaitStatus::kTimeout;
-    const int64_t slice = deadline_ns == common::kNever ? now + kReconnectCheckNs : std::min(deadline_ns, now + kReconnectCheckNs);
+    const int64_t slice =
+        deadline_ns == common::kNever ? now + kReconnectCheckNs : std::min(deadline_ns, now + kReconnectCheckNs);
     if (sub_) {
       const common::WaitStatus st = sub_->wait(slice);
       if (st == common::WaitStatus::kInterrupted || st == common::WaitStatus::kClosed) return st;

@@ -51,7 +51,7 @@ struct Frame {
   uint64_t generation = 0;
   uint64_t frame_id = 0, timestamp_sof = 0, timestamp_eof = 0;
   uint64_t publish_ns = 0, receive_ns = 0;  // CLOCK_MONOTONIC at the server's send / our receive
-  bool valid = false;  // the buffer still holds this frame and we lease it
+  bool valid = false;                       // the buffer still holds this frame and we lease it
 };
 
 class Client {
@@ -108,7 +108,8 @@ class Client {
   bool accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds);
   bool handle(const Packet& p, Frame& out);
   msgq::Subscriber& connected_subscriber() {
-    if (!sub_) common::fail(common::ErrorKind::kInvalidArgument, "connect() first: the frame topic comes with the connection");
+    if (!sub_)
+      common::fail(common::ErrorKind::kInvalidArgument, "connect() first: the frame topic comes with the connection");
     return *sub_;
   }
   void adopt_topic(bool same_server);

@@ -40,7 +40,8 @@ Geometry make_geometry(Format format, uint32_t width, uint32_t height) {
       g.stride = static_cast<uint32_t>(align_up(uint64_t{width} * bytes_per_pixel(format), kStrideAlign));
       g.size = uint64_t{g.stride} * height;
       break;
-    default: invalid("unknown pixel format " + std::to_string(static_cast<uint32_t>(format)));
+    default:
+      invalid("unknown pixel format " + std::to_string(static_cast<uint32_t>(format)));
   }
   return g;
 }

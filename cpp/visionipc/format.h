@@ -28,8 +28,8 @@ enum class Format : uint32_t { kNV12 = 0, kI420 = 1, kGray8 = 2, kRGB8 = 3, kBGR
 
 inline constexpr uint32_t kStrideAlign = 64;
 inline constexpr uint64_t kBufferAlign = 4096;
-inline constexpr uint32_t kMaxDimension = 1 << 15;        // 32768 pixels a side
-inline constexpr uint64_t kMaxBufferSize = 1ull << 30;     // 1 GiB a frame
+inline constexpr uint32_t kMaxDimension = 1 << 15;      // 32768 pixels a side
+inline constexpr uint64_t kMaxBufferSize = 1ull << 30;  // 1 GiB a frame
 
 // The format table: one row per Format, in enum order (kCustom last). Everything
 // the Python package knows about a format (names, plane shapes, sample sizes)

@@ -20,7 +20,7 @@ namespace vipc::visionipc {
 PoolLayout make_layout(uint32_t count, uint64_t buffer_size) {
   if (count == 0 || count > kMaxBuffers) {
     common::fail(common::ErrorKind::kInvalidArgument,
-              "buffer count " + std::to_string(count) + " must be 1.." + std::to_string(kMaxBuffers));
+                 "buffer count " + std::to_string(count) + " must be 1.." + std::to_string(kMaxBuffers));
   }
   PoolLayout l;
   l.count = count;
@@ -97,9 +97,12 @@ uint64_t pool_memory_limit(std::string* why) {
     kind = "cgroup v1 memory.limit_in_bytes";
   }
   if (max) {
-    const uint64_t room = *max > used.value_or(0) ? *max - used.value_or(0) : 0;
-    consider(room, "the room left under this process's " + kind + " (" + std::to_string(*max) + " bytes, " +
-                       std::to_string(used.value_or(0)) + " used)", limit, why);
+    const uint64_t total = *max, in_use = used.value_or(0);  // plain values: GCC 12 misreads optionals here
+    const uint64_t room = total > in_use ? total - in_use : 0;
+    consider(room,
+             "the room left under this process's " + kind + " (" + std::to_string(total) + " bytes, " +
+                 std::to_string(in_use) + " used)",
+             limit, why);
   }
   if (const char* cap = std::getenv("VIPC_MAX_POOL_BYTES"); cap != nullptr && *cap != '\0') {
     char* end = nullptr;
@@ -124,18 +127,20 @@ common::UniqueFd create_sealed_memfd(const char* name, size_t size) {
   }
   common::UniqueFd fd(memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING));
   if (!fd) common::fail_errno("memfd_create");
-  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) common::fail_errno("sizing a memfd to " + std::to_string(size));
+  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0)
+    common::fail_errno("sizing a memfd to " + std::to_string(size));
   // Reserve the pages now: running out of memory later would be a SIGBUS in
   // the producer's pixel writes instead of an exception here.
   if (int err = posix_fallocate(fd.get(), 0, static_cast<off_t>(size)); err != 0) {
     common::fail_errno("reserving " + std::to_string(size) + " bytes of shared memory", err);
   }
-  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) common::fail_errno("sealing a memfd");
+  if (fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+    common::fail_errno("sealing a memfd");
   return fd;
 }
 
 std::string sealed_memfd_problem(int fd, size_t size) {
-  struct stat st {};
+  struct stat st{};
   if (fstat(fd, &st) != 0) return "fstat failed";
   if (static_cast<uint64_t>(st.st_size) != size) {
     return "shared memory is " + std::to_string(st.st_size) + " bytes, expected " + std::to_string(size);

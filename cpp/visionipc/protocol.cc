@@ -25,7 +25,8 @@ std::string socket_address(const std::string& prefix, const std::string& name) {
   if (readable.size() < sizeof(sockaddr_un::sun_path)) return addr + readable;
   // Too long for sun_path (a long prefix and name): a 128-bit digest of it.
   char digest[33];
-  std::snprintf(digest, sizeof(digest), "%016llx%016llx", static_cast<unsigned long long>(fnv1a(readable, 0xcbf29ce484222325ull)),
+  std::snprintf(digest, sizeof(digest), "%016llx%016llx",
+                static_cast<unsigned long long>(fnv1a(readable, 0xcbf29ce484222325ull)),
                 static_cast<unsigned long long>(fnv1a(readable, 0x84222325cbf29ce4ull)));
   return addr + "visionipc#" + digest;
 }
@@ -38,7 +39,9 @@ socklen_t socket_sockaddr(const std::string& prefix, const std::string& name, so
   return static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + addr.size());
 }
 
-std::string endpoint_name(const std::string& name, const std::string& stream) { return "visionipc_" + name + "_" + stream; }
+std::string endpoint_name(const std::string& name, const std::string& stream) {
+  return "visionipc_" + name + "_" + stream;
+}
 
 bool send_with_fds(int sock, const void* data, size_t n, const std::vector<int>& fds) {
   iovec iov{const_cast<void*>(data), n};

@@ -35,7 +35,7 @@
 namespace vipc::visionipc {
 
 inline constexpr uint32_t kProtocolMagic = 0x43504956;  // "VIPC"
-inline constexpr uint32_t kProtocolVersion = 2;  // 2: the topic segment fd in the attach Reply
+inline constexpr uint32_t kProtocolVersion = 2;         // 2: the topic segment fd in the attach Reply
 inline constexpr size_t kStreamNameCapacity = 128;      // incl. NUL
 inline constexpr size_t kListCapacity = 8192;           // stream names, '\n'-separated
 
@@ -43,7 +43,14 @@ enum class RequestKind : uint32_t { kAttach = 1, kList = 2 };
 // kUnknownStream carries the stream names the server has in `list`; kFull:
 // every lease slot of the stream (or every pending connection) is taken;
 // kPeerLimit: the asking process already holds its share (kMaxClientsPerPeer).
-enum class ReplyStatus : uint32_t { kOk = 0, kUnknownStream = 1, kFull = 2, kBadRequest = 3, kDenied = 4, kPeerLimit = 5 };
+enum class ReplyStatus : uint32_t {
+  kOk = 0,
+  kUnknownStream = 1,
+  kFull = 2,
+  kBadRequest = 3,
+  kDenied = 4,
+  kPeerLimit = 5
+};
 
 struct Request {
   uint32_t magic;
@@ -57,8 +64,8 @@ struct Reply {
   uint32_t magic;
   uint32_t version;
   uint32_t status;
-  uint32_t lease_slot;   // this connection's slot in the lease table
-  uint64_t server_id;    // random per server instance; every Packet carries it
+  uint32_t lease_slot;  // this connection's slot in the lease table
+  uint64_t server_id;   // random per server instance; every Packet carries it
   uint32_t stream_ordinal;
   uint32_t format;
   uint32_t width, height, stride, uv_offset;

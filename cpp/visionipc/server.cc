@@ -41,7 +41,7 @@ msgq::SegmentSpec topic_spec(const ServerOptions& o, const std::string& topic) {
 // publisher made it (if it is still the file we opened), so nothing is left
 // in the shm directory whatever kills the server; clients get it by fd only.
 void unlink_topic(const msgq::Segment& seg) {
-  struct stat ours {}, named {};
+  struct stat ours{}, named{};
   if (fstat(seg.fd(), &ours) != 0 || stat(seg.path().c_str(), &named) != 0) return;
   if (ours.st_dev == named.st_dev && ours.st_ino == named.st_ino) unlink(seg.path().c_str());
 }
@@ -75,9 +75,10 @@ Server::Server(std::string name, ServerOptions options)
         common::fail(common::ErrorKind::kIpc, "the " + what + " is held by another user, " + who +
                                                   ": pick another name or run prefix (MSGQ_PREFIX)");
       }
-      common::fail(common::ErrorKind::kIpc, "another VisionIPC server with the " + what + " is running" +
-                                                (who.empty() ? std::string(" (its process does not answer)") : " as " + who) +
-                                                ": stop it or pick another name");
+      common::fail(common::ErrorKind::kIpc,
+                   "another VisionIPC server with the " + what + " is running" +
+                       (who.empty() ? std::string(" (its process does not answer)") : " as " + who) +
+                       ": stop it or pick another name");
     }
     common::fail_errno("bind of the VisionIPC socket");
   }
@@ -126,7 +127,8 @@ void Server::forget_after_fork() {
 
 void Server::check_open() const {
   if (!listen_fd_ || common::current_pid() != owner_) {
-    common::fail(common::ErrorKind::kClosed, "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
+    common::fail(common::ErrorKind::kClosed,
+                 "server '" + name_ + "' is closed (or inherited across fork: a child makes its own)");
   }
 }
 
@@ -134,7 +136,8 @@ Server::Stream& Server::find(const std::string& stream) const {
   check_open();
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = streams_.find(stream);
-  if (it == streams_.end()) common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
+  if (it == streams_.end())
+    common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
   return *it->second;
 }
 
@@ -192,7 +195,8 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   check_name("stream name", stream);
   {
     std::lock_guard<std::mutex> lock(mutex_);  // checked again below: the listener only reads streams_
-    if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
+    if (streams_.count(stream))
+      common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
   }
   const std::string problem = geometry_problem(geometry);
   if (!problem.empty()) common::fail(common::ErrorKind::kInvalidArgument, problem);
@@ -210,7 +214,8 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->publisher->set_wake_mode(options_.wake);
   unlink_topic(*s->publisher->segment());
   std::lock_guard<std::mutex> lock(mutex_);
-  if (streams_.count(stream)) common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
+  if (streams_.count(stream))
+    common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
   s->ordinal = static_cast<uint32_t>(streams_.size());
   streams_[stream] = std::move(s);
 }
@@ -270,7 +275,7 @@ Acquired Server::get_buffer(const std::string& stream) {
       }
     }
     s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
-    std::atomic_thread_fence(std::memory_order_release);              // pixel writes after it
+    std::atomic_thread_fence(std::memory_order_release);             // pixel writes after it
     s.generation[i] = gen + 1;
     return Acquired{i, gen + 1, pixels(i), s.pool};
   }
@@ -283,13 +288,14 @@ Acquired Server::get_buffer(const std::string& stream) {
   return Acquired{chosen, gen, pixels(chosen), s.pool};
 }
 
-void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
+                  uint64_t eof) {
   const common::UseOrClosed call = use();
   Stream& s = find(stream);
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
-              "buffer " + std::to_string(index) + " of stream '" + stream +
-                  "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
+                 "buffer " + std::to_string(index) + " of stream '" + stream +
+                     "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
   }
   BufferMeta& m = s.meta(index);
   m.frame_id.store(frame_id, std::memory_order_relaxed);
@@ -299,8 +305,8 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
   m.generation.store(published, std::memory_order_release);  // G3: pixels and metadata before this
   s.generation[index] = published;
   s.last_sent[index] = ++s.sends;
-  const Packet p{kProtocolMagic, s.ordinal, id_, index, 0, published, frame_id, sof, eof,
-                 static_cast<uint64_t>(common::monotonic_ns())};
+  const Packet p{kProtocolMagic, s.ordinal, id_, index, 0,
+                 published,      frame_id,  sof, eof,   static_cast<uint64_t>(common::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));
 }
 
@@ -325,7 +331,9 @@ void Server::listen_loop() {
       if (c.stream == nullptr) first_expiry = std::min(first_expiry, c.accepted_ns + kPendingTimeoutNs);
     }
     const int timeout_ms =
-        first_expiry == common::kNever ? -1 : static_cast<int>(std::max<int64_t>(0, first_expiry - common::monotonic_ns()) / 1'000'000 + 1);
+        first_expiry == common::kNever
+            ? -1
+            : static_cast<int>(std::max<int64_t>(0, first_expiry - common::monotonic_ns()) / 1'000'000 + 1);
     if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       return;

@@ -44,9 +44,9 @@
 namespace vipc::visionipc {
 
 struct ServerOptions {
-  std::string prefix;               // run prefix (MSGQ_PREFIX), part of every name
+  std::string prefix;                // run prefix (MSGQ_PREFIX), part of every name
   std::string shm_dir = "/dev/shm";  // where the msgq topic segments live
-  std::vector<uid_t> allowed_uids;  // besides our own uid
+  std::vector<uid_t> allowed_uids;   // besides our own uid
   // Connections one peer process may hold to this server (pending or
   // attached, all streams together): one process cannot take every lease slot.
   uint32_t max_per_peer = kMaxClientsPerPeer;
@@ -73,7 +73,8 @@ class Server {
   Acquired get_buffer(const std::string& stream);
   // Publish a buffer from get_buffer(); throws kInvalidArgument if it is not
   // checked out under that generation (sent already, or recycled since).
-  void send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
+  void send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
+            uint64_t eof);
   void start_listener();
   // Stop the listener and drop the pools. In a forked child (another pid than
   // the one that made the server) this is forget_after_fork(): the parent's
@@ -108,8 +109,8 @@ class Server {
     std::shared_ptr<Mapping> pool;
     std::unique_ptr<Mapping> leases;
     std::unique_ptr<msgq::Publisher> publisher;
-    std::vector<uint64_t> last_sent;    // send counter at each buffer's last send (0 = never)
-    std::vector<uint64_t> generation;   // our copy of each buffer's generation
+    std::vector<uint64_t> last_sent;   // send counter at each buffer's last send (0 = never)
+    std::vector<uint64_t> generation;  // our copy of each buffer's generation
     uint64_t sends = 0;
     // Lease slots given to live connections: written by the listener under mutex_,
     // read by the producer without it. SYNC: a bit is set (seq_cst RMW) before the
@@ -140,14 +141,14 @@ class Server {
   void hang_up(Connection& c);
   bool peer_allowed(const ucred& cred) const;
   void refuse(int fd, ReplyStatus status);
-  uint32_t list_streams(Reply& reply) const;            // names into reply.list (mutex_ held); its length
+  uint32_t list_streams(Reply& reply) const;               // names into reply.list (mutex_ held); its length
   uint32_t peer_slots(pid_t peer, const Stream& s) const;  // s's slots held by that peer (listener thread)
 
   std::string name_;
   ServerOptions options_;
   pid_t owner_ = 0;  // the process that made the server: the only one that may stop its listener
   uint64_t id_;
-  mutable std::mutex mutex_;  // streams_ (structure), Stream::slot_used's writers
+  mutable std::mutex mutex_;      // streams_ (structure), Stream::slot_used's writers
   mutable common::UseGate gate_;  // calls in flight that use streams_ (see use())
   std::map<std::string, std::unique_ptr<Stream>> streams_;
   common::UniqueFd listen_fd_, stop_fd_;

@@ -40,7 +40,8 @@ struct Args {
 uint64_t number(const char* flag, const char* text) {
   char* end = nullptr;
   const unsigned long long v = std::strtoull(text, &end, 10);
-  if (*text == '\0' || *end != '\0' || *text == '-') usage(std::string(flag) + " needs a non-negative integer, not '" + text + "'");
+  if (*text == '\0' || *end != '\0' || *text == '-')
+    usage(std::string(flag) + " needs a non-negative integer, not '" + text + "'");
   return v;
 }
 
@@ -50,19 +51,30 @@ Args parse(int argc, char** argv) {
     const std::string flag = argv[i];
     if (i + 1 >= argc) usage("missing value after " + flag);
     const char* v = argv[++i];
-    if (flag == "--name") a.name = v;
-    else if (flag == "--stream") a.stream = v;
-    else if (flag == "--device") a.device = v;
-    else if (flag == "--wake") a.wake = v;
-    else if (flag == "--width") a.width = static_cast<uint32_t>(number("--width", v));
-    else if (flag == "--height") a.height = static_cast<uint32_t>(number("--height", v));
-    else if (flag == "--buffers") a.buffers = static_cast<uint32_t>(number("--buffers", v));
-    else if (flag == "--frames") a.frames = number("--frames", v);
-    else if (flag == "--fps") a.fps = static_cast<double>(number("--fps", v));
-    else usage("unknown option " + flag);
+    if (flag == "--name")
+      a.name = v;
+    else if (flag == "--stream")
+      a.stream = v;
+    else if (flag == "--device")
+      a.device = v;
+    else if (flag == "--wake")
+      a.wake = v;
+    else if (flag == "--width")
+      a.width = static_cast<uint32_t>(number("--width", v));
+    else if (flag == "--height")
+      a.height = static_cast<uint32_t>(number("--height", v));
+    else if (flag == "--buffers")
+      a.buffers = static_cast<uint32_t>(number("--buffers", v));
+    else if (flag == "--frames")
+      a.frames = number("--frames", v);
+    else if (flag == "--fps")
+      a.fps = static_cast<double>(number("--fps", v));
+    else
+      usage("unknown option " + flag);
   }
   if (a.fps <= 0) usage("--fps must be at least 1");
-  if (!a.wake.empty() && a.wake != "all" && a.wake != "handoff") usage("--wake must be 'all' or 'handoff', not '" + a.wake + "'");
+  if (!a.wake.empty() && a.wake != "all" && a.wake != "handoff")
+    usage("--wake must be 'all' or 'handoff', not '" + a.wake + "'");
   return a;
 }
 
@@ -85,7 +97,7 @@ int main(int argc, char** argv) {
     height = camera->height();
   }
   try {
-    const vipc::Wake wake = args.wake.empty()       ? vipc::RunOptions::wake_from_environment()
+    const vipc::Wake wake = args.wake.empty()        ? vipc::RunOptions::wake_from_environment()
                             : args.wake == "handoff" ? vipc::Wake::handoff
                                                      : vipc::Wake::all;
     vipc::FrameServer server(args.name, {.run = vipc::RunOptions::from_environment(), .wake = wake});
@@ -101,8 +113,10 @@ int main(int argc, char** argv) {
     for (uint64_t id = 1; !stop && (args.frames == 0 || id <= args.frames); id++) {
       vipc::WriteBuffer buf = server.get_buffer(args.stream);
       const uint64_t sof = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
-      if (camera) camera->capture(buf.data(), g);
-      else pattern::fill(buf.data(), g, id);
+      if (camera)
+        camera->capture(buf.data(), g);
+      else
+        pattern::fill(buf.data(), g, id);
       const uint64_t eof = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
       server.send(std::move(buf), {id, sof, eof});
       next += std::chrono::duration_cast<std::chrono::steady_clock::duration>(period);

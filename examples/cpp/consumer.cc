@@ -28,10 +28,14 @@ int main(int argc, char** argv) {
       return 2;
     }
     const char* v = argv[++i];
-    if (flag == "--name") name = v;
-    else if (flag == "--stream") stream = v;
-    else if (flag == "--frames") frames = std::strtol(v, nullptr, 10);
-    else if (flag == "--timeout-ms") timeout_ms = std::strtol(v, nullptr, 10);
+    if (flag == "--name")
+      name = v;
+    else if (flag == "--stream")
+      stream = v;
+    else if (flag == "--frames")
+      frames = std::strtol(v, nullptr, 10);
+    else if (flag == "--timeout-ms")
+      timeout_ms = std::strtol(v, nullptr, 10);
     else {
       std::fprintf(stderr, "vipc_consumer: unknown option %s\n", flag.c_str());
       return 2;
@@ -40,7 +44,8 @@ int main(int argc, char** argv) {
   try {
     vipc::FrameClient client(name, stream, {.run = vipc::RunOptions::from_environment()});
     if (!client.connect(vipc::Timeout(timeout_ms))) {
-      std::fprintf(stderr, "vipc_consumer: no server '%s' with stream '%s' within %ld ms\n", name.c_str(), stream.c_str(), timeout_ms);
+      std::fprintf(stderr, "vipc_consumer: no server '%s' with stream '%s' within %ld ms\n", name.c_str(),
+                   stream.c_str(), timeout_ms);
       return 1;
     }
     const vipc::Geometry g = client.geometry();
@@ -53,7 +58,10 @@ int main(int argc, char** argv) {
       }
       const bool ok = !check || pattern::check(f->data(), g, f->info().frame_id);
       const bool intact = f->valid();  // after reading: the server did not recycle it meanwhile
-      std::printf("frame %llu %s\n", static_cast<unsigned long long>(f->info().frame_id), !intact ? "torn" : ok ? "ok" : "bad");
+      std::printf("frame %llu %s\n", static_cast<unsigned long long>(f->info().frame_id),
+                  !intact ? "torn"
+                  : ok    ? "ok"
+                          : "bad");
       good += ok && intact;
     }
     std::printf("received %ld/%ld frames intact%s\n", good, frames, check ? " and matching the pattern" : "");

@@ -66,6 +66,7 @@ def _configure(variant, build_dir):
         "-DCMAKE_BUILD_TYPE=Release",
         "-DVIPC_BUILD_TESTS=ON",
         "-DVIPC_BUILD_PYTHON=OFF",
+        "-DVIPC_WERROR=ON",  # a new compiler warning fails the suite
         f"-DVIPC_SANITIZE={VARIANTS[variant]}",
     ]
     if shutil.which("ninja"):

@@ -35,7 +35,7 @@ class VIPC_API Message {
 
  public:
   void init(size_t size);
-  void init(char* data, size_t size);  // copies
+  void init(char* data, size_t size);           // copies
   void takeOwnership(char* data, size_t size);  // data must come from new char[]
   void close();
   size_t getSize() { return size; }

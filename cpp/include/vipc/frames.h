@@ -56,7 +56,7 @@ struct ServerOptions {
 
 struct ClientOptions {
   RunOptions run;
-  bool conflate = false;               // recv() skips to the newest frame
+  bool conflate = false;                    // recv() skips to the newest frame
   std::vector<unsigned> trusted_uids = {};  // server users trusted besides our own and root
 };
 
@@ -154,7 +154,7 @@ class VIPC_API FrameClient {
   // the server restarts.
   std::optional<Frame> recv(Timeout timeout = kForever);
 
-  Geometry geometry() const;    // once connected
+  Geometry geometry() const;  // once connected
   uint32_t num_buffers() const;
   // Event loops: arm(), wait until fd() is readable, then recv(Timeout{0}).
   int fd();

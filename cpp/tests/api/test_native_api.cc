@@ -53,7 +53,8 @@ TEST(test_errors_are_one_exception_type_with_a_kind) {
   vipc::Publisher first(topic, topic_options());
   vipc::Publisher second(topic, topic_options());
   CHECK(error_of([&] { first.send(std::string_view("x")); }) == vipc::ErrorKind::multiple_publishers);
-  CHECK(error_of([&] { second.send(vipc::Bytes(second.max_message_size() + 1)); }) == vipc::ErrorKind::message_too_large);
+  CHECK(error_of([&] { second.send(vipc::Bytes(second.max_message_size() + 1)); }) ==
+        vipc::ErrorKind::message_too_large);
   vipc::Publisher moved = std::move(second);
   CHECK(error_of([&] { second.send(std::string_view("x")); }) == vipc::ErrorKind::closed);
 }
@@ -226,12 +227,14 @@ TEST(test_a_handoff_publisher_wakes_every_sleeping_subscriber) {
       }
     });
   }
-  while (attached.load() < kReaders || pub.num_readers() < kReaders) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  while (attached.load() < kReaders || pub.num_readers() < kReaders)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   for (int i = 0; i < kMessages; i++) {
     std::this_thread::sleep_for(std::chrono::milliseconds(2));  // let them fall asleep
     pub.send(std::to_string(i));
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-    while (received.load() < (i + 1) * kReaders && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    while (received.load() < (i + 1) * kReaders && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();
     CHECK(received.load() == (i + 1) * kReaders);
   }
   for (auto& t : readers) t.join();
@@ -318,7 +321,8 @@ TEST(test_msgq_wake_from_the_environment) {
   CHECK(setenv("MSGQ_WAKE", "sometimes", 1) == 0);
   CHECK(error_of([] { vipc::RunOptions::wake_from_environment(); }) == vipc::ErrorKind::invalid_argument);
   // Worded as Python's msgq words it (tests/system/test_cpp_install.py compares the two).
-  CHECK(refusal_of([] { vipc::RunOptions::wake_from_environment(); }) == "MSGQ_WAKE must be 'all' or 'handoff', not 'sometimes'");
+  CHECK(refusal_of([] { vipc::RunOptions::wake_from_environment(); }) ==
+        "MSGQ_WAKE must be 'all' or 'handoff', not 'sometimes'");
   CHECK(unsetenv("MSGQ_WAKE") == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::all);
 }
