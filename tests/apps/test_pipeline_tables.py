@@ -99,6 +99,9 @@ def test_a_recording_analysed_partially_then_again_after_it_grew(spark, tmp_path
     metrics = _files(out, "metrics")
     assert len(metrics) == 2 and f"date=2026-11-03{os.sep}recording_id={rid}" in metrics[0]
     assert all(len(_files(out, name)) == 2 for name in (*tables.HEALTH_TABLES, "metrics_summary"))
+    run_metrics = os.path.join(runs.latest(str(reference)), "metrics")  # the run folder's too
+    assert len(glob.glob(os.path.join(run_metrics, "recording_id=day1", "stream=road", "*.parquet"))) == 1
+    assert len(pd.read_parquet(run_metrics)) == 88
     # LATEST holds the whole tables (both recordings), not only what this run analysed
     health = pd.read_parquet(os.path.join(latest, "health.parquet"))
     assert sorted(health["recording"]) == ["day1", "day2"] and sorted(health["frames"]) == [88, 89]

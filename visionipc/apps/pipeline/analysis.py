@@ -135,6 +135,8 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None, keys=None) -
         )
         _write_table(res["manifest"], run.path("export", "manifest.parquet"))
         step(f"export: {len(res['manifest'])} frames written")
+    if "metrics" in args.jobs:  # after the export job, which reads the per-segment files
+        tables.compact_run_metrics(spark, run.path("metrics"))
     write_tables(spark, recs, infos, args, run, res, step, keys)
     shown = {k: _named(v) for k, v in res.items()} if args.incremental else res
     local = tempfile.mkdtemp(prefix="vipc-report-")

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import uuid
 
@@ -165,6 +166,26 @@ def write_metrics(spark, out: str, run_metrics: str, ids: dict, dates: dict) -> 
             _write(m, where, ORDER["metrics"])
         written = {ids[r] for r, _ in _partitions(run_metrics, "recording_id") if r in ids}
     _drop_stale(where, {ids[r]: dates.get(r) for r in ids}, written)
+
+
+def compact_run_metrics(spark, run_metrics: str) -> None:
+    """The run folder's per-frame metrics (the tasks write one file per segment) rewritten as
+    one file per recording and stream, in the same ``recording_id=/stream=`` folders; local
+    run folders only (the swap is a rename), others keep their per-segment files."""
+    if not fs.is_local(run_metrics) or not fs.isdir(run_metrics):
+        return
+    staged = fs.join(fs.parent(run_metrics), ".metrics.compact")
+    with _strings(spark):
+        (
+            spark.read.parquet(run_metrics)
+            .repartition("recording_id", "stream")
+            .sortWithinPartitions("segment", "position")
+            .write.mode("overwrite")
+            .partitionBy("recording_id", "stream")
+            .parquet(staged)
+        )
+    fs.delete_dir(run_metrics)
+    os.rename(staged, run_metrics)
 
 
 def _partitions(where: str, key: str) -> list:
