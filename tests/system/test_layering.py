@@ -41,3 +41,71 @@ def test_the_check_sees_a_private_import(tmp_path):
     sample.write_text("from msgq._printable import printable\nfrom msgq import _msgq\nimport visionipc._streams\n")
     assert [name for _, name in _private_imports(sample)] == ["msgq._printable", "msgq._printable.printable",
                                                               "msgq._msgq", "visionipc._streams"]  # fmt: skip
+
+
+EXTENSIONS = {"msgq._msgq", "msgq._queues", "visionipc._visionipc"}
+
+
+def _module_graph():
+    """module -> the project's modules it imports at module level (``from pkg import sub``
+    counts as importing ``pkg.sub``; imports inside functions are lazy by design)."""
+    mods = {}
+    for top in ("msgq", "visionipc"):
+        for path in (ROOT / top).rglob("*.py"):
+            name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+            mods[name.removesuffix(".__init__")] = path
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in mods)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                subs = [f"{node.module}.{a.name}" for a in node.names]
+                if all(s in mods or s in EXTENSIONS for s in subs):
+                    deps.update(s for s in subs if s in mods)
+                elif node.module in mods:
+                    deps.add(node.module)
+        graph[name] = deps - {name}
+    return graph
+
+
+def _cycles(graph):
+    """The strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_cycle_among_the_python_modules():
+    graph = _module_graph()
+    assert len(graph) > 100 and "visionipc.apps.record.codecs" in graph
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_one():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
