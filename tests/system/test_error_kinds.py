@@ -33,7 +33,7 @@ def test_the_core_and_the_public_api_have_the_same_kinds_in_the_same_order():
 
 def test_the_api_translates_every_core_kind_to_its_namesake():
     text = (CPP / "api" / "errors.cc").read_text()
-    pairs = dict(re.findall(r"case ErrorKind::(k[A-Za-z]+): out = vipc::ErrorKind::([a-z_]+);", text))
+    pairs = dict(re.findall(r"case ErrorKind::(k[A-Za-z]+):\s*out = vipc::ErrorKind::([a-z_]+);", text))
     core = _enum(CPP / "common" / "errors.h", r"^\s*(k[A-Za-z]+),")
     assert sorted(pairs) == sorted(core)
     assert all(_snake(k) == v for k, v in pairs.items())
@@ -41,9 +41,9 @@ def test_the_api_translates_every_core_kind_to_its_namesake():
 
 def test_every_core_kind_becomes_a_python_exception_of_msgq_errors():
     text = (CPP / "python" / "bindings.h").read_text()
-    mapped = dict(re.findall(r'case vipc::common::ErrorKind::(k[A-Za-z]+): return "([A-Za-z]+)";', text))
+    mapped = dict(re.findall(r'case vipc::common::ErrorKind::(k[A-Za-z]+):\s*return "([A-Za-z]+)";', text))
     core = _enum(CPP / "common" / "errors.h", r"^\s*(k[A-Za-z]+),")
-    assert re.search(r"case vipc::common::ErrorKind::kIpc: break;", text)  # kIpc: the base class, IpcError
+    assert re.search(r"case vipc::common::ErrorKind::kIpc:\s*break;", text)  # kIpc: the base class, IpcError
     assert sorted(mapped) == sorted(k for k in core if k != "kIpc")
     for kind, name in mapped.items():
         cls = getattr(msgq.errors, name)
