@@ -144,8 +144,9 @@ class BroadcastQueue(Closeable):
     ``curve_dir``: a CURVE keys directory (:mod:`msgq.curve`); remote readers
     must then present an authorized key, and everything is encrypted.
     ``max_message_bytes``: the largest message (pickle stream and buffers
-    together); ``enqueue`` refuses a larger one (:class:`MessageTooLargeError`)
-    and remote readers refuse one from the network before buffering it.
+    together; default 1 GiB, or ``chunk_bytes`` if larger, and at least that);
+    ``enqueue`` refuses a larger one (:class:`MessageTooLargeError`) and remote
+    readers refuse one from the network before buffering it.
     """
 
     def __init__(
@@ -159,7 +160,7 @@ class BroadcastQueue(Closeable):
         remote_bind: str = "*",
         warn_interval: float = DEFAULT_WARN_INTERVAL,
         curve_dir: Optional[str] = None,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: Optional[int] = None,
     ) -> None:
         n_readers = check_int("n_readers", n_readers, 0, _queues.MAX_READERS)
         n_remote_readers = check_int("n_remote_readers", n_remote_readers, 0, 1 << 16)
@@ -167,6 +168,8 @@ class BroadcastQueue(Closeable):
             raise InvalidArgumentError("a broadcast queue needs at least one reader")
         chunk_bytes = check_int("chunk_bytes", chunk_bytes, 64, 1 << 31)
         max_chunks = check_int("max_chunks", max_chunks, 1, 4096)
+        if max_message_bytes is None:  # the default, raised to the chunk size if that is larger
+            max_message_bytes = max(DEFAULT_MAX_MESSAGE_BYTES, chunk_bytes)
         self._max_message = check_int("max_message_bytes", max_message_bytes, chunk_bytes, 1 << 40)
         if not warn_interval > 0:
             raise InvalidArgumentError(f"warn_interval must be positive, got {warn_interval!r}")
