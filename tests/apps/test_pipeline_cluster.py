@@ -202,7 +202,12 @@ def test_spark_submit_on_a_standalone_cluster_reads_and_writes_s3_like_a_local_r
     assert runs.completed_runs(out) == [fs.basename(run)]
     s3a_out = f"s3a://{BUCKET}/s3a-results"
     args = [f"s3a://{BUCKET}/recordings/faults", "--out", s3a_out, "--jobs", "health", "--master", "local[1]", "-q"]
-    assert main(args) == 0
+    # As its own process, as a user runs it (in this pytest process an earlier test's JVM
+    # would keep its Python workers, started without the S3 settings)
+    r = subprocess.run(
+        [sys.executable, "-m", "visionipc.apps.pipeline.cli", *args], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
     s3a_run = runs.latest(f"s3://{BUCKET}/s3a-results")  # written where s3:// finds it
     inputs = json.loads(fs.read_bytes(fs.join(s3a_run, "run.json")))["inputs"]
     assert [i["path"] for i in inputs] == [f"s3://{BUCKET}/recordings/faults"]
