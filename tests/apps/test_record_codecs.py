@@ -199,7 +199,10 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
         frames = receive(replay_name, "road", count=FRAMES)
         assert finish(replay)[0] == 0
         assert [f["frame_id"] for f in frames] == list(range(FRAMES)), codec
-        assert sum(f["stamp"] == f["frame_id"] for f in frames) >= FRAMES - 1, codec
+        # --rate max outruns the client: a frame whose buffer the replayer reused (8 buffers,
+        # so at most FRAMES - 8 of them) is reported not valid; every valid one is its own frame
+        assert all(f["stamp"] == f["frame_id"] for f in frames if f["valid"]), (codec, frames)
+        assert sum(f["valid"] for f in frames) >= FRAMES - 8, codec
     report = tmp_path / "analysis"
     assert analyze_main([*outs.values(), "--out", str(report), "--jobs", "health,metrics"]) == 0
     import pandas as pd
