@@ -160,35 +160,49 @@ class VisionIpcServer(Closeable):
         """``send(buf, frame_id=0, timestamp_sof=0, timestamp_eof=0)`` publishes a buffer
         from ``get_buffer`` (no copy); the reference's ``send(stream, data, frame_id, ...)``
         copies ``data`` (bytes or an array of the buffer's size) into a free buffer first.
-        Frame ids and timestamps are ints in [0, 2**64) (checked by the native side)."""
+        Frame ids and timestamps are ints in [0, 2**64) (checked by the native side).
+        An adapter over the two: it only picks one."""
+        if data is None:
+            self._send_buf(buf, frame_id, timestamp_sof, timestamp_eof)
+        elif isinstance(buf, VisionBuf):  # the reference's positional send(buf, frame_id, sof, eof)
+            self._send_buf(buf, data, frame_id, timestamp_sof)
+        else:
+            self._send_copy(buf, data, frame_id, timestamp_sof, timestamp_eof)
+
+    def _send_buf(self, buf: Union[VisionBuf, StreamId], frame_id: int, timestamp_sof: int, timestamp_eof: int) -> None:
+        """Publish a buffer of ``get_buffer``, no copy. The per-frame path, kept short: a
+        camera daemon calls it cold, right after a sleep."""
         native = self._native
-        if data is None and native is not None and isinstance(buf, VisionBuf) and buf._owner is self:
-            # The per-frame path, kept short: a camera daemon calls it cold, right after a sleep.
-            if self._cuda is not None and self._cuda.inflight:
-                self._cuda.finish((buf.stream, buf.idx))  # copy_from_device into it has landed
-            native.send(buf.stream, buf.idx, buf.generation, frame_id, timestamp_sof, timestamp_eof)
-            buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
-            buf.generation += 1
-            return
-        if data is not None and native is not None and (type(buf) is str or type(buf) is int):
-            # The reference's copying send, per frame: bytes or a contiguous uint8 array go
-            # straight to the native copy (which checks the stream and size); the rest below.
-            key = self._keys.get(buf)
+        if native is None or not isinstance(buf, VisionBuf) or buf._owner is not self:
+            self._server()  # ClosedError
+            if isinstance(buf, VisionBuf):
+                raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
+            self._key(buf)  # a stream that is not one says so first
+            raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
+        if self._cuda is not None and self._cuda.inflight:
+            self._cuda.finish((buf.stream, buf.idx))  # copy_from_device into it has landed
+        native.send(buf.stream, buf.idx, buf.generation, frame_id, timestamp_sof, timestamp_eof)
+        buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
+        buf.generation += 1
+
+    def _send_copy(self, stream: StreamId, data: Any, frame_id: int, timestamp_sof: int, timestamp_eof: int) -> None:
+        """The reference's copying send: ``data`` into a free buffer of ``stream``, published.
+        Per frame, bytes or a contiguous uint8 array for a stream already sent to go straight
+        to the native copy (which checks the size); anything else is checked and made
+        contiguous first (``_frame_bytes``)."""
+        native = self._native
+        if native is not None and (type(stream) is str or type(stream) is int):
+            key = self._keys.get(stream)
             if key is not None and (
                 type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous)
             ):
                 native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
                 return
         native = self._server()
-        if isinstance(buf, VisionBuf):
-            if data is not None:  # send(buf, frame_id) positionally
-                return self.send(buf, None, data, frame_id, timestamp_sof)  # type: ignore[call-overload]
-            raise InvalidArgumentError("this VisionBuf does not belong to this server (get it from get_buffer())")
-        key = self._key(buf)
-        if data is None:
-            raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
-        frame = _frame_bytes(data, Geometry(*native.geometry(key)))
-        native.send_copy(key, frame, frame_id, timestamp_sof, timestamp_eof)
+        key = self._key(stream)
+        native.send_copy(
+            key, _frame_bytes(data, Geometry(*native.geometry(key))), frame_id, timestamp_sof, timestamp_eof
+        )
 
     def frame_from_device(self, buf: VisionBuf, array: Any, stream: Any = None) -> None:
         """``buf.copy_from_device(array)``: submit the device-to-host copy into ``buf``."""
