@@ -81,19 +81,27 @@ def _entries():
     return found
 
 
+def _is_worker(config):
+    """A pytest-xdist worker (tools/test.sh runs the suite on every core): the files a
+    worker sees appear meanwhile may be another worker's, so only the controller, which
+    ends after every worker, checks what the whole session left behind."""
+    return hasattr(config, "workerinput")
+
+
 def pytest_sessionstart(session):
+    if _is_worker(session.config):
+        return  # the controller did both for the workers it starts
     session.config._vipc_entries_before = _entries()
     # Spark's JVMs unpack native libraries (lz4-java) into java.io.tmpdir and
-    # leave them there: the suite's JVMs use a folder under pytest's basetemp.
-    if not hasattr(session.config, "workerinput"):
-        java_tmp = session.config._tmp_path_factory.getbasetemp() / "java-tmpdir"
-        java_tmp.mkdir(exist_ok=True)
-        option = f"-Djava.io.tmpdir={java_tmp}"
-        os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {option}".strip()
+    # leave them there: the suite's JVMs (the workers' too) use a folder under pytest's basetemp.
+    java_tmp = session.config._tmp_path_factory.getbasetemp() / "java-tmpdir"
+    java_tmp.mkdir(exist_ok=True)
+    option = f"-Djava.io.tmpdir={java_tmp}"
+    os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {option}".strip()
 
 
 def pytest_sessionfinish(session, exitstatus):
-    before = getattr(session.config, "_vipc_entries_before", None)
+    before = getattr(session.config, "_vipc_entries_before", None)  # None on a worker
     if before is None or getattr(session.config.option, "collectonly", False):
         return
     new = sorted(p for p in _entries() - before if not p.startswith(IGNORED))

@@ -5,6 +5,9 @@
 #   bash tools/test.sh --quick    for development: unit tests and the quick system tests,
 #                                 without Spark, Chromium, sanitizer builds or slow ones
 #                                 (the tiers are pytest markers, given in tests/conftest.py)
+# The tests run on every core (pytest-xdist, at most 4 workers; VIPC_TEST_WORKERS=N sets
+# it, 0 runs them in this one process). Each worker takes whole test files, so a file's
+# shared fixtures (recordings, a Spark session) are made once.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier=()
@@ -13,6 +16,10 @@ if [ "${1:-}" = "--quick" ]; then
   tier=(-m "not (spark or browser or sanitizer or slow)")
 fi
 bash tools/setup.sh
+workers=${VIPC_TEST_WORKERS:-$(nproc)}
+((workers <= 4)) || workers=4
+parallel=()
+((workers == 0)) || parallel=(-n "$workers" --dist loadfile)
 # pytest's temporary folders live under build/ (removed at the next run), not in
 # /tmp: the suite checks that it leaves nothing behind there (tests/conftest.py)
-exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "${tier[@]}" "$@"
+exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "${parallel[@]}" "${tier[@]}" "$@"

@@ -5,11 +5,11 @@ nothing left in shared memory. Asserts what the runs delivered and reported, nev
 how fast anything was: speed is for BENCHMARKS.md."""
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
+import shm_watch
 from repo import TOOLS
 
 
@@ -28,7 +28,7 @@ def _run(script, tmp_path, *flags):
 
 @pytest.mark.timeout(300)
 def test_bench_msgq_quick_measures_both_transports_and_reports_every_row(tmp_path):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_watch.listing()
     report, printed, stderr = _run("bench_msgq.py", tmp_path, "--quick", "--sizes", "64", "--rounds", "1", "-q")
     assert report["errors"] == []
     assert report["meta"]["quick"] is True and report["meta"]["rounds"] == 1 and report["meta"]["sizes"] == [64]
@@ -61,7 +61,7 @@ def test_bench_msgq_quick_measures_both_transports_and_reports_every_row(tmp_pat
 
     assert "msgq better by" in printed and "throughput detail" in printed
     assert "WARNING: segments left behind" not in stderr
-    assert not any(n.startswith("msgq@bench") for n in set(os.listdir("/dev/shm")) - shm_before)
+    assert not any(n.startswith("msgq@bench") for n in shm_watch.added(shm_before, "bench"))
 
 
 @pytest.mark.timeout(300)
@@ -91,7 +91,7 @@ def test_pubsub_benchmarks_reject_unknown_parts(tmp_path):
 
 
 def test_bench_cold_times_every_step_warm_and_cold_and_leaves_nothing(tmp_path):
-    before = set(os.listdir("/dev/shm"))
+    before = shm_watch.listing()
     proc = subprocess.run(
         [sys.executable, "-P", str(TOOLS / "bench_cold.py"), "--rounds", "3"],
         cwd=tmp_path,
@@ -105,7 +105,7 @@ def test_bench_cold_times_every_step_warm_and_cold_and_leaves_nothing(tmp_path):
         (line,) = [r for r in rows if r.startswith(step)]
         warm, cold = (float(x) for x in line.split()[-3:-1])
         assert warm > 0 and cold > 0, line
-    assert set(os.listdir("/dev/shm")) - before == set()
+    assert shm_watch.added(before, "cold") == set()
     cmd = [sys.executable, "-P", str(TOOLS / "bench_cold.py"), "--rounds", "0"]
     bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--rounds must be at least 1" in bad.stderr

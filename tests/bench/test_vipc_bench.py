@@ -7,6 +7,7 @@ import json
 import os
 
 import pytest
+import shm_watch
 
 from visionipc.bench import main, transports
 
@@ -32,10 +33,10 @@ def _installed():
     return names
 
 
-def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, capsys):
+def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, capsys, msgq_prefix):
     names = _installed()
     out_json, out_png = tmp_path / "bench.json", tmp_path / "plots" / "bench.png"
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = shm_watch.listing()
     rc = main(
         [
             "--sizes",
@@ -63,7 +64,7 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     assert report["errors"] == [] and report["meta"]["leftovers"] == []
     # Nothing new in /dev/shm under any name, peers' own files included (iceoryx2
     # keeps a management segment per prefix by design: the run's prefix lets it go).
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert shm_watch.added(shm_before, msgq_prefix, "vipcbench") == set()
 
     paced = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["paced"]}
     warm = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["warm"]}

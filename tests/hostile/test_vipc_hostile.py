@@ -14,6 +14,7 @@ import socket
 import time
 
 import pytest
+import shm_watch
 
 from msgq.errors import ClosedError, InvalidArgumentError, InvalidNameError, IpcError, NoSpaceError
 from msgq.names import segment_dir
@@ -245,8 +246,8 @@ def test_a_full_server_and_a_misspelled_stream_are_named(monkeypatch):
 # ---------------------------------------------------------------- item 9: pool memory
 
 
-def test_a_pool_larger_than_the_memory_the_process_may_use_is_refused_before_allocating(monkeypatch):
-    shm_before = set(os.listdir("/dev/shm"))
+def test_a_pool_larger_than_the_memory_the_process_may_use_is_refused_before_allocating(monkeypatch, msgq_prefix):
+    shm_before = shm_watch.listing()
     with VisionIpcServer("cam") as server:
         with pytest.raises(NoSpaceError, match="may take at most"):
             server.create_buffers("huge", 256, 32768, 32768, "gray")  # 256 GiB
@@ -259,7 +260,7 @@ def test_a_pool_larger_than_the_memory_the_process_may_use_is_refused_before_all
         monkeypatch.delenv("VIPC_MAX_POOL_BYTES")
         server.create_buffers("road", 2, 64, 32)  # the server is unharmed
         assert server.streams() == ["road"]
-    assert set(os.listdir("/dev/shm")) - shm_before == set()
+    assert shm_watch.added(shm_before, msgq_prefix) == set()
 
 
 # ---------------------------------------------------------------- item 15: leftovers

@@ -19,6 +19,7 @@ import time
 
 import mp_helpers
 import pytest
+import shm_watch
 from mp_helpers import SPAWN, Children, encode
 
 import msgq
@@ -142,20 +143,20 @@ def test_a_peer_scribbling_on_the_wake_words_delays_wake_ups_but_loses_nothing(m
 
 
 @pytest.mark.parametrize("value", ["sometimes", "ALL", "1"])
-def test_a_bad_msgq_wake_is_refused_before_anything_is_created(monkeypatch, value):
+def test_a_bad_msgq_wake_is_refused_before_anything_is_created(monkeypatch, msgq_prefix, value):
     monkeypatch.setenv("MSGQ_WAKE", value)
     topic = unique_topic()
-    before = set(os.listdir("/dev/shm"))
+    before = shm_watch.listing()
     with pytest.raises(InvalidArgumentError, match="MSGQ_WAKE must be 'all' or 'handoff'"):
         msgq.pub_sock(topic)
-    assert set(os.listdir("/dev/shm")) == before
+    assert shm_watch.added(before, msgq_prefix) == set()
 
 
 @pytest.mark.parametrize("value", ["sometimes", "ALL", "", 1, True])
-def test_a_bad_wake_argument_is_refused_before_anything_is_created(monkeypatch, value):
+def test_a_bad_wake_argument_is_refused_before_anything_is_created(monkeypatch, msgq_prefix, value):
     monkeypatch.setenv("MSGQ_WAKE", "handoff")  # a good environment does not excuse a bad argument
     topic = unique_topic()
-    before = set(os.listdir("/dev/shm"))
+    before = shm_watch.listing()
     with pytest.raises(InvalidArgumentError, match="wake must be 'all' or 'handoff'"):
         msgq.pub_sock(topic, wake=value)
-    assert set(os.listdir("/dev/shm")) == before
+    assert shm_watch.added(before, msgq_prefix) == set()

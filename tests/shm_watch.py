@@ -1,0 +1,24 @@
+"""What a test itself added to /dev/shm.
+
+Under ``pytest -n`` (tools/test.sh runs the suite on every core with pytest-xdist) other
+tests run beside this one and make their own segment files, each under its own
+``MSGQ_PREFIX`` (``msgq@<prefix>@...``). A test that checks it left nothing behind
+counts the files named under its own prefixes and every file that is not a msgq segment
+(a peer's, a stray one); the session's check in tests/conftest.py still names anything at
+all that is left when the whole suite ends."""
+
+import os
+
+SHM = "/dev/shm"
+
+
+def listing() -> set[str]:
+    return set(os.listdir(SHM))
+
+
+def added(before: set[str], *prefixes: str) -> set[str]:
+    """The entries of /dev/shm new since ``before`` that belong to this test: msgq
+    segments under one of ``prefixes`` (the test's ``msgq_prefix`` fixture, a tool's run
+    prefix) and anything that is not a msgq segment."""
+    mine = tuple(f"msgq@{p}" for p in prefixes)
+    return {n for n in listing() - before if not n.startswith("msgq@") or n.startswith(mine)}
