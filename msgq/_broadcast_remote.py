@@ -29,7 +29,7 @@ import os
 import struct
 import time
 import types
-from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Set, Tuple
 
 from msgq._descriptors import ensure_descriptors
 from msgq._guarded import Guarded
@@ -107,11 +107,11 @@ class RemoteChannel(Guarded):
         self._zsock, self.name, self._closed_message = sock, name, closed_message
         self._poll_in = [(sock, zmq.POLLIN), (self._pipe[0], zmq.POLLIN)]  # zmq_poll items of a wait to read
         self._zmq_poll = zmq.zmq_poll
-        self.subscribed = set()  # writer: the remote ranks whose hello arrived
+        self.subscribed: Set[int] = set()  # writer: the remote ranks whose hello arrived
         self.shut_down = False
-        self._farewell = None  # the shutdown message, until it is sent
+        self._farewell: Optional[bytes] = None  # the shutdown message, until it is sent
         self._farewell_sent = False
-        self._link = None  # a reader's CappedConnection: its monitor is polled too
+        self._link: Optional[CappedConnection] = None  # a reader's CappedConnection: its monitor is polled too
         self._init_guard()
 
     @classmethod

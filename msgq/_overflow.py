@@ -54,6 +54,7 @@ def dir_mode(segment_mode: int) -> int:
 
 def no_space(what: str, err: OSError) -> IpcError:
     """The exception for ``err`` (an OSError) while ``what``: exhaustion is named as such."""
+    code = err.errno or 0
     advice = {
         errno.ENOSPC: "the shared-memory filesystem is full: free space, enlarge it (docker --shm-size), "
         "or send smaller messages",
@@ -61,13 +62,11 @@ def no_space(what: str, err: OSError) -> IpcError:
         errno.EFBIG: "over the file size limit (ulimit -f)",
         errno.ENOMEM: "out of memory, or over the process's memory limit (ulimit -v, a cgroup): "
         "the message stays for a retry",
-    }.get(err.errno)
+    }.get(code)
     if advice:
-        return NoSpaceError(f"{what}: {os.strerror(err.errno)} ({advice})")
+        return NoSpaceError(f"{what}: {os.strerror(code)} ({advice})")
     if err.errno in (errno.EMFILE, errno.ENFILE):
-        return DescriptorsExhaustedError(
-            f"{what}: out of file descriptors ({os.strerror(err.errno)}): raise `ulimit -n`"
-        )
+        return DescriptorsExhaustedError(f"{what}: out of file descriptors ({os.strerror(code)}): raise `ulimit -n`")
     if err.errno in (errno.EACCES, errno.EPERM):
         return IpcPermissionError(f"{what}: {err}")
     return IpcError(f"{what}: {err}")

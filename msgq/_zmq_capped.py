@@ -35,7 +35,7 @@ class CappedConnection:
     def __init__(self, zmq: types.ModuleType, sock: Any, endpoint: str, max_size: int) -> None:
         self._zmq, self.sock, self.endpoint, self.max_size = zmq, sock, endpoint, int(max_size)
         self.reconnects = 0  # connections made again after the peer closed one
-        self.due = None  # monotonic time of the next reconnection, None: none pending
+        self.due: float | None = None  # monotonic time of the next reconnection, None: none pending
         self.backoff = RECONNECT_FIRST_S
         sock.setsockopt(zmq.MAXMSGSIZE, self.max_size)
         self.monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)

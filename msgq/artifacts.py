@@ -120,14 +120,20 @@ def _mine(path: str, want: Callable[[int], bool]) -> bool:
     return want(st.st_mode) and st.st_uid == os.geteuid()
 
 
+def _group1(pattern: "re.Pattern[str]", rest: str) -> str:
+    match = pattern.match(rest)
+    assert match is not None  # the artifact's kind was judged by this pattern
+    return match.group(1)
+
+
 def _is_stale(directory: str, name: str, kind: str, rest: str, prefix: str) -> bool:
     path = os.path.join(directory, name)
     if kind == FAKE_FIFO:
-        return _mine(path, stat.S_ISFIFO) and _pid_gone(int(_FIFO.match(rest).group(1)))
+        return _mine(path, stat.S_ISFIFO) and _pid_gone(int(_group1(_FIFO, rest)))
     if kind == OVERFLOW:
         if not _mine(path, stat.S_ISDIR):
             return False
-        ring = name[: len(name) - len(rest)] + _OVERFLOW.match(rest).group(1)
+        ring = name[: len(name) - len(rest)] + _group1(_OVERFLOW, rest)
         return not os.path.lexists(os.path.join(directory, ring)) or _msgq.stale_file(directory, ring, False)
     if kind == SCHEMA:  # a plain file (no presence lock): judged by its topic's ring
         if not _mine(path, stat.S_ISREG):

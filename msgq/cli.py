@@ -29,7 +29,7 @@ import difflib
 import logging
 import os
 import sys
-from typing import Any, Iterable, Optional, Sequence
+from typing import Any, Dict, Iterable, Optional, Sequence
 
 LEVELS = ("debug", "info", "warning", "error")
 LOG_LEVEL_ENV = "VIPC_LOG_LEVEL"
@@ -114,9 +114,9 @@ def _load_toml(path: str) -> dict:
 _RESERVED = {"help", "version", "config", "print_completion"}
 
 
-def _options(parser: argparse.ArgumentParser) -> dict:
+def _options(parser: argparse.ArgumentParser) -> Dict[str, argparse.Action]:
     """dest -> the option's action, for every ``--long`` option a config file may set."""
-    found = {}
+    found: Dict[str, argparse.Action] = {}
     for action in parser._actions:
         longs = [s for s in action.option_strings if s.startswith("--")]
         if longs and action.dest not in _RESERVED and action.help != argparse.SUPPRESS:

@@ -80,6 +80,12 @@ def _load(directory: _Dir, name: str, secret: bool) -> Tuple[bytes, Optional[byt
     return public, secret_key
 
 
+def _keypair(directory: _Dir, name: str) -> Tuple[bytes, bytes]:
+    public, secret = _load(directory, name, True)
+    assert secret is not None  # _load raised if the file holds none
+    return public, secret
+
+
 def server_public_key(directory: _Dir) -> bytes:
     """The server's public key (z85), for clients that are not given the directory's ``server.key``."""
     return _load(directory, SERVER, False)[0]
@@ -136,7 +142,7 @@ def make_server(sock: "zmq.Socket[Any]", directory: _Dir) -> None:
     admitting only the clients in DIR/authorized."""
     directory = os.path.abspath(str(directory))
     check_server_dir(directory)
-    public, secret = _load(directory, SERVER, True)
+    public, secret = _keypair(directory, SERVER)
     authorized = os.path.join(directory, AUTHORIZED)
     zmq = _zmq()
     _authenticator(sock.context, directory, authorized)
@@ -149,7 +155,7 @@ def make_server(sock: "zmq.Socket[Any]", directory: _Dir) -> None:
 def make_client(sock: "zmq.Socket[Any]", directory: _Dir, server_key: Union[str, bytes, None] = None) -> None:
     """Make ``sock`` (not yet connected) a CURVE client with DIR's client keys,
     trusting the server key ``server_key`` (default: DIR/server.key)."""
-    public, secret = _load(directory, CLIENT, True)
+    public, secret = _keypair(directory, CLIENT)
     if server_key is None:
         server_key = server_public_key(directory)
     zmq = _zmq()

@@ -29,7 +29,7 @@ after 1 s.)
 
 import os
 import types
-from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple, NoReturn, Optional, Tuple, Type
+from typing import TYPE_CHECKING, Any, Iterator, Literal, NamedTuple, NoReturn, Optional, Tuple, Type, cast
 
 from msgq import _queues
 from msgq._shared import Closeable, check_choice, check_int
@@ -40,6 +40,8 @@ from msgq.errors import ClosedError, InvalidArgumentError, IpcTimeoutError, IpcT
 from msgq.names import segment_basename, segment_dir, validate_name
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from msgq._shared import BufferLike
 
 MODES = ("sequential", "newest")
@@ -199,7 +201,7 @@ class OrderedProducer(_Attached):
         """Reserve the next id, copy ``data`` (bytes-like) into it, publish; returns the id."""
         native = self._open()
         try:
-            view = memoryview(data)
+            view = memoryview(cast("Buffer", data))  # an ndarray too (numpy's stubs say so from 3.12 on)
         except TypeError:
             raise IpcTypeError(f"send() takes a bytes-like object, not {type(data).__name__}") from None
         got = native.send(view, _left(_deadline(timeout)), _uint("t0", t0), _uint("t1", t1))

@@ -34,7 +34,7 @@ from __future__ import annotations
 import collections
 import json
 import time
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, TypeVar
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, TypeVar
 
 from msgq.errors import InvalidArgumentError, IpcTypeError
 from msgq.names import validate_name
@@ -115,7 +115,8 @@ class SubMaster(_Services):
             raise InvalidArgumentError(f"SubMaster frequency takes positive numbers (Hz): {frequency!r}")
         if poll is not None and poll not in self.services:
             raise InvalidArgumentError(f"SubMaster poll={poll!r} is not one of its services")
-        self.poll, self.frequency, self._decoders = poll, frequency, decoders
+        self.poll, self.frequency = poll, frequency
+        self._decoders: Dict[str, Optional[Decoder]] = dict(decoders)  # None: the topic declares no schema
         self.ignore_alive, self.ignore_freq, self.ignore_valid = set(ignore_alive), set(ignore_freq), set(ignore_valid)
         self.frame = 0
         self.data: Dict[str, Any] = dict.fromkeys(self.services)
@@ -126,7 +127,7 @@ class SubMaster(_Services):
         self.freq_ok = dict.fromkeys(self.services, False)
         self.valid = dict.fromkeys(self.services, True)
         self.decode_errors = dict.fromkeys(self.services, 0)
-        self._times = {s: collections.deque(maxlen=WINDOW) for s in self.services}
+        self._times: Dict[str, Deque[float]] = {s: collections.deque(maxlen=WINDOW) for s in self.services}
         self.poller = msgq.Poller()
         self.sock: Dict[str, Any] = {}
         try:
@@ -188,8 +189,10 @@ class SubMaster(_Services):
             window = MISSED_PERIODS / rate if rate else 1.0
             self.alive[s] = self.recv_time[s] > 0 and now - self.recv_time[s] < window
             if declared:
-                enough = len(self._times[s]) >= 5 and measured is not None
-                self.freq_ok[s] = self.alive[s] and enough and 0.8 * declared <= measured <= 1.2 * declared
+                enough = len(self._times[s]) >= 5
+                self.freq_ok[s] = (
+                    self.alive[s] and enough and measured is not None and 0.8 * declared <= measured <= 1.2 * declared
+                )
             else:
                 self.freq_ok[s] = self.alive[s]
 

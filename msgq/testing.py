@@ -20,7 +20,7 @@ import os
 import secrets
 import shutil
 import time
-from typing import Iterable, Iterator, Optional
+from typing import Iterable, Iterator, Optional, Set
 
 from msgq.names import run_segment_prefix, segment_dir, zmq_port
 
@@ -30,8 +30,8 @@ def unique_name(stem: str = "t") -> str:
     return f"{stem}{secrets.token_hex(6)}"
 
 
-def _ports_in_use() -> set:
-    ports = set()
+def _ports_in_use() -> Set[int]:
+    ports: Set[int] = set()
     for path in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
             with open(path) as table:
@@ -69,7 +69,7 @@ def unique_topic(stem: str = "topic", companions: Iterable[str] = ()) -> str:
 
 # Ports of the topics this process has handed out: never handed out twice, so two topics of
 # one test (or a test and one before it whose publisher is still closing) cannot share a port.
-_HANDED_OUT = set()
+_HANDED_OUT: Set[int] = set()
 
 
 def segments(prefix: str) -> list:

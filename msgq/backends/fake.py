@@ -120,9 +120,9 @@ class Poller:
 
     def __init__(self) -> None:
         self._impl = shm.Poller()
-        self._subscribers = []
+        self._subscribers: List[Subscriber] = []
 
-    def add(self, subscriber: Any) -> None:
+    def add(self, subscriber: Subscriber) -> None:
         self._impl.add(subscriber._impl)
         self._subscribers.append(subscriber)
 

@@ -2,7 +2,7 @@
 
 import os
 import weakref
-from typing import List, Optional, TypeVar
+from typing import List, Optional, Set, TypeVar, Union
 
 from msgq import _msgq, artifacts
 from msgq._shared import MAX_SPIN_US, env_int, wake_choice
@@ -12,7 +12,8 @@ from msgq.names import current_prefix, segment_basename, segment_dir
 NAME = "msgq"
 
 DEFAULT_SPIN_US = 50
-_live = weakref.WeakSet()  # native objects to disown in a forked child
+# native objects to disown in a forked child
+_live: "weakref.WeakSet[Union[_msgq.Publisher, _msgq.Subscriber]]" = weakref.WeakSet()
 
 
 def _mode() -> int:
@@ -30,7 +31,7 @@ def _mode() -> int:
     return mode
 
 
-def _trusted_uids() -> list:
+def _trusted_uids() -> List[int]:
     """Owners besides us whose segment files we accept (``MSGQ_TRUSTED_UIDS``,
     comma-separated uids; default none): for topics shared between users."""
     text = os.environ.get("MSGQ_TRUSTED_UIDS", "").strip()
@@ -42,7 +43,7 @@ def _trusted_uids() -> list:
         ) from None
 
 
-_T = TypeVar("_T")
+_T = TypeVar("_T", _msgq.Publisher, _msgq.Subscriber)
 
 
 def _track(obj: _T) -> _T:
@@ -50,7 +51,7 @@ def _track(obj: _T) -> _T:
     return obj
 
 
-_swept = set()  # run prefixes whose stale segments this process already removed
+_swept: Set[str] = set()  # run prefixes whose stale segments this process already removed
 
 
 def Publisher(endpoint: str, segment_size: int = 0, wake: Optional[str] = None) -> _msgq.Publisher:

@@ -103,7 +103,7 @@ import re
 import threading
 import time
 import weakref
-from typing import List, Optional
+from typing import Any, Dict, List, Optional
 
 import zmq
 
@@ -146,9 +146,10 @@ _HOST = re.compile(r"[A-Za-z0-9_.%:*\[\]-]+\Z")
 _lock = threading.Lock()
 _context = None
 _context_pid = None
-_live = weakref.WeakSet()  # our sockets, to disown in a forked child
-_inherited = []  # the parent's zmq objects in a forked child: kept, never touched
-_closed_ports = {}  # port -> monotonic time a publisher of this process closed it
+_live: "weakref.WeakSet[_Guarded]" = weakref.WeakSet()  # our sockets, to disown in a forked child
+# the parent's zmq objects in a forked child: kept, never touched
+_inherited: "List[zmq.Context[Any] | zmq.Socket[Any]]" = []
+_closed_ports: Dict[int, float] = {}  # port -> monotonic time a publisher of this process closed it
 _wake_ids = itertools.count()  # names of the subscribers' private inproc wake-up endpoints
 
 
@@ -375,10 +376,11 @@ class Publisher(_Guarded):
             raise
         self._zsock = sock
         self._send = sock.send
-        self._loan = None
+        self._loan: Optional[bytearray] = None
         self._readers = 0
         self._max_size = _ring_max_message(self._segment_size)
-        self.send, self._hot_inside, self._block, self._count_sent = _publisher_send(
+        # the hot path: an instance attribute (a closure) in place of the class's send
+        self.send, self._hot_inside, self._block, self._count_sent = _publisher_send(  # type: ignore[method-assign]
             sock.send, weakref.ref(self), self._max_size, endpoint, self._segment_size
         )
         self._init_guard()
@@ -675,7 +677,8 @@ class Subscriber(_Guarded):
         self._items = [(sock, _POLLIN), (link.monitor, _POLLIN)]  # for Poller
         self._timeout = -1
         self._spin_us = 0
-        self.receive, self._hot_inside, self._mark_closing, self._set_hot_timeout = _subscriber_receive(
+        # the hot path: an instance attribute (a closure) in place of the class's receive
+        self.receive, self._hot_inside, self._mark_closing, self._set_hot_timeout = _subscriber_receive(  # type: ignore[method-assign]
             sock, weakref.ref(self), link
         )
         self._init_guard()
@@ -688,7 +691,7 @@ class Subscriber(_Guarded):
         timeout_ms = int(timeout_ms)
         self._enter("receive_batch()")
         try:
-            out = []
+            out: List[bytes] = []
             recv = self._recv
             try:
                 while len(out) < max_messages:
