@@ -155,6 +155,7 @@ class VisionIpcClient(Closeable):
         if native.epoch != self._epoch:
             self._remapped(native, native.epoch)
         views = self._views
+        assert views is not None  # a frame came: its pool is mapped
         f._views, f._geometry = views.get(f.idx), views.geometry
 
     def _remapped(self, native: _visionipc.Client, epoch: int) -> None:
@@ -210,6 +211,7 @@ class VisionIpcClient(Closeable):
             return None
         if native.epoch != self._epoch:
             self._remapped(native, native.epoch)
+        assert self._views is not None  # native.count buffers are mapped
         return getattr(self._views.geometry, field)
 
     @property

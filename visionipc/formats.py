@@ -9,7 +9,7 @@ returns the :class:`Geometry` (stride, ``uv_offset``, size...) a server would us
 
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, Iterator, NamedTuple, Union
+from typing import Any, Iterator, NamedTuple, Tuple, Union
 
 from msgq._shared import check_int
 from msgq.errors import InvalidArgumentError
@@ -21,7 +21,7 @@ class PixelFormat(NamedTuple):
 
     name: str
     code: int  # the enum value (what travels in headers and trailers)
-    aliases: tuple  # other names the API accepts ("gray" for "gray8"...)
+    aliases: Tuple[str, ...]  # other names the API accepts ("gray" for "gray8"...)
     bytes_per_pixel: int  # in the first (Y or only) plane
     channels: int  # samples a pixel in that plane
     yuv420: bool  # a Y plane, then 2x2-subsampled chroma at uv_offset
@@ -33,7 +33,8 @@ class PixelFormat(NamedTuple):
 
 
 FORMAT_TABLE = tuple(
-    PixelFormat(name, code, tuple(aliases.split()), *rest) for name, code, aliases, *rest in _visionipc.FORMAT_TABLE
+    PixelFormat(name, code, tuple(aliases.split()), bpp, channels, yuv420, selectable)
+    for name, code, aliases, bpp, channels, yuv420, selectable in _visionipc.FORMAT_TABLE
 )  # indexed by code
 _BY_NAME = {f.name: f for f in FORMAT_TABLE}
 _ALIASES = {alias: f.name for f in FORMAT_TABLE for alias in f.aliases}

@@ -154,6 +154,7 @@ class OrderedFrameClient(Closeable):
             self._views = ViewCache(self._trailer_geometry(id_, trailer, len(view)), self._reader.capacity)
             self._trailer = trailer
         views, slot = self._views, id_ % self._reader.capacity
+        assert views is not None  # made for the first trailer above
         buf = VisionBuf(
             views.get(slot, view[: views.geometry.size]),
             views.geometry,

@@ -16,7 +16,7 @@ Without a driver or a device, ``cuda=True`` raises :class:`CudaUnavailableError`
 saying so; the client works as before with ``cuda=False``.
 """
 
-from typing import TYPE_CHECKING, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Sequence, SupportsInt, Union, cast
 
 import numpy as np
 
@@ -35,7 +35,10 @@ def device_count() -> int:
 def empty(shape: Union[int, Sequence[int]], dtype: "npt.DTypeLike" = np.uint8, device: int = 0) -> DeviceArray:
     """A new C-contiguous array in device memory (freed with its last reference), e.g.
     the ``out=`` of ``frame.to_device`` when no framework is at hand."""
-    shape = (int(shape),) if np.isscalar(shape) else tuple(int(n) for n in shape)
+    if np.isscalar(shape):
+        shape = (int(cast(SupportsInt, shape)),)
+    else:
+        shape = tuple(int(n) for n in cast(Iterable[SupportsInt], shape))
     dtype = np.dtype(dtype)
     rt = runtime()
     buf = DeviceBuffer(rt, device, max(1, int(np.prod(shape)) * dtype.itemsize))

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any, Hashable
+from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Set, Tuple
 
 from msgq.errors import InvalidArgumentError
 from visionipc.cuda import _runtime
@@ -56,10 +56,14 @@ class CudaLink:
         self.stream = rt.stream_create()
         self._events = [_Event(rt.event_create()) for _ in range(EVENTS)]
         self._next = 0
-        self.inflight = {}  # key -> events of copies not known to be complete, oldest first
-        self._pinned = {}  # key -> (address, length, keepalive) of a registered span
+        self.inflight: Dict[
+            Hashable, List[_Event]
+        ] = {}  # key -> events of copies not known to be complete, oldest first
+        self._pinned: Dict[
+            Hashable, Tuple[int, int, object]
+        ] = {}  # key -> (address, length, keepalive) of a registered span
         self._pid = os.getpid()
-        self._verified = set()  # device pointers of callers' buffers found on self.device
+        self._verified: Set[int] = set()  # device pointers of callers' buffers found on self.device
         self._thread = threading.local()  # .current: this thread made self.device current
 
     def _current(self) -> None:
@@ -98,6 +102,7 @@ class CudaLink:
     def _record(self, key: Hashable, stream: int) -> _Event:
         event = self._events[self._next]
         self._next = (self._next + 1) % EVENTS
+        assert event.handle is not None  # only close() destroys the events, and it drops them
         self.runtime.event_record(event.handle, stream)
         self.inflight.setdefault(key, []).append(event)
         return event
@@ -148,8 +153,10 @@ class CudaLink:
         completed (before a lease goes, before a buffer is sent)."""
         for k in list(self.inflight) if key is None else [key]:
             for event in self.inflight.pop(k, ()):
-                if not self.runtime.event_done(event.handle):
-                    self.runtime.event_sync(event.handle)
+                handle = event.handle
+                assert handle is not None  # close() destroys events after this finish() emptied inflight
+                if not self.runtime.event_done(handle):
+                    self.runtime.event_sync(handle)
 
     # lifetime ----------------------------------------------------------------
     def close(self) -> None:
@@ -160,6 +167,7 @@ class CudaLink:
         self.unpin()
         for event in self._events:  # frames still holding one see it done (every copy finished above)
             handle, event.handle = event.handle, None
+            assert handle is not None  # each destroyed once: the list is emptied below
             rt.event_destroy(handle)
         self._events = []
         if self.stream:
