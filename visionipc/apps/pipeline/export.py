@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 
 from visionipc.apps.pipeline.frames import iter_pictures
+from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError, check_stream
 
 KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
@@ -96,9 +97,7 @@ def export_segment(selected, out_dir: str, image_format: str):
         "segment": int(first["segment"]),
         "index_file": os.path.join(
             first["recording_path"],
-            "index",
-            check_stream(first["stream"], first["recording_path"]),
-            f"{int(first['segment']):06d}.parquet",
+            layout.index_file(check_stream(first["stream"], first["recording_path"]), int(first["segment"])),
         ),
     }
     reasons = dict(zip(selected["position"].astype(int), selected["reason"]))

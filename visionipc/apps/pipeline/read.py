@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from msgq.tooling import printable
 from visionipc.apps.pipeline import fs
+from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError, check_relpath, check_stream, parse_manifest
 from visionipc.apps.record.index import index_schema, quality_schema
 
@@ -35,29 +36,23 @@ class Recording:
 
     def index_files(self) -> list:
         """``[(stream, segment, path)]`` of the complete segments (hidden/.partial files ignored)."""
-        out = []
-        root = fs.join(self.path, "index")
-        for rel, is_dir, _ in fs.listdir(root, recursive=True):
-            parts = rel.split("/")
-            if is_dir or len(parts) != 2 or parts[0].startswith("."):
-                continue
-            stream, name = parts
-            stem, ext = os.path.splitext(name)
-            if ext == ".parquet" and not name.startswith(".") and stem.isdigit():
-                out.append((stream, int(stem), fs.join(root, stream, name)))
-        return sorted(out)
+        root = fs.join(self.path, layout.INDEX)
+        listing = [rel for rel, is_dir, _ in fs.listdir(root, recursive=True) if not is_dir]
+        return [(stream, n, fs.join(root, rel)) for stream, n, rel in layout.complete_segments(listing)]
 
 
 def _is_recording(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "recording.json")) or os.path.isdir(os.path.join(path, "index"))
+    return os.path.isfile(layout.manifest_path(path)) or os.path.isdir(os.path.join(path, layout.INDEX))
 
 
 def _expand_remote(item: str) -> list:
     if not fs.exists(item):
         raise FileNotFoundError(f"no such recording: {item!r}")
-    if fs.isfile(fs.join(item, "recording.json")) or fs.isdir(fs.join(item, "index")):
+    if fs.isfile(fs.join(item, layout.MANIFEST)) or fs.isdir(fs.join(item, layout.INDEX)):
         return [item]
-    marks = {rel.rsplit("/", 1)[0] for rel, _, _ in fs.listdir(item, recursive=True) if rel.endswith("/recording.json")}
+    marks = {
+        rel.rsplit("/", 1)[0] for rel, _, _ in fs.listdir(item, recursive=True) if rel.endswith("/" + layout.MANIFEST)
+    }
     found = sorted(fs.join(item, rel) for rel in marks)
     if not found:
         raise RecordingError(f"no recordings under {item!r} (looked for folders with recording.json)")
@@ -110,10 +105,10 @@ def recording_info(recording: Recording) -> dict:
     checked like every file a recording names (visionipc.apps.record.checks)."""
     from visionipc.apps.record.checks import MAX_MANIFEST_BYTES
 
-    if not fs.member_exists(recording.path, "recording.json"):
+    if not fs.member_exists(recording.path, layout.MANIFEST):
         return {}
-    where = fs.join(recording.path, "recording.json")
-    return parse_manifest(fs.read_member(recording.path, "recording.json", MAX_MANIFEST_BYTES), where)
+    where = fs.join(recording.path, layout.MANIFEST)
+    return parse_manifest(fs.read_member(recording.path, layout.MANIFEST, MAX_MANIFEST_BYTES), where)
 
 
 def _relative(folder: str, path: str) -> str:

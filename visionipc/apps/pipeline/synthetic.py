@@ -78,7 +78,7 @@ def write_recording(
     """
     import cv2
 
-    from visionipc.apps.record import index
+    from visionipc.apps.record import index, layout
     from visionipc.apps.record.writer import StreamWriter
 
     os.makedirs(path, exist_ok=True)
@@ -143,7 +143,7 @@ def write_recording(
             "missed": 0,
             "gaps": len(drop & set(range(spec["frames"]))),
         }
-    index.write_json(os.path.join(path, "recording.json"), meta)
+    index.write_json(layout.manifest_path(path), meta)
     return str(path)
 
 
@@ -164,6 +164,7 @@ def write_index(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from visionipc.apps.record import layout
     from visionipc.apps.record.index import index_schema
 
     rng = np.random.default_rng(seed)
@@ -175,7 +176,7 @@ def write_index(
         rec = os.path.join(path, f"rec{r:05d}")
         for s in range(streams):
             stream = f"cam{s}"
-            os.makedirs(os.path.join(rec, "index", stream), exist_ok=True)
+            os.makedirs(os.path.join(rec, layout.INDEX, stream), exist_ok=True)
             for seg, lo in enumerate(range(0, len(ids_all), segment_frames)):
                 ids = ids_all[lo : lo + segment_frames]
                 n = len(ids)
@@ -194,12 +195,12 @@ def write_index(
                         "format": ["nv12"] * n,
                         "segment": np.full(n, seg, np.int32),
                         "position": np.arange(n, dtype=np.int32),
-                        "segment_file": [f"frames/{stream}/{seg:06d}.mkv"] * n,
+                        "segment_file": [layout.media_file(stream, seg, "mkv")] * n,
                     },
                     schema=index_schema(),
                 )
-                pq.write_table(table, os.path.join(rec, "index", stream, f"{seg:06d}.parquet"))
-        with open(os.path.join(rec, "recording.json"), "w") as f:
+                pq.write_table(table, os.path.join(rec, layout.index_file(stream, seg)))
+        with open(layout.manifest_path(rec), "w") as f:
             json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)
         out.append(rec)
     return out

@@ -32,6 +32,7 @@ import stat
 
 from msgq.errors import IpcError
 from msgq.tooling import printable
+from visionipc.apps.record.layout import MANIFEST, manifest_path
 from visionipc.optional import UsageError
 
 MAX_MANIFEST_BYTES = 1 << 20  # recording.json is a few KiB
@@ -253,6 +254,4 @@ def parse_manifest(data: bytes, where) -> dict:
 
 def read_manifest_file(folder) -> dict:
     """``folder/recording.json`` read safely and checked (``parse_manifest``)."""
-    return parse_manifest(
-        read_file(folder, "recording.json", MAX_MANIFEST_BYTES), os.path.join(folder, "recording.json")
-    )
+    return parse_manifest(read_file(folder, MANIFEST, MAX_MANIFEST_BYTES), manifest_path(folder))

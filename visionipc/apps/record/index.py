@@ -1,5 +1,5 @@
-"""The on-disk layout of a recording (docs/recording-format.md): paths, the
-Parquet schemas, recording.json, and reading an index back.
+"""A recording's tables (docs/recording-format.md; the file names are ``layout``'s): the
+Parquet schemas, writing recording.json and the tables, and reading an index back.
 
 Writes are atomic: a file is written under a hidden ``.partial`` name in the
 same folder and renamed once complete, so readers (which skip hidden files)
@@ -13,6 +13,7 @@ import time
 
 from msgq.tooling import printable
 from visionipc.apps._cli import UsageError, need
+from visionipc.apps.record import layout
 
 FORMAT_VERSION = 2  # 2: PyAV codecs (recording.json's codec h264/hevc/av1/ffv1/*_nvenc, .mkv)
 READABLE_VERSIONS = (1, 2)  # 1: OpenCV mp4v/FFV1, still read
@@ -81,31 +82,19 @@ def topic_schema():
     )
 
 
-def segment_name(segment: int, ext: str) -> str:
-    return f"{segment:06d}.{ext}"
-
-
-def partial_path(path: str) -> str:
-    """``dir/000003.mkv`` -> ``dir/.000003.partial.mkv``: hidden, and still ending in
-    the container's extension (FFmpeg picks the muxer by it)."""
-    folder, name = os.path.split(path)
-    stem, ext = name.split(".", 1)
-    return os.path.join(folder, f".{stem}.partial.{ext}")
-
-
 def write_table(rows: dict, schema, path: str):
     """Columns ``rows`` -> Parquet at ``path``, atomically."""
     p = pa()
     import pyarrow.parquet as pq
 
     table = p.table({name: p.array(rows[name], type=schema.field(name).type) for name in schema.names}, schema=schema)
-    tmp = partial_path(path)
+    tmp = layout.partial_path(path)
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
 
 def write_json(path: str, doc: dict):
-    tmp = partial_path(path)
+    tmp = layout.partial_path(path)
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
@@ -126,24 +115,14 @@ def read_manifest(folder: str) -> dict:
 
     if not os.path.isdir(folder):
         raise UsageError(f"'{printable(folder)}' is not a folder")
-    if not os.path.lexists(os.path.join(folder, "recording.json")):
-        raise UsageError(f"'{printable(folder)}' is not a recording (no recording.json)")
+    if not os.path.lexists(layout.manifest_path(folder)):
+        raise UsageError(f"'{printable(folder)}' is not a recording (no {layout.MANIFEST})")
     doc = read_manifest_file(folder)
     if doc.get("format_version") not in READABLE_VERSIONS:
-        path = os.path.join(folder, "recording.json")
+        path = layout.manifest_path(folder)
         got = printable(repr(doc.get("format_version")))[:40]
         raise UsageError(f"{printable(path)}: format_version {got} is not one of {READABLE_VERSIONS}")
     return doc
-
-
-def complete_segments(folder: str, kind: str, name: str) -> list:
-    """Paths of the complete index (kind "index") or topic (kind "topics") files, in order."""
-    where = os.path.join(folder, kind, name)
-    try:
-        names = sorted(n for n in os.listdir(where) if n.endswith(".parquet") and not n.startswith("."))
-    except FileNotFoundError:
-        return []
-    return [os.path.join(where, n) for n in names]
 
 
 def _read_tables(folder: str, kind: str, name: str, schema):
@@ -153,7 +132,7 @@ def _read_tables(folder: str, kind: str, name: str, schema):
     from visionipc.apps.record.checks import RecordingError, check_stream, open_file
 
     check_stream(name, folder)
-    paths = complete_segments(folder, kind, name)
+    paths = layout.folder_segments(folder, kind, name)
     if not paths:
         return schema.empty_table()
     tables, rows = [], 0

@@ -185,7 +185,7 @@ def write_topic(rows: dict, path: str, schema=None):
     message encoding from it), else message encoding ``msgq`` and no schema."""
     from mcap.writer import Writer
 
-    from visionipc.apps.record.index import partial_path
+    from visionipc.apps.record.layout import partial_path
 
     tmp = partial_path(path)
     with open(tmp, "wb") as f:

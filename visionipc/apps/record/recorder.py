@@ -15,7 +15,7 @@ import uuid
 from msgq.cli import progress
 from msgq.tooling import printable
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
-from visionipc.apps.record import codecs, index
+from visionipc.apps.record import codecs, index, layout
 from visionipc.apps.record.writer import StreamWriter
 
 PROG = "vipc-record"
@@ -187,7 +187,7 @@ class TopicRecorder(threading.Thread):
 
         self.topic, self.stop = topic, stop
         self.segment_ns = int(segment_seconds * 1e9) if segment_seconds else 0
-        self.dir = os.path.join(folder, "topics", topic)
+        self.folder, self.dir = folder, os.path.join(folder, layout.TOPICS, topic)
         self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
         self.messages = self.segments = 0
         self.error = None
@@ -220,13 +220,13 @@ class TopicRecorder(threading.Thread):
 
     def _flush(self, rows):
         index.write_table(
-            rows, index.topic_schema(), os.path.join(self.dir, index.segment_name(self.segments, "parquet"))
+            rows, index.topic_schema(), os.path.join(self.folder, layout.topic_file(self.topic, self.segments))
         )
         if self.mcap:
             import msgq
             from visionipc.apps.record import mcap_io
 
-            path = os.path.join(self.dir, index.segment_name(self.segments, "mcap"))
+            path = os.path.join(self.folder, layout.topic_file(self.topic, self.segments, "mcap"))
             mcap_io.write_topic(rows, path, msgq.topic_schema(self.topic))
         self.segments += 1
 
@@ -339,7 +339,7 @@ def run(args) -> int:
                 "segments": 0,
                 "frames": 0,
             }
-        index.write_json(os.path.join(args.out, "recording.json"), manifest)
+        index.write_json(layout.manifest_path(args.out), manifest)
         for r in recorders + topics:
             r.start()
         start = time.monotonic()
@@ -371,7 +371,7 @@ def run(args) -> int:
         if full is not None:
             manifest["error"] = f"disk full: {printable(str(full))}"
             drop_partial_files(args.out)  # the dropped segments' space, for recording.json
-        finish_manifest(os.path.join(args.out, "recording.json"), manifest)
+        finish_manifest(layout.manifest_path(args.out), manifest)
         if full is not None:
             segments = sum(info["segments"] for info in manifest["streams"].values())
             log.error(
@@ -412,7 +412,7 @@ def drop_partial_files(folder: str) -> None:
     (readers skip them; on a full disk their space is what recording.json needs)."""
     for root, _, names in os.walk(folder):
         for name in names:
-            if name.startswith(".") and ".partial." in name:
+            if layout.is_partial(name):
                 try:
                     os.unlink(os.path.join(root, name))
                 except OSError:

@@ -8,7 +8,7 @@ Used by one thread (the stream's encoder thread in vipc-record).
 
 import os
 
-from visionipc.apps.record import codecs, index, quality
+from visionipc.apps.record import codecs, index, layout, quality
 
 NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
 # A segment's container rate is nominal (whole frames per second, from its first two
@@ -30,8 +30,8 @@ class StreamWriter:
         self._columns = index.INDEX_COLUMNS + (quality.COLUMNS if self._meter else ())
         self.measures = self._meter is not None
         self.segment_ns = int(segment_seconds * 1e9) if segment_seconds else 0
-        self.video_dir = os.path.join(folder, "frames", stream)
-        self.index_dir = os.path.join(folder, "index", stream)
+        self.video_dir = os.path.join(folder, layout.FRAMES, stream)
+        self.index_dir = os.path.join(folder, layout.INDEX, stream)
         os.makedirs(self.video_dir, exist_ok=True)
         os.makedirs(self.index_dir, exist_ok=True)
         self.segments = 0  # complete segments
@@ -42,7 +42,7 @@ class StreamWriter:
         self._rows = None
 
     def _relative(self):
-        return f"frames/{self.stream}/{index.segment_name(self.segments, self.storage.ext)}"
+        return layout.media_file(self.stream, self.segments, self.storage.ext)
 
     def add(self, image, meta: dict):
         """``meta``: frame_id, timestamp_sof, timestamp_eof, publish_time, receive_time."""
@@ -61,7 +61,7 @@ class StreamWriter:
 
     def _open(self, fps):
         self._final = os.path.join(self.folder, self._relative())
-        self._tmp = index.partial_path(self._final)
+        self._tmp = layout.partial_path(self._final)
         # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
         self._video = self.storage.open_writer(self._tmp, float(min(max(round(fps), 1), 1000)))
         held, self._held = self._held, None
@@ -97,9 +97,7 @@ class StreamWriter:
             raise RuntimeError(f"the encoder did not write {self._tmp} ({self.storage.codec}); see its messages above")
         os.replace(self._tmp, self._final)
         schema = index.quality_schema() if self._meter else index.index_schema()
-        index.write_table(
-            self._rows, schema, os.path.join(self.index_dir, index.segment_name(self.segments, "parquet"))
-        )
+        index.write_table(self._rows, schema, os.path.join(self.folder, layout.index_file(self.stream, self.segments)))
         self.frames += len(self._rows["stream"])
         self.segments += 1
         self._rows = None
