@@ -18,6 +18,7 @@ import tempfile
 
 import numpy as np
 
+from visionipc.apps.record import layout
 from visionipc.apps.record.index import read_index
 from visionipc.bench.harness import add_common_flags
 from visionipc.bench.stats import format_table
@@ -82,10 +83,12 @@ def run_one(width, height, fps, seconds, mode, folder):
             f"a process failed: camera {camera.returncode}, recorder {recorder.returncode}: "
             f"{recorder.stderr.read().decode()}"
         )
-    info = json.load(open(os.path.join(out, "recording.json")))["streams"]["road"]
+    info = json.load(open(layout.manifest_path(out)))["streams"]["road"]
     sof = np.array(read_index(out, "road").column("timestamp_sof").to_pylist(), np.int64)
     slots = (sof - sof[0]) * fps / 1e9
-    size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(out, "frames")) for f in fs)
+    size = sum(
+        os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(out, layout.FRAMES)) for f in fs
+    )
     return {
         "size": f"{width}x{height}",
         "mode": mode,
