@@ -30,6 +30,7 @@ import logging
 import signal
 import sys
 import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, TextIO, Tuple
 
 from msgq import add_version_flag, sockets
 from msgq import curve as msgq_curve
@@ -38,6 +39,8 @@ from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
 from msgq.schemas import announcement, from_announcement, set_topic_schema, topic_schema
 from msgq.tooling import ZMQ_HEADROOM, CappedConnection, ensure_descriptors
+
+Log = Callable[[str], None]
 
 POLL_MS = 100  # longest wait before the loop checks for a stop request (and for a reconnect due)
 BATCH = 256  # messages moved per socket per turn, so one busy topic cannot starve the others
@@ -62,33 +65,33 @@ keys in DIR/authorized and `in` presents DIR's client key; all encrypted.
 class _TopicStats:
     __slots__ = ("topic", "messages", "bytes", "drops", "subscribers", "local")
 
-    def __init__(self, topic, local=None):
+    def __init__(self, topic: str, local: Optional[sockets.SubSocket] = None) -> None:
         self.topic = topic
         self.local = local  # out: the bridge's own subscriber, whose resets are data it lost
         self.messages = 0
         self.bytes = 0
         self.drops = 0
-        self.subscribers = None  # remote subscribers (out: known from subscription messages)
+        self.subscribers: Optional[int] = None  # remote subscribers (out: known from subscription messages)
 
 
 class _Stopper:
     """SIGINT / SIGTERM ask the loop to stop; the loop checks at least every POLL_MS."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.stop = False
-        self._saved = {}
+        self._saved: Dict[int, Any] = {}  # signal -> its previous handler
         for sig in (signal.SIGINT, signal.SIGTERM):
             self._saved[sig] = signal.signal(sig, self._handle)
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: object) -> None:
         self.stop = True
 
-    def restore(self):
+    def restore(self) -> None:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
 
 
-def _zmq():
+def _zmq() -> Any:
     try:
         import zmq
     except ImportError:
@@ -96,7 +99,7 @@ def _zmq():
     return zmq
 
 
-def _tune(zmq, sock, hwm):
+def _tune(zmq: Any, sock: Any, hwm: int) -> None:
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.SNDHWM, hwm)
     sock.setsockopt(zmq.RCVHWM, hwm)
@@ -110,7 +113,7 @@ def _tune(zmq, sock, hwm):
 
 
 class _Reporter:
-    def __init__(self, stats, every, direction, stream):
+    def __init__(self, stats: List[_TopicStats], every: float, direction: str, stream: TextIO) -> None:
         self.stats = stats
         self.every = every
         self.direction = direction
@@ -119,7 +122,7 @@ class _Reporter:
         self.last = {s.topic: (0, 0) for s in stats}
         self.last_t = time.monotonic()
 
-    def maybe_report(self):
+    def maybe_report(self) -> None:
         if self.next_at is None or time.monotonic() < self.next_at:
             return
         now = time.monotonic()
@@ -139,7 +142,7 @@ class _Reporter:
         self.next_at = now + self.every
 
 
-def _context(n_sockets):
+def _context(n_sockets: int) -> Tuple[Any, Any]:
     """``(zmq, a new context)``. libzmq aborts the process when it runs out of
     descriptors: refused first, before pyzmq is even imported."""
     ensure_descriptors(f"{n_sockets} ZeroMQ sockets", ZMQ_HEADROOM + 2 * n_sockets)
@@ -147,17 +150,25 @@ def _context(n_sockets):
     return zmq, zmq.Context()
 
 
-def _close_context(ctx):
+def _close_context(ctx: Any) -> None:
     msgq_curve.stop_authenticator(ctx)
     ctx.destroy(linger=0)  # also closes a socket whose setup failed half-way
 
 
-def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
+def run_out(
+    topics: Sequence[str],
+    bind: str,
+    hwm: int,
+    verbose_every: float,
+    stopper: _Stopper,
+    log: Log,
+    curve: Optional[str] = None,
+) -> int:
     """Local shared-memory topics -> ZeroMQ PUB sockets."""
     zmq, ctx = _context(len(topics))
     ctx_msgq = sockets.Context(backend="msgq")  # the local side is shared memory, whatever MSGQ_BACKEND says
     poller = sockets.Poller()
-    routes = []  # (subscriber, zmq socket, stats)
+    routes: List[Tuple[sockets.SubSocket, Any, _TopicStats]] = []  # (subscriber, zmq socket, stats)
     try:
         for topic in topics:
             pub = ctx.socket(zmq.XPUB)
@@ -206,20 +217,22 @@ def run_out(topics, bind, hwm, verbose_every, stopper, log, curve=None) -> int:
         _close_context(ctx)
 
 
-def _count_subscriptions(zmq, pub, stats):
+def _count_subscriptions(zmq: Any, pub: Any, stats: _TopicStats) -> None:
     """Take the (un)subscriptions waiting on ``pub``; a new subscriber gets the topic's
     declared schema (msgq.schemas: a two-frame announcement, which `in` declares on its side)."""
-    joined = False
+    joined, subscribers = False, stats.subscribers
+    assert subscribers is not None  # run_out's topics count them from 0
     while True:
         try:
             event = pub.recv(zmq.NOBLOCK)
         except zmq.Again:
             break
         if event[:1] == b"\x01":
-            stats.subscribers += 1
+            subscribers += 1
             joined = True
         elif event[:1] == b"\x00":
-            stats.subscribers = max(0, stats.subscribers - 1)
+            subscribers = max(0, subscribers - 1)
+        stats.subscribers = subscribers
     if joined:
         try:
             schema = topic_schema(stats.topic)
@@ -236,9 +249,20 @@ class _Incoming:
     local topic can hold, the connection made again after the peer closed it) and
     the local publisher."""
 
-    def __init__(self, zmq, ctx, ctx_msgq, topic, host, hwm, segment_size, curve):
+    def __init__(
+        self,
+        zmq: Any,
+        ctx: Any,
+        ctx_msgq: sockets.Context,
+        topic: str,
+        host: str,
+        hwm: int,
+        segment_size: int,
+        curve: Optional[str],
+    ) -> None:
         self.stats = _TopicStats(topic)
-        self.sub = self.link = None
+        self.sub: Any = None
+        self.link: Optional[CappedConnection] = None
         self.pub = sockets.PubSocket()
         self.pub.connect(ctx_msgq, topic, segment_size)
         try:
@@ -248,20 +272,26 @@ class _Incoming:
             if curve:
                 msgq_curve.make_client(self.sub, curve)
             endpoint = f"tcp://{host}:{zmq_port(topic)}"
-            self.link = CappedConnection(zmq, self.sub, endpoint, self.pub.max_message_size)
+            self.link = link = CappedConnection(zmq, self.sub, endpoint, self.pub.max_message_size)
         except BaseException:
             self.close()
             raise
-        self.monitor, self.endpoint = self.link.monitor, endpoint
+        self.monitor, self.endpoint = link.monitor, endpoint
 
-    def reconnect_if_due(self, now, log):
-        if self.link.reconnect_if_due(now) and self.link.reconnects == 1:
+    @property
+    def open_link(self) -> CappedConnection:
+        assert self.link is not None, "used after close()"
+        return self.link
+
+    def reconnect_if_due(self, now: float, log: Log) -> None:
+        link = self.open_link
+        if link.reconnect_if_due(now) and link.reconnects == 1:
             log(
                 f"{self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
-                f"sent a message over the topic's {self.link.max_size}-byte maximum, which is refused); reconnecting"
+                f"sent a message over the topic's {link.max_size}-byte maximum, which is refused); reconnecting"
             )
 
-    def close(self):
+    def close(self) -> None:
         """Idempotent."""
         if self.link is not None:
             self.link.close_monitor()
@@ -271,15 +301,25 @@ class _Incoming:
         self.pub.close()
 
 
-def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=None) -> int:
+def run_in(
+    topics: Sequence[str],
+    host: str,
+    hwm: int,
+    segment_size: int,
+    verbose_every: float,
+    stopper: _Stopper,
+    log: Log,
+    curve: Optional[str] = None,
+) -> int:
     """ZeroMQ SUB sockets -> local shared-memory topics."""
     zmq, ctx = _context(2 * len(topics))  # a SUB and its connection monitor each
     ctx_msgq = sockets.Context(backend="msgq")
     poller = zmq.Poller()
-    routes = {}  # zmq SUB -> _Incoming
-    monitors = {}  # its monitor -> _Incoming
-    warned = set()
-    opened = []
+    routes: Dict[Any, _Incoming] = {}  # zmq SUB -> _Incoming
+    monitors: Dict[Any, _Incoming] = {}  # its monitor -> _Incoming
+    warned: Set[str] = set()
+    opened: List[_Incoming] = []
+    route: Optional[_Incoming]
     try:
         for topic in topics:
             route = _Incoming(zmq, ctx, ctx_msgq, topic, host, hwm, segment_size, curve)
@@ -292,7 +332,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
         while not stopper.stop and routes:
             for sock, _ in poller.poll(POLL_MS):
                 if sock in monitors:
-                    monitors[sock].link.closed()
+                    monitors[sock].open_link.closed()
                     continue
                 route = routes.get(sock)
                 if route is None:
@@ -332,7 +372,7 @@ def run_in(topics, host, hwm, segment_size, verbose_every, stopper, log, curve=N
                         break
                     stats.messages += 1
                     stats.bytes += len(frames[0])
-                    route.link.working()  # the next closed connection waits the shortest back-off
+                    route.open_link.working()  # the next closed connection waits the shortest back-off
             now = time.monotonic()
             for route in routes.values():
                 route.reconnect_if_due(now, log)
@@ -400,7 +440,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parse_args(parser, argv, config=True)
     try:

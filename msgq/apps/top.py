@@ -14,7 +14,7 @@ import os
 import select
 import sys
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence, TextIO
 
 from msgq import add_version_flag, artifacts
 from msgq.cli import parse_args
@@ -170,8 +170,10 @@ def build_report(before: Dict[str, dict], after: Dict[str, dict], directory: Opt
                 "publisher_pid": cur["publisher_pid"] if cur["publisher_alive"] else None,
                 "messages": cur["messages_written"],
                 "bytes": cur["bytes_written"],
-                "msgs_per_s": _rate(cur["messages_written"], old and old["messages_written"], seconds),
-                "bytes_per_s": _rate(cur["bytes_written"], old and old["bytes_written"], seconds),
+                "msgs_per_s": _rate(
+                    cur["messages_written"], old["messages_written"] if old is not None else None, seconds
+                ),
+                "bytes_per_s": _rate(cur["bytes_written"], old["bytes_written"] if old is not None else None, seconds),
                 "readers": readers,
                 "stale": not cur["attached"],
                 "superseded": cur["superseded"],
@@ -194,7 +196,7 @@ def _human(n: Optional[float], unit: str = "") -> str:
     return str(n)
 
 
-def _size(n: int) -> str:
+def _size(n: float) -> str:
     for suffix in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or suffix == "GiB":
             return f"{n:.0f}{suffix}" if suffix == "B" else f"{n:.1f}{suffix}"
@@ -247,7 +249,7 @@ class _Keys:
     """Reads lines from a pipe (the live view without a terminal: ``q`` quits);
     ``wait(s)`` returns True when 'q' came. A terminal gets curses instead (``_live``)."""
 
-    def __init__(self, stream):
+    def __init__(self, stream) -> None:
         try:
             self.fd = stream.fileno()
         except (AttributeError, OSError, ValueError):
@@ -279,7 +281,7 @@ def _live(refresh, interval: float) -> None:
     changed); ``refresh()`` gives the screen's lines; q or Esc quits."""
     import curses
 
-    def loop(screen):
+    def loop(screen) -> None:
         curses.curs_set(0)
         screen.timeout(max(1, int(interval * 1000)))
         while True:
@@ -301,7 +303,7 @@ def _shown(name: str) -> str:
     return name.encode("unicode_escape", "backslashreplace").decode("ascii")
 
 
-def clean(directory: str, prefix: Optional[str], yes: bool, out) -> int:
+def clean(directory: str, prefix: Optional[str], yes: bool, out: TextIO) -> int:
     """``--clean``: list every stale file of the run (``msgq.artifacts``: topic rings,
     ordered topics, broadcast rings and their large-message directories, fake-event
     files), confirm (unless ``yes``), remove them. Removal re-checks each one (a file
@@ -377,7 +379,7 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parse_args(parser, argv, config=True)
     if args.interval < 0:
