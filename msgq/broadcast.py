@@ -133,8 +133,125 @@ def _decode(kind: int, parts: Sequence[Any]) -> Any:
 
 
 class BroadcastQueue(Closeable):
-    """The writer: ``BroadcastQueue(n_readers, n_remote_readers=0, ...)``; a
-    reader: ``BroadcastQueue.create_from_handle(handle, rank)``.
+    """One end of a broadcast queue: ``BroadcastQueue(n_readers, n_remote_readers=0, ...)``
+    makes the writer (a :class:`BroadcastQueueWriter`), ``BroadcastQueue.create_from_handle(handle,
+    rank)`` a reader (a :class:`BroadcastQueueReader`). What both ends share lives here: the
+    handle, fork checks, ``shutdown()``, ``close()``; a call of the other role's (``dequeue`` on
+    the writer, ``enqueue`` on a reader) raises :class:`~msgq.errors.IpcError`."""
+
+    name: str
+    handle: BroadcastHandle
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> "BroadcastQueue":
+        # BroadcastQueue(...) itself is the writer's constructor (its spelling before the split)
+        return object.__new__(BroadcastQueueWriter if cls is BroadcastQueue else cls)
+
+    @classmethod
+    def create_from_handle(
+        cls, handle: BroadcastHandle, rank: int, curve_dir: Optional[str] = None
+    ) -> "BroadcastQueueReader":
+        """Reader ``rank`` of the queue ``handle`` describes (local ranks first,
+        then remote). A remote reader of a queue made with ``curve_dir`` needs
+        a keys directory with an authorized client key pair (:mod:`msgq.curve`)."""
+        return BroadcastQueueReader(handle, rank, curve_dir)
+
+    def _init_common(self, name: str, handle_ring: Tuple[str, str]) -> None:
+        """State both ends keep; ``handle_ring``: the ring's (shm_dir, basename)."""
+        self.name = name
+        self._pid = os.getpid()
+        self._generation = _fork_generation
+        self._seq = 0  # sequence number of the next message (a remote reader: None until its first)
+        self._overflow: Optional[OverflowDir] = None  # local side: the overflow directory (msgq/_overflow.py)
+        self._ring_path = os.path.join(*handle_ring)
+
+    # ------------------------------------------------------- the other role's calls
+
+    def enqueue(self, obj: object, timeout: Optional[float] = None) -> None:
+        raise IpcError("only the writer can enqueue (this is a reader)")
+
+    def enqueue_bytes(self, data: "BufferLike", timeout: Optional[float] = None) -> None:
+        raise IpcError("only the writer can enqueue (this is a reader)")
+
+    def wait_until_ready(self, timeout: Optional[float] = None) -> None:
+        raise IpcError("only the writer can enqueue (this is a reader)")
+
+    def dequeue(self, timeout: Optional[float] = None) -> Any:
+        raise IpcError("only readers can dequeue (this is the writer)")
+
+    def dequeue_bytes(self, timeout: Optional[float] = None) -> bytes:
+        raise IpcError("only readers can dequeue (this is the writer)")
+
+    # ---------------------------------------------------------------- both ends
+
+    def _check(self) -> None:
+        """Usable here: not inherited across a fork, not closed."""
+        if self._generation != _fork_generation:
+            raise IpcError("a forked child cannot use its parent's queue")
+        if self.closed:
+            raise self._closed_error()
+
+    def _closed_error(self) -> ClosedError:  # pragma: no cover - each role says its own
+        raise NotImplementedError
+
+    def _role(self) -> str:  # pragma: no cover - each role says its own
+        raise NotImplementedError
+
+    def _detach(self) -> Tuple[Any, Any]:  # pragma: no cover - each role drops its own
+        """Forget and return this end's (native ring end, remote channel), each possibly None."""
+        raise NotImplementedError
+
+    def shutdown(self) -> None:  # pragma: no cover - each role shuts down its own end
+        """Wake every waiting reader and writer: once the readers have read
+        what was written before, every call raises QueueShutdownError."""
+        raise NotImplementedError
+
+    def _farewell(self) -> Optional[bytes]:
+        """What the remote channel sends as it closes (the writer's shutdown message)."""
+        return None
+
+    @property
+    def closed(self) -> bool:  # pragma: no cover - each role says its own
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Leave the queue. The writer's close shuts the queue down (readers
+        drain what was written, then get QueueShutdownError); the shared memory
+        goes once every reader has left too, and with it the overflow
+        directory (by whoever leaves last). Safe to call twice."""
+        ours = self._pid == os.getpid()
+        # The writer's close shuts the queue down, after the calls in flight on
+        # other threads ended with ClosedError: the native close does so for the
+        # local readers, the remote channel sends its farewell as it closes.
+        farewell = self._farewell() if ours and not self.closed else None
+        native, remote = self._detach()
+        left = native is not None and ours
+        if native is not None:
+            if ours:
+                native.close()
+            else:
+                native._forget_after_fork()
+        overflow, self._overflow = self._overflow, None
+        if left and overflow is not None and not os.path.exists(self._ring_path):
+            overflow.remove_all()  # we were the last to leave (the ring goes with the last detach)
+        if remote is not None:
+            if ours:
+                remote.close(farewell)  # a dequeue() or enqueue() in another thread ends with ClosedError
+            else:
+                remote._forget_after_fork()
+
+    def __getstate__(self) -> NoReturn:
+        raise IpcTypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
+
+    def __repr__(self) -> str:
+        return (
+            f"<BroadcastQueue {self.name!r} {self._role()}, {self.handle.n_readers} local + "
+            f"{self.handle.n_remote_readers} remote readers>"
+        )
+
+
+class BroadcastQueueWriter(BroadcastQueue):
+    """The writer: ``BroadcastQueue(n_readers, n_remote_readers=0, ...)`` (or
+    ``BroadcastQueueWriter(...)``), the only end that enqueues.
 
     ``chunk_bytes`` bounds a message that travels in shared memory (larger
     ones take the ZeroMQ side channel); ``max_chunks`` is how many messages
@@ -173,15 +290,18 @@ class BroadcastQueue(Closeable):
         self._max_message = check_int("max_message_bytes", max_message_bytes, chunk_bytes, 1 << 40)
         if not warn_interval > 0:
             raise InvalidArgumentError(f"warn_interval must be positive, got {warn_interval!r}")
-        self.name = validate_name(name or f"bq{secrets.token_hex(6)}", "queue name")
-        self._init_common(n_readers + n_remote_readers)
-        self._is_writer = True
-        self.warn_interval = float(warn_interval)
+        name = validate_name(name or f"bq{secrets.token_hex(6)}", "queue name")
         prefix, shm_dir = current_prefix(), segment_dir()
+        basename = queue_basename(name, prefix)
+        self._init_common(name, (shm_dir, basename))
+        self._writer: Optional[_queues.BroadcastWriter] = None
+        self._remote_sock: Optional[RemoteChannel] = None
+        self._in_overflow: List[int] = []  # sequence numbers whose overflow file may still exist
+        self._overflow_hinted = False  # said once that large messages travel as files
+        self._n_total = n_readers + n_remote_readers
+        self.warn_interval = float(warn_interval)
         self._mode = _mode()
         remote_addr = overflow_dir = curve_key = None
-        basename = queue_basename(self.name, prefix)
-        self._ring_path = os.path.join(shm_dir, basename)
         if n_readers:
             self._writer = _queues.BroadcastWriter(shm_dir, basename, n_readers, max_chunks, chunk_bytes, self._mode)
         try:
@@ -214,70 +334,15 @@ class BroadcastQueue(Closeable):
             self._max_message,
         )
 
-    def _init_common(self, n_total: int) -> None:
-        self._pid = os.getpid()
-        self._generation = _fork_generation
-        self._seq = 0  # sequence number of the next message
-        self._overflow_hinted = False  # said once that large messages travel as files
-        self._writer = self._reader = None
-        self._remote_sock = None
-        self._overflow = None  # local side: the overflow directory (msgq/_overflow.py)
-        self._in_overflow = []  # writer: sequence numbers whose overflow file may still exist
-        self._stash = None  # a message dequeue_bytes refused, kept for the next dequeue
-        self._n_total = n_total
+    def _role(self) -> str:
+        return "writer"
 
-    # ---------------------------------------------------------------- readers
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"broadcast queue {self.name!r} is closed")
 
-    @classmethod
-    def create_from_handle(
-        cls, handle: BroadcastHandle, rank: int, curve_dir: Optional[str] = None
-    ) -> "BroadcastQueue":
-        """Reader ``rank`` of the queue ``handle`` describes (local ranks first,
-        then remote). A remote reader of a queue made with ``curve_dir`` needs
-        a keys directory with an authorized client key pair (:mod:`msgq.curve`)."""
-        if not isinstance(handle, BroadcastHandle):
-            raise InvalidArgumentError(f"expected a BroadcastHandle, not {type(handle).__name__}")
-        rank = check_int("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
-        self = cls.__new__(cls)
-        self.name = handle.name
-        self._init_common(handle.n_readers + handle.n_remote_readers)
-        self._is_writer = False
-        self.handle = handle
-        self._ring_path = os.path.join(handle.shm_dir, queue_basename(handle.name, handle.prefix))
-        self.rank = rank
-        self._sub = None
-        try:
-            if rank < handle.n_readers:
-                self._reader = _queues.BroadcastReader(
-                    handle.shm_dir, queue_basename(handle.name, handle.prefix), rank, _mode()
-                )
-                self._seq = self._reader.consumed
-                if handle.overflow_dir:
-                    self._overflow = OverflowDir.named(
-                        handle.overflow_dir, handle.shm_dir, queue_basename(handle.name, handle.prefix)
-                    )
-            else:
-                # Set by the first message: a remote reader that comes back under its
-                # rank gets what the writer sends from then on (ZeroMQ has no replay).
-                self._seq = None
-                if handle.curve_server_key and curve_dir is None:
-                    raise InvalidArgumentError(
-                        f"broadcast queue {handle.name!r} admits only CURVE-authenticated remote readers: "
-                        f"pass curve_dir= (a keys directory with an authorized client key, see msgq.curve)"
-                    )
-                if curve_dir is not None and not handle.curve_server_key:
-                    raise InvalidArgumentError(
-                        f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
-                    )
-                self._sub = RemoteChannel.reader(
-                    handle.name, rank, handle.remote_addr, handle.max_message_bytes, curve_dir, handle.curve_server_key
-                )
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    # ---------------------------------------------------------------- writing
+    @property
+    def closed(self) -> bool:
+        return self._writer is None and self._remote_sock is None
 
     def enqueue(self, obj: object, timeout: Optional[float] = None) -> None:
         """Send ``obj`` to every reader (pickle protocol 5; contiguous buffers
@@ -294,19 +359,11 @@ class BroadcastQueue(Closeable):
             raise IpcTypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
         self._put(view, True, timeout)
 
-    def _check_writer(self) -> None:
-        if not self._is_writer:
-            raise IpcError("only the writer can enqueue (this is a reader)")
-        if self._generation != _fork_generation:
-            raise IpcError("a forked child cannot use its parent's queue")
-        if self._writer is None and self._remote_sock is None:
-            raise ClosedError(f"broadcast queue {self.name!r} is closed")
-
     def _put(self, obj: Any, raw: bool, timeout: Optional[float]) -> None:
         writer = self._writer
         if writer is None or self._remote_sock is not None or self._generation != _fork_generation:
             deadline = _deadline(timeout)
-            self._check_writer()  # remote readers need the parts too
+            self._check()  # remote readers need the parts too
             self._send(KIND_RAW if raw else KIND_PICKLE, [obj] if raw else _serialize(obj), deadline)
             return
         # The hot path: one native call checks the timeout, pickles, waits
@@ -367,7 +424,7 @@ class BroadcastQueue(Closeable):
             if status == "shutdown":
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             if status == "closed":  # by another thread, while this one waited
-                raise ClosedError(f"broadcast queue {self.name!r} is closed")
+                raise self._closed_error()
             waiting = self._describe_readers(self._writer.pending_readers())
             if _expired(deadline):
                 raise IpcTimeoutError(
@@ -473,7 +530,107 @@ class BroadcastQueue(Closeable):
         finally:
             remote.leave()
 
-    # ---------------------------------------------------------------- reading
+    def wait_until_ready(self, timeout: Optional[float] = None) -> None:
+        """Writer: wait until every reader has attached (local: shared memory;
+        remote: its TCP subscription)."""
+        self._check()
+        deadline = _deadline(timeout)
+        while True:
+            writer, remote = self._writer, self._remote_sock  # once each: close() on another thread drops them
+            if (self.handle.n_readers and writer is None) or (self.handle.n_remote_readers and remote is None):
+                raise self._closed_error()
+            missing = [r for r in range(self.handle.n_readers) if not writer.reader_attached(r)]
+            if remote is not None:
+                subscribed = remote.refresh_subscriptions()  # ClosedError once closing
+                missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in subscribed]
+            if not missing:
+                return
+            if _expired(deadline):
+                raise IpcTimeoutError(f"broadcast queue {self.name!r}: readers {sorted(set(missing))} did not attach")
+            time.sleep(0.005)
+
+    def shutdown(self) -> None:
+        if self._writer is not None:
+            self._writer.shutdown()
+        remote = self._remote_sock
+        if remote is not None:
+            remote.shut_down_with(FRAME.pack(KIND_SHUTDOWN, self._seq))
+
+    def _farewell(self) -> Optional[bytes]:
+        if self._writer is not None and self._overflow is not None:
+            self._drop_consumed_overflow()
+        return FRAME.pack(KIND_SHUTDOWN, self._seq)
+
+    def _detach(self) -> Tuple[Any, Any]:
+        native, remote = self._writer, self._remote_sock
+        self._writer = self._remote_sock = None
+        return native, remote
+
+
+class BroadcastQueueReader(BroadcastQueue):
+    """Reader ``rank`` of a broadcast queue: ``BroadcastQueue.create_from_handle(handle, rank)``
+    (or ``BroadcastQueueReader(handle, rank)``); local ranks read the shared-memory ring,
+    the others the writer's ZeroMQ channel."""
+
+    def __init__(self, handle: BroadcastHandle, rank: int, curve_dir: Optional[str] = None) -> None:
+        if not isinstance(handle, BroadcastHandle):
+            raise InvalidArgumentError(f"expected a BroadcastHandle, not {type(handle).__name__}")
+        self.rank = check_int("rank", rank, 0, handle.n_readers + handle.n_remote_readers - 1)
+        basename = queue_basename(handle.name, handle.prefix)
+        self._init_common(handle.name, (handle.shm_dir, basename))
+        self.handle = handle
+        self._reader: Optional[_queues.BroadcastReader] = None
+        self._sub: Optional[RemoteChannel] = None
+        self._stash: Optional[Tuple[int, List[Any]]] = None  # a message dequeue_bytes refused, kept for the next
+        try:
+            if self.rank < handle.n_readers:
+                self._reader = _queues.BroadcastReader(handle.shm_dir, basename, self.rank, _mode())
+                self._seq = self._reader.consumed
+                if handle.overflow_dir:
+                    self._overflow = OverflowDir.named(handle.overflow_dir, handle.shm_dir, basename)
+            else:
+                # Set by the first message: a remote reader that comes back under its
+                # rank gets what the writer sends from then on (ZeroMQ has no replay).
+                self._seq = None
+                if handle.curve_server_key and curve_dir is None:
+                    raise InvalidArgumentError(
+                        f"broadcast queue {handle.name!r} admits only CURVE-authenticated remote readers: "
+                        f"pass curve_dir= (a keys directory with an authorized client key, see msgq.curve)"
+                    )
+                if curve_dir is not None and not handle.curve_server_key:
+                    raise InvalidArgumentError(
+                        f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
+                    )
+                self._sub = RemoteChannel.reader(
+                    handle.name,
+                    self.rank,
+                    handle.remote_addr,
+                    handle.max_message_bytes,
+                    curve_dir,
+                    handle.curve_server_key,
+                )
+        except BaseException:
+            self.close()
+            raise
+
+    def _role(self) -> str:
+        return f"reader {self.rank}"
+
+    def _closed_error(self) -> ClosedError:
+        return ClosedError(f"broadcast queue reader {self.rank} is closed")
+
+    @property
+    def closed(self) -> bool:
+        return self._reader is None and self._sub is None
+
+    def _detach(self) -> Tuple[Any, Any]:
+        native, remote = self._reader, self._sub
+        self._reader = self._sub = None
+        return native, remote
+
+    def shutdown(self) -> None:
+        if self._reader is not None:
+            self._reader.shutdown()
 
     def dequeue(self, timeout: Optional[float] = None) -> Any:
         """The next message (the object, or bytes if it was sent with
@@ -498,7 +655,7 @@ class BroadcastQueue(Closeable):
             if got is _queues.SHUTDOWN:
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             if got is _queues.CLOSED:  # by another thread, while this one waited or read
-                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
+                raise self._closed_error()
         self._seq += 1
         return got
 
@@ -511,16 +668,8 @@ class BroadcastQueue(Closeable):
             raise IpcTypeError("the next message was enqueued as an object: use dequeue()")
         return bytes(parts[0])
 
-    def _check_reader(self) -> None:
-        if self._is_writer:
-            raise IpcError("only readers can dequeue (this is the writer)")
-        if self._generation != _fork_generation:
-            raise IpcError("a forked child cannot use its parent's queue")
-        if self._reader is None and self._sub is None:
-            raise ClosedError(f"broadcast queue reader {self.rank} is closed")
-
     def _next(self, deadline: Optional[float]) -> Tuple[int, List[Any]]:
-        self._check_reader()
+        self._check()
         if self._stash is not None:
             if self._stash[0] == KIND_SHUTDOWN:  # a remote reader stays shut down
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
@@ -530,7 +679,7 @@ class BroadcastQueue(Closeable):
         if reader is None:
             remote = self._sub  # the same
             if remote is None:
-                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
+                raise self._closed_error()
             return self._recv_remote(remote, deadline)
         while True:
             got = reader.read()
@@ -546,7 +695,7 @@ class BroadcastQueue(Closeable):
             if status == "shutdown":
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             if status == "closed":  # by another thread, while this one waited
-                raise ClosedError(f"broadcast queue reader {self.rank} is closed")
+                raise self._closed_error()
 
     def _recv_frames(self, remote: RemoteChannel, deadline: Optional[float]) -> Tuple[int, int, List[Any]]:
         zmq = zmq_module()
@@ -609,92 +758,5 @@ class BroadcastQueue(Closeable):
         self._seq += 1
         return kind, parts
 
-    # ---------------------------------------------------------------- lifecycle
 
-    def wait_until_ready(self, timeout: Optional[float] = None) -> None:
-        """Writer: wait until every reader has attached (local: shared memory;
-        remote: its TCP subscription)."""
-        self._check_writer()
-        deadline = _deadline(timeout)
-        while True:
-            writer, remote = self._writer, self._remote_sock  # once each: close() on another thread drops them
-            if (self.handle.n_readers and writer is None) or (self.handle.n_remote_readers and remote is None):
-                raise ClosedError(f"broadcast queue {self.name!r} is closed")
-            missing = [r for r in range(self.handle.n_readers) if not writer.reader_attached(r)]
-            if remote is not None:
-                subscribed = remote.refresh_subscriptions()  # ClosedError once closing
-                missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in subscribed]
-            if not missing:
-                return
-            if _expired(deadline):
-                raise IpcTimeoutError(f"broadcast queue {self.name!r}: readers {sorted(set(missing))} did not attach")
-            time.sleep(0.005)
-
-    def shutdown(self) -> None:
-        """Wake every waiting reader and writer: once the readers have read
-        what was written before, every call raises QueueShutdownError."""
-        if self._writer is not None:
-            self._writer.shutdown()
-        elif self._reader is not None:
-            self._reader.shutdown()
-        remote = self._remote_sock
-        if remote is not None:
-            remote.shut_down_with(FRAME.pack(KIND_SHUTDOWN, self._seq))
-
-    def close(self) -> None:
-        """Leave the queue. The writer's close shuts the queue down (readers
-        drain what was written, then get QueueShutdownError); the shared memory
-        goes once every reader has left too, and with it the overflow
-        directory (by whoever leaves last). Safe to call twice."""
-        ours = self._pid == os.getpid()
-        # The writer's close shuts the queue down, after the calls in flight on
-        # other threads ended with ClosedError: the native close does so for the
-        # local readers, the remote channel sends its farewell as it closes.
-        farewell = None
-        if self._is_writer and ours and not self.closed:
-            farewell = FRAME.pack(KIND_SHUTDOWN, self._seq)
-            if self._writer is not None and self._overflow is not None:
-                self._drop_consumed_overflow()
-        left = False
-        for attr in ("_writer", "_reader"):
-            native = getattr(self, attr, None)
-            setattr(self, attr, None)
-            if native is not None:
-                left = ours
-                if ours:
-                    native.close()
-                else:
-                    native._forget_after_fork()
-        overflow, self._overflow = getattr(self, "_overflow", None), None
-        if left and overflow is not None and not os.path.exists(self._ring_path):
-            overflow.remove_all()  # we were the last to leave (the ring goes with the last detach)
-        for attr in ("_remote_sock", "_sub"):
-            remote = getattr(self, attr, None)
-            setattr(self, attr, None)
-            if remote is not None:
-                if ours:
-                    remote.close(farewell)  # a dequeue() or enqueue() in another thread ends with ClosedError
-                else:
-                    remote._forget_after_fork()
-
-    @property
-    def closed(self) -> bool:
-        return (
-            self._writer is None
-            and self._reader is None
-            and self._remote_sock is None
-            and getattr(self, "_sub", None) is None
-        )
-
-    def __getstate__(self) -> NoReturn:
-        raise IpcTypeError("a BroadcastQueue cannot be pickled: send its .handle and call create_from_handle()")
-
-    def __repr__(self) -> str:
-        role = "writer" if self._is_writer else f"reader {self.rank}"
-        return (
-            f"<BroadcastQueue {self.name!r} {role}, {self.handle.n_readers} local + "
-            f"{self.handle.n_remote_readers} remote readers>"
-        )
-
-
-__all__ = ["BroadcastQueue", "BroadcastHandle", "queue_basename"]
+__all__ = ["BroadcastQueue", "BroadcastQueueWriter", "BroadcastQueueReader", "BroadcastHandle", "queue_basename"]
