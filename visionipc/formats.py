@@ -33,8 +33,8 @@ class PixelFormat(NamedTuple):
 
 
 FORMAT_TABLE = tuple(
-    PixelFormat(name, code, tuple(aliases.split()), bpp, channels, yuv420, selectable)
-    for name, code, aliases, bpp, channels, yuv420, selectable in _visionipc.FORMAT_TABLE
+    PixelFormat._make((name, code, tuple(aliases.split()), *rest))
+    for name, code, aliases, *rest in _visionipc.FORMAT_TABLE
 )  # indexed by code
 _BY_NAME = {f.name: f for f in FORMAT_TABLE}
 _ALIASES = {alias: f.name for f in FORMAT_TABLE for alias in f.aliases}
