@@ -35,6 +35,9 @@ SUFFIX = "#schema"
 # msgq message is one frame), sent by `out` when a remote subscriber joins.
 ANNOUNCE = b"\x00msgq-schema\x00"
 MAX_SCHEMA_BYTES = 16 << 20  # a schema file larger than this is refused (it is someone else's)
+# The JSON body of the largest schema (its bytes in base64, its names): the most a schema
+# file or a bridge's announcement of one may hold.
+MAX_BODY_BYTES = 4 * MAX_SCHEMA_BYTES // 3 + 1024
 
 # What a message of each schema encoding is encoded as (MCAP's well-known encodings).
 MESSAGE_ENCODING = {
@@ -126,7 +129,7 @@ def from_announcement(frames: list) -> Optional[Schema]:
     IpcError if they claim to be one but are malformed (a peer's bytes)."""
     if len(frames) != 2 or bytes(frames[0]) != ANNOUNCE:
         return None
-    if len(frames[1]) > 4 * MAX_SCHEMA_BYTES // 3 + 1024:
+    if len(frames[1]) > MAX_BODY_BYTES:
         raise IpcError("a schema announcement larger than any schema")
     try:
         return _from_body(json.loads(bytes(frames[1])))
@@ -168,7 +171,7 @@ def read_schema_file(path: str, topic: str) -> Optional[Schema]:
         st = os.fstat(f.fileno())
         if st.st_uid != os.geteuid():
             raise IpcError(f"topic {topic!r}: its schema file {path} belongs to another user")
-        raw = f.read(4 * MAX_SCHEMA_BYTES // 3 + 1024)
+        raw = f.read(MAX_BODY_BYTES)
     try:
         return _from_body(json.loads(raw))
     except (ValueError, KeyError, TypeError, InvalidArgumentError) as e:

@@ -37,7 +37,7 @@ from msgq import curve as msgq_curve
 from msgq.cli import parse_args
 from msgq.errors import IpcError, MessageTooLargeError, MultiplePublishersError
 from msgq.names import current_prefix, validate_name, zmq_port
-from msgq.schemas import announcement, from_announcement, set_topic_schema, topic_schema
+from msgq.schemas import MAX_BODY_BYTES, announcement, from_announcement, set_topic_schema, topic_schema
 from msgq.tooling import ZMQ_HEADROOM, CappedConnection, ensure_descriptors
 
 Log = Callable[[str], None]
@@ -272,7 +272,11 @@ class _Incoming:
             if curve:
                 msgq_curve.make_client(self.sub, curve)
             endpoint = f"tcp://{host}:{zmq_port(topic)}"
-            self.link = link = CappedConnection(zmq, self.sub, endpoint, self.pub.max_message_size)
+            # The cap also lets the largest schema announcement in (a schema may be larger than the
+            # topic's largest message): a larger message is refused by libzmq, which closes the
+            # connection, and one the topic cannot hold is dropped when republished (counted, logged).
+            cap = max(self.pub.max_message_size, MAX_BODY_BYTES)
+            self.link = link = CappedConnection(zmq, self.sub, endpoint, cap)
         except BaseException:
             self.close()
             raise
@@ -288,7 +292,7 @@ class _Incoming:
         if link.reconnect_if_due(now) and link.reconnects == 1:
             log(
                 f"{self.endpoint} closed its connection ({self.stats.topic!r}: the peer went away, or "
-                f"sent a message over the topic's {link.max_size}-byte maximum, which is refused); reconnecting"
+                f"sent a message over {link.max_size} bytes, which is refused); reconnecting"
             )
 
     def close(self) -> None:

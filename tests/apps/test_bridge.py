@@ -470,3 +470,37 @@ def test_in_declares_the_schema_a_remote_bridge_announces_and_ignores_a_malforme
         ctx.destroy(linger=0)
     log = "".join(p.read_text() for p in tmp_path.glob("bridge-*.log"))
     assert "malformed schema announcement" in log and log.count("malformed") == 1
+
+
+def test_in_takes_a_schema_larger_than_the_topics_largest_message_and_drops_such_data(tmp_path):
+    """A schema may be larger than the messages its topic holds (a 64 KiB ring holds
+    messages of about 32 KiB): its announcement gets through and is declared, a data
+    message that large is dropped and logged, and the connection stays up."""
+    from msgq.schemas import announcement
+
+    topic = unique_topic()
+    schema = msgq.Schema("protobuf", "pkg.Big", bytes(range(256)) * 400)  # 100 KiB
+    ctx = zmq.Context()
+    try:
+        remote = ctx.socket(zmq.PUB)
+        remote.setsockopt(zmq.LINGER, 0)
+        remote.bind(endpoint(topic))
+        args = ("in", topic, "--from", "127.0.0.1", "--segment-size", "65536")
+        with bridge(tmp_path, *args) as proc:
+            wait_for_segment(topic, proc)
+            with msgq.sub_sock(topic) as sub:
+                warm_up(remote.send, msgq_receiver(sub), proc)
+                remote.send_multipart(announcement(schema))
+                remote.send(b"y" * 50_000)  # over the topic's largest message
+                remote.send(b"after")
+                receive, deadline, got = msgq_receiver(sub), time.monotonic() + DEADLINE, None
+                while got != b"after":  # the warm-up's stragglers first, never the large one
+                    assert time.monotonic() < deadline and proc.poll() is None, "nothing came after the schema"
+                    got = receive(0.05)
+                    assert got is None or got == b"after" or got.startswith(WARM), len(got)
+                assert msgq.topic_schema(topic) == schema
+        remote.close()
+    finally:
+        ctx.destroy(linger=0)
+    log = "".join(p.read_text() for p in tmp_path.glob("bridge-*.log"))
+    assert "dropping messages of" in log and "closed its connection" not in log, log
