@@ -26,6 +26,15 @@ class PixelFormat(NamedTuple):
     channels: int  # samples a pixel in that plane
     yuv420: bool  # a Y plane, then 2x2-subsampled chroma at uv_offset
     selectable: bool  # create_buffers takes it ("custom" comes from create_buffers_with_sizes)
+    # the compact image (visionipc.pixels) in the converters' vocabulary:
+    planes: int  # 1; yuv420: 2 (Y, interleaved UV: NV12's) or 3 (Y, U, V: I420's)
+    cv_to_bgr: str  # OpenCV's conversion to BGR (cv2.COLOR_<it>); "" when it is BGR
+    cv_from_bgr: str  # and from BGR (YUV: to I420 planes, interleaved where 2 planes)
+    av_format: str  # FFmpeg's pixel format of the same bytes
+
+    @property
+    def sample_bits(self) -> int:
+        return 8 * self.sample_bytes
 
     @property
     def sample_bytes(self) -> int:

@@ -206,12 +206,14 @@ PYBIND11_MODULE(_visionipc, m) {
   m.attr("MAX_CLIENTS") = vipc::visionipc::kMaxClients;
   m.attr("MAX_CLIENTS_PER_PEER") = vipc::visionipc::kMaxClientsPerPeer;
   m.attr("MAX_NAME_LENGTH") = vipc::visionipc::kMaxNameLength;
-  // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable);
-  // `selectable`: create_buffers takes it by name (custom comes from create_buffers_with_sizes).
+  // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable,
+  // planes, cv_to_bgr, cv_from_bgr, av_format); `selectable`: create_buffers takes it by name (custom comes
+  // from create_buffers_with_sizes).
   py::list formats;
   for (const vipc::visionipc::FormatInfo& info : vipc::visionipc::kFormats) {
     formats.append(py::make_tuple(info.name, static_cast<uint32_t>(info.format), info.aliases, info.bytes_per_pixel,
-                                  info.channels, info.yuv420, info.format != vipc::visionipc::Format::kCustom));
+                                  info.channels, info.yuv420, info.format != vipc::visionipc::Format::kCustom,
+                                  info.planes, info.cv_to_bgr, info.cv_from_bgr, info.av_format));
   }
   m.attr("FORMAT_TABLE") = py::tuple(formats);
   m.def("geometry", [](const std::string& format, uint32_t w, uint32_t h) {

@@ -34,6 +34,12 @@ inline constexpr uint64_t kMaxBufferSize = 1ull << 30;  // 1 GiB a frame
 // The format table: one row per Format, in enum order (kCustom last). Everything
 // the Python package knows about a format (names, plane shapes, sample sizes)
 // comes from here through the binding.
+//
+// The last three columns name, for the Python side, the frame's *compact image* (its
+// planes without row padding, one after the other: visionipc.pixels) in the vocabulary of
+// the libraries that convert it: OpenCV's cv::COLOR_<code> to and from a BGR image ("" when
+// it is one already; a 16-bit sample converts through its high byte), and FFmpeg's
+// pixel format of the same bytes.
 struct FormatInfo {
   Format format;
   const char* name;
@@ -41,16 +47,20 @@ struct FormatInfo {
   uint32_t bytes_per_pixel;  // in the first (Y or only) plane
   uint32_t channels;         // samples a pixel in that plane; a sample is bytes_per_pixel / channels
   bool yuv420;               // a Y plane followed by 2x2-subsampled chroma (uv_offset)
+  uint32_t planes;           // 1; yuv420: 2 (Y, interleaved UV) or 3 (Y, U, V)
+  const char* cv_to_bgr;     // OpenCV conversion code of the compact image to BGR
+  const char* cv_from_bgr;   // and from BGR (YUV: to I420 planes, interleaved for 2 planes)
+  const char* av_format;     // FFmpeg's pixel format of the compact image
 };
 
 inline constexpr FormatInfo kFormats[] = {
-    {Format::kNV12, "nv12", "", 1, 1, true},
-    {Format::kI420, "i420", "", 1, 1, true},
-    {Format::kGray8, "gray8", "gray grey", 1, 1, false},
-    {Format::kRGB8, "rgb8", "rgb", 3, 3, false},
-    {Format::kBGR8, "bgr8", "bgr", 3, 3, false},
-    {Format::kRaw16, "raw16", "raw bayer16", 2, 1, false},
-    {Format::kCustom, "custom", "", 1, 1, true},
+    {Format::kNV12, "nv12", "", 1, 1, true, 2, "YUV2BGR_NV12", "BGR2YUV_I420", "nv12"},
+    {Format::kI420, "i420", "", 1, 1, true, 3, "YUV2BGR_I420", "BGR2YUV_I420", "yuv420p"},
+    {Format::kGray8, "gray8", "gray grey", 1, 1, false, 1, "GRAY2BGR", "BGR2GRAY", "gray"},
+    {Format::kRGB8, "rgb8", "rgb", 3, 3, false, 1, "RGB2BGR", "BGR2RGB", "rgb24"},
+    {Format::kBGR8, "bgr8", "bgr", 3, 3, false, 1, "", "", "bgr24"},
+    {Format::kRaw16, "raw16", "raw bayer16", 2, 1, false, 1, "GRAY2BGR", "BGR2GRAY", "gray16le"},
+    {Format::kCustom, "custom", "", 1, 1, true, 2, "YUV2BGR_NV12", "BGR2YUV_I420", "nv12"},
 };
 
 constexpr bool format_table_in_enum_order() {
