@@ -1,6 +1,10 @@
-"""The PNG: latency and frames/s against frame size, server CPU and latency against clients."""
+"""The PNGs: vipc-bench's (latency and frames/s against frame size, server CPU and latency
+against clients) and the msgq vs pyzmq benchmark's."""
 
 import os
+import sys
+
+from visionipc.bench.stats import fmt_size
 
 COLORS = {"visionipc": "#1f77b4", "pyzmq": "#d62728", "shm+pipe": "#2ca02c", "futex": "#7f7f7f", "iceoryx2": "#9467bd"}
 
@@ -65,3 +69,60 @@ def write_png(summary, path, title=""):
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def write_pubsub_png(results, sizes, path, pooled_latency, throughput):
+    """The msgq vs pyzmq PNG (``bench_msgq.py --plot``): latency percentiles and throughput per
+    size, from the suite's ``pooled_latency`` and ``throughput``; False when matplotlib is missing."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("--plot: matplotlib is not installed (pip install matplotlib); no plot written", file=sys.stderr)
+        return False
+    fig, axes = plt.subplots(1, 3, figsize=(17, 5.5))
+    colors = {"msgq": "#1f77b4", "pyzmq": "#d62728"}
+    # latency percentiles
+    for ax, kind_modes, title in (
+        (axes[0], [("latency", "blocking"), ("latency", "busy")], "one-way latency (µs, log)"),
+        (axes[1], [("rtt", None)], "round trip, blocking (µs, log)"),
+    ):
+        labels, x = [], 0
+        for kind, mode in kind_modes:
+            for size in sizes:
+                for j, tr in enumerate(("msgq", "pyzmq")):
+                    st = pooled_latency(results, kind, tr, size, mode)
+                    if not st:
+                        continue
+                    for k, (pct, alpha) in enumerate((("p50", 1.0), ("p99", 0.6), ("p99.9", 0.3))):
+                        ax.bar(
+                            x + j * 0.4 + k * 0.13 - 0.13,
+                            st[pct],
+                            width=0.13,
+                            color=colors[tr],
+                            alpha=alpha,
+                            label=f"{tr} {pct}" if not labels and size == sizes[0] else None,
+                        )
+                labels.append((x + 0.2, f"{mode + ' ' if mode else ''}{fmt_size(size)}"))
+                x += 1
+        ax.set_xticks([p for p, _ in labels], [t for _, t in labels], rotation=30, ha="right")
+        ax.set_yscale("log")
+        ax.set_title(title)
+        ax.legend(fontsize=7)
+    ax = axes[2]
+    width = 0.2
+    variants = ("msgq", "msgq-recv1", "pyzmq", "msgq-lossy", "pyzmq-lossy")
+    vcolors = ("#1f77b4", "#6baed6", "#d62728", "#9ecae1", "#fc9272")
+    for j, (v, c) in enumerate(zip(variants, vcolors)):
+        ys = [throughput(results, v, s) or 0 for s in sizes]
+        ax.bar([i + (j - 2) * width * 0.8 for i in range(len(sizes))], ys, width=width * 0.8, color=c, label=v)
+    ax.set_xticks(range(len(sizes)), [fmt_size(s) for s in sizes])
+    ax.set_yscale("log")
+    ax.set_title("throughput received (msg/s, log); msgq/pyzmq = lossless")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    return True

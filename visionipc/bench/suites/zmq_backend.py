@@ -36,14 +36,13 @@ target applies to latency and credit throughput.
 ``python tools/bench_zmq_backend.py --quick`` runs in well under a minute.
 """
 
-import argparse
 import os
 import sys
 import time
 from itertools import repeat
 
 from msgq.tooling import scoped_env
-from visionipc.bench import harness, pubsub
+from visionipc.bench import pubsub, suite
 from visionipc.bench.pubsub import STAMP as _Q
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
 from visionipc.bench.workers import BenchError
@@ -303,12 +302,11 @@ def task_call_cost(ctl, state, kind, topic, size, count, rounds):
 PARTS = ("latency", "credit", "lossy", "calls")
 
 
-class Plan:
+class Plan(suite.Plan):
+    default_rounds = 5
+
     def __init__(self, quick, rounds, sizes, interval_us, only=()):
-        self.only = set(only) or set(PARTS)
-        self.quick = quick
-        self.rounds = rounds or (1 if quick else 5)
-        self.sizes = sizes
+        super().__init__(quick, rounds, sizes, only)
         self.interval_us = interval_us
         self.lat_count = 300 if quick else 2000
         self.lat_warmup = 50 if quick else 200
@@ -325,20 +323,11 @@ def _topic(stem):
     return unique_topic(stem, companions=("ack",))
 
 
-class Runner:
-    def __init__(self, pool, plan, log):
-        self.pool, self.plan, self.log = pool, plan, log
-        self.results = []
-        self.errors = []
-
-    def _run(self, record, tasks, timeout):
-        try:
-            res = self.pool.run(tasks, timeout)
-        except BenchError as e:
-            self.errors.append({**record, "error": str(e)})
-            self.log(f"  FAILED {record}: {str(e).splitlines()[-1]}")
-            return None
-        self.results.append({**record, "sender": res[0], "receiver": res[1] if len(res) > 1 else None})
+class Runner(suite.Runner):
+    def run_tasks(self, record, tasks, timeout):
+        res = super().run_tasks(record, tasks, timeout)
+        if res is not None:
+            self.results.append({**record, "sender": res[0], "receiver": res[1] if len(res) > 1 else None})
         return res
 
     def latency(self, kind, size, rnd):
@@ -346,7 +335,7 @@ class Runner:
         topic = _topic("lat")
         record = {"kind": "latency", "variant": kind, "size": size, "round": rnd}
         budget = 60 + (p.lat_count + p.lat_warmup) * p.interval_us * 4e-6
-        res = self._run(
+        res = self.run_tasks(
             record,
             [
                 (
@@ -375,7 +364,7 @@ class Runner:
         count = self.plan.thr_count(size)
         topic = _topic("thr")
         record = {"kind": "throughput", "variant": kind, "size": size, "round": rnd}
-        res = self._run(
+        res = self.run_tasks(
             record,
             [
                 (task_thr_send, dict(kind=kind, topic=topic, size=size, count=count)),
@@ -393,7 +382,7 @@ class Runner:
         count = self.plan.thr_count(size) // ACK_EVERY * ACK_EVERY
         topic = _topic("cred")
         record = {"kind": "credit", "variant": kind, "size": size, "round": rnd}
-        res = self._run(
+        res = self.run_tasks(
             record,
             [
                 (task_credit_send, dict(kind=kind, topic=topic, size=size, count=count)),
@@ -410,7 +399,7 @@ class Runner:
     def call_cost(self, kind, size, rnd):
         record = {"kind": "call_cost", "variant": kind, "size": size, "round": rnd}
         count = 20_000 if self.plan.quick else 50_000
-        res = self._run(
+        res = self.run_tasks(
             record,
             [(task_call_cost, dict(kind=kind, topic=_topic("cc"), size=size, count=count, rounds=15)), None],
             300,
@@ -430,21 +419,13 @@ class Runner:
                 ("lossy", self.throughput),
                 ("calls", self.call_cost),
             ):
-                if part in self.plan.only:
+                if self.plan.wants(part):
                     for size in self.plan.sizes:
                         for kind in order:
                             measure(kind, size, rnd)
 
 
 # =========================================================================== report
-
-
-def _pooled(results, kind, variant, size):
-    out = []
-    for r in results:
-        if r["kind"] == kind and r["variant"] == variant and r["size"] == size:
-            out.append(r)
-    return out
 
 
 def summarize(results, sizes):
@@ -479,22 +460,22 @@ def summarize(results, sizes):
 
     for size in sizes:
         lat = {
-            v: latency_stats([x for r in _pooled(results, "latency", v, size) for x in r["receiver"]["samples"]])
+            v: latency_stats([x for r in suite.select(results, "latency", v, size) for x in r["receiver"]["samples"]])
             for v in (OURS, RAW)
         }
         for pct in ("p50", "p99"):
             add(size, f"latency {pct} (µs)", lat[OURS].get(pct), lat[RAW].get(pct), False, True)
         cred = {
-            v: [r["sender"]["delivered"] / r["sender"]["seconds"] for r in _pooled(results, "credit", v, size)]
+            v: [r["sender"]["delivered"] / r["sender"]["seconds"] for r in suite.select(results, "credit", v, size)]
             for v in (OURS, RAW)
         }
         add_rounds(size, "delivered/s, credit window", cred, True, True)
-        thr = {v: _pooled(results, "throughput", v, size) for v in (OURS, RAW)}
+        thr = {v: suite.select(results, "throughput", v, size) for v in (OURS, RAW)}
         rate = {v: [r["receiver"]["rate"] for r in thr[v]] for v in (OURS, RAW)}
         add_rounds(size, "received/s, flat out lossy", rate, True, False)
         sent = {v: [r["sender"]["sent"] / r["sender"]["send_s"] for r in thr[v]] for v in (OURS, RAW)}
         add_rounds(size, "sent/s, flat out lossy", sent, True, False)
-        cost = {v: _pooled(results, "call_cost", v, size) for v in (OURS, RAW)}
+        cost = {v: suite.select(results, "call_cost", v, size) for v in (OURS, RAW)}
         for what in ("send", "receive"):
             c = {v: median([r["sender"][f"{what}_us"] for r in cost[v]]) for v in (OURS, RAW)}
             add(size, f"{what}() call (µs)", c[OURS], c[RAW], False, False)
@@ -538,76 +519,54 @@ def render(rows):
     )
 
 
-def meta(plan, cpus, pinned):
-    return {
-        **harness.run_meta(cpus, pinned),
-        "quick": plan.quick,
-        "rounds": plan.rounds,
-        "sizes": plan.sizes,
-        "interval_us": plan.interval_us,
-    }
+class ZmqBackend(suite.Suite):
+    description = "msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: latency and throughput."
+    parts = PARTS
+    sizes = "64,4096"
+    quick_help = "short smoke run (well under a minute)"
+    rounds_help = "alternating rounds per measurement (default 5, --quick 1)"
+    json_help = "write the raw results (every latency sample) as JSON"
+    no_pin_help = "do not pin sender and receiver to different CPUs"
+    title = "msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:"
+    runner = Runner
+    summarize, render = staticmethod(summarize), staticmethod(render)
 
+    def flags(self, ap):
+        ap.add_argument("--interval-us", type=int, default=500, help="latency: time between two sends (default 500 µs)")
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        description="msgq's zmq backend vs raw pyzmq over tcp://127.0.0.1: latency and throughput."
-    )
-    harness.add_common_flags(
-        ap,
-        quick="short smoke run (well under a minute)",
-        rounds=(0, "alternating rounds per measurement (default 5, --quick 1)"),
-    )
-    ap.add_argument("--sizes", default="64,4096", help="message sizes, comma separated (default 64,4096)")
-    ap.add_argument("--interval-us", type=int, default=500, help="latency: time between two sends (default 500 µs)")
-    ap.add_argument("--only", default="", help=f"comma list of: {','.join(PARTS)} (default all)")
-    harness.add_common_flags(
-        ap,
-        json="write the raw results (every latency sample) as JSON",
-        no_pin="do not pin sender and receiver to different CPUs",
-        quiet=True,
-    )
-    args = ap.parse_args(argv)
+    def make_plan(self, ap, args, sizes, only):
+        if not sizes or min(sizes) < 16:
+            ap.error("--sizes: at least 16 bytes each (the send time takes 8)")
+        return Plan(args.quick, args.rounds, sizes, args.interval_us, only)
 
-    sizes = harness.parse_sizes(args.sizes)
-    if not sizes or min(sizes) < 16:
-        ap.error("--sizes: at least 16 bytes each (the send time takes 8)")
-    only = harness.parse_only(ap, args.only, PARTS)
-    plan = Plan(args.quick, args.rounds, sizes, args.interval_us, only)
-    log = harness.logger(args.quiet)
+    def environment(self, plan):
+        return scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None)  # ports of this run only
 
-    cpus, pinned = harness.placement(2, args.no_pin)
-    started = time.monotonic()
-    # ports of this run only
-    with scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):
-        info = meta(plan, cpus, pinned)
-        log(
+    def meta(self, plan):
+        return {"interval_us": plan.interval_us}
+
+    def headline(self, info, cpus, pinned):
+        return (
             f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
             f"sender on cpu {pinned[0]}, receiver on cpu {pinned[1]}, load {info['loadavg_start']}"
         )
-        runner = harness.run_in_pool(pinned, lambda pool: Runner(pool, plan, log), log)
-    if runner is None:
-        return 130
 
-    elapsed = time.monotonic() - started
-    rows = summarize(runner.results, sizes)
-    harness.print_report_head(
-        "msgq zmq backend vs raw pyzmq, tcp://127.0.0.1, same run:",
-        plan.rounds,
-        elapsed,
-        info["loadavg_start"],
-        f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over rounds; "
-        f"delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median over rounds.",
-        "(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
-        "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
-        "methods in one process (send with no subscriber, receive of a waiting message).",
-    )
-    print(render(rows))
-    harness.print_failures(runner.errors, lambda e: f"{e['kind']} {e['variant']} {fmt_size(e['size'])}")
-    if args.json:
-        harness.write_json(
-            args.json, {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows}
-        )
-    return 1 if runner.errors else 0
+    def notes(self, plan):
+        return [
+            f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over "
+            f"rounds; delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median "
+            "over rounds.",
+            "(info) rows: flat out without credit both are lossy, and a slower sender loses fewer messages, which "
+            "then cost the receiver work: those rates swing widely from round to round; call costs are the bare "
+            "methods in one process (send with no subscriber, receive of a waiting message).",
+        ]
+
+    def json_report(self, info, rows, runner, elapsed):
+        return {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows}
+
+
+def main(argv=None) -> int:
+    return ZmqBackend().main(argv)
 
 
 if __name__ == "__main__":
