@@ -2,9 +2,11 @@
 to report a usage error (optional imports with an install hint live in the
 library, ``visionipc.optional``)."""
 
+import argparse
 import signal
 import sys
 import threading
+from typing import Any, Callable, Dict, Optional, Sequence
 
 from msgq.cli import parse_args
 from msgq.errors import IpcError
@@ -17,15 +19,15 @@ class Stopper:
     stop at a point of their choosing and close files and segments properly.
     Handlers are only installed from the main thread; ``restore()`` puts the old ones back."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.event = threading.Event()
-        self.signal = None
-        self._saved = {}
+        self.signal: Optional[int] = None
+        self._saved: Dict[int, Any] = {}  # signal -> its previous handler
         if threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGINT, signal.SIGTERM):
                 self._saved[sig] = signal.signal(sig, self._handle)
 
-    def _handle(self, signum, frame):
+    def _handle(self, signum: int, frame: object) -> None:
         self.signal = signum
         self.event.set()
 
@@ -33,7 +35,7 @@ class Stopper:
     def stopped(self) -> bool:
         return self.event.is_set()
 
-    def restore(self):
+    def restore(self) -> None:
         for sig, handler in self._saved.items():
             signal.signal(sig, handler)
         self._saved.clear()
@@ -46,7 +48,13 @@ def error(prog: str, message: str) -> int:
     return 2
 
 
-def run_command(prog: str, parser, run, argv=None, config: bool = False) -> int:
+def run_command(
+    prog: str,
+    parser: argparse.ArgumentParser,
+    run: Callable[[argparse.Namespace], int],
+    argv: Optional[Sequence[str]] = None,
+    config: bool = False,
+) -> int:
     """``main``'s body for every command: parse ``argv`` with the common options
     (``msgq.cli``: --version, --log-level, --print-completion, and ``config``: --config
     FILE), ``run(args)``, and turn UsageError into a one-line message and exit status 2,
@@ -62,7 +70,7 @@ def run_command(prog: str, parser, run, argv=None, config: bool = False) -> int:
         return 1
 
 
-def add_wake(parser) -> None:
+def add_wake(parser: argparse.ArgumentParser) -> None:
     """``--wake all|handoff`` of the commands that publish frames (vipc-camera, vipc-replay):
     VisionIpcServer's ``wake=`` (default: ``MSGQ_WAKE``, else ``all``)."""
     parser.add_argument(
@@ -74,7 +82,7 @@ def add_wake(parser) -> None:
     )
 
 
-def add_wait_clients(parser) -> None:
+def add_wait_clients(parser: argparse.ArgumentParser) -> None:
     """``--wait-clients N`` of the commands that publish frames (vipc-camera, vipc-replay)."""
     parser.add_argument(
         "--wait-clients",

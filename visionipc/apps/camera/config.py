@@ -21,8 +21,10 @@ client sees a gap); a delayed frame is published that many ms after its
 queue behind it, in order).
 """
 
+import argparse
 import dataclasses
 import math
+from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Union
 
 from visionipc.apps._cli import UsageError
 from visionipc.formats import FORMATS, normalize_format
@@ -38,14 +40,15 @@ class StreamConfig:
     source: str = "synthetic"
     width: int = 640
     height: int = 480
-    fps: float = None  # None: resolve_fps() after the source is open
+    fps: Optional[float] = None  # None: resolve_fps() after the source is open
     format: str = "nv12"
     frames: int = 0
-    drop_frames: frozenset = frozenset()
-    delay_frames: dict = dataclasses.field(default_factory=dict)
+    # the command line's or the file's spec until check() parses it
+    drop_frames: FrozenSet[int] = frozenset()
+    delay_frames: Dict[int, float] = dataclasses.field(default_factory=dict)
     loop: bool = False
 
-    def check(self):
+    def check(self) -> "StreamConfig":
         where = f"stream {self.name!r}"
         for key in ("width", "height", "frames"):
             value = getattr(self, key)
@@ -65,12 +68,12 @@ class StreamConfig:
         self.delay_frames = parse_delay_frames(self.delay_frames)
         return self
 
-    def check_fps(self):
+    def check_fps(self) -> None:
         fps = self.fps
         if isinstance(fps, bool) or not isinstance(fps, (int, float)) or math.isnan(fps) or not 0 < fps <= 10000:
             raise UsageError(f"stream {self.name!r}: fps must be a number in (0, 10000], got {fps!r}")
 
-    def resolve_fps(self, source):
+    def resolve_fps(self, source: object) -> None:
         """No fps given: a video file's own rate (when it has a sane one), else DEFAULT_FPS."""
         if self.fps is None:
             own = getattr(source, "file_fps", 0.0)
@@ -80,10 +83,13 @@ class StreamConfig:
     def max_delay_frames(self) -> int:
         """Frames that can be captured while the longest delayed one waits."""
         longest = max(self.delay_frames.values(), default=0)
-        return math.ceil(longest / 1000 * self.fps) + 1 if longest else 0
+        if not longest:
+            return 0
+        assert self.fps is not None, "resolve_fps() first"
+        return math.ceil(longest / 1000 * self.fps) + 1
 
 
-def _frame_id(text, what):
+def _frame_id(text: object, what: str) -> int:
     try:
         value = int(str(text).strip())
     except ValueError:
@@ -93,7 +99,7 @@ def _frame_id(text, what):
     return value
 
 
-def parse_drop_frames(spec) -> frozenset:
+def parse_drop_frames(spec: Union[str, Iterable[Union[int, str]]]) -> FrozenSet[int]:
     """``"10,20,35"`` (or a list of ints) -> frozenset of frame ids."""
     if isinstance(spec, (set, frozenset)):
         return frozenset(spec)
@@ -101,7 +107,7 @@ def parse_drop_frames(spec) -> frozenset:
     return frozenset(_frame_id(x, "--drop-frames") for x in items if str(x).strip())
 
 
-def parse_delay_frames(spec) -> dict:
+def parse_delay_frames(spec: Union[str, Mapping[Any, Any], Iterable[str]]) -> Dict[int, float]:
     """``"30:50,40:120"`` (frame_id:milliseconds), or a dict -> {frame_id: ms}."""
     if isinstance(spec, dict):
         pairs = list(spec.items())
@@ -114,7 +120,7 @@ def parse_delay_frames(spec) -> dict:
             if not sep:
                 raise UsageError(f"--delay-frames: {item!r} is not FRAME_ID:MILLISECONDS (e.g. 30:50)")
             pairs.append((frame, ms))
-    delays = {}
+    delays: Dict[int, float] = {}
     for frame, ms in pairs:
         try:
             value = float(ms)
@@ -126,12 +132,12 @@ def parse_delay_frames(spec) -> dict:
     return delays
 
 
-def load_toml(path: str) -> dict:
+def load_toml(path: str) -> Dict[str, Any]:
     try:
         import tomllib
     except ImportError:  # Python < 3.11
         try:
-            import tomli as tomllib
+            import tomli as tomllib  # type: ignore[no-redef]
         except ImportError:
             raise UsageError("--config needs Python 3.11+ or: pip install tomli") from None
     try:
@@ -143,7 +149,7 @@ def load_toml(path: str) -> dict:
         raise UsageError(f"cannot read config file {path!r}: {e}") from None
 
 
-def build_streams(args, config: dict) -> list:
+def build_streams(args: argparse.Namespace, config: Mapping[str, Any]) -> List[StreamConfig]:
     """Streams of the config file, then those named by ``--stream``; the command
     line's values are every stream's defaults."""
     defaults = dict(

@@ -6,10 +6,14 @@ import logging
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Tuple
 
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, run_command
-from visionipc.apps.camera.config import DEFAULT_FPS, build_streams, load_toml
-from visionipc.apps.camera.sources import open_source
+from visionipc.apps.camera.config import DEFAULT_FPS, StreamConfig, build_streams, load_toml
+from visionipc.apps.camera.sources import FrameSource, open_source
+
+if TYPE_CHECKING:
+    from visionipc import VisionBuf, VisionIpcServer
 
 PROG = "vipc-camera"
 log = logging.getLogger(PROG)
@@ -58,7 +62,7 @@ CLOCK_MONOTONIC ns. SIGINT/SIGTERM stop cleanly (exit 0). Exit 2: bad input.
 """
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Publish camera frames (synthetic, video file or V4L2 "
@@ -104,23 +108,33 @@ class StreamRunner(threading.Thread):
     in frame-id order; the head is published once its time has come, so a
     delayed frame holds back (never reorders) the frames behind it."""
 
-    def __init__(self, cfg, source, server, stop, start_ns):
+    def __init__(
+        self,
+        cfg: StreamConfig,
+        source: FrameSource,
+        server: "VisionIpcServer",
+        stop: threading.Event,
+        start_ns: int,
+    ) -> None:
         super().__init__(name=f"camera-{cfg.name}", daemon=True)
         self.cfg, self.source, self.server, self.stop = cfg, source, server, stop
         self.start_ns = start_ns
         self.published = self.dropped = self.skipped_slots = 0
-        self.error = None
+        self.error: Optional[BaseException] = None
 
-    def run(self):
+    def run(self) -> None:
         try:
             self._loop()
         except BaseException as e:  # reported by main
             self.error = e
 
-    def _loop(self):
+    def _loop(self) -> None:
+        assert self.cfg.fps is not None  # resolved once the source was open
         cfg, period = self.cfg, 1e9 / self.cfg.fps
-        pending = collections.deque()  # (publish_at_ns, buf, frame_id, sof, eof)
-        spare = None  # a checked-out buffer whose frame was dropped: reused for the next one
+        pending: Deque[Tuple[int, "VisionBuf", int, int, int]] = (
+            collections.deque()
+        )  # (publish_at_ns, buf, frame_id, sof, eof)
+        spare: Optional["VisionBuf"] = None  # a checked-out buffer whose frame was dropped: reused for the next one
         frame_id, slot, capturing = 0, 0, True
         while not self.stop.is_set():
             now = time.monotonic_ns()
@@ -159,7 +173,9 @@ class StreamRunner(threading.Thread):
             frame_id += 1
 
 
-def _wait_for_clients(server, streams, count, stop):
+def _wait_for_clients(
+    server: "VisionIpcServer", streams: List[StreamConfig], count: int, stop: threading.Event
+) -> None:
     while not stop.is_set():
         if all(server.num_clients(s.name) >= count for s in streams):
             stop.wait(WAIT_GRACE_S)
@@ -167,7 +183,7 @@ def _wait_for_clients(server, streams, count, stop):
         stop.wait(0.01)
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     from visionipc import VisionIpcServer
     from visionipc.formats import MAX_BUFFERS
 
@@ -180,9 +196,9 @@ def run(args) -> int:
         raise UsageError(f"--buffers must be in 1..{MAX_BUFFERS}, got {args.buffers}")
     if args.wait_clients < 0:
         raise UsageError("--wait-clients must be >= 0")
-    sources = {}
+    sources: Dict[str, FrameSource] = {}
     stopper = Stopper()
-    server = None
+    server: Optional["VisionIpcServer"] = None
     try:
         for s in streams:
             sources[s.name] = open_source(s.source, s.format, s.width, s.height, s.fps or DEFAULT_FPS, s.loop)
@@ -233,7 +249,7 @@ def run(args) -> int:
         stopper.restore()
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(PROG, build_parser(), run, argv)
 
 

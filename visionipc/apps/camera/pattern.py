@@ -10,8 +10,16 @@ None when no valid stamp is there.
 """
 
 import time
+from typing import TYPE_CHECKING, Any, Optional, Tuple, Union, cast
 
 import numpy as np
+import numpy.typing as npt
+
+from visionipc.formats import format_info
+from visionipc.pixels import compact_dtype, full_scale, to_8bit
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 STAMP_BITS = 32
 STAMP_CELLS = STAMP_BITS + 8
@@ -44,21 +52,24 @@ def stamp_bits(frame_id: int) -> np.ndarray:
 
 def luma(image: np.ndarray, fmt: str) -> np.ndarray:
     """An 8-bit brightness view or image of a frame's top rows, enough to read the stamp."""
-    if fmt in ("nv12", "i420", "gray8"):
-        return image
-    if fmt == "raw16":
-        return (image >> 8).astype(np.uint8)
-    return image.max(axis=2)  # bgr8 / rgb8: white cells are white in every channel
+    info = format_info(fmt)
+    if info.channels > 1 and not info.yuv420:
+        return image.max(axis=2)  # bgr8 / rgb8: white cells are white in every channel
+    return to_8bit(image, info)
 
 
-def read_stamp(frame, fmt: str = None, width: int = None):
+def read_stamp(
+    frame: Union["VisionBuf", npt.NDArray[Any]], fmt: Optional[str] = None, width: Optional[int] = None
+) -> Optional[int]:
     """The frame id stamped into a frame, or None. ``frame`` is a VisionBuf or an
     image (a compact or BGR image: pass ``fmt``, e.g. ``"bgr8"`` for BGR)."""
+    image: npt.NDArray[Any]
     if fmt is None:  # a VisionBuf
-        fmt, width = frame.format, frame.width
-        image = frame.y if fmt in ("nv12", "i420") else frame.array
+        buf = cast("VisionBuf", frame)
+        fmt, width = buf.format, buf.width
+        image = buf.y if format_info(fmt).yuv420 else buf.array
     else:
-        image = frame
+        image = cast("npt.NDArray[Any]", frame)
         width = width or image.shape[1]
     c = cell_size(width)
     if image.shape[0] < c or image.shape[1] < c * STAMP_CELLS:
@@ -80,12 +91,14 @@ class Pattern:
     plane. No per-frame colour conversion.
     """
 
-    def __init__(self, cv2, fmt: str, width: int, height: int):
+    def __init__(self, cv2: Any, fmt: str, width: int, height: int) -> None:
         if width < MIN_WIDTH or height < MIN_HEIGHT:
             raise ValueError(
                 f"the synthetic pattern needs at least {MIN_WIDTH}x{MIN_HEIGHT} pixels, got {width}x{height}"
             )
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
+        self.info = format_info(fmt)
+        self.level = 255 * full_scale(self.info)  # white
         self.cell = cell_size(width)
         self.text_top = self.cell + 2
         self.font_scale, self.text_h = self._fit_text()
@@ -110,28 +123,28 @@ class Pattern:
         fade = np.linspace(1.0, 0.25, h, dtype=np.float32)[:, None, None]
         bgr = (bar.astype(np.float32) * fade).astype(np.uint8)
         bgr[: self.band] = 16  # the header band: stamp and text on dark grey, neutral chroma
-        if self.fmt in ("nv12", "i420"):
-            yuv = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420)
+        code = getattr(cv2, f"COLOR_{self.info.cv_from_bgr}") if self.info.cv_from_bgr else None
+        if self.info.yuv420:
+            yuv = cv2.cvtColor(bgr, code)  # I420 planes
             cw, ch = w, h // 2  # chroma planes of the double-width image are (h/2, w)
             flat = yuv.reshape(-1)
             u = flat[ww * h : ww * h + cw * ch].reshape(ch, cw)
             v = flat[ww * h + cw * ch :].reshape(ch, cw)
             return yuv[:h], u, v
-        if self.fmt == "bgr8":
+        if code is None:
             return (bgr,)
-        if self.fmt == "rgb8":
-            return (bgr[..., ::-1].copy(),)
-        gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY)
-        return (gray if self.fmt == "gray8" else gray.astype(np.uint16) * 257,)
+        image = cv2.cvtColor(bgr, code)
+        return (image.astype(compact_dtype(self.fmt)) * full_scale(self.info),)
 
-    def render(self, buf, frame_id: int, wall_time: float = None):
+    def render(self, buf: "VisionBuf", frame_id: int, wall_time: Optional[float] = None) -> None:
         w = self.width
         off = (frame_id * SCROLL_PX) % w
-        if self.fmt in ("nv12", "i420"):
+        white: Union[int, Tuple[int, int, int]]
+        if self.info.yuv420:
             y, u, v = self._bg
             np.copyto(buf.y, y[:, off : off + w])
             c0, cw = off // 2, w // 2
-            if self.fmt == "nv12":
+            if self.info.planes == 2:
                 uv = buf.uv
                 np.copyto(uv[..., 0], u[:, c0 : c0 + cw])
                 np.copyto(uv[..., 1], v[:, c0 : c0 + cw])
@@ -142,16 +155,16 @@ class Pattern:
         else:
             np.copyto(buf.array, self._bg[0][:, off : off + w])
             plane = buf.array
-            white = 65535 if self.fmt == "raw16" else (255, 255, 255) if plane.ndim == 3 else 255
+            white = (self.level,) * 3 if plane.ndim == 3 else self.level
         self._overlay(plane, frame_id, time.time() if wall_time is None else wall_time, white)
 
-    def _overlay(self, plane, frame_id, wall_time, white):
+    def _overlay(self, plane, frame_id, wall_time, white) -> None:
         cv2, c = self.cv2, self.cell
         text = (
             f"#{frame_id:08d} {time.strftime('%H:%M:%S', time.localtime(wall_time))}.{int(wall_time * 1000) % 1000:03d}"
         )
         target = plane
-        if self.fmt == "raw16":  # OpenCV draws text on 8-bit images only: draw the band in 8 bits
+        if self.info.sample_bytes > 1:  # OpenCV draws text on 8-bit images only: draw the band in 8 bits
             target, white = np.full((self.band, self.width), 16, np.uint8), 255
         out = cv2.putText(
             target,
@@ -164,10 +177,10 @@ class Pattern:
             cv2.LINE_AA,
         )
         if out is not target or target is not plane:  # drawn on a copy or on the 8-bit band: bring it in
-            np.multiply(out, 257 if self.fmt == "raw16" else 1, out=plane[: out.shape[0]], dtype=plane.dtype)
+            np.multiply(out, full_scale(self.info), out=plane[: out.shape[0]], dtype=plane.dtype)
         bits = stamp_bits(frame_id)
         cells = plane[:c, : c * STAMP_CELLS]
-        level = 65535 if self.fmt == "raw16" else 255
+        level = self.level
         pixels = np.repeat(bits.astype(np.uint32) * level, c).astype(plane.dtype)
         if cells.ndim == 3:
             cells[:] = pixels[None, :, None]

@@ -9,29 +9,45 @@ a device paces itself (``read`` blocks until the camera delivers a frame).
 import glob
 import os
 import time
+from typing import Any, Optional, Protocol, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.camera.pattern import Pattern
+from visionipc.frame import VisionBuf
 from visionipc.pixels import BgrWriter, resize_into
+
+Stamps = Tuple[int, int]  # (timestamp_sof, timestamp_eof), CLOCK_MONOTONIC ns
+
+
+class FrameSource(Protocol):
+    """What the daemon's stream runner uses of a source."""
+
+    paced: bool
+    description: str
+
+    def fill(self, buf: VisionBuf, frame_id: int, deadline_ns: int) -> Optional[Stamps]: ...
+
+    def close(self) -> None: ...
 
 
 class SyntheticSource:
     paced = True
 
-    def __init__(self, fmt, width, height):
+    def __init__(self, fmt: str, width: int, height: int) -> None:
         try:
             self.pattern = Pattern(need("cv2", "cv"), fmt, width, height)
         except ValueError as e:
             raise UsageError(str(e)) from None
         self.description = "synthetic test pattern"
 
-    def fill(self, buf, frame_id, deadline_ns):
+    def fill(self, buf: VisionBuf, frame_id: int, deadline_ns: int) -> Optional[Stamps]:
         self.pattern.render(buf, frame_id)
         return deadline_ns, time.monotonic_ns()
 
-    def close(self):
+    def close(self) -> None:
         pass
 
 
@@ -39,22 +55,22 @@ class _CaptureSource:
     """Frames from an OpenCV VideoCapture (file or device), resized to the stream's
     size and converted into its format."""
 
-    def __init__(self, cap, fmt, width, height):
+    def __init__(self, cap: Any, fmt: str, width: int, height: int) -> None:
         self.cv2 = need("cv2", "cv")
         self.cap = cap
         self.width, self.height = width, height
         self.writer = BgrWriter(fmt, width, height)
-        self._frame = None  # the decoder's output, reused
+        self._frame: Optional[npt.NDArray[np.uint8]] = None  # the decoder's output, reused
         self._resized = np.empty((height, width, 3), np.uint8)
 
-    def _grab(self):
+    def _grab(self) -> Optional[npt.NDArray[np.uint8]]:
         ok, frame = self.cap.read(self._frame)
         if not ok:
             return None
         self._frame = frame
         return frame
 
-    def fill(self, buf, frame_id, deadline_ns):
+    def fill(self, buf: VisionBuf, frame_id: int, deadline_ns: int) -> Optional[Stamps]:
         sof = time.monotonic_ns()
         frame = self._grab()
         if frame is None:
@@ -64,14 +80,14 @@ class _CaptureSource:
         self.writer.write(resize_into(self.cv2, frame, self.width, self.height, self._resized), buf)
         return sof, time.monotonic_ns()
 
-    def close(self):
+    def close(self) -> None:
         self.cap.release()
 
 
 class VideoFileSource(_CaptureSource):
     paced = True
 
-    def __init__(self, path, fmt, width, height, loop=False):
+    def __init__(self, path: str, fmt: str, width: int, height: int, loop: bool = False) -> None:
         cv2 = need("cv2", "cv")
         cap = cv2.VideoCapture(path)
         if not cap.isOpened():
@@ -81,7 +97,7 @@ class VideoFileSource(_CaptureSource):
         self.file_fps = cap.get(cv2.CAP_PROP_FPS) or 0.0
         self.description = f"video file {path}" + (" (looped)" if loop else "")
 
-    def _grab(self):
+    def _grab(self) -> Optional[npt.NDArray[np.uint8]]:
         frame = super()._grab()
         if frame is None and self.loop:
             self.cap.set(self.cv2.CAP_PROP_POS_FRAMES, 0)
@@ -92,7 +108,7 @@ class VideoFileSource(_CaptureSource):
 class DeviceSource(_CaptureSource):
     paced = False
 
-    def __init__(self, device, fmt, width, height, fps):
+    def __init__(self, device: str, fmt: str, width: int, height: int, fps: float) -> None:
         cv2 = need("cv2", "cv")
         if not os.path.exists(device):
             found = sorted(glob.glob("/dev/video*"))
@@ -107,7 +123,7 @@ class DeviceSource(_CaptureSource):
         self.description = f"camera {device}"
 
 
-def open_source(spec: str, fmt: str, width: int, height: int, fps: float, loop: bool = False):
+def open_source(spec: str, fmt: str, width: int, height: int, fps: float, loop: bool = False) -> FrameSource:
     """``synthetic``, ``/dev/videoN`` (or just ``N``), or a path to a video file."""
     if spec == "synthetic":
         return SyntheticSource(fmt, width, height)

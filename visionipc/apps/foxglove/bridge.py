@@ -25,9 +25,15 @@ import sys
 import threading
 import time
 import urllib.parse
+from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.web import flags as web_flags
+
+if TYPE_CHECKING:
+    from visionipc import VisionIpcClient
+    from visionipc.apps.foxglove.hub import Hub
+    from visionipc.apps.web.peerlog import PeerLog
 
 PROG = "vipc-foxglove"
 logger = logging.getLogger(PROG)
@@ -49,7 +55,7 @@ reading holds one frame, and is closed after --client-timeout (30 s).
 """
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Serve VisionIPC streams and msgq topics over the Foxglove WebSocket protocol.",
@@ -81,7 +87,9 @@ class StreamPump(threading.Thread):
     channel. Invariant: only this thread touches the client and the encoder; ``sent`` is
     written here only."""
 
-    def __init__(self, client, encoding, quality, hub, stop):
+    def __init__(
+        self, client: "VisionIpcClient", encoding: str, quality: int, hub: "Hub", stop: threading.Event
+    ) -> None:
         super().__init__(daemon=True)
         import foxglove.messages as messages
 
@@ -98,10 +106,12 @@ class StreamPump(threading.Thread):
             schema.data,
         )
         self.keyframe = self.channel.keyframe_wanted  # set: the next frame is a keyframe
-        self.encoder = self.storage = None
-        self.sent, self.error = 0, None
+        self.encoder: Any = None  # PyAV's codec context, made for the first frame
+        self.storage: Any = None  # its codecs.AvStorage
+        self.sent = 0
+        self.error: Optional[BaseException] = None
 
-    def run(self):
+    def run(self) -> None:
         from visionipc.apps.record.mcap_io import wall_ns
 
         try:
@@ -164,7 +174,7 @@ class StreamPump(threading.Thread):
 class TopicPump(threading.Thread):
     """One msgq topic's messages, as raw bytes, to its channel."""
 
-    def __init__(self, topic, hub, stop):
+    def __init__(self, topic: str, hub: "Hub", stop: threading.Event) -> None:
         super().__init__(daemon=True)
         import msgq
 
@@ -177,9 +187,10 @@ class TopicPump(threading.Thread):
             self.channel = hub.add_channel(
                 f"/{topic}", "raw", schema.message_encoding, schema.name, schema.encoding, schema.data
             )
-        self.sent, self.error = 0, None
+        self.sent = 0
+        self.error: Optional[BaseException] = None
 
-    def run(self):
+    def run(self) -> None:
         try:
             while not self.stop.is_set():
                 data = self.sock.receive()
@@ -193,7 +204,7 @@ class TopicPump(threading.Thread):
             self.sock.close()
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     if not 1 <= args.quality <= 100:
         raise UsageError(f"--quality must be in 1..100, got {args.quality}")
     if not 0 <= args.port <= 65535:
@@ -215,7 +226,8 @@ def run(args) -> int:
 
     stopper = Stopper()
     stop = stopper.event
-    pumps, clients = [], []
+    pumps: List[Union[TopicPump, StreamPump]] = []
+    clients: List["VisionIpcClient"] = []
     log = PeerLog(PROG)
     capture_library_logs(log)
     try:
@@ -237,7 +249,13 @@ def run(args) -> int:
         stopper.restore()
 
 
-async def _serve(args, hub, pumps, stop, log) -> int:
+async def _serve(
+    args: argparse.Namespace,
+    hub: "Hub",
+    pumps: Sequence[Union[TopicPump, StreamPump]],
+    stop: threading.Event,
+    log: "PeerLog",
+) -> int:
     """Serve until ``stop`` (a signal, a failed pump) or --duration; pumps start once it listens."""
     from visionipc.apps.web.listener import Guard, start_site
 
@@ -275,7 +293,7 @@ async def _serve(args, hub, pumps, stop, log) -> int:
         await runner.cleanup()
 
 
-def _shut_down(stop, pumps, clients):
+def _shut_down(stop: threading.Event, pumps: Sequence[threading.Thread], clients: Sequence["VisionIpcClient"]) -> None:
     """Pumps first (they use the clients), then the clients."""
     stop.set()
     for p in (p for p in pumps if p.is_alive()):
@@ -284,7 +302,7 @@ def _shut_down(stop, pumps, clients):
         c.close()
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return run_command(PROG, build_parser(), run, argv, config=True)
 
 

@@ -33,9 +33,14 @@ import json
 import struct
 import threading
 import time
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, Deque, Dict, Iterable, List, NamedTuple, Optional, Set, TypedDict
 
 from aiohttp import WSMsgType, web
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Middleware
+
+    from visionipc.apps.web.peerlog import PeerLog
 
 SUBPROTOCOLS = ("foxglove.sdk.v1", "foxglove.websocket.v1")
 MESSAGE_DATA = struct.Struct("<BIQ")  # opcode 1, subscription id, log time ns
@@ -56,19 +61,54 @@ class Message(NamedTuple):
     keyframe: bool
 
 
+class ChannelAdvert(TypedDict):
+    """A channel as ``advertise`` lists it."""
+
+    id: int
+    topic: str
+    encoding: str
+    schemaName: str
+    schemaEncoding: str
+    schema: str
+
+
+class SubscriptionReport(TypedDict):
+    topic: str
+    sent: int
+    dropped: int
+    queued: int
+
+
+class ClientReport(TypedDict):
+    """A client as ``/stats`` shows it."""
+
+    peer: str
+    in_flight: int
+    subscriptions: List[SubscriptionReport]
+
+
 class Channel:
     """One advertised channel; ``kind``: image (newest only), video (H.264: keyframes
     matter) or raw (msgq topic: a small queue)."""
 
-    def __init__(self, channel_id, topic, kind, encoding, schema_name, schema_encoding="", schema=b""):
+    def __init__(
+        self,
+        channel_id: int,
+        topic: str,
+        kind: str,
+        encoding: str,
+        schema_name: str,
+        schema_encoding: str = "",
+        schema: bytes = b"",
+    ) -> None:
         self.id, self.topic, self.kind = channel_id, topic, kind
         self.encoding, self.schema_name, self.schema_encoding = encoding, schema_name, schema_encoding
         binary = schema_encoding in ("protobuf", "flatbuffer")  # the protocol carries these base64
         self.schema = base64.b64encode(schema).decode() if binary else schema.decode(errors="replace")
-        self.subscribers = set()
+        self.subscribers: Set[Subscription] = set()
         self.keyframe_wanted = threading.Event()  # video: set here, cleared by the pump that encodes one
 
-    def advert(self) -> dict:
+    def advert(self) -> ChannelAdvert:
         return {
             "id": self.id,
             "topic": self.topic,
@@ -80,23 +120,25 @@ class Channel:
 
 
 class Subscription:
-    def __init__(self, sub_id, channel, client):
+    def __init__(self, sub_id: int, channel: Channel, client: "Client") -> None:
         self.id, self.channel, self.client = sub_id, channel, client
-        self.queue = collections.deque()
+        self.queue: Deque[Message] = collections.deque()
         self.bytes = 0
         self.sent = self.dropped = 0
         self.need_keyframe = channel.kind == "video"
 
-    def report(self) -> dict:
+    def report(self) -> SubscriptionReport:
         return {"topic": self.channel.topic, "sent": self.sent, "dropped": self.dropped, "queued": len(self.queue)}
 
 
 class Client:
     """One WebSocket connection: its subscriptions, their queues, its sender task."""
 
-    def __init__(self, hub, ws, peer, transport):
+    def __init__(
+        self, hub: "Hub", ws: web.WebSocketResponse, peer: str, transport: Optional[asyncio.Transport]
+    ) -> None:
         self.hub, self.ws, self.peer, self.transport = hub, ws, peer, transport
-        self.subs = {}  # subscription id -> Subscription
+        self.subs: Dict[int, Subscription] = {}  # subscription id -> Subscription
         self.wake = asyncio.Event()
         self.pings = self.acked = 0
         self.waiting_since = time.monotonic()  # of the oldest message not yet acknowledged
@@ -106,7 +148,7 @@ class Client:
 
     # -- queues (event loop) --------------------------------------------------------
 
-    def offer(self, sub, msg):
+    def offer(self, sub: Subscription, msg: Message) -> None:
         """Queue ``msg`` for ``sub``, dropping (and counting) what it makes stale."""
         kind, queue = sub.channel.kind, sub.queue
         if kind == "image":
@@ -132,12 +174,12 @@ class Client:
             sub.dropped += 1
         self.wake.set()
 
-    def _next(self):
+    def _next(self) -> Optional[Subscription]:
         """The subscription whose oldest queued message came first, or None."""
         ready = [s for s in self.subs.values() if s.queue]
         return min(ready, key=lambda s: s.queue[0].order) if ready else None
 
-    async def send_loop(self):
+    async def send_loop(self) -> None:
         while not self.closed:
             try:
                 await asyncio.wait_for(self.wake.wait(), 1.0)
@@ -164,24 +206,24 @@ class Client:
                     return
                 sub.sent += 1
 
-    def acknowledge(self, data: bytes):
+    def acknowledge(self, data: bytes) -> None:
         if len(data) == PING.size:
             (n,) = PING.unpack(data)
             if self.acked < n <= self.pings:
                 self.acked, self.waiting_since = n, time.monotonic()
                 self.wake.set()
 
-    def abort(self):
+    def abort(self) -> None:
         self.closed = True
         if self.transport is not None:
             self.transport.abort()
 
     # -- what the client says (event loop) ------------------------------------------
 
-    async def status(self, message: str):
+    async def status(self, message: str) -> None:
         await self.ws.send_str(json.dumps({"op": "status", "level": ERROR, "message": message}))
 
-    async def bad_message(self, why: str):
+    async def bad_message(self, why: str) -> None:
         self.bad += 1
         if self.bad == 1:
             self.hub.log.say(f"client {self.peer}: {why} (answered with a status; later ones only counted)")
@@ -191,7 +233,7 @@ class Client:
             return
         await self.status(why[:300])
 
-    async def on_text(self, text: str):
+    async def on_text(self, text: str) -> None:
         try:
             msg = json.loads(text)
         except ValueError:
@@ -203,12 +245,13 @@ class Client:
             return await self.unsubscribe(msg.get("subscriptionIds"))
         return await self.bad_message(f"unsupported op {str(op)[:40]!r} (this server only streams channels)")
 
-    async def subscribe(self, items):
+    async def subscribe(self, items: object) -> None:
         if not isinstance(items, list):
             return await self.bad_message("subscribe wants a list 'subscriptions' of {id, channelId}")
         for item in items:
             sub_id = item.get("id") if isinstance(item, dict) else None
-            channel = self.hub.channels.get(item.get("channelId")) if isinstance(item, dict) else None
+            # any JSON value: one that is not a channel's id finds none
+            channel = self.hub.channels.get(item.get("channelId")) if isinstance(item, dict) else None  # type: ignore[arg-type]
             if not isinstance(sub_id, int) or not 0 <= sub_id < 2**32:
                 await self.bad_message(f"subscription id {str(sub_id)[:20]!r} is not a uint32")
             elif channel is None:
@@ -224,7 +267,7 @@ class Client:
                 if channel.kind == "video":  # it decodes from a keyframe: ask for one now
                     channel.keyframe_wanted.set()
 
-    async def unsubscribe(self, ids):
+    async def unsubscribe(self, ids: object) -> None:
         if not isinstance(ids, list):
             return await self.bad_message("unsubscribe wants a list 'subscriptionIds'")
         for sub_id in ids:
@@ -234,12 +277,12 @@ class Client:
             else:
                 sub.channel.subscribers.discard(sub)
 
-    def leave(self):
+    def leave(self) -> None:
         self.closed = True
         for sub in self.subs.values():
             sub.channel.subscribers.discard(sub)
 
-    def report(self) -> dict:
+    def report(self) -> ClientReport:
         return {
             "peer": self.peer,
             "in_flight": self.pings - self.acked,
@@ -250,29 +293,33 @@ class Client:
 class Hub:
     """The channels, the connected clients, and the aiohttp handlers."""
 
-    def __init__(self, prog, log, client_timeout=ACK_TIMEOUT_S):
+    def __init__(self, prog: str, log: "PeerLog", client_timeout: float = ACK_TIMEOUT_S) -> None:
         self.prog, self.log, self.client_timeout = prog, log, client_timeout
-        self.channels = {}
-        self.clients = set()
-        self.loop = None
+        self.channels: Dict[int, Channel] = {}
+        self.clients: Set[Client] = set()
+        self.loop: Optional[asyncio.AbstractEventLoop] = None  # set once the server runs
         self.order = 0
         self.dropped_by_gone = 0  # dropped counts of clients that left
         self.session = str(time.time_ns())
 
-    def add_channel(self, topic, kind, encoding, schema_name, schema_encoding="", schema=b"") -> Channel:
+    def add_channel(
+        self, topic: str, kind: str, encoding: str, schema_name: str, schema_encoding: str = "", schema: bytes = b""
+    ) -> Channel:
         channel = Channel(len(self.channels) + 1, topic, kind, encoding, schema_name, schema_encoding, schema)
         self.channels[channel.id] = channel
         return channel
 
     # -- from pump threads ------------------------------------------------------------
 
-    def publish(self, channel, log_time: int, payload: bytes, keyframe: bool = True):
+    def publish(self, channel: Channel, log_time: int, payload: bytes, keyframe: bool = True) -> None:
+        loop = self.loop
+        assert loop is not None, "publish() before the server started"
         try:
-            self.loop.call_soon_threadsafe(self._publish, channel, log_time, payload, keyframe)
+            loop.call_soon_threadsafe(self._publish, channel, log_time, payload, keyframe)
         except RuntimeError:  # the loop is closing
             pass
 
-    def _publish(self, channel, log_time, payload, keyframe):
+    def _publish(self, channel: Channel, log_time: int, payload: bytes, keyframe: bool) -> None:
         self.order += 1
         msg = Message(self.order, log_time, payload, keyframe)
         for sub in list(channel.subscribers):
@@ -280,23 +327,27 @@ class Hub:
 
     # -- handlers ---------------------------------------------------------------------
 
-    def app(self, middlewares) -> web.Application:
+    def app(self, middlewares: Iterable["Middleware"]) -> web.Application:
         app = web.Application(middlewares=middlewares)
         app.add_routes([web.get("/", self.connect), web.get("/stats", self.stats)])
         app.on_startup.append(self._started)
         return app
 
-    async def _started(self, app):
+    async def _started(self, app: web.Application) -> None:
         self.loop = asyncio.get_running_loop()
 
-    async def stats(self, request):
+    async def stats(self, request: web.Request) -> web.Response:
         clients = [c.report() for c in self.clients]
         dropped = self.dropped_by_gone + sum(s["dropped"] for c in clients for s in c["subscriptions"])
-        body = {"channels": [c.topic for c in self.channels.values()], "clients": clients, "dropped": dropped}
+        body: Dict[str, Any] = {
+            "channels": [c.topic for c in self.channels.values()],
+            "clients": clients,
+            "dropped": dropped,
+        }
         body.update(request.app.get("extra_stats", dict)())
         return web.json_response(body)
 
-    async def connect(self, request):
+    async def connect(self, request: web.Request) -> web.WebSocketResponse:
         ws = web.WebSocketResponse(
             protocols=SUBPROTOCOLS, autoping=False, max_msg_size=MAX_CLIENT_MESSAGE, compress=False
         )
