@@ -1,5 +1,7 @@
 """Summary tables, ratios against the peers and the issue-4 targets (MET / NOT MET)."""
 
+from typing import Any, List, Tuple
+
 from visionipc.bench.stats import fmt, fmt_rate, format_table, latency_stats, median, ratio
 from visionipc.bench.transports import HANDOFF
 
@@ -266,7 +268,7 @@ FLAT_COLUMNS = [
 ]
 
 # the two tables: the summary's rows, the heading, the columns and the notes below the table
-TABLES = (
+TABLES: Tuple[Tuple[str, str, List[Any], List[str]], ...] = (
     (
         "paced",
         "Paced (the clients sleep between frames): handoff latency send -> client holds the numpy view, "

@@ -16,6 +16,7 @@ import glob
 import json
 import os
 import statistics
+from typing import Dict, List, Optional, Tuple
 
 
 def event_log_conf(folder: str) -> dict:
@@ -71,7 +72,9 @@ def jvm_pid(spark):
 def job_summaries(folder: str, slots: int) -> list:
     """One dict per job in the event log(s) under ``folder``, in submission order; times in s,
     ``submitted_at`` as epoch seconds."""
-    jobs, stage_of_job, tasks = {}, {}, {}
+    jobs: Dict[int, Dict[str, int]] = {}
+    stage_of_job: Dict[int, int] = {}
+    tasks: Dict[Optional[int], List[Tuple[int, int]]] = {}  # job id (None: unknown stage) -> (launch, finish) ms
     for path in sorted(glob.glob(os.path.join(folder, "*"))):
         if not os.path.isfile(path) or os.path.basename(path).startswith("."):
             continue

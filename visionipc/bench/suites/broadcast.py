@@ -37,6 +37,7 @@ import struct
 import sys
 import time
 from multiprocessing import shared_memory
+from typing import Any, Dict, List
 
 import msgq
 from msgq.testing import isolated_prefix
@@ -245,10 +246,10 @@ def main(argv=None) -> int:
     print(
         f"# {args.readers} readers, {args.size} B payload objects, {os.cpu_count()} CPUs, load average {read_loadavg()}"
     )
-    rates = {k: [] for k in KINDS}
-    cpus = {k: [] for k in KINDS}
-    lats = {k: [] for k in KINDS}
-    idles = {k: [] for k in KINDS}
+    rates: Dict[str, List[float]] = {k: [] for k in KINDS}
+    cpus: Dict[str, List[float]] = {k: [] for k in KINDS}
+    lats: Dict[str, List[Dict[str, Any]]] = {k: [] for k in KINDS}  # latency stats per round
+    idles: Dict[str, List[float]] = {k: [] for k in KINDS}
     with isolated_prefix():
         for _ in range(args.rounds):
             for kind in KINDS:

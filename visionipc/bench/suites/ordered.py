@@ -25,6 +25,7 @@ import multiprocessing
 import os
 import sys
 import time
+from typing import Any, Dict, List
 
 import msgq
 from msgq.testing import isolated_prefix, unique_name
@@ -108,8 +109,8 @@ def main(argv=None) -> int:
     if args.quick:
         args.work_messages, args.publish_messages, args.rounds = 1000, 5000, 1
     print(f"# ordered topic, {os.cpu_count()} CPUs, load average {read_loadavg()}")
-    results = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
-    cpus = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
+    results: Dict[str, Dict[int, List[float]]] = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
+    cpus: Dict[str, Dict[int, List[float]]] = {mode: {p: [] for p in args.producers} for mode in ("work", "publish")}
     with isolated_prefix():
         for _ in range(args.rounds):
             for p in args.producers:
@@ -123,7 +124,8 @@ def main(argv=None) -> int:
                         return 1
                     results[mode][p].append(r["rate"])
                     cpus[mode][p].append(r["cpu_us"])
-    summary, rows = {}, []
+    summary: Dict[str, Any] = {}
+    rows: List[Any] = []
     for mode in ("work", "publish"):
         base = median(results[mode][args.producers[0]])
         base_cpu = median(cpus[mode][args.producers[0]])
