@@ -2,11 +2,13 @@
 
     python tools/typing_coverage.py [PACKAGE_DIR ...]   (default: msgq visionipc)
     python tools/typing_coverage.py --missing [PACKAGE_DIR ...]
+    python tools/typing_coverage.py --missing-apps [PACKAGE_DIR ...]
 
 Public: a function or method whose name and enclosing classes have no leading underscore
 (dunder methods count), defined at module or class level, in any module of the package.
 Each package is counted whole and as its library (without the command-line tools under apps/ and bench/).
-``--missing`` lists the library's public functions that are not fully annotated (exit status 1 if any).
+``--missing`` lists the library's public functions that are not fully annotated (exit status 1 if any);
+``--missing-apps`` the same for the library and its command-line tools under apps/ (not bench/).
 """
 
 import ast
@@ -42,9 +44,11 @@ def _params_annotated(func: ast.FunctionDef, is_method: bool) -> bool:
     return all(p.annotation is not None for p in params)
 
 
-def _modules(package: Path, library_only: bool) -> Iterator[Path]:
+def _modules(package: Path, library_only: bool, keep: Tuple[str, ...] = ()) -> Iterator[Path]:
+    """The package's modules; ``library_only``: without APPS, except the folders in ``keep``."""
     for path in sorted(package.rglob("*.py")):
-        if not (library_only and path.relative_to(package).parts[0] in APPS):
+        top = path.relative_to(package).parts[0]
+        if not (library_only and top in APPS and top not in keep):
             yield path
 
 
@@ -59,10 +63,11 @@ def coverage(package: Path, library_only: bool = False) -> Tuple[int, int, int]:
     return total, returns, full
 
 
-def missing(package: Path) -> List[str]:
-    """``path:line: name`` of each public library function not fully annotated."""
+def missing(package: Path, apps: bool = False) -> List[str]:
+    """``path:line: name`` of each public library function (``apps``: and command-line tool's) not
+    fully annotated."""
     found = []
-    for path in _modules(package, library_only=True):
+    for path in _modules(package, library_only=True, keep=("apps",) if apps else ()):
         for func, is_method in _functions(ast.parse(path.read_text(), str(path))):
             if func.returns is None or not _params_annotated(func, is_method):
                 found.append(f"{path.relative_to(ROOT)}:{func.lineno}: {func.name}")
@@ -70,8 +75,9 @@ def missing(package: Path) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    if argv[:1] == ["--missing"]:
-        found = [line for name in argv[1:] or ["msgq", "visionipc"] for line in missing(ROOT / name)]
+    if argv[:1] in (["--missing"], ["--missing-apps"]):
+        apps = argv[0] == "--missing-apps"
+        found = [line for name in argv[1:] or ["msgq", "visionipc"] for line in missing(ROOT / name, apps)]
         print("\n".join(found))
         return 1 if found else 0
     for name in argv or ["msgq", "visionipc"]:
