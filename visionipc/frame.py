@@ -102,11 +102,11 @@ def plane(g: Geometry, which: str) -> tuple[int, tuple[int, ...], tuple[int, ...
     if which == "Y":
         return 0, (g.height, g.width), (g.stride, 1)
     if which == "UV":
-        if g.format == "i420":
-            raise InvalidArgumentError("i420 frames have separate .u and .v planes")
+        if g.info.planes != 2:
+            raise InvalidArgumentError(f"{g.format} frames have separate .u and .v planes")
         return g.uv_offset, (g.height // 2, g.width // 2, 2), (g.stride, 2, 1)
-    if g.format != "i420":
-        raise InvalidArgumentError(f"only i420 frames have a separate {which} plane")
+    if g.info.planes != 3:
+        raise InvalidArgumentError(f"{g.format} frames have no separate {which} plane (interleaved .uv)")
     cs, ch = g.stride // 2, g.height // 2
     return g.uv_offset + (cs * ch if which == "V" else 0), (ch, g.width // 2), (cs, 1)
 
@@ -272,24 +272,12 @@ class VisionBuf(_visionipc.Frame):
     def to_bgr(self) -> np.ndarray:
         """A new (h, w, 3) BGR image, converted by OpenCV (``pip install visionipc[cv]``)."""
         try:
-            import cv2
+            import cv2  # noqa: F401
         except ImportError as e:  # optional dependency
             raise ImportError("VisionBuf.to_bgr() needs OpenCV: pip install 'visionipc[cv]'") from e
-        fmt, w = self.format, self.width
-        if fmt in ("nv12", "custom"):
-            packed = np.vstack([self.y, self.uv.reshape(self.height // 2, w)])
-            return cv2.cvtColor(packed, cv2.COLOR_YUV2BGR_NV12)
-        if fmt == "i420":
-            packed = np.concatenate([self.y.ravel(), self.u.ravel(), self.v.ravel()]).reshape(self.height * 3 // 2, w)
-            return cv2.cvtColor(packed, cv2.COLOR_YUV2BGR_I420)
-        if fmt == "rgb8":
-            return cv2.cvtColor(self.array, cv2.COLOR_RGB2BGR)
-        if fmt == "bgr8":
-            return self.array.copy()
-        if fmt == "gray8":
-            return cv2.cvtColor(self.array, cv2.COLOR_GRAY2BGR)
-        gray = (self.array >> 8).astype(np.uint8)  # raw16: the high byte, as a preview
-        return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
+        from visionipc.pixels import pack, to_bgr  # the format table's conversions
+
+        return to_bgr(pack(self), self.format)  # a new image either way (pack copies)
 
     # GPU (visionipc.cuda) and DLPack
     def to_device(self, out: Any = None, stream: Any = None) -> DeviceFrame:

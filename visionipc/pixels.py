@@ -15,12 +15,12 @@ into a strided view directly it returns a new array, which is then copied in.
 """
 
 import types
-from typing import TYPE_CHECKING, Optional, Tuple
+from typing import TYPE_CHECKING, Optional
 
 import numpy as np
 
 from msgq.errors import InvalidArgumentError
-from visionipc.formats import format_info
+from visionipc.formats import PixelFormat, format_info
 from visionipc.optional import need
 
 if TYPE_CHECKING:
@@ -49,13 +49,19 @@ def _into(result: np.ndarray, dst: np.ndarray) -> None:
         np.copyto(dst, result)
 
 
-def _chroma_planes(fmt: str, compact: np.ndarray, width: int, height: int) -> Tuple[np.ndarray, np.ndarray]:
-    """I420 compact image -> (U, V) planes ``(h/2, w/2)`` as views."""
-    cw, ch = width // 2, height // 2
+def _compact_planes(planes: int, compact: np.ndarray, width: int, height: int) -> list:
+    """Views of a YUV compact image's ``planes`` (2 or 3), shaped as a buffer's (``_buffer_planes``)."""
+    if planes == 2:  # Y rows, then interleaved UV rows
+        return [compact[:height], compact[height:].reshape(height // 2, width // 2, 2)]
+    cw, ch = width // 2, height // 2  # Y, then U, then V
     flat = compact.reshape(-1)
     u = flat[width * height : width * height + cw * ch].reshape(ch, cw)
     v = flat[width * height + cw * ch : width * height + 2 * cw * ch].reshape(ch, cw)
-    return u, v
+    return [compact[:height], u, v]
+
+
+def _buffer_planes(planes: int, buf: "VisionBuf") -> list:
+    return [buf.y, buf.uv] if planes == 2 else [buf.y, buf.u, buf.v]
 
 
 def unpack(compact: np.ndarray, buf: "VisionBuf") -> None:
@@ -63,15 +69,12 @@ def unpack(compact: np.ndarray, buf: "VisionBuf") -> None:
     fmt, w, h = buf.format, buf.width, buf.height
     if compact.shape != compact_shape(fmt, w, h):
         raise InvalidArgumentError(f"image of shape {compact.shape} does not fit a {w}x{h} {fmt} frame")
-    if fmt == "nv12":
-        np.copyto(buf.array[:, :w], compact)
-    elif fmt == "i420":
-        np.copyto(buf.y, compact[:h])
-        u, v = _chroma_planes(fmt, compact, w, h)
-        np.copyto(buf.u, u)
-        np.copyto(buf.v, v)
-    else:
+    info = format_info(fmt)
+    if not info.yuv420:
         np.copyto(buf.array, compact.view(buf.array.dtype))
+        return
+    for dst, src in zip(_buffer_planes(info.planes, buf), _compact_planes(info.planes, compact, w, h)):
+        np.copyto(dst, src)
 
 
 def pack(buf: "VisionBuf", out: Optional[np.ndarray] = None) -> np.ndarray:
@@ -79,52 +82,69 @@ def pack(buf: "VisionBuf", out: Optional[np.ndarray] = None) -> np.ndarray:
     fmt, w, h = buf.format, buf.width, buf.height
     if out is None:
         out = np.empty(compact_shape(fmt, w, h), compact_dtype(fmt))
-    if fmt == "nv12":
-        np.copyto(out, buf.array[:, :w])
-    elif fmt == "i420":
-        np.copyto(out[:h], buf.y)
-        u, v = _chroma_planes(fmt, out, w, h)
-        np.copyto(u, buf.u)
-        np.copyto(v, buf.v)
-    else:
+    info = format_info(fmt)
+    if not info.yuv420:
         np.copyto(out, buf.array)
+        return out
+    for dst, src in zip(_compact_planes(info.planes, out, w, h), _buffer_planes(info.planes, buf)):
+        np.copyto(dst, src)
     return out
+
+
+def to_8bit(image: np.ndarray, info: PixelFormat) -> np.ndarray:
+    """Deeper samples as 8-bit ones: their high byte (a preview)."""
+    return (image >> (8 * info.sample_bytes - 8)).astype(np.uint8) if info.sample_bytes > 1 else image
+
+
+def full_scale(info: PixelFormat) -> int:
+    """What 8-bit 0..255 is multiplied by to span the format's samples (257 for 16 bits)."""
+    return ((1 << 8 * info.sample_bytes) - 1) // 255
+
+
+def to_bgr(compact: np.ndarray, fmt: str) -> np.ndarray:
+    """A BGR picture ``(h, w, 3)`` of a compact image of ``fmt`` (the image itself when it is one)."""
+    info = format_info(fmt)
+    if not info.cv_to_bgr:
+        return compact
+    cv2 = _cv2()
+    return cv2.cvtColor(to_8bit(compact, info), getattr(cv2, f"COLOR_{info.cv_to_bgr}"))
 
 
 class BgrWriter:
     """Converts BGR images of one stream's size into its buffers; keeps the one
-    scratch image the YUV conversions need, so no per-frame allocation."""
+    scratch image the conversions need, so no per-frame allocation."""
 
     def __init__(self, fmt: str, width: int, height: int) -> None:
         self.cv2 = _cv2()
         self.fmt, self.width, self.height = fmt, width, height
-        self._yuv = np.empty((height * 3 // 2, width), np.uint8) if fmt in ("nv12", "i420") else None
-        self._gray = np.empty((height, width), np.uint8) if fmt == "raw16" else None
+        self.info = info = format_info(fmt)
+        self._code = getattr(self.cv2, f"COLOR_{info.cv_from_bgr}") if info.cv_from_bgr else None
+        self._yuv = np.empty((height * 3 // 2, width), np.uint8) if info.yuv420 else None  # I420 planes
+        self._gray = np.empty((height, width), np.uint8) if info.sample_bytes > 1 else None  # 8-bit first
 
     def write(self, bgr: np.ndarray, buf: "VisionBuf") -> None:
-        cv2, fmt = self.cv2, self.fmt
-        if fmt == "bgr8":
-            np.copyto(buf.array, bgr)
-        elif fmt == "rgb8":
-            _into(cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB, dst=buf.array), buf.array)
-        elif fmt == "gray8":
-            _into(cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY, dst=buf.array), buf.array)
-        elif fmt == "raw16":
-            gray = cv2.cvtColor(bgr, cv2.COLOR_BGR2GRAY, dst=self._gray)
-            np.multiply(gray, 257, out=buf.array, dtype=np.uint16)  # 0..255 -> 0..65535
-        else:
-            yuv = cv2.cvtColor(bgr, cv2.COLOR_BGR2YUV_I420, dst=self._yuv)
+        cv2, info = self.cv2, self.info
+        if info.yuv420:
+            yuv = cv2.cvtColor(bgr, self._code, dst=self._yuv)
             self._yuv = yuv
             self.write_i420(yuv, buf)
+        elif info.sample_bytes > 1:
+            gray = cv2.cvtColor(bgr, self._code, dst=self._gray)
+            np.multiply(gray, full_scale(info), out=buf.array, dtype=buf.array.dtype)  # 0..255 -> 0..65535
+        elif self._code is None:
+            np.copyto(buf.array, bgr)
+        else:
+            _into(cv2.cvtColor(bgr, self._code, dst=buf.array), buf.array)
 
     def write_i420(self, yuv: np.ndarray, buf: "VisionBuf") -> None:
-        """An I420 compact image into an NV12 or I420 buffer (interleaving U and V for NV12)."""
+        """An I420 compact image into a YUV buffer (interleaving U and V where it has 2 planes)."""
         w, h = self.width, self.height
-        if buf.format == "i420":
-            unpack(yuv, buf)
+        y, u, v = _compact_planes(3, yuv, w, h)  # OpenCV's BGR2YUV_I420
+        np.copyto(buf.y, y)
+        if self.info.planes == 3:
+            np.copyto(buf.u, u)
+            np.copyto(buf.v, v)
             return
-        np.copyto(buf.y, yuv[:h])
-        u, v = _chroma_planes("i420", yuv, w, h)
         uv = buf.uv
         np.copyto(uv[..., 0], u)
         np.copyto(uv[..., 1], v)
