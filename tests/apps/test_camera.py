@@ -188,6 +188,7 @@ def test_config_file_gives_each_stream_its_own_settings(tmp_path):
         (["--name", "x", "--stream", "s", "--fps", "0"], "fps must be"),
         (["--name", "x", "--stream", "s", "--format", "yuyv"], "unknown pixel format"),
         (["--name", "x", "--stream", "s", "--width", "101", "--height", "50"], "even width"),
+        (["--name", "x", "--stream", "s", "--width", "40000", "--height", "64"], "must be 1..32768 on each side"),
         (["--name", "x", "--stream", "s", "--width", "40", "--height", "30", "--format", "gray"], "at least"),
         (["--name", "x", "--stream", "s", "--delay-frames", "30"], "FRAME_ID:MILLISECONDS"),
         (["--name", "x", "--stream", "s", "--drop-frames", "a,b"], "not a frame id"),

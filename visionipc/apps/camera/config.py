@@ -26,8 +26,9 @@ import dataclasses
 import math
 from typing import Any, Dict, FrozenSet, Iterable, List, Mapping, Optional, Union
 
+from msgq.errors import InvalidArgumentError
 from visionipc.apps._cli import UsageError
-from visionipc.formats import FORMATS, normalize_format
+from visionipc.formats import FORMATS, layout, normalize_format
 
 DEFAULT_FPS = 20.0
 TOP_KEYS = {"name", "wake", "stream"}
@@ -62,8 +63,10 @@ class StreamConfig:
             self.format = normalize_format(self.format)
         except ValueError as e:
             raise UsageError(f"{where}: {e}") from None
-        if self.format in ("nv12", "i420") and (self.width % 2 or self.height % 2):
-            raise UsageError(f"{where}: {self.format} needs an even width and height, got {self.width}x{self.height}")
+        try:
+            layout(self.format, self.width, self.height)  # the core's rules: an even size for YUV 4:2:0...
+        except InvalidArgumentError as e:
+            raise UsageError(f"{where}: {e}, got {self.width}x{self.height}") from None
         self.drop_frames = parse_drop_frames(self.drop_frames)
         self.delay_frames = parse_delay_frames(self.delay_frames)
         return self
