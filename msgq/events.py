@@ -35,8 +35,6 @@ and later receives run normally: a consumer never hangs on a dead harness.
 """
 
 import contextlib
-import errno
-import fcntl
 import hashlib
 import math
 import mmap
@@ -44,14 +42,13 @@ import os
 import re
 import secrets
 import select
-import stat
 import struct
 import weakref
 from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
 
-from msgq import artifacts
+from msgq import _msgq, artifacts
 from msgq._shared import ClosesOnExit
-from msgq.errors import ClosedError, IpcError, IpcPermissionError, IpcTimeoutError, IpcTypeError, SegmentError
+from msgq.errors import ClosedError, IpcError, IpcTimeoutError, IpcTypeError, SegmentError
 from msgq.names import current_prefix, run_segment_prefix, segment_dir, validate_name
 
 __all__ = [
@@ -74,38 +71,20 @@ FAKE_PREFIX_ENV = "CEREAL_FAKE_PREFIX"
 #   12 generation (u32): bumped after every token change, under the attach lock
 #   16 token (48 bytes ASCII, NUL padded): names the owner's FIFOs; "" when none.
 #      Written and read only under the attach lock (byte 0), so never torn.
-# Locks are the shm segments' (cpp/msgq/layout.h), so remove_stale_segments() treats
-# these files like segments: byte 0 exclusive = attach/detach critical section, byte 1
-# shared = "someone uses this file"; the last one out (byte 1 exclusive) unlinks it.
+# The file is a ShmFile (cpp/common/shm_file.h, bound as _msgq.ShmFile): the C++ core
+# opens it (O_NOFOLLOW, owner checks), takes its locks (the attach lock guards the token)
+# and unlinks it when the last user leaves, as for the segments, so the stale sweep treats
+# these files like segments. Only the 64 bytes above are this module's.
 _MAGIC = b"MSGQFEV1"
 _STATE_SIZE = 64
 _OFF_ENABLED = 8
 _OFF_GENERATION = 12
 _OFF_TOKEN = 16
 _TOKEN_SIZE = 48
-_LOCK_INIT = 0
-_LOCK_PRESENCE = 1
-_MAX_FILE_NAME = 255
 
 _TOKEN = re.compile(r"([0-9]+)-[0-9a-f]{16}\Z")
-_FLOCK = struct.Struct("hhqqi4x")  # struct flock on 64-bit Linux; l_pid must be 0 for OFD locks
 _FIFO_KINDS = ("called", "ready")
 RECV_CALLED, RECV_READY = 0, 1
-
-
-def _ofd_lock(fd: int, byte: int, exclusive: bool, wait: bool = True) -> bool:
-    arg = _FLOCK.pack(fcntl.F_WRLCK if exclusive else fcntl.F_RDLCK, os.SEEK_SET, byte, 1, 0)
-    try:
-        fcntl.fcntl(fd, fcntl.F_OFD_SETLKW if wait else fcntl.F_OFD_SETLK, arg)
-        return True
-    except OSError as e:
-        if not wait and e.errno in (errno.EAGAIN, errno.EACCES):
-            return False
-        raise
-
-
-def _ofd_unlock(fd: int, byte: int) -> None:
-    fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _FLOCK.pack(fcntl.F_UNLCK, os.SEEK_SET, byte, 1, 0))
 
 
 def _text(value: Union[str, bytes, bytearray, None], what: str) -> str:
@@ -126,7 +105,7 @@ def _identifier(value: Union[str, bytes, None]) -> str:
 def _state_basename(prefix: str, identifier: str, endpoint: str) -> str:
     base = run_segment_prefix(prefix)
     name = f"{base}fake@{identifier}@{endpoint}"  # '@' is never part of a name: no collisions
-    if len(name.encode()) > _MAX_FILE_NAME:
+    if len(name.encode()) > _msgq.MAX_FILE_NAME_LENGTH:
         digest = hashlib.blake2b(f"{identifier}@{endpoint}".encode(), digest_size=16).hexdigest()
         name = f"{base}fake#{digest}"
     return name
@@ -134,24 +113,6 @@ def _state_basename(prefix: str, identifier: str, endpoint: str) -> str:
 
 def _fifo_basename(prefix: str, token: str, kind: str) -> str:
     return f"{run_segment_prefix(prefix)}fake~{token}.{kind}"
-
-
-def _check_ours(fd: int, path: str, want_fifo: bool) -> os.stat_result:
-    st = os.fstat(fd)
-    kind_ok = stat.S_ISFIFO(st.st_mode) if want_fifo else stat.S_ISREG(st.st_mode)
-    if not kind_ok:
-        raise SegmentError(f"{path} is not a {'FIFO' if want_fifo else 'regular file'}: not a msgq fake-event file")
-    if st.st_uid != os.geteuid():
-        raise IpcPermissionError(f"{path} belongs to uid {st.st_uid}, not to this user")
-    return st
-
-
-def _same_file(path: str, st: os.stat_result) -> bool:
-    try:
-        now = os.stat(path, follow_symlinks=False)
-    except FileNotFoundError:
-        return False
-    return (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev)
 
 
 def _sweep_stale(directory: str, prefix: str) -> None:
@@ -169,46 +130,37 @@ class _State:
         self.endpoint, self.identifier = endpoint, identifier
         self.prefix = current_prefix()
         self.directory = segment_dir()
-        self.path = os.path.join(self.directory, _state_basename(self.prefix, identifier, endpoint))
         self.pid = os.getpid()
-        self.fd = -1
+        # opened (O_NOFOLLOW, owner checks) with its attach lock held, by the C++ core
+        self.file = _msgq.ShmFile(self.directory, _state_basename(self.prefix, identifier, endpoint), 0o600)
+        self.path = self.file.path
         self.mm: Any = None  # the state file's mmap.mmap (None once detached)
-        self._attach()
+        try:
+            self.mm = self._map(self.file)
+            self.file.finish_attach()
+        except BaseException:
+            if self.mm is not None:
+                self.mm.close()
+            self.file.close()
+            raise
 
-    def _attach(self) -> None:
-        while True:
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            except PermissionError as e:
-                raise IpcPermissionError(f"cannot open fake-event state {self.path}: {e.strerror}") from None
-            except OSError as e:
-                if e.errno == errno.ELOOP:
-                    raise SegmentError(f"{self.path} is a symbolic link: refused") from None
-                raise IpcError(f"cannot open fake-event state {self.path}: {e.strerror}") from None
-            try:
-                st = _check_ours(fd, self.path, want_fifo=False)
-                _ofd_lock(fd, _LOCK_INIT, True)
-                if not _same_file(self.path, st):  # the last user unlinked it before we locked
-                    os.close(fd)
-                    continue
-                size = os.fstat(fd).st_size
-                if size == 0:
-                    os.ftruncate(fd, _STATE_SIZE)
-                elif size != _STATE_SIZE:
-                    raise SegmentError(f"{self.path}: {size} bytes, not a msgq fake-event state")
-                mm = mmap.mmap(fd, _STATE_SIZE)
-                if size == 0:
-                    mm[: len(_MAGIC)] = _MAGIC
-                elif mm[: len(_MAGIC)] != _MAGIC:
-                    mm.close()
-                    raise SegmentError(f"{self.path} is not a msgq fake-event state (bad magic)")
-                _ofd_lock(fd, _LOCK_PRESENCE, False)
-                _ofd_unlock(fd, _LOCK_INIT)
-            except BaseException:
-                os.close(fd)
-                raise
-            self.fd, self.mm = fd, mm
-            return
+    def _map(self, file: _msgq.ShmFile) -> mmap.mmap:
+        """Map the state, creating it in a new file (or one nobody else uses that holds
+        something else: a leftover, as for the segments); a state in use that is not one
+        is refused untouched."""
+        size = file.size_at_open
+        if size != _STATE_SIZE:
+            if not file.alone_at_open:
+                raise SegmentError(f"{self.path}: {size} bytes, not a msgq fake-event state")
+            os.ftruncate(file.fd, 0)
+            os.ftruncate(file.fd, _STATE_SIZE)
+        mm = mmap.mmap(file.fd, _STATE_SIZE)
+        if mm[: len(_MAGIC)] != _MAGIC:
+            if not file.alone_at_open:
+                mm.close()
+                raise SegmentError(f"{self.path} is not a msgq fake-event state (bad magic)")
+            mm[:] = _MAGIC.ljust(_STATE_SIZE, b"\0")
+        return mm
 
     # Lock-free fields
 
@@ -228,11 +180,11 @@ class _State:
 
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
-        _ofd_lock(self.fd, _LOCK_INIT, True)
+        self.file.lock()  # bounded by MSGQ_LOCK_TIMEOUT_S, names a stuck holder, Ctrl-C ends it
         try:
             yield
         finally:
-            _ofd_unlock(self.fd, _LOCK_INIT)
+            self.file.unlock()
 
     def read_token(self) -> str:
         """The current owner's token ("" if none); call under :meth:`locked`."""
@@ -249,42 +201,28 @@ class _State:
         return os.path.join(self.directory, _fifo_basename(self.prefix, token, _FIFO_KINDS[which]))
 
     def detach(self, on_leave: Optional[Callable[[mmap.mmap], None]] = None) -> None:
-        """Leave the state; the last user unlinks it. ``on_leave(self)`` runs
+        """Leave the state; the last user unlinks it. ``on_leave(mm)`` runs
         under the attach lock first. In a forked child that inherited the
-        attachment, only the descriptors are closed."""
-        mm, fd = self.mm, self.fd
+        attachment, only the descriptors are closed (ShmFile.close knows)."""
+        mm, file = self.mm, self.file
         if mm is None:
             return
         try:
-            if os.getpid() == self.pid:  # OFD locks are shared with the parent after fork
-                _ofd_lock(fd, _LOCK_INIT, True)
-                if on_leave is not None:
-                    on_leave(mm)
-                _ofd_unlock(fd, _LOCK_PRESENCE)
-                if _ofd_lock(fd, _LOCK_PRESENCE, True, wait=False) and _same_file(self.path, os.fstat(fd)):
-                    os.unlink(self.path)
+            if on_leave is not None and file.opened_here:
+                file.lock()  # held on by close(), which takes it again
+                on_leave(mm)
         finally:
-            self.mm, self.fd = None, -1
-            mm.close()
-            os.close(fd)  # releases our locks
+            self.mm = None
+            mm.close()  # first: its duplicate descriptor would keep our locks past close()
+            file.close()
 
 
 def _open_fifo(path: str, flags: int) -> Optional[int]:
-    """Open one of our FIFOs; None if it does not exist (or, writing, has no reader)."""
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno == errno.ENXIO:  # O_WRONLY and nobody reads: the harness is gone
-            return None
-        raise IpcError(f"cannot open fake-event FIFO {path}: {e.strerror}") from None
-    try:
-        _check_ours(fd, path, want_fifo=True)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    """Open one of our FIFOs, non-blocking (the C++ core refuses a symbolic link,
+    anything but a FIFO and another user's); None if it does not exist (or,
+    writing, has no reader: the harness is gone)."""
+    fd = _msgq.open_fifo(path, flags)
+    return None if fd < 0 else fd
 
 
 def _poll_timeout_ms(timeout: Optional[float]) -> Optional[int]:

@@ -4,6 +4,10 @@ A name is 1-128 characters of ``[A-Za-z0-9_.:-]``, not starting with ``.`` and
 never containing ``..``; a prefix follows the same rule with at most 64
 characters. ``MSGQ_PREFIX`` (or the reference's ``OPENPILOT_PREFIX``)
 isolates every segment and socket of a run.
+
+The rules and the file-name pattern are the C++ core's (``cpp/common/names.h``),
+exported by the binding: the constants below are read from it, and the checks
+and file names are made by it, so Python and the C++ API agree by construction.
 """
 
 import os
@@ -14,8 +18,9 @@ from msgq.errors import InvalidArgumentError, InvalidNameError
 
 MAX_NAME_LENGTH = _msgq.MAX_TOPIC_NAME_LENGTH
 MAX_PREFIX_LENGTH = _msgq.MAX_PREFIX_LENGTH
-SEGMENT_DIR = "/dev/shm"
-SEGMENT_PREFIX = "msgq@"
+NAME_CHARACTERS = _msgq.NAME_CHARACTERS  # every character a name may use
+SEGMENT_DIR = _msgq.SEGMENT_DIR  # unless MSGQ_SHM_DIR says otherwise
+SEGMENT_PREFIX = _msgq.SEGMENT_PREFIX  # how every file name of the project starts
 
 
 def _check(kind: str, name: Union[str, bytes], limit: int) -> str:
@@ -50,9 +55,8 @@ def segment_dir() -> str:
 
 def run_segment_prefix(prefix: str) -> str:
     """How every segment file name of run ``prefix`` starts: ``msgq@PREFIX@``
-    (``msgq@`` without a prefix). The one place the naming rule is written in
-    Python (C++: ``segment_basename`` in ``cpp/msgq/segment.h``)."""
-    return f"{SEGMENT_PREFIX}{prefix}@" if prefix else SEGMENT_PREFIX
+    (``msgq@`` without a prefix); the C++ core's ``run_segment_prefix``."""
+    return _msgq.run_segment_prefix(prefix)
 
 
 def segment_basename(topic: str, prefix: Optional[str] = None, suffix: str = "", kind: str = "topic name") -> str:
@@ -61,7 +65,7 @@ def segment_basename(topic: str, prefix: Optional[str] = None, suffix: str = "",
     msgq.ordered). ``kind`` names the topic in the error of an invalid one."""
     topic = validate_name(topic, kind)
     prefix = current_prefix() if prefix is None else prefix
-    return f"{run_segment_prefix(prefix)}{topic}{suffix}"
+    return _msgq.segment_basename(prefix, topic) + suffix
 
 
 ZMQ_BASE_PORT = 8023

@@ -8,10 +8,7 @@ namespace vipc::common {
 
 namespace {
 
-bool name_char(char ch) {
-  return (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') || ch == '_' || ch == '.' ||
-         ch == ':' || ch == '-';
-}
+bool name_char(char ch) { return kNameCharacters.find(ch) != std::string_view::npos; }
 
 }  // namespace
 
@@ -28,6 +25,12 @@ std::string escaped(std::string_view text) {
       out += ch;
     }
   }
+  return out;
+}
+
+std::string run_segment_prefix(std::string_view prefix) {
+  std::string out(kSegmentPrefix);
+  if (!prefix.empty()) out.append(prefix).push_back('@');
   return out;
 }
 

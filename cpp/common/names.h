@@ -15,6 +15,17 @@ namespace vipc::common {
 
 inline constexpr size_t kMaxTopicNameLength = 128;  // topics, queues, ordered topics
 inline constexpr size_t kMaxPrefixLength = 64;      // MSGQ_PREFIX / OPENPILOT_PREFIX
+// Every character a name may use (with the two rules on '.' above).
+inline constexpr std::string_view kNameCharacters =
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.:-";
+
+// Every file the project makes in the shared-memory directory is named
+// "msgq@REST", or "msgq@PREFIX@REST" under a run prefix: a topic's segment is
+// REST = TOPIC ('@' is in no name, so a prefix and a topic never collide).
+inline constexpr std::string_view kSegmentPrefix = "msgq@";
+inline constexpr std::string_view kSegmentDir = "/dev/shm";  // unless MSGQ_SHM_DIR says otherwise
+// "msgq@PREFIX@", or "msgq@" without a run prefix: how every file name of the run starts.
+std::string run_segment_prefix(std::string_view prefix);
 
 // Throws Error(kInvalidArgument, "<kind> ...") naming the broken rule, with the
 // name's bytes escaped (a name may hold terminal escapes or invalid UTF-8).

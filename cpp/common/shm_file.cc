@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <utility>
 
@@ -234,6 +235,23 @@ bool stale_file(const std::string& dir, const std::string& name, bool remove) {
   if (!ofd_try_lock(fd.get(), kLockPresence, true)) return false;  // a live process is attached
   if (remove) unlink(path.c_str());
   return true;  // closing fd releases both locks (OFD locks belong to the open file)
+}
+
+UniqueFd open_fifo(const std::string& path, int flags) {
+  UniqueFd fd(open(path.c_str(), flags | O_NONBLOCK | O_NOFOLLOW | O_CLOEXEC));
+  if (!fd) {
+    if (errno == ENOENT || (errno == ENXIO && (flags & O_ACCMODE) == O_WRONLY)) return fd;
+    if (errno == ELOOP) fail(ErrorKind::kPermission, path + " is a symbolic link: refusing it");
+    fail_errno("cannot open FIFO " + path);
+  }
+  struct stat st{};
+  if (fstat(fd.get(), &st) != 0) fail_errno("fstat " + path);
+  if (!S_ISFIFO(st.st_mode)) fail(ErrorKind::kPermission, path + " is not a FIFO: refusing it");
+  if (st.st_uid != geteuid()) {
+    fail(ErrorKind::kPermission, path + " belongs to uid " + std::to_string(st.st_uid) + ", not to us (uid " +
+                                     std::to_string(geteuid()) + "): refusing it");
+  }
+  return fd;
 }
 
 }  // namespace vipc::common

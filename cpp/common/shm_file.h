@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/names.h"
 
 namespace vipc::common {
 
@@ -36,7 +37,7 @@ void check_basename(const std::string& basename, size_t capacity = kBasenameCapa
 // Where a shared-memory file lives and the mode it is created with; the specs
 // of the broadcast queue and of ordered topics extend it with their sizes.
 struct ShmFileSpec {
-  std::string dir = "/dev/shm";
+  std::string dir{kSegmentDir};
   std::string basename;
   mode_t mode = 0600;
 };
@@ -120,5 +121,11 @@ std::vector<std::string> remove_stale_files(const std::string& dir, const std::s
 // locks are only probed and released (nothing changes). The test
 // remove_stale_files applies to each name.
 bool stale_file(const std::string& dir, const std::string& name, bool remove);
+
+// Opens the FIFO `path` (a wake-up channel beside the files above, made by
+// mkfifo) with `flags` (O_RDONLY, O_WRONLY or O_RDWR), non-blocking: empty if
+// there is none, or (O_WRONLY) nobody reads it. Refuses (kPermission) a
+// symbolic link, anything but a FIFO, and a FIFO of another user.
+UniqueFd open_fifo(const std::string& path, int flags);
 
 }  // namespace vipc::common

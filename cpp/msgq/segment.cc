@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/errors.h"
 #include "common/futex.h"
+#include "common/names.h"
 
 namespace vipc::msgq {
 
@@ -37,7 +38,7 @@ size_t round_data_size(size_t requested) {
 }  // namespace
 
 std::string segment_basename(const std::string& prefix, const std::string& topic) {
-  return prefix.empty() ? "msgq@" + topic : "msgq@" + prefix + "@" + topic;
+  return common::run_segment_prefix(prefix) + topic;
 }
 
 std::shared_ptr<Segment> Segment::attach(const SegmentSpec& spec) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/names.h"
 #include "common/shm_file.h"
 #include "msgq/layout.h"
 #include "msgq/ring.h"
@@ -18,12 +19,12 @@
 namespace vipc::msgq {
 
 // File name of a topic's segment: "msgq@TOPIC", or "msgq@PREFIX@TOPIC" under
-// a run prefix (cpp/msgq/README.md, first paragraph). The one place the rule is
-// written in C++; msgq/names.py is the Python side.
+// a run prefix (cpp/msgq/README.md, first paragraph; the rule is
+// common::run_segment_prefix, which msgq/names.py calls too).
 std::string segment_basename(const std::string& prefix, const std::string& topic);
 
 struct SegmentSpec {
-  std::string dir = "/dev/shm";
+  std::string dir{common::kSegmentDir};
   std::string basename;             // e.g. "msgq@topic"; validated again here
   size_t data_size = 0;             // 0: keep an existing segment's size, or the default when creating
   bool size_is_binding = false;     // a publisher's explicit size replaces a segment of another size

@@ -18,6 +18,7 @@
 #include "msgq/subscriber.h"
 #include "python/bindings.h"
 #include "python/fastcall.h"
+#include "python/shm_file_bindings.h"
 
 namespace py = pybind11;
 using vipc::common::WaitStatus;
@@ -164,6 +165,15 @@ PYBIND11_MODULE(_msgq, m) {
       py::arg("kind"), py::arg("name"), py::arg("max_length"));
   m.attr("MAX_TOPIC_NAME_LENGTH") = vipc::common::kMaxTopicNameLength;
   m.attr("MAX_PREFIX_LENGTH") = vipc::common::kMaxPrefixLength;
+  m.attr("NAME_CHARACTERS") = std::string(vipc::common::kNameCharacters);
+  m.attr("SEGMENT_PREFIX") = std::string(vipc::common::kSegmentPrefix);
+  m.attr("SEGMENT_DIR") = std::string(vipc::common::kSegmentDir);
+  m.attr("MAX_FILE_NAME_LENGTH") = vipc::common::kBasenameCapacity - 1;
+  m.def(
+      "run_segment_prefix", [](const std::string& prefix) { return vipc::common::run_segment_prefix(prefix); },
+      py::arg("prefix"));
+  m.def("segment_basename", &vipc::msgq::segment_basename, py::arg("prefix"), py::arg("topic"));
+  vipc::python::bind_shm_files(m);
 
   vipc::python::bind_mapped_bytes<vipc::msgq::Segment>(m, "LoanBuffer");
 
