@@ -46,9 +46,10 @@ def test_the_check_sees_a_private_import(tmp_path):
 EXTENSIONS = {"msgq._msgq", "msgq._queues", "visionipc._visionipc"}
 
 
-def _module_graph():
+def _module_graph(lazy=False):
     """module -> the project's modules it imports at module level (``from pkg import sub``
-    counts as importing ``pkg.sub``; imports inside functions are lazy by design)."""
+    counts as importing ``pkg.sub``; imports inside functions are lazy by design), and
+    with ``lazy`` those inside functions too."""
     mods = {}
     for top in ("msgq", "visionipc"):
         for path in (ROOT / top).rglob("*.py"):
@@ -57,7 +58,8 @@ def _module_graph():
     graph = {}
     for name, path in mods.items():
         deps = set()
-        for node in ast.parse(path.read_text()).body:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree) if lazy else tree.body:
             if isinstance(node, ast.Import):
                 deps.update(a.name for a in node.names if a.name in mods)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -105,6 +107,19 @@ def test_no_import_cycle_among_the_python_modules():
     graph = _module_graph()
     assert len(graph) > 100 and "visionipc.apps.record.codecs" in graph
     assert _cycles(graph) == []
+
+
+# An import inside a function hides a cycle from the interpreter, not from a reader: within the
+# recorder's modules those count too. The one left to undo (issue 35: encoders, decoders and
+# containers apart): codecs dispatches to mcap_io and storage, which import codecs.
+RECORD = "visionipc.apps.record."
+LEFT = [[RECORD + "codecs", RECORD + "mcap_io", RECORD + "storage"]]
+
+
+def test_the_recorders_modules_form_no_cycle_even_through_lazy_imports():
+    graph = {m: {d for d in deps if d.startswith(RECORD)} for m, deps in _module_graph(lazy=True).items()}
+    assert RECORD + "replay" in graph and RECORD + "ros2bag" in graph
+    assert _cycles({m: deps for m, deps in graph.items() if m.startswith(RECORD)}) == LEFT
 
 
 def test_the_cycle_finder_finds_one():

@@ -16,20 +16,21 @@ import numpy as np
 from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
-from visionipc.apps.record import replay as folder_replay
+from visionipc.apps.record import playback
 from visionipc.apps.record.checks import RecordingError, check_size, check_stream, reading
 from visionipc.apps.record.mcap_io import open_reader
+from visionipc.formats import format_info
 
 IMAGE, COMPRESSED = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
-# sensor_msgs/Image encoding -> (stream format, channels)
+# sensor_msgs/Image encoding -> stream format
 ENCODINGS = {
-    "mono8": ("gray8", 1),
-    "8UC1": ("gray8", 1),
-    "mono16": ("raw16", 1),
-    "16UC1": ("raw16", 1),
-    "rgb8": ("rgb8", 3),
-    "bgr8": ("bgr8", 3),
-    "nv12": ("nv12", 1),
+    "mono8": "gray8",
+    "8UC1": "gray8",
+    "mono16": "raw16",
+    "16UC1": "raw16",
+    "rgb8": "rgb8",
+    "bgr8": "bgr8",
+    "nv12": "nv12",
 }
 
 
@@ -98,9 +99,11 @@ def to_image(schema_name: str, msg):
     if msg.encoding not in ENCODINGS:
         raise ValueError(f"image encoding {printable(repr(msg.encoding))[:40]} is not one of {', '.join(ENCODINGS)}")
     check_size(msg.width, msg.height, "the Image")
-    fmt, channels = ENCODINGS[msg.encoding]
-    dtype = np.dtype(">u2" if msg.is_bigendian else "<u2") if fmt == "raw16" else np.dtype(np.uint8)
-    rows = msg.height * 3 // 2 if fmt == "nv12" else msg.height
+    fmt = ENCODINGS[msg.encoding]
+    info = format_info(fmt)
+    channels, order = info.channels, ">" if msg.is_bigendian and info.sample_bytes > 1 else "<"
+    dtype = np.dtype(f"{order}u{info.sample_bytes}")
+    rows = msg.height * 3 // 2 if info.yuv420 else msg.height
     row_items = msg.step // dtype.itemsize
     data = np.frombuffer(msg.data, dtype, count=len(msg.data) // dtype.itemsize)
     if msg.step < msg.width * channels * dtype.itemsize or data.size < rows * row_items:
@@ -180,7 +183,7 @@ class Bag:
                 raise UsageError(f"topic {topic} has no messages")
             fmt, image = first
             shape = image.shape
-            height = shape[0] * 2 // 3 if fmt == "nv12" else shape[0]
+            height = shape[0] * 2 // 3 if format_info(fmt).yuv420 else shape[0]
             self.geometry[stream] = {"width": shape[1], "height": height, "format": fmt}
 
     def images(self, topic):
@@ -193,7 +196,7 @@ class Bag:
                 yield to_image(schema.name, msg)
 
 
-class BagDecoder(folder_replay.Decoder):
+class BagDecoder(playback.Decoder):
     """One stream's images from the bag, ahead of the publisher."""
 
     def __init__(self, bag: Bag, stream: str, stop):
@@ -224,4 +227,4 @@ def replay(args, rate, stop) -> int:
     def decoders(stop):
         return {s: BagDecoder(bag, s, stop) for s in bag.streams}
 
-    return folder_replay.serve(args, rate, bag.geometry, storages, bag.events, [], decoders, stop)
+    return playback.serve(args, rate, bag.geometry, storages, bag.events, [], decoders, stop)
