@@ -30,7 +30,7 @@ import pickle
 import secrets
 import socket
 import time
-from typing import TYPE_CHECKING, Any, Iterable, List, NoReturn, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Iterable, List, NoReturn, Optional, Sequence, Tuple, cast
 
 from msgq import _queues
 from msgq._broadcast_remote import FRAME, KIND_PICKLE, KIND_RAW, KIND_SHUTDOWN, RemoteChannel, zmq_module
@@ -55,6 +55,8 @@ from msgq.errors import (
 from msgq.names import current_prefix, segment_basename, segment_dir, validate_name
 
 if TYPE_CHECKING:
+    from typing_extensions import Buffer
+
     from msgq._shared import BufferLike
 
 logger = logging.getLogger("msgq.broadcast")
@@ -111,6 +113,9 @@ class BroadcastHandle:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES  # the writer refuses larger; remote readers too
 
 
+NOT_YET = -1  # a remote reader's sequence number before its first message
+
+
 def _default_ip() -> str:
     """This host's address on its default route (no packet is sent), else 127.0.0.1."""
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
@@ -160,7 +165,6 @@ class BroadcastQueue(Closeable):
         self.name = name
         self._pid = os.getpid()
         self._generation = _fork_generation
-        self._seq = 0  # sequence number of the next message (a remote reader: None until its first)
         self._overflow: Optional[OverflowDir] = None  # local side: the overflow directory (msgq/_overflow.py)
         self._ring_path = os.path.join(*handle_ring)
 
@@ -294,6 +298,7 @@ class BroadcastQueueWriter(BroadcastQueue):
         prefix, shm_dir = current_prefix(), segment_dir()
         basename = queue_basename(name, prefix)
         self._init_common(name, (shm_dir, basename))
+        self._seq = 0  # sequence number of the next message
         self._writer: Optional[_queues.BroadcastWriter] = None
         self._remote_sock: Optional[RemoteChannel] = None
         self._in_overflow: List[int] = []  # sequence numbers whose overflow file may still exist
@@ -344,6 +349,20 @@ class BroadcastQueueWriter(BroadcastQueue):
     def closed(self) -> bool:
         return self._writer is None and self._remote_sock is None
 
+    def _ring(self) -> "_queues.BroadcastWriter":
+        """The ring's native writer (ClosedError once close() on another thread dropped it)."""
+        writer = self._writer
+        if writer is None:
+            raise self._closed_error()
+        return writer
+
+    def _files(self) -> OverflowDir:
+        """The overflow directory (ClosedError once close() on another thread dropped it)."""
+        overflow = self._overflow
+        if overflow is None:
+            raise self._closed_error()
+        return overflow
+
     def enqueue(self, obj: object, timeout: Optional[float] = None) -> None:
         """Send ``obj`` to every reader (pickle protocol 5; contiguous buffers
         such as numpy arrays go out of band, copied once into shared memory).
@@ -354,7 +373,7 @@ class BroadcastQueueWriter(BroadcastQueue):
     def enqueue_bytes(self, data: "BufferLike", timeout: Optional[float] = None) -> None:
         """Send one bytes-like message as it is (no pickling)."""
         try:
-            view = memoryview(data)
+            view = memoryview(cast("Buffer", data))  # an ndarray too (numpy's stubs say so from 3.12 on)
         except TypeError:
             raise IpcTypeError(f"enqueue_bytes() takes a bytes-like object, not {type(data).__name__}") from None
         self._put(view, True, timeout)
@@ -414,9 +433,10 @@ class BroadcastQueueWriter(BroadcastQueue):
         False if the message does not fit in a chunk. ``status``: what a
         first attempt (begun at ``started``) already returned."""
         started = time.monotonic() if started is None else started
+        writer = self._ring()
         while True:
             if status is None:
-                status = self._writer.write(flags, parts, _left(deadline, self.warn_interval))
+                status = writer.write(flags, parts, _left(deadline, self.warn_interval))
             if status == "ready":
                 return True
             if status == "too_large":
@@ -425,7 +445,7 @@ class BroadcastQueueWriter(BroadcastQueue):
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
             if status == "closed":  # by another thread, while this one waited
                 raise self._closed_error()
-            waiting = self._describe_readers(self._writer.pending_readers())
+            waiting = self._describe_readers(writer.pending_readers())
             if _expired(deadline):
                 raise IpcTimeoutError(
                     f"broadcast queue {self.name!r}: message {self._seq} timed out after "
@@ -436,7 +456,7 @@ class BroadcastQueueWriter(BroadcastQueue):
                 self.name,
                 time.monotonic() - started,
                 waiting,
-                self._seq - self._writer.n_chunks,
+                self._seq - writer.n_chunks,
             )
             status = None
 
@@ -451,39 +471,39 @@ class BroadcastQueueWriter(BroadcastQueue):
                 self.name,
                 seq,
                 sum(memoryview(p).nbytes for p in parts),
-                self._writer.chunk_bytes,
+                self._ring().chunk_bytes,
             )
         self._drop_consumed_overflow()
-        self._overflow.write(seq, kind, parts, self._mode)
+        overflow = self._files()
+        overflow.write(seq, kind, parts, self._mode)
         try:
             self._write_chunk(flags | _queues.FLAG_OVERFLOW, [], deadline)
         except BaseException:
-            self._overflow.remove(seq)
+            overflow.remove(seq)
             raise
         self._in_overflow.append(seq)
 
     def _drop_consumed_overflow(self) -> None:
         """Unlink the overflow files every reader has consumed (normally their last reader did)."""
         keep = []
+        writer, overflow = self._ring(), self._files()
         for seq in self._in_overflow:
-            if self._writer.consumed_by_all(seq):
-                self._overflow.remove(seq)
+            if writer.consumed_by_all(seq):
+                overflow.remove(seq)
             else:
                 keep.append(seq)
         self._in_overflow = keep
 
     def _describe_readers(self, ranks: Iterable[int]) -> str:
         out = []
+        writer = self._ring()
         for rank in ranks:
             if rank >= self.handle.n_readers:
                 out.append(f"remote reader {rank}")
-            elif self._writer.reader_attached(rank):
-                out.append(
-                    f"reader {rank} (pid {self._writer.reader_pid(rank)}, "
-                    f"consumed {self._writer.reader_consumed(rank)})"
-                )
-            elif self._writer.reader_pid(rank):
-                out.append(f"reader {rank} (pid {self._writer.reader_pid(rank)} has left or died)")
+            elif writer.reader_attached(rank):
+                out.append(f"reader {rank} (pid {writer.reader_pid(rank)}, consumed {writer.reader_consumed(rank)})")
+            elif writer.reader_pid(rank):
+                out.append(f"reader {rank} (pid {writer.reader_pid(rank)} has left or died)")
             else:
                 out.append(f"reader {rank} (never attached)")
         return ", ".join(out) or "nobody"
@@ -539,7 +559,7 @@ class BroadcastQueueWriter(BroadcastQueue):
             writer, remote = self._writer, self._remote_sock  # once each: close() on another thread drops them
             if (self.handle.n_readers and writer is None) or (self.handle.n_remote_readers and remote is None):
                 raise self._closed_error()
-            missing = [r for r in range(self.handle.n_readers) if not writer.reader_attached(r)]
+            missing = [r for r in range(self.handle.n_readers) if writer is None or not writer.reader_attached(r)]
             if remote is not None:
                 subscribed = remote.refresh_subscriptions()  # ClosedError once closing
                 missing += [r for r in range(self.handle.n_readers, self._n_total) if r not in subscribed]
@@ -579,6 +599,7 @@ class BroadcastQueueReader(BroadcastQueue):
         basename = queue_basename(handle.name, handle.prefix)
         self._init_common(handle.name, (handle.shm_dir, basename))
         self.handle = handle
+        self._seq = 0  # sequence number of the next message (a remote reader: NOT_YET until its first)
         self._reader: Optional[_queues.BroadcastReader] = None
         self._sub: Optional[RemoteChannel] = None
         self._stash: Optional[Tuple[int, List[Any]]] = None  # a message dequeue_bytes refused, kept for the next
@@ -591,7 +612,7 @@ class BroadcastQueueReader(BroadcastQueue):
             else:
                 # Set by the first message: a remote reader that comes back under its
                 # rank gets what the writer sends from then on (ZeroMQ has no replay).
-                self._seq = None
+                self._seq = NOT_YET
                 if handle.curve_server_key and curve_dir is None:
                     raise InvalidArgumentError(
                         f"broadcast queue {handle.name!r} admits only CURVE-authenticated remote readers: "
@@ -601,6 +622,8 @@ class BroadcastQueueReader(BroadcastQueue):
                     raise InvalidArgumentError(
                         f"broadcast queue {handle.name!r} was made without curve_dir: its remote readers take none"
                     )
+                if not handle.remote_addr:
+                    raise InvalidArgumentError(f"broadcast queue {handle.name!r}: the handle names no remote address")
                 self._sub = RemoteChannel.reader(
                     handle.name,
                     self.rank,
@@ -673,8 +696,8 @@ class BroadcastQueueReader(BroadcastQueue):
         if self._stash is not None:
             if self._stash[0] == KIND_SHUTDOWN:  # a remote reader stays shut down
                 raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
-            got, self._stash = self._stash, None
-            return got
+            stashed, self._stash = self._stash, None
+            return stashed
         reader = self._reader  # once: a close() on another thread sets it to None (the object then raises ClosedError)
         if reader is None:
             remote = self._sub  # the same
@@ -737,8 +760,11 @@ class BroadcastQueueReader(BroadcastQueue):
         return got
 
     def _consume_overflow(self, seq: int) -> None:
-        last = self._reader.consume()  # BR3, after the copy-on-write mapping of the file was made
-        self._seq = self._reader.consumed
+        reader = self._reader
+        if reader is None:
+            raise self._closed_error()
+        last = reader.consume()  # BR3, after the copy-on-write mapping of the file was made
+        self._seq = reader.consumed
         if last and self._overflow is not None:
             self._overflow.remove(seq)
 
@@ -747,7 +773,7 @@ class BroadcastQueueReader(BroadcastQueue):
         if kind == KIND_SHUTDOWN:
             self._stash = (kind, parts)  # stays shut down
             raise QueueShutdownError(f"broadcast queue {self.name!r} was shut down")
-        if self._seq is None:  # our first message: a reader that (re)joins starts where the writer is
+        if self._seq == NOT_YET:  # our first message: a reader that (re)joins starts where the writer is
             self._seq = seq
         if seq != self._seq:  # a gap: say so once, then go on from there (the message is kept)
             expected, self._seq, self._stash = self._seq, seq + 1, (kind, parts)

@@ -3,6 +3,7 @@ processes: every reader gets every message exactly, a slow reader makes the
 writer wait and warn, large messages overflow to ZeroMQ, remote readers get
 everything over TCP; and bad input."""
 
+import dataclasses
 import logging
 import pickle
 import threading
@@ -14,7 +15,7 @@ from mp_helpers import Children
 from queue_helpers import broadcast_reader, send_message
 
 import msgq
-from msgq.broadcast import BroadcastHandle
+from msgq.broadcast import BroadcastHandle, BroadcastQueueReader, BroadcastQueueWriter
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, QueueShutdownError
 
 CHUNK = 4096
@@ -361,3 +362,18 @@ def test_a_remote_reader_that_does_not_dequeue_makes_the_writer_wait_instead_of_
         go.set()
         child.join(30)
         queue.close()
+
+
+def test_the_writer_and_its_readers_are_classes_of_their_own_behind_the_same_spellings():
+    queue = msgq.BroadcastQueue(n_readers=1, chunk_bytes=256, max_chunks=2)
+    reader = msgq.BroadcastQueue.create_from_handle(queue.handle, 0)
+    assert type(queue) is BroadcastQueueWriter and type(reader) is BroadcastQueueReader
+    assert isinstance(queue, msgq.BroadcastQueue) and isinstance(reader, msgq.BroadcastQueue)
+    assert "writer, 1 local + 0 remote readers" in repr(queue) and "reader 0," in repr(reader)
+    no_address = dataclasses.replace(queue.handle, n_remote_readers=1)  # a handle made by hand
+    with pytest.raises(InvalidArgumentError, match="names no remote address"):
+        msgq.BroadcastQueue.create_from_handle(no_address, 1)
+    queue.enqueue("through")
+    assert reader.dequeue(timeout=1) == "through"
+    reader.close()
+    queue.close()
