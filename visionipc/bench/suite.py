@@ -7,6 +7,7 @@ the report. A suite says what differs: its flags, plan, runner, summary and tabl
 import argparse
 import contextlib
 import time
+from typing import Callable, Optional
 
 from visionipc.bench import harness
 from visionipc.bench.stats import fmt_size
@@ -76,9 +77,10 @@ class Suite:
     ``json_help``, ``no_pin_help``, ``title``, ``plan`` and ``runner`` (classes), and define
     ``headline``, ``notes``, ``summarize``, ``render`` and ``json_report``."""
 
-    check = False  # the --check help, if the suite has it: exit 1 when a target is not met
+    check: Optional[str] = None  # the --check help, if the suite has it: exit 1 when a target is not met
     failed_status = 1  # the exit status when a measurement failed
-    setup = teardown = None  # run in each worker as it starts and ends
+    setup: Optional[Callable[[dict], None]] = None  # run in each worker as it starts
+    teardown: Optional[Callable[[dict], None]] = None  # and as it ends
 
     def main(self, argv=None):
         ap = argparse.ArgumentParser(description=self.description)
