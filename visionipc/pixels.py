@@ -91,6 +91,17 @@ def pack(buf: "VisionBuf", out: Optional[np.ndarray] = None) -> np.ndarray:
     return out
 
 
+def image_kind(fmt: str) -> str:
+    """What a compact image of ``fmt`` holds (a recording's ``stored_as``): ``planes``
+    (YUV 4:2:0), ``color`` (several channels), ``gray`` (8-bit samples) or ``gray16``."""
+    info = format_info(fmt)
+    if info.yuv420:
+        return "planes"
+    if info.channels > 1:
+        return "color"
+    return "gray" if info.sample_bytes == 1 else f"gray{8 * info.sample_bytes}"
+
+
 def to_8bit(image: np.ndarray, info: PixelFormat) -> np.ndarray:
     """Deeper samples as 8-bit ones: their high byte (a preview)."""
     return (image >> (8 * info.sample_bytes - 8)).astype(np.uint8) if info.sample_bytes > 1 else image

@@ -124,3 +124,78 @@ def test_the_recorders_modules_form_no_cycle_even_through_lazy_imports():
 
 def test_the_cycle_finder_finds_one():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+# Facts written once (issue 35): a recording's file names are visionipc.apps.record.layout's, and
+# the Python branches on the format table's descriptors (visionipc.formats: yuv420, planes,
+# channels, sample_bytes, the OpenCV/FFmpeg names), never on a pixel format's name.
+LAYOUT = "visionipc/apps/record/layout.py"
+FORMAT_NAME_ALLOWED = {
+    # (module, name): why it is compared
+    ("visionipc/apps/record/codecs.py", "nv12"): "FFmpeg's pixel format of that name (a decoded frame's)",
+}
+
+
+def _python_files():
+    for top in ("msgq", "visionipc", "tools"):
+        yield from sorted((ROOT / top).rglob("*.py"))
+
+
+def _str_constants(node):
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        yield node.value
+    elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+        for item in node.elts:
+            yield from _str_constants(item)
+
+
+def _manifest_names(tree):
+    """Lines that name recording.json as a file (the name, or a path ending in it)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if node.value == "recording.json" or node.value.endswith("/recording.json"):
+                yield node.lineno
+
+
+def _format_name_comparisons(tree, names):
+    """(line, name) of every comparison (==, !=, in, not in) with a pixel format's name."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            for side in (node.left, *node.comparators):
+                for value in _str_constants(side):
+                    if value in names:
+                        yield node.lineno, value
+
+
+def test_recording_json_is_named_by_the_layout_module_only():
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for path in _python_files()
+        if str(path.relative_to(ROOT)) != LAYOUT
+        for line in _manifest_names(ast.parse(path.read_text()))
+    ]
+    assert found == []
+
+
+def test_no_module_compares_pixel_format_names():
+    from visionipc.formats import FORMAT_TABLE
+
+    names = {f.name for f in FORMAT_TABLE}
+    found = []
+    for path in _python_files():
+        rel = str(path.relative_to(ROOT))
+        if rel == "visionipc/formats.py":  # the table's own module
+            continue
+        for line, name in _format_name_comparisons(ast.parse(path.read_text()), names):
+            if (rel, name) not in FORMAT_NAME_ALLOWED:
+                found.append(f"{rel}:{line}: {name!r}")
+    assert found == []
+
+
+def test_the_checks_see_a_name():
+    tree = ast.parse(
+        'if fmt in ("nv12", "i420"): pass\nif fmt != "raw16": pass\nfmt = "nv12"\n'
+        'p = os.path.join(d, "recording.json")\nq = "rec/recording.json"\nmsg = "no recording.json here"\n'
+    )
+    assert list(_format_name_comparisons(tree, {"nv12", "i420", "raw16"})) == [(1, "nv12"), (1, "i420"), (2, "raw16")]
+    assert sorted(_manifest_names(tree)) == [4, 5]

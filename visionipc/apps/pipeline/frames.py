@@ -125,14 +125,9 @@ def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
 
 def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     """A (h, w, 3) BGR picture of a stored image, for writing JPEG/PNG."""
-    import cv2
+    from visionipc.pixels import to_bgr as compact_to_bgr
 
-    if kind == "planes":
-        return cv2.cvtColor(image, cv2.COLOR_YUV2BGR_NV12 if fmt == "nv12" else cv2.COLOR_YUV2BGR_I420)
-    if kind in ("gray", "gray16"):
-        gray = image if kind == "gray" else (image >> 8).astype(np.uint8)
-        return cv2.cvtColor(gray, cv2.COLOR_GRAY2BGR)
-    return cv2.cvtColor(image, cv2.COLOR_RGB2BGR) if kind == "color" and fmt == "rgb8" else image
+    return image if kind == "bgr" else compact_to_bgr(image, fmt)  # else a compact image of fmt
 
 
 def read_segment_index(index_file: str, recording_path: str = None, *, quality: bool = False):

@@ -19,6 +19,8 @@ import os
 
 import numpy as np
 
+from visionipc.formats import format_info
+
 FPS_NS = 1_000_000_000
 
 
@@ -39,11 +41,12 @@ def pattern(frame_id: int, width: int, height: int, *, blur: int = 0) -> np.ndar
 def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
     """The stream's compact image of a gray picture (``pixels.pack``'s layout): Y as given and
     flat chroma for NV12/I420, R = G = B for RGB8/BGR8."""
-    if fmt in ("nv12", "i420"):
+    info = format_info(fmt)
+    if info.yuv420:
         h, w = gray.shape
         return np.vstack([gray, np.full((h // 2, w), 128, np.uint8)])
-    if fmt in ("rgb8", "bgr8"):
-        return np.dstack([gray] * 3)
+    if info.channels > 1:
+        return np.dstack([gray] * info.channels)
     return gray
 
 

@@ -20,6 +20,7 @@ import re
 import uuid
 
 from visionipc.apps.pipeline import fs
+from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError
 
 ROOT = "tables"
@@ -49,7 +50,7 @@ def stable_id(recording, info: dict) -> str:
     if given is not None:
         if not isinstance(given, str) or not _ID.fullmatch(given):
             raise RecordingError(
-                f"{fs.join(recording.path, 'recording.json')}: 'recording_id' must be 1-64 letters, digits, "
+                f"{fs.join(recording.path, layout.MANIFEST)}: 'recording_id' must be 1-64 letters, digits, "
                 f"'.', '_' or '-' (got {str(given)[:40]!r})"
             )
         return given

@@ -25,6 +25,7 @@ import numpy as np
 from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
+from visionipc.formats import FORMAT_TABLE, format_info
 
 # --codec -> (FFmpeg encoder, lossless). NVENC encoders need an NVIDIA GPU and driver.
 CODECS = {
@@ -44,14 +45,7 @@ GOP_SECONDS = 2  # --gop 0: a keyframe every 2 s of frames
 SEEK_GAP = 32  # a wanted frame this far ahead is reached by seeking, not by decoding the frames between
 
 # stream format -> (FFmpeg pixel format of the compact image, stored_as kind of storage.py)
-LAYOUT = {
-    "nv12": ("nv12", "planes"),
-    "i420": ("yuv420p", "planes"),
-    "gray8": ("gray", "gray"),
-    "rgb8": ("rgb24", "color"),
-    "bgr8": ("bgr24", "color"),
-    "raw16": ("gray16le", "gray16"),
-}
+LAYOUT = {f.name: (f.av_format, pixels.image_kind(f.name)) for f in FORMAT_TABLE if f.selectable}
 # what an encoder gets when it cannot take the compact layout as is (first one it supports)
 FALLBACK = {
     True: {"nv12": ("yuv420p",), "rgb24": ("gbrp", "bgr0"), "bgr24": ("gbrp", "bgr0")},
@@ -168,7 +162,7 @@ class AvStorage:
         av()  # imported now, not in the first decoder or encoder call (a replay's clock runs by then)
         if codec not in CODECS:
             raise UsageError(f"unknown codec {codec!r} (choose from {', '.join(CODECS)})")
-        if fmt == "raw16":
+        if format_info(fmt).sample_bytes > 1:
             codec = "ffv1"  # 16-bit samples: always lossless, as in the OpenCV format
         self.fmt, self.width, self.height = fmt, width, height
         self.codec = codec

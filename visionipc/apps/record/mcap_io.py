@@ -24,6 +24,7 @@ from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record.codecs import encoder_frame, ordinary_scheduling, tag_colour
+from visionipc.formats import format_info
 
 FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
 DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
@@ -154,10 +155,10 @@ class McapWriter:
 
     def _raw(self, image, meta):
         s = self.storage
-        if s.fmt == "i420":
+        if format_info(s.fmt).planes == 3:  # ROS has NV12's two planes only
             image = _i420_to_nv12(image, s.width, s.height)
         data = np.ascontiguousarray(image, dtype=image.dtype.newbyteorder("<")).tobytes()
-        step = s.width * (2 if s.fmt == "raw16" else 3 if s.is_color else 1)
+        step = s.width * format_info(s.fmt).bytes_per_pixel
         return self.messages.RawImage(
             timestamp=self._stamp(meta), frame_id=self.stream, width=s.width, height=s.height,
             encoding=RAW_ENCODING[s.fmt], step=step, data=data,
@@ -270,7 +271,7 @@ class SegmentReader:
                 f"{want[0]}x{want[1]} {want[2]} ({want[3]} bytes)"
             )
         image = np.frombuffer(msg.data, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
-        return _nv12_to_i420(image, s.width, s.height) if s.fmt == "i420" else image
+        return _nv12_to_i420(image, s.width, s.height) if format_info(s.fmt).planes == 3 else image
 
     def _decode(self, msg):
         av = need("av", "record")

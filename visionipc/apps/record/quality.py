@@ -30,6 +30,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from visionipc.formats import format_info
+
 COLUMNS = ("brightness", "contrast", "sharpness", "motion")
 VIDEO_RANGE = 255.0 / 219.0  # video-range Y (16..235) -> full range (0..255)
 
@@ -59,7 +61,8 @@ def luma_of(image: np.ndarray, kind: str, fmt: str, height: int) -> Luma:
         return Luma(image.copy() if image.dtype == np.uint8 else image.astype(np.float32))
     if kind == "gray16":
         return Luma(image.astype(np.float32) / np.float32(257.0))
-    code = cv2.COLOR_RGB2GRAY if kind == "color" and fmt == "rgb8" else cv2.COLOR_BGR2GRAY
+    rgb = kind == "color" and format_info(fmt).cv_to_bgr  # a colour image not in BGR order: RGB
+    code = cv2.COLOR_RGB2GRAY if rgb else cv2.COLOR_BGR2GRAY
     return Luma(cv2.cvtColor(image.astype(np.float32), code))
 
 

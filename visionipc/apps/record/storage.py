@@ -22,6 +22,7 @@ back into a pool buffer (exactly, for lossless kinds).
 import numpy as np
 
 from visionipc import pixels
+from visionipc.formats import format_info
 
 LOSSLESS = ("FFV1", "mkv")
 LOSSY = ("mp4v", "mp4")
@@ -34,15 +35,10 @@ class Storage:
 
     def __init__(self, cv2, fmt: str, width: int, height: int, lossless: bool):
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
-        self.lossless = lossless or fmt == "raw16"
-        if fmt == "raw16":
-            self.kind = "gray16"
-        elif fmt == "gray8":
-            self.kind = "gray"
-        elif self.lossless:
-            self.kind = "planes" if fmt in ("nv12", "i420") else "color"
-        else:
-            self.kind = "bgr"
+        info = format_info(fmt)
+        self.lossless = lossless or info.sample_bytes > 1  # no lossy codec for deeper samples
+        gray = info.channels == 1 and not info.yuv420
+        self.kind = pixels.image_kind(fmt) if self.lossless or gray else "bgr"
         self.codec, self.ext = LOSSLESS if self.lossless else LOSSY
         shape = {"bgr": (height, width, 3)}.get(self.kind, pixels.compact_shape(fmt, width, height))
         self.image_size = (shape[1], shape[0])  # the video's (width, height)
