@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Deque, Dict, List, Optional, Sequence, Tuple
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, run_command
 from visionipc.apps.camera.config import DEFAULT_FPS, StreamConfig, build_streams, load_toml
 from visionipc.apps.camera.sources import FrameSource, open_source
+from visionipc.formats import FORMAT_TABLE, FORMATS
 
 if TYPE_CHECKING:
     from visionipc import VisionBuf, VisionIpcServer
@@ -77,7 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--height", type=int, default=480, help="frame height (default 480)")
     p.add_argument("--fps", type=float, help="frames per second (default: a video file's own rate, else 20)")
     p.add_argument("--frames", type=int, default=0, help="stop after frame ids 0..N-1 (default 0: run until stopped)")
-    p.add_argument("--format", default="nv12", help="nv12 | i420 | bgr | rgb | gray | raw16 (default nv12)")
+    aliases = ", ".join(alias for f in FORMAT_TABLE if f.selectable for alias in f.aliases)
+    p.add_argument("--format", default="nv12", help=f"{' | '.join(FORMATS)} (or {aliases}; default nv12)")
     p.add_argument("--loop", action="store_true", help="video files: start again at the end instead of stopping")
     p.add_argument("--config", help="TOML file with [[stream]] tables (see below)")
     p.add_argument(
