@@ -1,7 +1,7 @@
 """Old module paths kept working after a move (DEPRECATED paths, not new API).
 
-The applications moved under ``msgq.apps`` and ``visionipc.apps`` (README,
-"Layout"). Code written against the old paths (``msgq.top``,
+The applications moved under ``msgq.apps`` and ``visionipc.apps`` (docs/architecture.md,
+"How it works"). Code written against the old paths (``msgq.top``,
 ``visionipc.pipeline.health``, ...) still imports: :func:`install` registers a
 finder that answers an old name with the module object of its new name, so both
 names are one module (one set of classes, one module state), never a copy.

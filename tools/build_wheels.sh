@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The sdist and a manylinux wheel (README.md, "Wheels and the sdist").
+# The sdist and a manylinux wheel (docs/install.md, "Wheels and the sdist").
 #
 #   bash tools/build_wheels.sh [--out DIR]   this machine's Python: the sdist, a wheel built from
 #                                            that sdist in a fresh folder, auditwheel repair

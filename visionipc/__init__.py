@@ -4,7 +4,7 @@ A :class:`VisionIpcServer` owns one sealed memfd frame pool per stream and
 announces each frame (buffer index + metadata) on an msgq topic; a
 :class:`VisionIpcClient` receives the pool's file descriptor over a Unix
 socket, maps it once and hands out frames as numpy views
-(:class:`VisionBuf`) without copying. See README.md ("Using visionipc").
+(:class:`VisionBuf`) without copying. See docs/visionipc.md.
 """
 
 import enum
@@ -16,7 +16,7 @@ from visionipc.formats import BUFFER_ALIGN, FORMATS, STRIDE_ALIGN, layout
 from visionipc.frame import VisionBuf
 from visionipc.server import VisionIpcServer
 
-# DEPRECATED paths: the applications moved to visionipc.apps (README, "Layout")
+# DEPRECATED paths: the applications moved to visionipc.apps (docs/architecture.md)
 _aliases.install({f"visionipc.{app}": f"visionipc.apps.{app}" for app in ("camera", "record", "view", "pipeline")})
 
 

@@ -159,8 +159,8 @@ def test_record_and_replay_show_progress_on_a_terminal_and_nothing_in_a_pipe(tmp
     assert piped[0] == 0 and "replaying" not in piped[2] and "40 frames of road published" in piped[2], piped
 
 
-def test_the_readmes_config_file_records_as_it_says(tmp_path):
-    text = (ROOT / "README.md").read_text()
+def test_the_docs_config_file_records_as_it_says(tmp_path):
+    text = (ROOT / "docs" / "tools.md").read_text()
     block = text.split("# record.toml: vipc-record --config record.toml --out rec7\n", 1)[1].split("```", 1)[0]
     cfg = tmp_path / "record.toml"
     cfg.write_text("\n".join(line.strip() for line in block.splitlines()) + "\n")

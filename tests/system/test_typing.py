@@ -2,8 +2,9 @@
 (tools/typing_coverage.py --missing); the stubs of the compiled modules agree with the
 modules (mypy's stubtest, with tests/system/stubtest_allowlist.txt for what it cannot
 judge, and the pybind11 signatures stubtest cannot see: tests/stub_signatures.py);
-README.md's Python blocks and tests/system/typed_usage.py pass ``mypy --strict`` as a
-user's code would; the packages export no typing names."""
+the Python blocks of README.md and docs/ (tests/readme_blocks.py) and
+tests/system/typed_usage.py pass ``mypy --strict`` as a user's code would; the packages
+export no typing names."""
 
 import importlib
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import typing
 
 import pytest
-from readme_blocks import blocks
+from readme_blocks import page_blocks
 from repo import ROOT, TOOLS
 from stub_signatures import mismatches
 
@@ -55,13 +56,13 @@ def test_stub_parameters_match_the_pybind11_signatures(module):
 
 def test_readme_python_blocks_and_typed_usage_pass_mypy_strict(tmp_path):
     files = [ROOT / "tests" / "system" / "typed_usage.py"]  # the call forms the docs show, with their types
-    for block in blocks((ROOT / "README.md").read_text()):
+    for block in page_blocks(ROOT):
         if block.lang == "python":
-            files.append(tmp_path / f"readme_line_{block.line}.py")
+            files.append(tmp_path / f"{block.page.replace('/', '_').replace('.md', '')}_line_{block.line}.py")
             files[-1].write_text(block.code)
-    assert len(files) > 1, "README.md has no python block"
+    assert len(files) > 1, "README.md and docs/ have no python block"
     # follow-imports=silent: the library's own modules are read for their types, but
-    # only the README's code is judged
+    # only the pages' code is judged
     proc = _mypy("mypy", "--strict", "--follow-imports=silent", "--cache-dir", str(CACHE), *map(str, files))
     assert proc.returncode == 0 and "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr
 
