@@ -1,4 +1,5 @@
-"""README.md's fenced ``python`` and ``sh`` blocks, and how each one is run.
+"""The fenced ``python`` and ``sh`` blocks of README.md and of the docs pages in
+``PAGES``, and how each one is run.
 
 A block runs as written. A block that needs more than one terminal, a device,
 or runs until Ctrl-C says so in an HTML comment right above its fence, which
@@ -34,7 +35,25 @@ background for the rest of the block and is stopped with Ctrl-C at its end
 import re
 import shlex
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import List, Optional, Tuple
+
+# The pages whose blocks are run (tests/system/test_readme.py), type-checked
+# (tests/system/test_typing.py) and run against an installed wheel (tools/wheel_smoke.py).
+# Pages not listed (docs/cpp.md's build commands, BENCHMARKS.md's benchmark runs) are not run.
+PAGES = (
+    "README.md",
+    "docs/install.md",
+    "docs/msgq.md",
+    "docs/tools.md",
+    "docs/visionipc.md",
+    "docs/queues.md",
+    "docs/camera.md",
+    "docs/recording.md",
+    "docs/viewing.md",
+    "docs/analyze.md",
+    "docs/benchmarking.md",
+)
 
 FENCE = re.compile(r"^```(\w*)\s*$")
 ANNOTATION = re.compile(r"^<!--\s*readme-test:(.*?)-->\s*$")
@@ -52,10 +71,11 @@ class Block:
     not_run: List[Tuple[re.Pattern, str]] = field(default_factory=list)
     runner: str = "python"
     timeout: float = 180.0
+    page: str = "README.md"
 
     @property
     def id(self) -> str:
-        return f"L{self.line}-{self.lang}"
+        return f"{self.page}:L{self.line}-{self.lang}"
 
     def stop_after_for(self, line: str) -> Optional[float]:
         return next((s for rx, s in self.stop_after_lines if rx.search(line)), self.stop_after)
@@ -93,10 +113,10 @@ def _apply(block: Block, options: str) -> None:
         elif key == "timeout":
             block.timeout = float(value)
         else:
-            raise ValueError(f"README annotation: unknown option {word!r}")
+            raise ValueError(f"readme-test annotation: unknown option {word!r}")
 
 
-def blocks(text: str) -> List[Block]:
+def blocks(text: str, page: str = "README.md") -> List[Block]:
     """Every ``python`` and ``sh`` block of a Markdown text, with its annotation."""
     found, lines, i = [], text.splitlines(), 0
     while i < len(lines):
@@ -107,7 +127,7 @@ def blocks(text: str) -> List[Block]:
         start, lang = i, m.group(1)
         end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
         if lang in ("python", "sh"):
-            block = Block(lang, start + 1, "\n".join(lines[start + 1 : end]) + "\n")
+            block = Block(lang, start + 1, "\n".join(lines[start + 1 : end]) + "\n", page=page)
             block.cwd = "root" if lang == "python" else "tmp"
             j = start - 1
             while j >= 0 and ANNOTATION.match(lines[j]):
@@ -116,3 +136,8 @@ def blocks(text: str) -> List[Block]:
             found.append(block)
         i = end + 1
     return found
+
+
+def page_blocks(root: Path) -> List[Block]:
+    """Every block of every page in ``PAGES`` (``root``: the repository)."""
+    return [block for page in PAGES for block in blocks((root / page).read_text(), page)]

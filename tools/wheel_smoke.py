@@ -1,4 +1,4 @@
-"""README.md's Python blocks against an installed visionipc, run from a folder outside the checkout.
+"""The Python blocks of README.md and docs/ against an installed visionipc, run from a folder outside the checkout.
 
     /path/to/venv/bin/python tools/wheel_smoke.py [--workdir DIR]
 
@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # readme_blocks: how README.md's blocks are found and read
-from readme_blocks import blocks  # noqa: E402
+sys.path.insert(0, str(ROOT / "tests"))  # readme_blocks: how the pages' blocks are found and read
+from readme_blocks import page_blocks  # noqa: E402
 
 
 def _installed(workdir, env):
@@ -47,7 +47,7 @@ def main(argv=None):
 
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         print("importing", *_installed(workdir, env))
-        for block in blocks((ROOT / "README.md").read_text()):
+        for block in page_blocks(ROOT):
             if block.lang != "python" or block.setup or block.runner != "python":
                 continue
             with isolated_prefix() as prefix:
@@ -61,9 +61,9 @@ def main(argv=None):
                     timeout=block.timeout,
                 )
             if proc.returncode != 0:
-                print(f"README.md line {block.line} failed:\n{proc.stdout}{proc.stderr}", file=sys.stderr)
+                print(f"{block.page} line {block.line} failed:\n{proc.stdout}{proc.stderr}", file=sys.stderr)
                 return 1
-            print(f"ok: README.md line {block.line}")
+            print(f"ok: {block.page} line {block.line}")
     return 0
 
 

@@ -1,8 +1,9 @@
-"""Every fenced python and sh block of README.md, run as written from a user's
-shell (the venv's commands on PATH), one test per block: it must exit 0, stop
-on Ctrl-C where it runs until stopped, and leave no process and no shared
-memory behind. How a block that needs more than one terminal, a device or
-inputs is run is written above it in README.md (tests/readme_blocks.py)."""
+"""Every fenced python and sh block of README.md and of the docs pages it links
+(tests/readme_blocks.py, ``PAGES``), run as written from a user's shell (the
+venv's commands on PATH), one test per block: it must exit 0, stop on Ctrl-C
+where it runs until stopped, and leave no process and no shared memory behind.
+How a block that needs more than one terminal, a device or inputs is run is
+written above it on its page (tests/readme_blocks.py)."""
 
 import os
 import signal
@@ -11,12 +12,12 @@ import sys
 import time
 
 import pytest
-from readme_blocks import blocks
+from readme_blocks import PAGES, page_blocks
 from repo import ROOT
 
 from msgq.names import segment_dir
 
-BLOCKS = blocks((ROOT / "README.md").read_text())
+BLOCKS = page_blocks(ROOT)
 
 
 def _env(prefix):
@@ -130,14 +131,16 @@ def test_readme_block(block, tmp_path, msgq_prefix):
             timeout=block.timeout,
         )
         assert proc.returncode == 0, (
-            f"README line {block.line}, after {time.monotonic() - start:.1f} s:\n{proc.stdout}\n{proc.stderr}"
+            f"{block.page} line {block.line}, after {time.monotonic() - start:.1f} s:\n{proc.stdout}\n{proc.stderr}"
         )
     else:
         print("\n".join(_run_sh(block, cwd, env)))
     left = sorted(n for n in set(os.listdir(segment_dir())) - shm_before if prefix in n)
-    assert not left, f"README line {block.line} left shared memory behind: {left}"
+    assert not left, f"{block.page} line {block.line} left shared memory behind: {left}"
 
 
-def test_the_readme_has_its_blocks_and_annotations_parse():
+def test_the_readme_and_docs_have_their_blocks_and_annotations_parse():
     assert len(BLOCKS) >= 15
     assert {b.lang for b in BLOCKS} == {"python", "sh"}
+    assert {"python", "sh"} <= {b.lang for b in BLOCKS if b.page == "README.md"}  # the quick start runs
+    assert all((ROOT / page).is_file() for page in PAGES)
