@@ -27,9 +27,9 @@ def select_recordings(recs, args, out, warn):
     ``--incremental``, those a published run in ``out`` analysed as they are now (same id,
     same segments: tables.fingerprint); returns (recordings, {name: recording.json},
     {name: (stable id, fingerprint)}). A broken recording.json is a RecordingError."""
-    from visionipc.apps.pipeline.read import recording_info
+    from visionipc.apps.pipeline.read import recording_infos
 
-    infos = {r.recording_id: recording_info(r) for r in recs}
+    infos = {r.recording_id: info for r, info in zip(recs, recording_infos(recs))}
     partial = [r for r in recs if infos[r.recording_id].get("status") == IN_PROGRESS]
     if partial and not args.allow_partial:
         warn(
@@ -53,6 +53,18 @@ def select_recordings(recs, args, out, warn):
         done = runs.analysed_recordings(out)
         recs = [r for r in recs if keys[r.recording_id] not in done]
     return recs, infos, keys
+
+
+def driver_checks(inputs, args, out: str, warn):
+    """What the driver does before Spark starts: find the recordings, read and check their
+    recording.json, choose them (``select_recordings``), list their complete segments and
+    check the names. The files' contents are checked by the tasks that read them
+    (read.read_index_file), so there is no per-file I/O here beyond the listings.
+    Returns (recordings, infos, keys, index_files rows)."""
+    from visionipc.apps.pipeline.read import find_recordings, index_files
+
+    recs, infos, keys = select_recordings(find_recordings(inputs), args, out, warn)
+    return recs, infos, keys, index_files(recs, skip_empty=args.skip_empty, contents=False)
 
 
 def unmeasured_lossy_streams(recs, infos) -> list:
@@ -88,7 +100,7 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None, keys=None) -
 
     dates = {rid: recording_date(info) for rid, info in infos.items()}
     if files is None:
-        files = index_files(recs, skip_empty=args.skip_empty)
+        files = index_files(recs, skip_empty=args.skip_empty, contents=False)  # the tasks check the contents
     segments = segment_rows(files)
     res = {}
     kind, value = args.export

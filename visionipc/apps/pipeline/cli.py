@@ -169,12 +169,12 @@ def warn(msg: str) -> None:
 
 def run(args, step) -> int:
     from visionipc.apps.pipeline import cluster, fs, runs
-    from visionipc.apps.pipeline.analysis import analyse, select_recordings
-    from visionipc.apps.pipeline.read import find_recordings, index_files
+    from visionipc.apps.pipeline.analysis import analyse, driver_checks
 
     out = runs.check_out(args.out)
-    recs, infos, keys = select_recordings(find_recordings(args.recordings), args, out, warn)
-    files = index_files(recs, skip_empty=args.skip_empty)  # every file checked before Spark starts (exit 2)
+    # names and recording.json checked before Spark starts; each file's contents by the task
+    # that reads it (read.read_index_file), a bad one still refused with one line (exit 2)
+    recs, infos, keys, files = driver_checks(args.recordings, args, out, warn)
     if not recs:
         step(f"nothing to analyse (every recording given is still being recorded or already in {out})")
         return 0

@@ -22,6 +22,7 @@ from visionipc.apps.pipeline.read import (
     RecordingError,
     _recordings,
     index_files,
+    read_index_file,
     recording_info,
 )
 
@@ -131,20 +132,26 @@ def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
 
 
 def read_segment_index(index_file: str, recording_path: str = None, *, quality: bool = False):
-    """The index rows of one segment, in position order (pandas); the file is opened by
-    visionipc.apps.record.checks.open_file (a regular file inside the recording).
-    ``quality``: with the picture metrics the recorder measured as it captured
+    """The index rows of one segment, in position order (pandas), checked as they are read
+    (read.read_index_file: a regular file inside the recording, its columns and the names in
+    them). ``quality``: with the picture metrics the recorder measured as it captured
     (``quality.COLUMNS``), or None when the segment has none."""
 
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     folder = recording_path or fs.parent(fs.parent(fs.parent(index_file)))
-    with fs.open_member(folder, fs.relative(folder, index_file)) as f:
-        try:
-            table = pq.read_table(f, schema=QUALITY_ARROW_SCHEMA if quality else INDEX_ARROW_SCHEMA)
-        except (OSError, ValueError, pa.ArrowException) as e:
-            raise RecordingError(f"{index_file}: {e} (docs/recording-format.md)") from None
+    table = read_index_file(index_file, folder)
+    schema = QUALITY_ARROW_SCHEMA if quality else INDEX_ARROW_SCHEMA
+    try:  # the schema's columns and types (metrics a file lacks: null)
+        table = pa.table(
+            [
+                table.column(f.name).cast(f.type) if f.name in table.column_names else pa.nulls(len(table), f.type)
+                for f in schema
+            ],
+            schema=schema,
+        )
+    except (ValueError, pa.ArrowException) as e:
+        raise RecordingError(f"{index_file}: {e} (docs/recording-format.md)") from None
     if quality:
         from visionipc.apps.record.quality import COLUMNS
 

@@ -153,6 +153,20 @@ def listdir(location: str, *, recursive: bool = False) -> list:
     return sorted(out)
 
 
+def file_stats(location: str) -> dict:
+    """``{relative name: (size, mtime_ns)}`` of the files below a folder, from one recursive
+    listing (object stores give both in their listings: no request per file)."""
+    import pyarrow.fs as pafs
+
+    fs, path = resolve(location)
+    try:
+        found = fs.get_file_info(pafs.FileSelector(path, allow_not_found=True, recursive=True))
+    except (NotADirectoryError, FileNotFoundError):
+        return {}
+    cut = len(path.rstrip("/")) + 1
+    return {f.path[cut:]: (f.size, f.mtime_ns) for f in found if f.type == pafs.FileType.File}
+
+
 def relative(folder: str, location: str) -> str:
     """``location`` as a ``/``-separated path below ``folder`` (both as find_recordings gives them)."""
     folder, location = normalize(folder), normalize(location)

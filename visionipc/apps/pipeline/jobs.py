@@ -134,19 +134,18 @@ def latency_of(recording_id, stream, c: dict) -> pd.DataFrame:
     )
 
 
-def _read_stream(files) -> dict:
-    """The int64 columns health needs of one stream's index files, in recorded order."""
+def _read_stream(folder: str, files) -> dict:
+    """The int64 columns health needs of one stream's index files, in recorded order; each
+    file checked as it is read (read.read_index_file: the driver only listed it)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA
+    from visionipc.apps.pipeline.read import read_index_file
     from visionipc.apps.record.checks import reading
 
     tables = []
     for f in files:
-        filesystem, path = fs.resolve(f)
-        with reading(f):  # checked on the driver, but it may have changed since
-            tables.append(pq.read_table(path, schema=INDEX_ARROW_SCHEMA, columns=health._ORDER, filesystem=filesystem))
+        with reading(f):  # whatever reading it raises names the file (one line, exit 2)
+            tables.append(read_index_file(f, folder, columns=health._ORDER))
     table = pa.concat_tables(tables)
     cols = {n: table.column(n).to_numpy().astype(np.int64, copy=False) for n in health._ORDER}
     order = health._recorded_order(cols["segment"], cols["position"])
@@ -160,11 +159,16 @@ def _concat(frames: list) -> pd.DataFrame:
 
 
 def _health_task(rows):
-    """A task's (recording_id, stream, index_files) -> one (kind, frame) per kind: its
-    streams are combined in the task, so the driver gets 5 small tables per task."""
+    """A task's (recording_id, stream, recording folder, index_files) -> one (kind, frame) per
+    kind: its streams are combined in the task, so the driver gets 5 small tables per task."""
+    yield from health_of_streams((rid, stream, _read_stream(folder, files)) for rid, stream, folder, files in rows)
+
+
+def health_of_streams(streams):
+    """``(recording_id, stream, int64 columns)`` of some streams -> ``(kind, frame)`` of each
+    of ``HEALTH_KINDS`` (the streams' rows together; a kind none has is left out)."""
     found = {kind: [] for kind in HEALTH_KINDS}
-    for recording_id, stream, files in rows:
-        c = _read_stream(files)
+    for recording_id, stream, c in streams:
         if len(c["frame_id"]) == 0:
             continue
         args = (recording_id, stream, c)
@@ -193,8 +197,8 @@ def health_pass(spark, files, slots: int) -> dict:
     second Python worker per task: BENCHMARKS.md, issue 18.)"""
     by_stream = {}
     for rec, stream, _, path in files:
-        by_stream.setdefault((rec.recording_id, stream), []).append(path)
-    rows = [(rid, stream, paths) for (rid, stream), paths in sorted(by_stream.items())]
+        by_stream.setdefault((rec.recording_id, stream, rec.path), []).append(path)
+    rows = [(rid, stream, folder, paths) for (rid, stream, folder), paths in sorted(by_stream.items())]
     got = tasks.collect(tasks.map_rows(spark, rows, _slices(len(rows), slots), _health_task), HEALTH_KINDS)
     return {k: (v if v is not None else health._empty(HEALTH_KINDS[k])) for k, v in got.items()}
 

@@ -111,6 +111,15 @@ def recording_info(recording: Recording) -> dict:
     return parse_manifest(fs.read_member(recording.path, layout.MANIFEST, MAX_MANIFEST_BYTES), where)
 
 
+def recording_infos(recordings) -> list:
+    """``recording_info`` of each recording, a few read at once (an object store's latency
+    paid once per batch, not per recording); the first bad one in order is raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
+        return list(pool.map(recording_info, recordings))
+
+
 def _relative(folder: str, path: str) -> str:
     return os.path.relpath(path, folder).replace(os.sep, "/")
 
@@ -118,10 +127,17 @@ def _relative(folder: str, path: str) -> str:
 _READ_THREADS = min(8, (os.cpu_count() or 2) * 2)
 
 
-def check_index_file(path: str, folder: str = None) -> None:
-    """Raise RecordingError unless ``path`` (``folder/index/<stream>/NNNNNN.parquet``) is a
-    regular file inside the recording ``folder``, a Parquet file with the index columns and
-    types, whose ``stream`` column only names its own stream."""
+# the columns that name things, checked in every index file read (_check_index_rows)
+NAMING_COLUMNS = ["stream", "position", "segment_file"]
+
+
+def read_index_file(path: str, folder: str = None, columns=None):
+    """The index file ``path`` (``folder/index/<stream>/NNNNNN.parquet``) as a pyarrow table
+    (``columns``, all by default), checked as it is read: a regular file inside the recording
+    ``folder`` (checks.open_file), a Parquet file with the index columns and types, whose
+    ``stream`` column only names its own stream, positions 0..rows-1, segment files inside
+    the recording; else RecordingError. One parse of the file's footer: the tasks that read
+    the index call this, so each file is checked where it is read (no second pass)."""
     import pyarrow.parquet as pq
 
     folder = folder or fs.parent(fs.parent(fs.parent(path)))
@@ -129,26 +145,40 @@ def check_index_file(path: str, folder: str = None) -> None:
     check_stream(stream, folder)
     with fs.open_member(folder, fs.relative(folder, path)) as f:
         try:
-            schema = pq.read_schema(f)
-        except (OSError, pa.ArrowException) as e:
-            raise RecordingError(f"corrupt index file {path}: {e}") from e
-        for field in INDEX_ARROW_SCHEMA:
-            if field.name not in schema.names:
-                raise RecordingError(f"index file {path} has no column {field.name!r} (docs/recording-format.md)")
-            got = schema.field(field.name).type
-            if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
-                raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
-        for field in QUALITY_ARROW_SCHEMA:  # the recorder's frame metrics, where there
-            if field.name not in INDEX_ARROW_SCHEMA.names and field.name in schema.names:
-                got = schema.field(field.name).type
-                if not (pa.types.is_floating(got) or pa.types.is_integer(got) or pa.types.is_null(got)):
-                    raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected a number")
-        f.seek(0)
-        try:
-            table = pq.read_table(f, columns=["stream", "position", "segment_file"])
-        except (OSError, pa.ArrowException) as e:
+            parquet = pq.ParquetFile(f)
+            _check_index_schema(parquet.schema_arrow, path)
+            wanted = None if columns is None else list(dict.fromkeys([*columns, *NAMING_COLUMNS]))
+            table = parquet.read(columns=wanted)
+        except (OSError, KeyError, pa.ArrowException) as e:  # KeyError: a column named twice
             raise RecordingError(f"corrupt index file {path}: {e}") from e
     _check_index_rows(table, path, stream, folder)
+    return table if columns is None else table.select(list(columns))
+
+
+def check_index_file(path: str, folder: str = None) -> None:
+    """Raise RecordingError unless ``path`` is an index file ``read_index_file`` accepts."""
+    read_index_file(path, folder, columns=NAMING_COLUMNS)
+
+
+_ACCEPTED_SCHEMAS = set()  # a task reads many files written alike: each schema is checked once
+
+
+def _check_index_schema(schema, path: str) -> None:
+    if schema in _ACCEPTED_SCHEMAS:
+        return
+    for field in INDEX_ARROW_SCHEMA:
+        if field.name not in schema.names:
+            raise RecordingError(f"index file {path} has no column {field.name!r} (docs/recording-format.md)")
+        got = schema.field(field.name).type
+        if got != field.type and not (pa.types.is_string(field.type) and pa.types.is_large_string(got)):
+            raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected {field.type}")
+    for field in QUALITY_ARROW_SCHEMA:  # the recorder's frame metrics, where there
+        if field.name not in INDEX_ARROW_SCHEMA.names and field.name in schema.names:
+            got = schema.field(field.name).type
+            if not (pa.types.is_floating(got) or pa.types.is_integer(got) or pa.types.is_null(got)):
+                raise RecordingError(f"index file {path}: column {field.name!r} is {got}, expected a number")
+    if len(_ACCEPTED_SCHEMAS) < 64:
+        _ACCEPTED_SCHEMAS.add(schema)
 
 
 def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
@@ -170,9 +200,12 @@ def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
         check_relpath(segment_file, folder)
 
 
-def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
+def index_files(recordings, *, skip_empty: bool = False, validate: bool = True, contents: bool = True) -> list:
     """``[(recording, stream, segment, path)]`` of every complete segment; an empty recording
-    raises RecordingError unless ``skip_empty``."""
+    raises RecordingError unless ``skip_empty``. ``validate``: recording.json and the stream
+    names checked, and with ``contents`` every file's (``check_index_file``, a few at once);
+    ``contents=False`` leaves those to the tasks that read the files (``read_index_file``:
+    vipc-analyze's jobs), so the driver does no per-file I/O beyond the listing."""
     out, empty = [], []
     for rec in recordings:
         files = rec.index_files()
@@ -185,9 +218,11 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True) 
             f"{', '.join(empty)}" + ("" if skip_empty else " (skip them with skip_empty / --skip-empty)")
         )
     if validate:
-        for rec in recordings:
-            recording_info(rec)  # recording.json checked (visionipc.apps.record.checks)
-        _check_all(out)
+        recording_infos(recordings)  # recording.json checked (visionipc.apps.record.checks)
+        for rec, stream in dict.fromkeys((rec, stream) for rec, stream, _, _ in out):
+            check_stream(stream, rec.path)
+        if contents:
+            _check_all(out)
     return out
 
 

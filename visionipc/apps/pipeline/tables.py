@@ -77,10 +77,10 @@ def fingerprint(recording, rid: str) -> str:
     files = recording.index_files()
     h = hashlib.sha256(rid.encode())
     if files:
-        filesystem, _ = fs.resolve(files[0][2])
-        found = filesystem.get_file_info([fs.resolve(p)[1] for _, _, p in files])
-        for (stream, segment, _), info in zip(files, found):
-            h.update(f"{stream}/{segment}\0{info.size}\0{info.mtime_ns}\n".encode())
+        stats = fs.file_stats(fs.join(recording.path, "index"))  # one listing, no request per file
+        for stream, segment, path in files:
+            size, mtime_ns = stats.get(f"{stream}/{fs.basename(path)}", (None, None))
+            h.update(f"{stream}/{segment}\0{size}\0{mtime_ns}\n".encode())
     return h.hexdigest()
 
 

@@ -8,10 +8,14 @@
    multiprocessing pool running the same segment function; frames/s and ratios,
    each twice: cold (the first job: Spark's Python workers start and import in
    it, the pool's processes likewise) and warm (the same job again at once).
-3. pass: what ``vipc-analyze --jobs health`` runs (jobs.health_pass) on local[2] and
-   local[1], --rounds times each, interleaved; the best run of each in the table,
-   then the medians and local[2] / local[1]. --breakdown: Spark's event log per run
-   (tasks, first task, how busy the slots were, the driver's time around the job).
+3. pass: issue 33's fixed costs side by side in one run: the driver's checks before
+   Spark starts (and as they were: every file opened on the driver); what ``vipc-analyze
+   --jobs health`` runs (jobs.health_pass) on local[2] and local[1]; the whole command
+   (process start to exit); one pyarrow + numpy process computing and writing the same
+   numbers; --rounds times each, interleaved; the best run of each in the table, then the
+   medians, local[2] / local[1] and the ratios against the targets. --breakdown: Spark's
+   event log per run (tasks, first task, how busy the slots were, the driver's time
+   around the job).
 4. source: spark.read.format("vipc") vs Spark's Parquet reader on the same files.
 
 Every Spark configuration runs in its own child process (a master is fixed per
@@ -100,11 +104,10 @@ def child_health_pass(root, master, events=None, conf=None):
     ``conf``: more Spark settings (``--conf``)."""
     t0 = time.monotonic()
     from visionipc.apps.pipeline import cluster, jobs
-    from visionipc.apps.pipeline.read import find_recordings, index_files
     from visionipc.apps.pipeline.session import spark_session
     from visionipc.bench import spark_events
 
-    files = index_files(find_recordings([root]))  # the driver's checks of every file, as vipc-analyze does
+    _, _, _, files = _driver_checks(root)  # what vipc-analyze's driver does before Spark starts
     checked = time.monotonic()
     spark = spark_session(master, conf={**(spark_events.event_log_conf(events) if events else {}), **(conf or {})})
     slots = cluster.task_slots(spark)
@@ -138,6 +141,73 @@ def child_health_pass(root, master, events=None, conf=None):
             last = spark_jobs[-1]
             out["driver_after_s"] = done_at - last["submitted_at"] - last["wall_s"]
     return out
+
+
+def _driver_checks(root, out=None):
+    import argparse
+
+    from visionipc.apps.pipeline.analysis import driver_checks
+
+    args = argparse.Namespace(allow_partial=False, incremental=False, skip_empty=False)
+    return driver_checks([root], args, out or os.path.join(root + ".out"), print)
+
+
+def child_checks(root):
+    """The driver's checks of the inputs before Spark starts, as vipc-analyze does them
+    (analysis.driver_checks: listings, recording.json, names; each file's contents are
+    checked by the task that reads it), and as they were before issue 33 (every index
+    file opened and checked on the driver: read.index_files(contents=True)). A fresh
+    process, the files in the OS's cache (the same for both)."""
+    t0 = time.monotonic()
+    from visionipc.apps.pipeline.read import find_recordings, index_files
+
+    imported = time.monotonic()
+    _, _, _, files = _driver_checks(root)
+    now = time.monotonic()
+    index_files(find_recordings([root]))  # the old way: every file's contents on the driver
+    before = time.monotonic()
+    return {"import_s": imported - t0, "checks_s": now - imported, "before_s": before - now, "files": len(files)}
+
+
+def child_command(root, master, out):
+    """The whole ``vipc-analyze --jobs health`` command, process start to exit (driver checks,
+    Spark's start, the job, the run folder's Parquet files, the tables, the report)."""
+    import shutil
+
+    cmd = [sys.executable, "-m", "visionipc.apps.pipeline.cli", root, "--out", out, "--jobs", "health"]
+    cmd += ["--master", master, "--no-progress", "-q"]
+    t = time.monotonic()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    elapsed = time.monotonic() - t
+    shutil.rmtree(out, ignore_errors=True)
+    return {"total_s": elapsed}
+
+
+def child_same_numbers(root, out):
+    """One pyarrow + numpy process computing the same numbers as ``vipc-analyze --jobs
+    health`` (health, drops, fps timeline, latency histogram, events: jobs.health_of_streams
+    over the index read by pyarrow's threads) and writing them as Parquet files; no checks,
+    no Spark."""
+    t0 = time.monotonic()
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from visionipc.apps.pipeline import health, jobs
+    from visionipc.apps.pipeline.read import read_index_pandas
+
+    index = read_index_pandas([root], validate=False, columns=health._NEEDED)
+    read = time.monotonic()
+    got = dict(jobs.health_of_streams(health._streams(index)))
+    os.makedirs(out, exist_ok=True)
+    for kind, frame in got.items():
+        pq.write_table(pa.Table.from_pandas(frame, preserve_index=False), os.path.join(out, f"{kind}.parquet"))
+    done = time.monotonic()
+    shutil.rmtree(out, ignore_errors=True)
+    h = got["health"]
+    rows, dropped = int(h["frames"].sum()), int(h["dropped"].sum())
+    return {"total_s": done - t0, "read_s": read - t0, "rows": rows, "dropped": dropped}
 
 
 def child_source(root, master):
@@ -226,6 +296,9 @@ CHILDREN = {
     "health_spark": child_health_spark,
     "health_pandas": child_health_pandas,
     "health_pass": child_health_pass,
+    "checks": child_checks,
+    "command": child_command,
+    "same_numbers": child_same_numbers,
     "source": child_source,
     "metrics_spark": child_metrics_spark,
     "metrics_pool": child_metrics_pool,
@@ -255,14 +328,15 @@ def _describe(run) -> str:
     return text
 
 
-def pass_runs(root, rounds, events=None, conf=None) -> dict:
-    """health_pass on local[2] and local[1], interleaved (2, 1, 2, 1...) so that both see the
-    same spread of load; each run with the load average before it."""
+def pass_runs(root, rounds, events=None, conf=None, data=None) -> dict:
+    """Per round, interleaved so that all see the same spread of load: health_pass on
+    local[2] and local[1], the whole command on local[2] and the one-process baseline
+    computing the same numbers; each run with the load average before it."""
     import shutil
 
-    runs = {"local[2]": [], "local[1]": []}
+    runs = {"local[2]": [], "local[1]": [], "command": [], "same_numbers": []}
     for i in range(rounds):
-        for slots, master in zip((2, 1), runs):
+        for slots, master in zip((2, 1), ("local[2]", "local[1]")):
             folder = os.path.join(events, f"round{i}-local{slots}") if events else None
             load = read_loadavg()
             r = in_child("health_pass", root, master, folder, conf)
@@ -272,6 +346,18 @@ def pass_runs(root, rounds, events=None, conf=None) -> dict:
             runs[master].append(r)
             print(
                 f"  {master} run {i + 1}: {_describe(r)}; load average before {' '.join(load or [])}", file=sys.stderr
+            )
+        for name, args in (
+            ("command", (root, "local[2]", os.path.join(data, "command-out"))),
+            ("same_numbers", (root, os.path.join(data, "same-numbers-out"))),
+        ):
+            load = read_loadavg()
+            r = in_child(name, *args)
+            r["loadavg_before"] = load
+            runs[name].append(r)
+            print(
+                f"  {name} run {i + 1}: {r['total_s']:.1f} s; load average before {' '.join(load or [])}",
+                file=sys.stderr,
             )
     return runs
 
@@ -291,6 +377,32 @@ def pass_medians(runs) -> str:
         f"{statistics.median(one):.1f} s -> local[2] speed-up {ratio:.2f}x (target >= 1.6x: "
         f"{'met' if ratio >= 1.6 else 'MISSED'}; per pair: {pairs}); "
         f"1-min load average before the runs {min(loads, default=0):.2f}-{max(loads, default=0):.2f}"
+    )
+
+
+def pass_targets(two, one, command, same, checks, runs) -> str:
+    """Issue 33's targets side by side (best runs; the speed-up of the medians: pass_medians)."""
+    import statistics
+
+    def verdict(ok):
+        return "met" if ok else "MISSED"
+
+    ratios = {
+        "command": command["total_s"] / same["total_s"],
+        "job": two["job_s"] / same["total_s"],
+        "speedup": statistics.median(r["job_s"] for r in runs["local[1]"])
+        / statistics.median(r["job_s"] for r in runs["local[2]"]),
+    }
+    return "\n".join(
+        [
+            f"targets ({checks['files']} index files):",
+            f"  driver checks {checks['checks_s']:.2f} s (<= 2 s: {verdict(checks['checks_s'] <= 2)}); "
+            f"as before issue 33 (contents on the driver) {checks['before_s']:.2f} s "
+            f"(load average before {' '.join(checks.get('loadavg_before') or [])})",
+            f"  whole command / 1 process {ratios['command']:.2f}x (<= 2.5x: {verdict(ratios['command'] <= 2.5)})",
+            f"  job alone (local[2]) / 1 process {ratios['job']:.2f}x (<= 1.2x: {verdict(ratios['job'] <= 1.2)})",
+            f"  local[2] / local[1] job {ratios['speedup']:.2f}x (>= 1.6x: {verdict(ratios['speedup'] >= 1.6)})",
+        ]
     )
 
 
@@ -372,10 +484,25 @@ def main(argv=None):
     if args.part in ("pass", "all"):
         root = make_index(args.data, args.rows)
         conf = dict(kv.split("=", 1) for kv in args.conf)
-        runs = pass_runs(root, args.rounds, os.path.join(args.data, "spark-events") if args.breakdown else None, conf)
+        checks = in_child("checks", root)
+        checks["loadavg_before"] = read_loadavg()
+        events = os.path.join(args.data, "spark-events") if args.breakdown else None
+        runs = pass_runs(root, args.rounds, events, conf, args.data)
         two, one = (min(runs[m], key=lambda r: r["total_s"]) for m in ("local[2]", "local[1]"))
+        command = min(runs["command"], key=lambda r: r["total_s"])
+        same = min(runs["same_numbers"], key=lambda r: r["total_s"])
         alone = best("total_s", "health_pandas", root)
-        results["pass"] = {"local2": two, "local1": one, "pyarrow_numpy": alone, "runs": runs}
+        results["pass"] = {
+            "local2": two,
+            "local1": one,
+            "command": command,
+            "same_numbers": same,
+            "pyarrow_numpy": alone,
+            "checks": checks,
+            "runs": runs,
+        }
+        if len({two["rows"], one["rows"], same["rows"], alone["rows"]}) != 1 or two["dropped"] != same["dropped"]:
+            print(f"WARNING: the runs disagree: rows {two['rows']} {one['rows']} {same['rows']} {alone['rows']}")
         print(
             format_table(
                 [
@@ -395,8 +522,7 @@ def main(argv=None):
                         f"{two['check_s']:.1f}",
                         f"{two['session_s']:.1f}",
                         f"{two['job_s']:.1f}",
-                        f"job {two['job_s'] / alone['total_s']:.2f}x, total {two['total_s'] / alone['total_s']:.2f}x "
-                        "of 1 process",
+                        f"job {two['job_s'] / same['total_s']:.2f}x of 1 process (same numbers)",
                     ],
                     [
                         "Spark local[1]",
@@ -407,11 +533,39 @@ def main(argv=None):
                         f"{one['job_s']:.1f}",
                         f"local[2] speed-up {one['job_s'] / two['job_s']:.2f}x",
                     ],
-                    ["pyarrow + numpy, 1 process", alone["rows"], f"{alone['total_s']:.1f}", "-", "-", "-", "1.00x"],
+                    [
+                        "whole command, local[2] (process start to exit)",
+                        two["rows"],
+                        f"{command['total_s']:.1f}",
+                        "-",
+                        "-",
+                        "-",
+                        f"{command['total_s'] / same['total_s']:.2f}x of 1 process (same numbers)",
+                    ],
+                    [
+                        "pyarrow + numpy, 1 process, the same 5 tables written",
+                        same["rows"],
+                        f"{same['total_s']:.1f}",
+                        "-",
+                        "-",
+                        f"{same['total_s'] - same['read_s']:.1f} (+{same['read_s']:.1f} read)",
+                        "1.00x",
+                    ],
+                    [
+                        "pyarrow + numpy, 1 process, health only (lean, as before)",
+                        alone["rows"],
+                        f"{alone['total_s']:.1f}",
+                        "-",
+                        "-",
+                        "-",
+                        f"job {two['job_s'] / alone['total_s']:.2f}x, "
+                        f"command {command['total_s'] / alone['total_s']:.2f}x",
+                    ],
                 ],
             )
         )
         print(pass_medians(runs))
+        print(pass_targets(two, one, command, same, checks, runs))
         print()
     if args.part in ("source", "all"):
         root = make_index(args.data, args.rows)
