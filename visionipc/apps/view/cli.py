@@ -5,6 +5,7 @@ import asyncio
 import signal
 import sys
 import threading
+from typing import Optional, Sequence, Tuple, Union
 
 from msgq import add_version_flag
 from msgq.cli import parse_args
@@ -43,7 +44,7 @@ must come within 10 s. Ctrl-C (SIGINT) or SIGTERM stops it.
 """
 
 
-def parse_http(text: str):
+def parse_http(text: str) -> Tuple[str, Union[int, str]]:
     """``PORT``, ``:PORT``, ``HOST:PORT`` or ``[V6]:PORT`` -> (host, port); host defaults to 127.0.0.1.
     ``unix:PATH`` -> ("unix", PATH): a Unix-domain socket."""
     if text.startswith("unix:"):
@@ -92,7 +93,7 @@ def _parser():
     return p
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = _parser()
     args = parse_args(parser, argv, config=True)
     try:

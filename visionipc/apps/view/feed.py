@@ -22,11 +22,13 @@ import asyncio
 import logging
 import threading
 import time
-from typing import NamedTuple
+from typing import NamedTuple, Optional
 
 import cv2
+import numpy as np
+import numpy.typing as npt
 
-from visionipc.apps.view.stats import StreamStats
+from visionipc.apps.view.stats import StreamSnapshot, StreamStats
 from visionipc.client import VisionIpcClient
 
 log = logging.getLogger("vipc-view")
@@ -48,14 +50,22 @@ def mjpeg_part(frame_id: int, jpeg: bytes) -> bytes:
     return head.encode() + jpeg + b"\r\n"
 
 
+class FeedReport(StreamSnapshot, total=False):
+    """A stream in vipc-view's ``/stats``: its counters and its viewers'."""
+
+    viewers: int
+    frames_sent: int
+    frames_skipped: int
+
+
 class StreamFeed:
-    def __init__(self, server: str, stream: str, quality: int = 80, keep_bgr: bool = False):
+    def __init__(self, server: str, stream: str, quality: int = 80, keep_bgr: bool = False) -> None:
         self.server = server
         self.stream = stream
         self.stats = StreamStats()
         self.keep_bgr = keep_bgr
-        self.latest = None
-        self.latest_bgr = None
+        self.latest: Optional[Encoded] = None
+        self.latest_bgr: Optional[npt.NDArray[np.uint8]] = None
         self.viewers = 0
         self.snapshot_waiters = 0
         self.frames_sent = 0
@@ -71,7 +81,7 @@ class StreamFeed:
 
     # -- worker thread --------------------------------------------------------
 
-    def _run(self):
+    def _run(self) -> None:
         client = VisionIpcClient(self.server, self.stream, conflate=True)
         last_error = None
         try:
@@ -118,11 +128,11 @@ class StreamFeed:
 
     # -- event-loop thread ------------------------------------------------------
 
-    def _notify(self):
+    def _notify(self) -> None:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    async def newer_than(self, seq: int, timeout: float):
+    async def newer_than(self, seq: int, timeout: float) -> Optional[Encoded]:
         """The newest encoded frame if its seq is above ``seq``, waiting up to
         ``timeout`` s for one; None on timeout or when the feed stops."""
         deadline = self._loop.time() + timeout
@@ -139,16 +149,19 @@ class StreamFeed:
                 return None
         return None
 
-    def report(self) -> dict:
-        out = self.stats.snapshot()
-        out.update(viewers=self.viewers, frames_sent=self.frames_sent, frames_skipped=self.frames_skipped)
-        return out
+    def report(self) -> FeedReport:
+        return {
+            **self.stats.snapshot(),
+            "viewers": self.viewers,
+            "frames_sent": self.frames_sent,
+            "frames_skipped": self.frames_skipped,
+        }
 
-    def close(self):
+    def close(self) -> None:
         """Tell the worker to stop (it closes its client) and wake every waiting viewer."""
         self.stopping = True
         self._stop.set()
         self._notify()
 
-    def join(self, timeout=5.0):
+    def join(self, timeout: float = 5.0) -> None:
         self._thread.join(timeout)

@@ -8,24 +8,49 @@ half-updated set of numbers.
 import collections
 import threading
 import time
+from typing import TYPE_CHECKING, Deque, List, Optional, Tuple, TypedDict
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 WINDOW_S = 1.0  # rates and mean latencies cover the frames of the last second
 
 
+class StreamSnapshot(TypedDict, total=False):
+    """``StreamStats.snapshot()``: every key is there (total=False: it is built in steps)."""
+
+    frame_id: Optional[int]
+    frames_received: int
+    frames_encoded: int
+    frames_torn: int
+    drops: int
+    restarts: int
+    encode_ms: Optional[float]
+    live: bool
+    fps: float
+    source_fps: float
+    latency_ms: Optional[float]
+    handoff_ms: Optional[float]
+    width: Optional[int]
+    height: Optional[int]
+    format: Optional[str]
+
+
 class StreamStats:
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._recent = collections.deque()  # (receive time s, frame_id, eof latency ns or None, handoff ns)
-        self.frame_id = None
+        # (receive time s, frame_id, eof latency ns or None, handoff ns or None)
+        self._recent: Deque[Tuple[float, int, Optional[int], Optional[int]]] = collections.deque()
+        self.frame_id: Optional[int] = None
         self.frames_received = 0
         self.frames_encoded = 0
         self.frames_torn = 0  # overwritten while we converted them; never shown
         self.drops = 0  # frame ids we never saw (gaps), over the whole run
         self.restarts = 0  # frame ids that went backwards: a restarted producer
-        self.encode_ms = None
-        self.geometry = None  # (width, height, format) of the newest frame
+        self.encode_ms: Optional[float] = None
+        self.geometry: Optional[Tuple[int, int, str]] = None  # (width, height, format) of the newest frame
 
-    def received(self, frame):
+    def received(self, frame: "VisionBuf") -> None:
         """Count one frame (a VisionBuf just returned by recv)."""
         now = time.monotonic()
         recv_ns = frame.timestamp_recv
@@ -46,25 +71,25 @@ class StreamStats:
             self._recent.append((now, frame.frame_id, eof_latency, handoff))
             self._trim(now)
 
-    def encoded(self, seconds):
+    def encoded(self, seconds: float) -> None:
         with self._lock:
             self.frames_encoded += 1
             ms = seconds * 1000
             self.encode_ms = ms if self.encode_ms is None else 0.9 * self.encode_ms + 0.1 * ms
 
-    def torn(self):
+    def torn(self) -> None:
         with self._lock:
             self.frames_torn += 1
 
-    def _trim(self, now):
+    def _trim(self, now: float) -> None:
         while self._recent and now - self._recent[0][0] > WINDOW_S:
             self._recent.popleft()
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> StreamSnapshot:
         with self._lock:
             self._trim(time.monotonic())
             recent = list(self._recent)
-            out = {
+            out: StreamSnapshot = {
                 "frame_id": self.frame_id,
                 "frames_received": self.frames_received,
                 "frames_encoded": self.frames_encoded,
@@ -88,10 +113,10 @@ class StreamStats:
         return out
 
 
-def _mean_ms(values_ns):
+def _mean_ms(values_ns: List[Optional[int]]) -> Optional[float]:
     values = [v for v in values_ns if v is not None]
     return round(sum(values) / len(values) / 1e6, 3) if values else None
 
 
-def _round(v):
+def _round(v: Optional[float]) -> Optional[float]:
     return None if v is None else round(v, 3)

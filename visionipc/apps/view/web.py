@@ -16,6 +16,7 @@ import logging
 import pathlib
 import socket
 import time
+from typing import Any, Dict, Iterable, Optional
 
 from aiohttp import web
 
@@ -43,7 +44,15 @@ class ViewServer:
     including ones that appear later (asked every DISCOVERY_INTERVAL_S).
     """
 
-    def __init__(self, name: str, streams=(), quality: int = 80, keep_bgr: bool = False, policy=None, guard=None):
+    def __init__(
+        self,
+        name: str,
+        streams: Iterable[str] = (),
+        quality: int = 80,
+        keep_bgr: bool = False,
+        policy: Optional[WebPolicy] = None,
+        guard: Optional[Guard] = None,
+    ) -> None:
         """``policy``: a WebPolicy (default: bound to 127.0.0.1, with a token); ``guard``:
         the listener's Guard (connection limit and timeouts)."""
         self.name = name
@@ -54,9 +63,9 @@ class ViewServer:
         self.keep_bgr = keep_bgr
         # stream name -> StreamFeed; changed on the event-loop thread only (the window
         # thread reads a copy, list(feeds.items()), taken in one step under the GIL)
-        self.feeds = {}
+        self.feeds: Dict[str, StreamFeed] = {}
         self.started = time.monotonic()
-        self._discovery = None
+        self._discovery: "Optional[asyncio.Task[None]]" = None
         self.app = web.Application(middlewares=[self.guard.middleware, self.policy.middleware])
         self.app.add_routes(
             [
@@ -69,13 +78,13 @@ class ViewServer:
         self.app.on_startup.append(self._start)
         self.app.on_shutdown.append(self._stop)
 
-    async def _start(self, app):
+    async def _start(self, app: web.Application) -> None:
         for stream in self.fixed_streams:
             self._add(stream)
         if not self.fixed_streams:
             self._discovery = asyncio.create_task(self._discover())
 
-    async def _stop(self, app):
+    async def _stop(self, app: web.Application) -> None:
         if self._discovery is not None:
             self._discovery.cancel()
         for feed in self.feeds.values():
@@ -84,11 +93,11 @@ class ViewServer:
         for feed in self.feeds.values():  # a worker is at most one receive timeout + one encode away
             await loop.run_in_executor(None, feed.join)
 
-    def _add(self, stream: str):
+    def _add(self, stream: str) -> None:
         if stream not in self.feeds:
             self.feeds[stream] = StreamFeed(self.name, stream, self.quality, self.keep_bgr)
 
-    async def _discover(self):
+    async def _discover(self) -> None:
         loop = asyncio.get_running_loop()
         last_error = None
         while True:
@@ -103,7 +112,7 @@ class ViewServer:
                     last_error = repr(exc)
             await asyncio.sleep(DISCOVERY_INTERVAL_S)
 
-    def _feed(self, request) -> StreamFeed:
+    def _feed(self, request: web.Request) -> StreamFeed:
         stream = request.match_info["stream"]
         feed = self.feeds.get(stream)
         if feed is None:
@@ -115,11 +124,11 @@ class ViewServer:
 
     # -- handlers -----------------------------------------------------------------
 
-    async def page(self, request):
+    async def page(self, request: web.Request) -> web.Response:
         return web.Response(text=PAGE.read_text(encoding="utf-8"), content_type="text/html")
 
-    async def stats(self, request):
-        body = {
+    async def stats(self, request: web.Request) -> web.Response:
+        body: Dict[str, Any] = {
             "server": self.name,
             "uptime_s": round(time.monotonic() - self.started, 1),
             "streams": {stream: feed.report() for stream, feed in sorted(self.feeds.items())},
@@ -128,7 +137,7 @@ class ViewServer:
         }
         return web.json_response(body, dumps=lambda o: json.dumps(o, indent=1))
 
-    async def snapshot(self, request):
+    async def snapshot(self, request: web.Request) -> web.Response:
         feed = self._feed(request)
         latest = feed.latest
         feed.snapshot_waiters += 1  # asks the worker to encode its next frame
@@ -148,7 +157,7 @@ class ViewServer:
             headers={"X-Frame-Id": str(frame.frame_id), "Cache-Control": "no-store"},
         )
 
-    async def mjpeg(self, request):
+    async def mjpeg(self, request: web.Request) -> web.StreamResponse:
         feed = self._feed(request)
         response = web.StreamResponse(
             headers={

@@ -12,6 +12,7 @@ import os
 import queue
 import signal
 import threading
+from typing import Any, Callable, Coroutine, Dict, List, Set, Tuple
 
 log = logging.getLogger("vipc-view")
 
@@ -22,7 +23,7 @@ class WindowError(RuntimeError):
     """No display, or an OpenCV build without a GUI."""
 
 
-def check_window_support():
+def check_window_support() -> None:
     """Raise WindowError with what to do if OpenCV windows cannot open here."""
     if not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
         raise WindowError(
@@ -40,13 +41,14 @@ def check_window_support():
             )
 
 
-def run_with_windows(serve, settings) -> int:
+def run_with_windows(serve: Callable[..., Coroutine[Any, Any, int]], settings: Dict[str, Any]) -> int:
     """Run ``serve(**settings)`` (the HTTP side) in a thread and the OpenCV windows in
     this, the main thread (Qt and Cocoa want their GUI there). SIGINT/SIGTERM, q or Esc
     in a window, or the HTTP side ending (port taken) stop both."""
     import cv2
 
-    started, result = queue.Queue(), []
+    started: "queue.Queue[Tuple[Any, ...]]" = queue.Queue()  # (loop, stop event, ViewServer)
+    result: List[int] = []
     http = threading.Thread(
         target=lambda: result.append(
             asyncio.run(serve(**settings, keep_bgr=True, on_started=lambda *hooks: started.put(hooks)))
@@ -56,7 +58,7 @@ def run_with_windows(serve, settings) -> int:
     quit_requested = threading.Event()
     handlers = {sig: signal.signal(sig, lambda *_: quit_requested.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     http.start()
-    shown = set()
+    shown: Set[str] = set()
     try:
         while started.empty() and http.is_alive():
             http.join(0.05)

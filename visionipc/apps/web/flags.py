@@ -1,10 +1,16 @@
 """The flags every web surface has, and the checks of their values (no aiohttp needed:
 a command parses its arguments before it looks for its optional packages)."""
 
+import argparse
 import re
 import urllib.parse
+from typing import TYPE_CHECKING, Optional
 
 from msgq.tooling import printable
+
+if TYPE_CHECKING:
+    from visionipc.apps.web.peerlog import PeerLog
+    from visionipc.apps.web.policy import WebPolicy
 
 MAX_CONNECTIONS = 256  # default of --max-connections (listener.py enforces it)
 
@@ -69,7 +75,7 @@ def check_origin(text: str) -> str:
     return normal_origin(text)
 
 
-def add_arguments(parser, prog):
+def add_arguments(parser: argparse.ArgumentParser, prog: str) -> None:
     """The flags every web surface has: --allow-host, --allow-origin, --no-auth,
     --max-connections (see listener.py)."""
     parser.add_argument(
@@ -105,7 +111,9 @@ def add_arguments(parser, prog):
     )
 
 
-def policy_from_args(args, prog, bound_host, log=None):
+def policy_from_args(
+    args: argparse.Namespace, prog: str, bound_host: str, log: Optional["PeerLog"] = None
+) -> "WebPolicy":
     """The WebPolicy of parsed ``add_arguments`` flags; ValueError for a bad value."""
     hosts = [check_host_name(h) for h in args.allow_host]
     origins = [check_origin(o) for o in args.allow_origin]

@@ -29,10 +29,16 @@ import os
 import resource
 import socket
 import stat
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Set, Tuple, TypedDict
 
 from aiohttp import web
 
 from visionipc.apps.web.flags import MAX_CONNECTIONS
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler
+
+    from visionipc.apps.web.peerlog import PeerLog
 
 HEADER_TIMEOUT_S = 10.0  # accept -> first request's headers complete
 IDLE_TIMEOUT_S = 30.0  # between two requests of one keep-alive connection
@@ -49,8 +55,8 @@ TRANSIENT_ERRNOS = (errno.ECONNABORTED, errno.EPROTO, errno.EAGAIN, errno.EINTR,
 class _Conn:
     __slots__ = ("transport", "since", "requests", "busy")
 
-    def __init__(self, now):
-        self.transport = None
+    def __init__(self, now: float) -> None:
+        self.transport: Optional[asyncio.BaseTransport] = None
         self.since = now  # accept time, then the end of its last request
         self.requests = 0
         self.busy = 0  # requests in a handler now
@@ -69,18 +75,31 @@ def descriptor_limit(wanted: int) -> int:
     return min(wanted, max(4, soft - used - FD_RESERVE))
 
 
+class GuardReport(TypedDict):
+    """A surface's connections as its stats show them."""
+
+    open: int
+    limit: int
+    accepted: int
+    closed_for_newer: int
+    refused_full: int
+    header_timeouts: int
+    idle_timeouts: int
+    accept_errors: int
+
+
 class Guard:
     """The connections of one surface: limit, timeouts, counters; ``middleware`` marks
     the ones inside a request."""
 
-    def __init__(self, prog, max_connections=MAX_CONNECTIONS, log=None):
+    def __init__(self, prog: str, max_connections: int = MAX_CONNECTIONS, log: Optional["PeerLog"] = None) -> None:
         self.prog = prog
         self.wanted = max_connections
         self.limit = descriptor_limit(max_connections)
         self.log = log
-        self.conns = {}  # transport -> _Conn, for connections handed to aiohttp
+        self.conns: Dict[Any, _Conn] = {}  # transport -> _Conn, for connections handed to aiohttp
         self.connecting = 0  # accepted, not yet handed over
-        self.counts = {
+        self.counts: Dict[str, int] = {
             "accepted": 0,
             "closed_for_newer": 0,
             "refused_full": 0,
@@ -90,10 +109,10 @@ class Guard:
         }
         self._said_full = False
 
-    def report(self) -> dict:
-        return {"open": len(self.conns), "limit": self.limit, **self.counts}
+    def report(self) -> GuardReport:
+        return {"open": len(self.conns), "limit": self.limit, **self.counts}  # type: ignore[typeddict-item]
 
-    def prune(self):
+    def prune(self) -> None:
         for transport in [t for t in self.conns if t.is_closing()]:
             del self.conns[transport]
 
@@ -103,7 +122,7 @@ class Guard:
         self.prune()
         return len(self.conns) + self.connecting >= self.limit
 
-    def close_oldest_idle(self, grace=GRACE_S) -> bool:
+    def close_oldest_idle(self, grace: float = GRACE_S) -> bool:
         """Close the connection that has waited longest outside a request (at least
         ``grace`` s: a new one gets that long to send its headers); False if none."""
         before = asyncio.get_running_loop().time() - grace
@@ -133,7 +152,7 @@ class Guard:
         young = any(not c.busy for c in self.conns.values())
         return "wait" if self.connecting or young else "no"
 
-    def sweep(self, now):
+    def sweep(self, now: float) -> None:
         """Close the connections past their header or idle timeout."""
         for transport, conn in list(self.conns.items()):
             if transport.is_closing():
@@ -146,7 +165,7 @@ class Guard:
                     del self.conns[transport]
 
     @web.middleware
-    async def middleware(self, request, handler):
+    async def middleware(self, request: web.Request, handler: "Handler") -> web.StreamResponse:
         conn = self.conns.get(request.transport)
         if conn is None:  # already closed for a newer one, or not ours
             return await handler(request)
@@ -162,71 +181,91 @@ class Guard:
 class _Listening:
     """What aiohttp's runner expects of a site's server: ``sockets`` and ``close()``."""
 
-    def __init__(self, site, sock):
+    def __init__(self, site: "GuardedSite", sock: socket.socket) -> None:
         self.site = site
         self.sockets = [sock]
 
-    def close(self):
+    def close(self) -> None:
         self.site._close()
 
 
 class GuardedSite(web.BaseSite):
-    def __init__(self, runner, host, port, guard: Guard, backlog=1024, path=None):
+    def __init__(
+        self,
+        runner: web.BaseRunner,
+        host: str,
+        port: int,
+        guard: Guard,
+        backlog: int = 1024,
+        path: Optional[str] = None,
+    ) -> None:
         """``path``: listen on a Unix-domain socket there instead (mode 600: its owner only)."""
         super().__init__(runner, backlog=backlog)
         self._host, self._port, self.guard, self.path = host, port, guard, path
-        self._inode = None
-        self._sock = None
-        self._loop = None
-        self._timers = []
+        self._inode: Optional[int] = None
+        self._sock: Optional[socket.socket] = None
+        self._started_loop: Optional[asyncio.AbstractEventLoop] = None
+        self._timers: List[asyncio.Handle] = []
         self._backoff = BACKOFF_S[0]
-        self._said_errors = set()
-        self._tasks = set()
+        self._said_errors: Set[str] = set()
+        self._tasks: "Set[asyncio.Task[None]]" = set()
+
+    @property
+    def _loop(self) -> asyncio.AbstractEventLoop:
+        assert self._started_loop is not None, "start() first"
+        return self._started_loop
+
+    @property
+    def _listening(self) -> socket.socket:
+        assert self._sock is not None, "start() first"
+        return self._sock
 
     @property
     def name(self) -> str:
         return f"unix:{self.path}" if self.path else f"http://{self._host}:{self.port}"
 
     @property
-    def port(self):
+    def port(self) -> Optional[int]:
         if self.path:
             return None
         return self._sock.getsockname()[1] if self._sock else self._port
 
-    def _unix_socket(self):
+    def _unix_socket(self) -> socket.socket:
         """A listening socket at ``path``, mode 600 from the start (a stale socket of ours
         with nobody listening is replaced; anything else there is EADDRINUSE / EEXIST)."""
+        path = self.path
+        assert path is not None  # start() calls this with a path only
         try:
-            st = os.lstat(self.path)
+            st = os.lstat(path)
         except FileNotFoundError:
             st = None
         if st is not None:
             if not stat.S_ISSOCK(st.st_mode) or st.st_uid != os.geteuid():
-                raise OSError(errno.EEXIST, f"{self.path} exists and is not a socket of ours")
+                raise OSError(errno.EEXIST, f"{path} exists and is not a socket of ours")
             probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                probe.connect(self.path)
-                raise OSError(errno.EADDRINUSE, f"another server listens on {self.path}")
+                probe.connect(path)
+                raise OSError(errno.EADDRINUSE, f"another server listens on {path}")
             except ConnectionRefusedError:
-                os.unlink(self.path)  # left by a server that died
+                os.unlink(path)  # left by a server that died
             finally:
                 probe.close()
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old = os.umask(0o177)
         try:
-            sock.bind(self.path)
+            sock.bind(path)
         except OSError:
             sock.close()
             raise
         finally:
             os.umask(old)
-        os.chmod(self.path, 0o600)
-        self._inode = os.lstat(self.path).st_ino
+        os.chmod(path, 0o600)
+        self._inode = os.lstat(path).st_ino
         return sock
 
-    async def start(self):
+    async def start(self) -> None:
         await super().start()
-        self._loop = asyncio.get_running_loop()
+        self._started_loop = asyncio.get_running_loop()
         if self.path:
             self._listen(self._unix_socket())
             return
@@ -244,7 +283,7 @@ class GuardedSite(web.BaseSite):
             raise
         self._listen(sock)
 
-    def _listen(self, sock):
+    def _listen(self, sock: socket.socket) -> None:
         try:
             sock.listen(self._backlog)
             sock.setblocking(False)
@@ -252,11 +291,11 @@ class GuardedSite(web.BaseSite):
             sock.close()
             raise
         self._sock = sock
-        self._server = _Listening(self, sock)
+        self._server = _Listening(self, sock)  # type: ignore[assignment]  # the runner uses .sockets and .close()
         self._loop.add_reader(sock.fileno(), self._accept)
         self._timers.append(self._loop.call_later(SWEEP_S, self._sweep))
 
-    def _close(self):
+    def _close(self) -> None:
         for timer in self._timers:
             timer.cancel()
         if self._sock is not None:
@@ -270,42 +309,43 @@ class GuardedSite(web.BaseSite):
                 pass
             self._inode = None
 
-    def _sweep(self):
+    def _sweep(self) -> None:
         self.guard.sweep(self._loop.time())
         self._timers = [t for t in self._timers if not t.cancelled()]
         self._timers.append(self._loop.call_later(SWEEP_S, self._sweep))
 
-    def _say_once(self, key, text):
+    def _say_once(self, key: str, text: str) -> None:
         if key not in self._said_errors and self.guard.log is not None:
             self._said_errors.add(key)
             self.guard.log.say(text)
 
-    def _pause(self):
-        self._loop.remove_reader(self._sock.fileno())
+    def _pause(self) -> None:
+        self._loop.remove_reader(self._listening.fileno())
         self._timers.append(self._loop.call_later(self._backoff, self._resume))
         self._backoff = min(BACKOFF_S[1], self._backoff * 2)
 
-    def _resume(self):
-        if self._sock.fileno() >= 0:
-            self._loop.add_reader(self._sock.fileno(), self._accept)
+    def _resume(self) -> None:
+        if self._listening.fileno() >= 0:
+            self._loop.add_reader(self._listening.fileno(), self._accept)
 
-    def _accept(self):
+    def _accept(self) -> None:
         for _ in range(ACCEPT_BATCH):
             room = self.guard.make_room()  # before accepting: over the limit, nothing is taken in
             if room == "wait":  # the idle ones are all new: give them their grace, then look again
-                self._loop.remove_reader(self._sock.fileno())
+                self._loop.remove_reader(self._listening.fileno())
                 self._timers.append(self._loop.call_later(GRACE_S / 4, self._resume))
                 return
             try:
-                conn, _ = self._sock.accept()
+                conn, _ = self._listening.accept()
             except BlockingIOError:
                 return
             except OSError as exc:
                 self.guard.counts["accept_errors"] += 1
-                if exc.errno in TRANSIENT_ERRNOS:
+                code = exc.errno or 0  # accept() sets it
+                if code in TRANSIENT_ERRNOS:
                     continue
-                name = errno.errorcode.get(exc.errno, str(exc.errno))
-                if exc.errno in RESOURCE_ERRNOS:
+                name = errno.errorcode.get(code, str(code))
+                if code in RESOURCE_ERRNOS:
                     # the descriptors end below the limit: lower it to what is open now, close a few
                     # idle connections (their descriptors are free on the next turn of the loop)
                     guard = self.guard
@@ -314,16 +354,16 @@ class GuardedSite(web.BaseSite):
                     freed = sum(guard.close_oldest_idle(grace=0) for _ in range(EMFILE_MARGIN))
                     self._say_once(
                         name,
-                        f"accept() failed: {name} ({os.strerror(exc.errno)}): connection limit lowered to "
+                        f"accept() failed: {name} ({os.strerror(code)}): connection limit lowered to "
                         f"{guard.limit}; idle connections closed to make room, accepting paused meanwhile "
                         "(logged once; counted in the stats)",
                     )
                     if freed:
-                        self._loop.remove_reader(self._sock.fileno())
+                        self._loop.remove_reader(self._listening.fileno())
                         self._timers.append(self._loop.call_soon(self._resume))
                         return
                 else:
-                    self._say_once(name, f"accept() failed: {name} ({os.strerror(exc.errno)}) (logged once)")
+                    self._say_once(name, f"accept() failed: {name} ({os.strerror(code)}) (logged once)")
                 self._pause()
                 return
             self._backoff = BACKOFF_S[0]
@@ -337,7 +377,7 @@ class GuardedSite(web.BaseSite):
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
-    def _refuse(self, conn):
+    def _refuse(self, conn: socket.socket) -> None:
         self.guard.counts["refused_full"] += 1
         body = f"{self.guard.prog}: every one of its {self.guard.limit} connections is in use; try again later\n"
         head = f"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
@@ -348,10 +388,12 @@ class GuardedSite(web.BaseSite):
             pass
         conn.close()
 
-    async def _hand_over(self, conn):
+    async def _hand_over(self, conn: socket.socket) -> None:
         record = _Conn(self._loop.time())
         try:
-            transport, _ = await self._loop.connect_accepted_socket(self._runner.server, conn)
+            server = self._runner.server
+            assert server is not None  # the runner was set up before start()
+            transport, _ = await self._loop.connect_accepted_socket(server, conn)
         except Exception:
             conn.close()
             return
@@ -361,7 +403,9 @@ class GuardedSite(web.BaseSite):
         self.guard.conns[transport] = record
 
 
-async def start_site(app, host, port, guard: Guard, path=None):
+async def start_site(
+    app: web.Application, host: str, port: int, guard: Guard, path: Optional[str] = None
+) -> Tuple[web.AppRunner, GuardedSite]:
     """Run ``app`` on a GuardedSite at host:port (or the Unix-domain socket ``path``):
     (runner, site); OSError if it cannot listen (the runner is cleaned up then).
     aiohttp's own keep-alive limit is set to IDLE_TIMEOUT_S too."""

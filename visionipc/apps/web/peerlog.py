@@ -16,6 +16,7 @@ traceback per connection.
 import logging
 import threading
 import time
+from typing import Optional, TextIO
 
 from msgq.tooling import printable
 
@@ -25,7 +26,7 @@ RATE = 2.0  # lines per second after the burst
 
 
 class PeerLog:
-    def __init__(self, prog: str, stream=None, burst: int = BURST, rate: float = RATE):
+    def __init__(self, prog: str, stream: Optional[TextIO] = None, burst: int = BURST, rate: float = RATE) -> None:
         self.prog = prog
         self.stream = stream
         self.burst, self.rate = burst, rate
@@ -43,7 +44,7 @@ class PeerLog:
         else:
             logging.getLogger(self.prog).info(line)
 
-    def say(self, text) -> bool:
+    def say(self, text: str) -> bool:
         """Print ``prog: text`` (escaped, cut) if the rate allows; True if printed."""
         with self._lock:
             now = time.monotonic()
@@ -61,13 +62,13 @@ class PeerLog:
             self.printed += 1
             return True
 
-    def _report_suppressed(self):
+    def _report_suppressed(self) -> None:
         if self.suppressed:
             self._emit(f"{self.suppressed} more log lines were left out (at most {self.rate:g} a second)")
             self.printed += 1
             self.suppressed = 0
 
-    def flush(self):
+    def flush(self) -> None:
         """Say how many lines were left out, if any (at exit, or now and then)."""
         with self._lock:
             self._report_suppressed()
@@ -77,11 +78,11 @@ class _ToPeerLog(logging.Handler):
     """A library's log record as one escaped, rate-limited line (the exception's own
     message, never its traceback)."""
 
-    def __init__(self, log: PeerLog):
+    def __init__(self, log: PeerLog) -> None:
         super().__init__()
         self.log = log
 
-    def emit(self, record):
+    def emit(self, record: logging.LogRecord) -> None:
         exc = record.exc_info[1] if record.exc_info else None
         why = f": {type(exc).__name__}: {' '.join(str(exc).split())}" if exc is not None else ""
         try:
@@ -94,7 +95,7 @@ class _ToPeerLog(logging.Handler):
 LIBRARY_LOGGERS = ("aiohttp.server", "aiohttp.web", "aiohttp.access", "aiohttp.websocket", "asyncio")
 
 
-def capture_library_logs(log: PeerLog):
+def capture_library_logs(log: PeerLog) -> None:
     """Route aiohttp's and asyncio's log records to ``log`` (replacing an earlier PeerLog)."""
     for name in LIBRARY_LOGGERS:
         logger = logging.getLogger(name)

@@ -28,11 +28,17 @@ import hmac
 import ipaddress
 import os
 import secrets
+from typing import TYPE_CHECKING, Dict, Iterable, Optional, Tuple
 
 from aiohttp import web
 
 from msgq.tooling import printable
 from visionipc.apps.web.flags import host_of, normal_origin
+
+if TYPE_CHECKING:
+    from aiohttp.typedefs import Handler
+
+    from visionipc.apps.web.peerlog import PeerLog
 
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 WILDCARDS = ("", "0.0.0.0", "::")
@@ -53,13 +59,13 @@ class HostCheck:
     the ``--allow-host`` names. Bound to every address (0.0.0.0, ::), any IP literal is
     the bound address; a name never is, unless allowed."""
 
-    def __init__(self, bound_host: str, allowed=()):
-        self.bound = host_of(bound_host) if bound_host not in WILDCARDS else None
+    def __init__(self, bound_host: str, allowed: Iterable[str] = ()) -> None:
+        self.bound: Optional[str] = host_of(bound_host) if bound_host not in WILDCARDS else None
         self.names = {host_of(h) for h in allowed} | set(LOCAL_NAMES)
         if self.bound is not None:
             self.names.add(self.bound)
 
-    def allows(self, header) -> bool:
+    def allows(self, header: Optional[str]) -> bool:
         if header is None:
             return True  # HTTP/1.0 without Host: not a browser, nothing to rebind
         host = host_of(header)
@@ -70,23 +76,32 @@ class WebPolicy:
     """The three checks of one surface (``prog`` names it in messages); ``middleware``
     applies them to every request, before any handler."""
 
-    def __init__(self, prog, bound_host="127.0.0.1", allow_hosts=(), allow_origins=(), auth=True, token=None, log=None):
+    def __init__(
+        self,
+        prog: str,
+        bound_host: str = "127.0.0.1",
+        allow_hosts: Iterable[str] = (),
+        allow_origins: Iterable[str] = (),
+        auth: bool = True,
+        token: Optional[str] = None,
+        log: Optional["PeerLog"] = None,
+    ) -> None:
         self.prog = prog
         self.hosts = HostCheck(bound_host, allow_hosts)
         self.origins = {normal_origin(o) for o in allow_origins}
         self.auth = auth
-        self.token = (token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)) if auth else None
+        self.token: Optional[str] = (token or os.environ.get(TOKEN_ENV) or secrets.token_urlsafe(24)) if auth else None
         # one cookie name per secret: two tools on one host (cookies ignore ports) keep theirs
         digest = hashlib.sha256((self.token or "").encode()).hexdigest()[:12]
         self.cookie = f"vipc-{digest}"
         self.log = log
-        self.counts = {"wrong_host": 0, "foreign_origin": 0, "no_token": 0}
+        self.counts: Dict[str, int] = {"wrong_host": 0, "foreign_origin": 0, "no_token": 0}
 
     def url_query(self) -> str:
         """What the printed URL ends with: ``?token=...`` (nothing with --no-auth)."""
         return f"?token={self.token}" if self.auth else ""
 
-    def _refuse(self, request, kind, what):
+    def _refuse(self, request: web.Request, kind: str, what: str) -> None:
         self.counts[kind] += 1
         if self.log is not None:
             peer = request.remote or "?"
@@ -94,7 +109,7 @@ class WebPolicy:
 
     # -- the three checks --------------------------------------------------------
 
-    def origin_allowed(self, request) -> bool:
+    def origin_allowed(self, request: web.Request) -> bool:
         origin = request.headers.get("Origin")
         if origin is None:
             # a link followed from another site's page shows that page nothing it could read
@@ -109,7 +124,7 @@ class WebPolicy:
             request.headers.get("Sec-Fetch-Site", "same-origin") not in FOREIGN_FETCH_SITES
         )
 
-    def token_of(self, request):
+    def token_of(self, request: web.Request) -> Tuple[Optional[str], bool]:
         """(token the request shows, whether it came in the URL)."""
         query = request.query.get("token")
         if query is not None:
@@ -119,14 +134,15 @@ class WebPolicy:
             return value.strip(), False
         return request.cookies.get(self.cookie), False
 
-    def owner(self, request) -> bool:
+    def owner(self, request: web.Request) -> bool:
         shown, _ = self.token_of(request)
+        assert self.token is not None, "owner() is asked only with auth on"
         return shown is not None and hmac.compare_digest(shown.encode("utf-8", "surrogateescape"), self.token.encode())
 
     @web.middleware
-    async def middleware(self, request, handler):
+    async def middleware(self, request: web.Request, handler: "Handler") -> web.StreamResponse:
         header = request.headers.get("Host")
-        if not self.hosts.allows(header):
+        if header is not None and not self.hosts.allows(header):  # (allows a missing Host)
             shown, name = printable(header)[:100], printable(host_of(header))[:100]
             self._refuse(request, "wrong_host", f"Host '{shown}'")
             raise web.HTTPMisdirectedRequest(
@@ -152,7 +168,7 @@ class WebPolicy:
                 )
             from_url = self.token_of(request)[1]
         response = await handler(request)
-        if from_url and not response.prepared:  # the page's own requests carry it from now on
+        if from_url and self.token is not None and not response.prepared:  # the page's own requests carry it
             response.set_cookie(self.cookie, self.token, httponly=True, samesite="Strict", path="/")
         if not response.prepared:
             response.headers.setdefault("Referrer-Policy", "no-referrer")
