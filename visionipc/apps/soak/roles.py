@@ -9,6 +9,20 @@ import struct
 import sys
 import time
 import zlib
+from typing import Any, Callable, Dict, List, Optional, Set, TypedDict
+
+
+class RoleSpec(TypedDict, total=False):
+    """What the orchestrator hands a role (``--spec``, JSON); each role reads its own keys."""
+
+    topic: str
+    seed: int
+    stop: str  # the flag file whose existence asks the role to stop
+    conflate: bool
+    hold_s: float
+
+
+Record = Dict[str, Any]  # one JSON line a role reports
 
 HEADER = struct.Struct("<QQII")  # epoch, sequence number, body length, CRC-32 of the body
 TOPICS = {  # name -> (segment_size, largest body, pause between bursts in s)
@@ -22,21 +36,21 @@ STOP_GRACE_S = 20.0
 # ----------------------------------------------------------------- children
 
 
-def _stop_requested(path):
+def _stop_requested(path: str) -> bool:
     return os.path.exists(path)
 
 
-def open_fds():
+def open_fds() -> Set[str]:
     """The names of this process's open descriptors (leak checks at the end of a role and of the run)."""
     return set(os.listdir("/proc/self/fd"))
 
 
-def _emit(record):
+def _emit(record: Record) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
 
 
-def _emit_final(record, fds_before, errors=None):
+def _emit_final(record: Record, fds_before: Set[str], errors: Optional[List[str]] = None) -> None:
     """A role's last record, after it closed everything: the descriptors it
     leaked and (for a receiving role) the first errors and their count."""
     gc.collect()
@@ -45,7 +59,7 @@ def _emit_final(record, fds_before, errors=None):
     _emit({**record, "leaked_fds": sorted(open_fds() - fds_before)})
 
 
-def role_publisher(spec):
+def role_publisher(spec: RoleSpec) -> int:
     import msgq
 
     rng = random.Random(spec["seed"])
@@ -74,16 +88,17 @@ def role_publisher(spec):
     return 0
 
 
-def role_subscriber(spec):
+def role_subscriber(spec: RoleSpec) -> int:
     import msgq
 
     conflate = spec["conflate"]
     fds_before = open_fds()
     sub = msgq.sub_sock(spec["topic"], timeout=100, conflate=conflate)
     _emit({"ready": True})
-    errors, epochs = [], []
+    errors: List[str] = []
+    epochs: List[int] = []
     received = nbytes = gaps = 0
-    last_seq, last_resets = None, 0
+    last_seq, last_resets = 0, 0  # last_seq: read only once an epoch was seen
     while not _stop_requested(spec["stop"]):
         msg = sub.receive()
         if msg is None:
@@ -119,34 +134,35 @@ def role_subscriber(spec):
     return 0
 
 
-def _stamp(data, frame_id):
+def _stamp(data: memoryview, frame_id: int) -> None:
     """``data``: a frame's whole buffer (``frame.data``, a writable memoryview)."""
     import numpy as np
 
-    data = np.frombuffer(data, np.uint8)
-    data[:] = frame_id % 251
-    data[:8] = np.frombuffer(struct.pack("<Q", frame_id), np.uint8)
+    pixels = np.frombuffer(data, np.uint8)
+    pixels[:] = frame_id % 251
+    pixels[:8] = np.frombuffer(struct.pack("<Q", frame_id), np.uint8)
 
 
-def _stamp_problem(data, frame_id):
+def _stamp_problem(data: memoryview, frame_id: int) -> Optional[str]:
     import numpy as np
 
-    data = np.frombuffer(data, np.uint8)
-    head = struct.unpack("<Q", bytes(data[:8]))[0]
+    pixels = np.frombuffer(data, np.uint8)
+    head = struct.unpack("<Q", bytes(pixels[:8]))[0]
     if head != frame_id:
         return f"frame {frame_id}: header says {head}"
-    if np.count_nonzero(data[8:] != frame_id % 251):
+    if np.count_nonzero(pixels[8:] != frame_id % 251):
         return f"frame {frame_id}: pixels of another frame"
     return None
 
 
-def role_server(spec):
+def role_server(spec: RoleSpec) -> int:
     from visionipc import VisionIpcServer
 
     rng = random.Random(spec["seed"])
     srv = VisionIpcServer(VIPC_SERVER)
     srv.create_buffers(VIPC_STREAM, 6, 320, 240, "nv12")
     srv.start_listener()
+    assert srv._native is not None  # open until close()
     _emit({"ready": True, "server_id": srv._native.id})
     frame_id = 0
     while not _stop_requested(spec["stop"]):
@@ -164,7 +180,7 @@ def role_server(spec):
     return 0
 
 
-def role_client(spec):
+def role_client(spec: RoleSpec) -> int:
     from visionipc import VisionIpcClient
 
     fds_before = open_fds()
@@ -174,13 +190,15 @@ def role_client(spec):
             break
         time.sleep(0.02)
     _emit({"ready": True})
-    errors, server_ids = [], []
+    errors: List[str] = []
+    server_ids: List[int] = []
     frames = invalid = 0
     last_frame = 0
     while not _stop_requested(spec["stop"]):
         frame = client.recv(100)
         if frame is None:
             continue
+        assert client._native is not None  # it connected above
         server_id = client._native.server_id
         if not server_ids or server_ids[-1] != server_id:
             server_ids.append(server_id)
@@ -203,4 +221,9 @@ def role_client(spec):
     return 0
 
 
-ROLES = {"publisher": role_publisher, "subscriber": role_subscriber, "server": role_server, "client": role_client}
+ROLES: Dict[str, Callable[[RoleSpec], int]] = {
+    "publisher": role_publisher,
+    "subscriber": role_subscriber,
+    "server": role_server,
+    "client": role_client,
+}

@@ -11,19 +11,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from .roles import ROLES, STOP_GRACE_S, TOPICS, open_fds
+from .roles import ROLES, STOP_GRACE_S, TOPICS, Record, open_fds
+
+Event = Tuple[float, str, Any]  # (time, action, its argument: a Child, a topic or None)
 
 # ------------------------------------------------------------- orchestrator
 
 
 class Child:
-    def __init__(self, run, role, group, **spec):
+    def __init__(self, run: "Soak", role: str, group: str, **spec: Any) -> None:
         self.role, self.group, self.spec = role, group, spec
         self.name = f"{role}-{group}-{len(run.children)}"
         self.out_path = os.path.join(run.workdir, self.name + ".out")
         self.started = time.monotonic()
         self.killed = self.stopped = False
+        self.reported_death = False
         with open(self.out_path, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", __package__, "--role", role, "--spec", json.dumps(spec)],
@@ -33,7 +37,7 @@ class Child:
             )
         run.children.append(self)
 
-    def records(self):
+    def records(self) -> List[Record]:
         out = []
         with open(self.out_path) as f:
             for line in f:
@@ -41,23 +45,23 @@ class Child:
                     out.append(json.loads(line))
         return out
 
-    def report(self):
+    def report(self) -> Optional[Record]:
         done = [r for r in self.records() if "ready" not in r]
         return done[-1] if done else None
 
-    def ready_record(self):
+    def ready_record(self) -> Optional[Record]:
         ready = [r for r in self.records() if "ready" in r]
         return ready[0] if ready else None
 
-    def output(self):
+    def output(self) -> str:
         with open(self.out_path) as f:
             return f.read()[-3000:]
 
 
 class Soak:
-    def __init__(self, seconds, seed, workdir):
+    def __init__(self, seconds: float, seed: int, workdir: str) -> None:
         self.seconds, self.rng, self.workdir = seconds, random.Random(seed), workdir
-        self.children = []
+        self.children: List[Child] = []
         self.prefix = f"soak{os.getpid()}x{self.rng.getrandbits(24):06x}"
         self.env = dict(os.environ, MSGQ_PREFIX=self.prefix)
         self.env.pop("OPENPILOT_PREFIX", None)
@@ -75,40 +79,40 @@ class Soak:
             )
         }
         self.restarts = 0
-        self.failures = []
-        self.log = []  # what happened when, for the report
+        self.failures: List[str] = []
+        self.log: List[str] = []  # what happened when, for the report
         self.t0 = time.monotonic()
 
     # -- processes
-    def seed(self):
+    def seed(self) -> int:
         return self.rng.getrandbits(32)
 
-    def start_publisher(self, topic):
+    def start_publisher(self, topic: str) -> Child:
         return Child(self, "publisher", topic, topic=topic, seed=self.seed(), stop=self.stop_writers)
 
-    def start_subscriber(self, topic, conflate=False):
+    def start_subscriber(self, topic: str, conflate: bool = False) -> Child:
         return Child(self, "subscriber", topic, topic=topic, conflate=conflate, stop=self.stop_readers)
 
-    def start_server(self):
+    def start_server(self) -> Child:
         return Child(self, "server", "vipc", seed=self.seed(), stop=self.stop_writers)
 
-    def start_client(self, conflate=False, hold_s=0.0):
+    def start_client(self, conflate: bool = False, hold_s: float = 0.0) -> Child:
         return Child(self, "client", "vipc", conflate=conflate, hold_s=hold_s, stop=self.stop_readers)
 
-    def live(self, role, group=None):
+    def live(self, role: str, group: Optional[str] = None) -> List[Child]:
         return [
             c
             for c in self.children
             if c.role == role and (group is None or c.group == group) and not c.killed and c.proc.poll() is None
         ]
 
-    def kill(self, child):
+    def kill(self, child: Child) -> None:
         child.killed = True
         child.proc.send_signal(signal.SIGKILL)
         child.proc.wait(10)
 
     # -- faults
-    def fault(self, kind, now, events):
+    def fault(self, kind: str, now: float, events: List[Event]) -> bool:
         rng = self.rng
         if kind == "kill_subscriber":
             victim = rng.choice(self.live("subscriber"))
@@ -146,7 +150,7 @@ class Soak:
         self.log.append(f"{now - self.t0:6.2f} {kind} {victim.name if kind != 'kill_server' else ''}")
         return True
 
-    def run(self):
+    def run(self) -> Dict[str, Any]:
         fds_before = open_fds()
         for topic in TOPICS:
             self.start_publisher(topic)
@@ -160,9 +164,9 @@ class Soak:
 
         start = time.monotonic()
         end = start + self.seconds
-        events = []  # (time, action, arg)
+        events: List[Event] = []  # (time, action, arg)
         kinds = list(self.faults)
-        order = []
+        order: List[str] = []
         next_fault = start + 2.0  # let everyone start first
         while True:
             now = time.monotonic()
@@ -196,13 +200,13 @@ class Soak:
             self.failures.append(f"the orchestrator leaked file descriptors {leaked}")
         return self.verdict()
 
-    def check_unexpected_deaths(self):
+    def check_unexpected_deaths(self) -> None:
         for c in self.children:
             if not c.killed and not getattr(c, "reported_death", False) and c.proc.poll() is not None:
                 c.reported_death = True
                 self.failures.append(f"{c.name} died on its own (exit {c.proc.returncode}):\n{c.output()}")
 
-    def stop_group(self, role_names, flag):
+    def stop_group(self, role_names: Sequence[str], flag: str) -> None:
         open(flag, "w").close()
         for c in self.children:
             if c.role in role_names and not c.killed:
@@ -215,7 +219,7 @@ class Soak:
                 if c.proc.returncode != 0 and not getattr(c, "reported_death", False):
                     self.failures.append(f"{c.name} exited {c.proc.returncode}:\n{c.output()}")
 
-    def shutdown(self):
+    def shutdown(self) -> None:
         from msgq.names import run_segment_prefix, segment_dir
         from msgq.tooling import segment_stats
 
@@ -244,12 +248,12 @@ class Soak:
             for name in left:
                 os.unlink(os.path.join(segment_dir(), name))
 
-    def leftover_segments(self):
+    def leftover_segments(self) -> List[str]:
         from msgq.names import run_segment_prefix, segment_dir
 
         return sorted(n for n in os.listdir(segment_dir()) if n.startswith(run_segment_prefix(self.prefix)))
 
-    def verdict(self):
+    def verdict(self) -> Dict[str, Any]:
         totals = {
             "messages": 0,
             "bytes": 0,
@@ -307,9 +311,9 @@ class Soak:
         return totals
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(
-        description=sys.modules[__package__].__doc__.split("\n\n")[0],
+        description=(sys.modules[__package__].__doc__ or "").split("\n\n")[0],
         epilog="Exit status 0: every check held. The JSON report has every count.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
