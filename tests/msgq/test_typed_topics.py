@@ -35,12 +35,12 @@ def _publisher(topic, rate_hz, seconds, extra=""):
         from google.protobuf import api_pb2
         pm = msgq.PubMaster([{topic!r}], schemas={{{topic!r}: msgq.protobuf_schema(api_pb2.Api)}})
         print("ready", flush=True)
-        end = time.monotonic() + {seconds}
-        i = 0
-        while time.monotonic() < end:
+        start = time.monotonic()
+        end, i = start + {seconds}, 0
+        while time.monotonic() < end:  # on a schedule: a late wake-up does not lower the rate
             pm.send({topic!r}, api_pb2.Api(name="n%d" % i, version="v1"))
             i += 1
-            time.sleep(1 / {rate_hz})
+            time.sleep(max(0.0, start + i / {rate_hz} - time.monotonic()))
         {extra}
         pm.close()
         """
