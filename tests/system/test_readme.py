@@ -18,6 +18,11 @@ from repo import ROOT
 from msgq.names import segment_dir
 
 BLOCKS = page_blocks(ROOT)
+# blocks that start Spark's JVM (vipc-analyze, the pipeline's Python API) are in the spark tier too
+PARAMS = [
+    pytest.param(b, id=b.id, marks=[pytest.mark.spark] if "analyze" in b.code or "apps.pipeline" in b.code else [])
+    for b in BLOCKS
+]
 
 
 def _env(prefix):
@@ -101,7 +106,7 @@ def _run_sh(block, cwd, env):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("block", BLOCKS, ids=[b.id for b in BLOCKS])
+@pytest.mark.parametrize("block", PARAMS)
 def test_readme_block(block, tmp_path, msgq_prefix):
     # each block under a prefix of its own (the autouse fixture's is for this process)
     prefix = f"{msgq_prefix}-readme"
