@@ -23,7 +23,7 @@ import numpy as np
 from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
-from visionipc.apps.record.codecs import encoder_frame, ordinary_scheduling, tag_colour
+from visionipc.apps.record.av_frames import encoder_frame, ordinary_scheduling, tag_colour, to_image
 from visionipc.formats import format_info
 
 FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
@@ -287,10 +287,8 @@ class SegmentReader:
             yield from self._images(self.ctx.decode(packet))
 
     def _images(self, frames):
-        from visionipc.apps.record.codecs import _to_image
-
         for frame in frames:
-            yield _to_image(frame, self.storage.src_format)
+            yield to_image(frame, self.storage.src_format)
 
 
 def iter_decoded(folder: str, rows, storage):

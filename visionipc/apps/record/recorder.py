@@ -16,6 +16,7 @@ from msgq.cli import progress
 from msgq.tooling import printable
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.record import codecs, index, layout
+from visionipc.apps.record.storage import storage_for
 from visionipc.apps.record.writer import StreamWriter
 
 PROG = "vipc-record"
@@ -308,7 +309,7 @@ def run(args) -> int:
         clients = _connect(args.name, args.stream, args.connect_timeout, stop)
         if stop.is_set():
             return 0
-        storages = [codecs.storage_for(args, cv2, c.format, c.width, c.height) for c in clients]
+        storages = [storage_for(args, cv2, c.format, c.width, c.height) for c in clients]
         _prepare_out(args.out)
         try:
             topics = [TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == "mcap") for t in args.topic]

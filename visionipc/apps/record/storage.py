@@ -22,6 +22,7 @@ back into a pool buffer (exactly, for lossless kinds).
 import numpy as np
 
 from visionipc import pixels
+from visionipc.apps.record import codecs
 from visionipc.formats import format_info
 
 LOSSLESS = ("FFV1", "mkv")
@@ -51,9 +52,7 @@ class Storage:
     def open_writer(self, path: str, fps: float):
         cv2 = self.cv2
         if not self.lossless:  # mp4v: PyAV, fed YUV (codecs.Mp4vEncoder)
-            from visionipc.apps.record.codecs import Mp4vEncoder
-
-            return Mp4vEncoder(path, self, fps)
+            return codecs.Mp4vEncoder(path, self, fps)
         video = cv2.VideoWriter(
             path, cv2.CAP_FFMPEG, cv2.VideoWriter_fourcc(*self.codec), fps, self.image_size, self.writer_params()
         )
@@ -89,11 +88,20 @@ class Storage:
     @classmethod
     def from_manifest(cls, cv2, info: dict):
         """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage."""
-        from visionipc.apps.record import codecs
-
         if info.get("codec") in codecs.CODECS:
             return codecs.AvStorage.from_manifest(info)
         storage = cls(cv2, info["format"], info["width"], info["height"], info.get("lossless", False))
         if storage.kind != info.get("stored_as", storage.kind):
             raise ValueError(f"stored_as {info.get('stored_as')!r} does not match format {info['format']}")
         return storage
+
+
+def storage_for(args, cv2, fmt, width, height):
+    """The storage of one stream as vipc-record's options ask (codecs.add_codec_args)."""
+    codec = codecs.chosen_codec(args)
+    if codec == codecs.LEGACY:
+        return Storage(cv2, fmt, width, height, False)
+    container = "mcap" if args.format == "mcap" else codecs.EXT
+    return codecs.AvStorage(
+        fmt, width, height, codec, args.crf, args.preset, args.gop, args.encoder_threads, None, container
+    )
