@@ -34,6 +34,7 @@ ORDER = {  # the columns that order a partition's rows
     "events": ["stream", "event", "frame_id"],
     "metrics": ["stream", "segment", "position"],
     "metrics_summary": ["stream"],
+    "health_windows": ["stream", "window_start"],  # vipc-analyze --follow (follow.py)
 }
 PARTITIONS = ("date", "recording_id")
 # ids derived from a recording's content (recordings made before vipc-record wrote one)
