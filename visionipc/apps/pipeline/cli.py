@@ -12,6 +12,7 @@ import threading
 import time
 
 from msgq import add_version_flag, cli
+from visionipc.apps.pipeline import follow
 
 JOBS = ("health", "metrics", "export")
 EPILOG = """\
@@ -23,6 +24,7 @@ examples:
   vipc-analyze s3://bucket/fleet --out s3://bucket/results --incremental
   vipc-analyze fleet/ --out r --master spark://head:7077 --ui
   vipc-analyze fleet/ --out r --remote sc://spark-connect:15002     # on a Spark Connect server
+  vipc-analyze fleet/ --out r --follow        # live: tables + r/live.html as segments complete
   spark-submit --master spark://head:7077 $(vipc-analyze --submit-app) s3://bucket/fleet --out s3://bucket/r
 
 master: --master, else what spark-submit / SPARK_MASTER / spark-defaults.conf chose, else local[*].
@@ -122,6 +124,7 @@ def parse_args(argv):
         help="register the tables in the Spark catalog as NAME_health, NAME_metrics, ... (NAME or db.NAME)",
     )
     p.add_argument("--ui", action="store_true", help="start Spark's web UI (its address is printed)")
+    follow.add_arguments(p)
     p.add_argument(
         "--starved-after",
         type=float,
@@ -147,6 +150,7 @@ def parse_args(argv):
         p.error(f"--table {args.table!r}: a name of letters, digits and '_' (or db.name)")
     if args.starved_after <= 0:
         p.error("--starved-after must be > 0")
+    follow.check_args(p, args)
     try:
         args.conf = dict(kv.split("=", 1) for kv in args.conf)
     except ValueError:
@@ -168,6 +172,8 @@ def warn(msg: str) -> None:
 
 
 def run(args, step) -> int:
+    if args.follow:
+        return follow.run(args, step)
     from visionipc.apps.pipeline import cluster, fs, runs
     from visionipc.apps.pipeline.analysis import analyse, driver_checks
 

@@ -18,7 +18,11 @@ strings: no open file or lock travels to the executors.
 The picture metrics vipc-record measured as it captured (``brightness``, ``contrast``,
 ``sharpness``, ``motion``: lossy streams by default; null where a segment has none) are
 columns too when asked for: ``.option("frame_metrics", "true")`` adds them to the default
-schema, or name them in ``.schema(...)``.
+schema, or name them in ``.schema(...)``. ``.option("event_time", "true")`` adds
+``event_time`` (timestamp): when the recorder received the frame, as wall-clock time
+(``receive_time`` on the recorder's clock, placed by recording.json's ``start``:
+``wall_time`` + receive_time - ``monotonic_ns``; receive_time as Unix time where recording.json
+has no start). ``spark.readStream.format("vipc")`` follows recordings as they grow (stream.py).
 """
 
 from __future__ import annotations
@@ -31,16 +35,18 @@ from visionipc.apps.record.quality import COLUMNS as METRIC_COLUMNS
 
 SCHEMA = INDEX_SPARK_SCHEMA + ", recording_id string, recording_path string"
 SCHEMA_WITH_METRICS = SCHEMA + "".join(f", {c} double" for c in METRIC_COLUMNS)
+EVENT_TIME = ", event_time timestamp"
 PARTITION_BYTES = 64 << 20
 _RANGE_OPS = {"GreaterThan": ">", "GreaterThanOrEqual": ">=", "LessThan": "<", "LessThanOrEqual": "<=", "EqualTo": "=="}
 
 
 class FilesPartition(InputPartition):
-    """A run of index files: ``[(recording_id, recording_path, index_file)]``."""
+    """A run of index files: ``[(recording_id, recording_path, index_file)]``; ``clocks``:
+    {recording_path: ns to add to receive_time for wall-clock time} (for ``event_time``)."""
 
-    def __init__(self, files: list):
+    def __init__(self, files: list, clocks: dict | None = None):
         super().__init__(len(files))
-        self.files = files
+        self.files, self.clocks = files, clocks or {}
 
 
 def _column(f) -> str:
@@ -84,6 +90,9 @@ class VipcReader(DataSourceReader):
                     run, size = [], 0
         if run:
             parts.append(FilesPartition(run))
+        if "event_time" in self.columns:
+            clocks = {rec.path: wall_clock_offset(rec) for rec in recs}
+            parts = [FilesPartition(p.files, clocks) for p in parts]
         if not parts and not self.skip_empty and not self.keep:
             from visionipc.apps.pipeline.read import RecordingError
 
@@ -92,13 +101,16 @@ class VipcReader(DataSourceReader):
 
     def read(self, partition):
         import pyarrow as pa
+        import pyarrow.compute as pc
         import pyarrow.parquet as pq
 
         from visionipc.apps.record.checks import reading
 
         filters = [("frame_id", op, v) for op, v in self.frame_filters] or None
-        extra = {"recording_id", "recording_path"}
+        extra = {"recording_id", "recording_path", "event_time"}
         wanted = [c for c in self.columns if c not in extra]
+        if "event_time" in self.columns and "receive_time" not in wanted:
+            wanted.append("receive_time")
         # the metric columns are read where a file has them, null where not
         schema = QUALITY_ARROW_SCHEMA if set(wanted) & set(METRIC_COLUMNS) else INDEX_ARROW_SCHEMA
         for recording_id, recording_path, index_file in partition.files:
@@ -109,37 +121,73 @@ class VipcReader(DataSourceReader):
             if n == 0:
                 continue
             values = {"recording_id": recording_id, "recording_path": recording_path}
-            arrays = [table.column(c) if c not in extra else pa.repeat(pa.scalar(values[c]), n) for c in self.columns]
+            values = {c: pa.repeat(pa.scalar(v), n) for c, v in values.items()}
+            if "event_time" in self.columns:
+                ns = pc.add(table.column("receive_time"), partition.clocks.get(recording_path, 0))
+                values["event_time"] = ns.cast(pa.timestamp("ns")).cast(pa.timestamp("us", tz="UTC"), safe=False)
+            arrays = [values[c] if c in extra else table.column(c) for c in self.columns]
             yield from pa.table(arrays, names=self.columns).to_batches()
 
 
 class VipcDataSource(DataSource):
     """Options: ``path`` (from ``load``) and/or ``paths`` (comma-separated), ``skip_empty``,
-    ``partition_bytes``, ``frame_metrics`` (the recorder's metric columns in the default schema)."""
+    ``partition_bytes``, ``frame_metrics`` (the recorder's metric columns in the default schema),
+    ``event_time`` (the frame's wall-clock receive time in the default schema). Read in batches
+    (``spark.read``) or as a stream of segments as recorders complete them (``spark.readStream``)."""
 
     @classmethod
     def name(cls):
         return "vipc"
 
     def schema(self):
-        return SCHEMA_WITH_METRICS if _true(self.options.get("frame_metrics")) else SCHEMA
+        base = SCHEMA_WITH_METRICS if _true(self.options.get("frame_metrics")) else SCHEMA
+        return base + (EVENT_TIME if _true(self.options.get("event_time")) else "")
 
-    def reader(self, schema):
+    def streamReader(self, schema):  # noqa: N802 - PySpark's name
+        from visionipc.apps.pipeline.stream import VipcStreamReader
+
+        return VipcStreamReader(self._paths(), _true(self.options.get("skip_empty", "true")), self._columns(schema))
+
+    def _paths(self) -> list:
         paths = [p for key in ("path", "paths") for p in self.options.get(key, "").split(",") if p]
         if not paths:
             raise ValueError('spark.read.format("vipc") needs a recording: .load(PATH) or .option("paths", "a,b")')
+        return paths
+
+    def _columns(self, schema) -> list:
         columns = [f.name for f in schema.fields] if hasattr(schema, "fields") else _names(schema)
-        unknown = set(columns) - set(_names(SCHEMA_WITH_METRICS))
+        unknown = set(columns) - set(_names(SCHEMA_WITH_METRICS + EVENT_TIME))
         if unknown:
             raise ValueError(
                 f'spark.read.format("vipc"): no column(s) {sorted(unknown)} (the index has {SCHEMA_WITH_METRICS})'
             )
+        return columns
+
+    def reader(self, schema):
         return VipcReader(
-            paths,
+            self._paths(),
             _true(self.options.get("skip_empty")),
             int(self.options.get("partition_bytes", PARTITION_BYTES)),
-            columns,
+            self._columns(schema),
         )
+
+
+def wall_clock_offset(recording) -> int:
+    """ns to add to the recording's ``receive_time`` (the recorder's clock) for Unix time:
+    recording.json's start ``wall_time`` - ``monotonic_ns``; 0 where it has no start."""
+    import datetime
+
+    from visionipc.apps.pipeline.read import recording_info
+
+    start = recording_info(recording).get("start")
+    try:
+        wall = datetime.datetime.fromisoformat(start["wall_time"].replace("Z", "+00:00"))
+        if wall.tzinfo is None:
+            wall = wall.replace(tzinfo=datetime.timezone.utc)
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        return (wall - epoch) // datetime.timedelta(microseconds=1) * 1000 - int(start["monotonic_ns"])
+    except (TypeError, KeyError, ValueError, AttributeError):
+        return 0
 
 
 def _true(value) -> bool:

@@ -183,6 +183,32 @@ def _table(df, max_rows: int = 200) -> dict:
     return {"columns": [str(c) for c in df.columns], "rows": rows, "more": max(0, len(df) - max_rows)}
 
 
+def heading_part(level: int, text: str) -> dict:
+    return {"kind": "heading", "level": level, "text": text}
+
+
+def table_part(df, max_rows: int = 200) -> dict:
+    return {"kind": "table", "table": _table(df, max_rows)}
+
+
+def details_part(summary: str, df, max_rows: int = 200) -> dict:
+    return {"kind": "details", "summary": summary, "table": _table(df, max_rows)}
+
+
+def render(title: str, header, parts: list, refresh: int | None = None) -> str:
+    """The page of ``parts`` (the ``*_part`` dicts); ``refresh``: reload every N seconds."""
+    import jinja2
+
+    environment = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
+        autoescape=True,
+        undefined=jinja2.StrictUndefined,
+    )
+    return environment.get_template(TEMPLATE).render(
+        title=title, header=[(str(k), _text(v)) for k, v in (header or {}).items()], parts=parts, refresh=refresh
+    )
+
+
 HEALTH_SHOWN = [
     "recording_id",
     "stream",
@@ -221,7 +247,6 @@ def write_report(
     Laid out for a fleet: a run header (``header``: name -> value), the fleet summary
     (worst streams first), stall/delay events and drops, then the details (full tables,
     per-recording latency) in collapsible sections, thumbnails of exported frames."""
-    import jinja2
     import matplotlib
 
     matplotlib.use("Agg")
@@ -232,13 +257,13 @@ def write_report(
     parts: list = []
 
     def heading(level, text):
-        parts.append({"kind": "heading", "level": level, "text": text})
+        parts.append(heading_part(level, text))
 
     def table(df, max_rows=200):
-        parts.append({"kind": "table", "table": _table(df, max_rows)})
+        parts.append(table_part(df, max_rows))
 
     def details(summary, df, max_rows=200):
-        parts.append({"kind": "details", "summary": summary, "table": _table(df, max_rows)})
+        parts.append(details_part(summary, df, max_rows))
 
     def figure(name, caption, draw, *args):
         draw(plt, *args, os.path.join(plots, name))
@@ -272,14 +297,7 @@ def write_report(
         heading(2, f"Export ({len(manifest)} frames)")
         parts.append(_thumbnails(manifest))
         details("Export manifest", manifest, 200)
-    environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(os.path.dirname(os.path.abspath(__file__))),
-        autoescape=True,
-        undefined=jinja2.StrictUndefined,
-    )
-    page = environment.get_template(TEMPLATE).render(
-        title=title, header=[(str(k), _text(v)) for k, v in (header or {}).items()], parts=parts
-    )
+    page = render(title, header, parts)
     path = os.path.join(out_dir, "report.html")
     with open(path, "w") as f:
         f.write(page)
