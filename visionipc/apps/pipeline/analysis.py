@@ -198,9 +198,13 @@ def write_tables(spark, recs, infos, args, run, res, step, keys=None) -> None:
         return
     step(f"tables: {', '.join(names)} -> {tables.location(run.out, '')}")
     try:
-        for kind, name in SMALL.items():
-            if name in names:
-                tables.write_small(spark, run.out, name, res[kind], ids, dates)
+        from concurrent.futures import ThreadPoolExecutor
+
+        small = [(kind, name) for kind, name in SMALL.items() if name in names]
+        # one Spark job per table, all at once: the driver's part of one (the frame sent to
+        # the JVM, planning) overlaps the others' tasks instead of idling the slots
+        with ThreadPoolExecutor(max_workers=max(1, len(small))) as pool:
+            list(pool.map(lambda kn: tables.write_small(spark, run.out, kn[1], res[kn[0]], ids, dates), small))
         if "metrics" in names:
             tables.write_metrics(spark, run.out, run.path("metrics"), ids, dates)
     except Exception as e:  # noqa: BLE001 - only a storage Spark's own writer cannot reach is let pass

@@ -114,9 +114,14 @@ def _strings(spark):
         spark.conf.set(key, before)
 
 
-def _write(df, where: str, order: list) -> None:
+def _write(df, where: str, order: list, recordings: int) -> None:
+    """``df`` into its table, one file per recording: rows hashed by partition into as many
+    tasks as there are recordings, at most ``spark.sql.shuffle.partitions`` (an explicit
+    count: adaptive execution would coalesce a small table into one task, which then
+    writes every recording's file alone while the other slots idle)."""
+    tasks = max(1, min(recordings, int(df.sparkSession.conf.get("spark.sql.shuffle.partitions", "200"))))
     (
-        df.repartition(*PARTITIONS)
+        df.repartition(tasks, *PARTITIONS)
         .sortWithinPartitions(*order)
         .write.mode("overwrite")
         .option("partitionOverwriteMode", "dynamic")
@@ -147,7 +152,7 @@ def write_small(spark, out: str, name: str, frame, ids: dict, dates: dict) -> No
     table = table.cast(pa.schema([f.with_type(pa.string()) if f.name in PARTITIONS else f for f in table.schema]))
     where = location(out, name)
     if len(frame):
-        _write(spark.createDataFrame(table), where, ORDER[name])
+        _write(spark.createDataFrame(table), where, ORDER[name], len(ids))
     _drop_stale(where, {ids[r]: dates.get(r) for r in ids}, set(frame["recording_id"]))
 
 
@@ -165,7 +170,7 @@ def write_metrics(spark, out: str, run_metrics: str, ids: dict, dates: dict) -> 
             m = m.join(spark.createDataFrame(names).hint("broadcast"), "recording").withColumnRenamed(
                 "_id", "recording_id"
             )
-            _write(m, where, ORDER["metrics"])
+            _write(m, where, ORDER["metrics"], len(ids))
         written = {ids[r] for r, _ in _partitions(run_metrics, "recording_id") if r in ids}
     _drop_stale(where, {ids[r]: dates.get(r) for r in ids}, written)
 
