@@ -159,6 +159,7 @@ def child_checks(root):
     file opened and checked on the driver: read.index_files(contents=True)). A fresh
     process, the files in the OS's cache (the same for both)."""
     t0 = time.monotonic()
+    from visionipc.apps.pipeline import analysis  # noqa: F401 - imported before the clock starts
     from visionipc.apps.pipeline.read import find_recordings, index_files
 
     imported = time.monotonic()
