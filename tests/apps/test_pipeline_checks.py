@@ -4,6 +4,7 @@ contents are checked by the task that reads it (read.read_index_file), so a bad 
 among many is still refused with one line (exit 2, nothing published), and the results
 are those of a plain one-process computation."""
 
+import glob
 import os
 
 import pandas as pd
@@ -12,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import spark  # noqa: F401
 
-from visionipc.apps.pipeline import health, jobs, runs, synthetic
+from visionipc.apps.pipeline import health, jobs, runs, synthetic, tables
 from visionipc.apps.pipeline.cli import main
 from visionipc.apps.pipeline.read import (
     RecordingError,
@@ -53,6 +54,10 @@ def test_the_results_equal_one_process_and_no_file_is_opened_on_the_driver(spark
         got = pd.read_parquet(os.path.join(done, f"{name}.parquet")).drop(columns=["date"])
         keys = [c for c in ("recording_id", "stream", "after_frame_id", "second", "bin") if c in got.columns]
         pd.testing.assert_frame_equal(_sorted(got, keys), _sorted(expected[kind], keys), check_dtype=False)
+        # the fleet's tables, written by every slot: still one file per recording
+        parts = glob.glob(os.path.join(tables.location(str(tmp_path / "out"), name), "date=*", "recording_id=*", "*"))
+        files = [p for p in parts if p.endswith(".parquet")]
+        assert len(files) == len({os.path.dirname(p) for p in files}) == expected[kind]["recording_id"].nunique()
     # the driver only lists: a file that is not Parquet at all passes its checks...
     broken = tmp_path / "broken"
     synthetic.write_index(str(broken), recordings=2, streams=1, frames=800, segment_frames=400)
