@@ -7,6 +7,7 @@ import platform
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from msgq import add_version_flag
 from msgq.cli import parse_args
@@ -18,14 +19,14 @@ from visionipc.bench.runner import Config, Runner
 from visionipc.bench.tasks import worker_setup, worker_teardown
 from visionipc.bench.workers import WorkerPool, read_loadavg
 
-FULL = dict(
+FULL: Dict[str, Any] = dict(
     sizes="64x64,640x480,1920x1080,3840x2160,7680x4320",
     clients="1,2,4,8",
     paced_count=60,
     flat_seconds=1.0,
     modes=["paced", "warm", "flat"],
 )
-QUICK = dict(
+QUICK: Dict[str, Any] = dict(
     sizes="64x64,3840x2160,7680x4320", clients="1,8", paced_count=8, flat_seconds=0.15, modes=["paced", "flat"]
 )
 
@@ -94,7 +95,7 @@ def _names(choices):
     return parse
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="vipc-bench", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -136,7 +137,9 @@ def build_parser():
     return ap
 
 
-def make_config(args, ap):
+def make_config(
+    args: argparse.Namespace, ap: argparse.ArgumentParser
+) -> Tuple[Config, List[Tuple[str, Optional[str]]]]:
     base = QUICK if args.quick else FULL
     names = args.transports or [n for n in transports.TRANSPORTS if n not in transports.ON_REQUEST]
     skipped = [(n, transports.unavailable(n)) for n in names if transports.unavailable(n)]
@@ -164,14 +167,14 @@ def make_config(args, ap):
     return cfg, skipped
 
 
-def _own_files(run):
+def _own_files(run: str) -> List[str]:
     try:
         return sorted(os.path.join("/dev/shm", n) for n in os.listdir("/dev/shm") if n.startswith(f"vipcb{run}_"))
     except FileNotFoundError:
         return []
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = build_parser()
     args = parse_args(ap, argv)
     cfg, skipped = make_config(args, ap)
@@ -180,7 +183,7 @@ def main(argv=None) -> int:
 
     run = unique_name("")
     cpus, pinned = placement(1 + max(cfg.clients), args.no_pin)
-    meta = {
+    meta: Dict[str, Any] = {
         "argv": sys.argv if argv is None else ["vipc-bench", *argv],
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.version.split()[0],

@@ -3,6 +3,7 @@ run's environment, the pinned worker pool run, machine info, failures and the JS
 report. The measurements themselves live in their suites (``visionipc.bench.suites``)
 and in the vipc-bench modules beside this one."""
 
+import argparse
 import json
 import os
 import platform
@@ -10,14 +11,17 @@ import resource
 import subprocess
 import sys
 import time
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
 
 from visionipc.bench.stats import parse_size
-from visionipc.bench.workers import WorkerPool, read_loadavg, usable_cpus
+from visionipc.bench.workers import Hook, WorkerPool, read_loadavg, usable_cpus
+
+Log = Callable[[str], None]  # a progress line
 
 # --------------------------------------------------------------------------- flags
 
 
-def add_common_flags(ap, **helps):
+def add_common_flags(ap: argparse.ArgumentParser, **helps: Any) -> None:
     """Add the flags every benchmark spells the same way, in the order given, each
     with its own help: ``quick``, ``rounds`` (a ``(default, help)`` pair), ``json``,
     ``no_pin``, ``check`` and ``quiet`` (help text, or True for the usual one)."""
@@ -39,12 +43,12 @@ def add_common_flags(ap, **helps):
             raise ValueError(f"no common flag {name!r}")
 
 
-def parse_sizes(text):
+def parse_sizes(text: str) -> List[int]:
     """Message sizes, comma separated (``64,4096,1MiB``), in bytes."""
     return [parse_size(s) for s in text.split(",") if s.strip()]
 
 
-def parse_only(ap, text, parts):
+def parse_only(ap: argparse.ArgumentParser, text: str, parts: Iterable[str]) -> Set[str]:
     """The parts named by ``--only`` (a comma list); exits through ``ap.error`` on an unknown one."""
     only = {s.strip() for s in text.split(",") if s.strip()}
     unknown = only - set(parts)
@@ -53,10 +57,10 @@ def parse_only(ap, text, parts):
     return only
 
 
-def logger(quiet):
+def logger(quiet: bool) -> Log:
     """``log(msg)``: a progress line on stderr, nothing when ``quiet``."""
 
-    def log(msg):
+    def log(msg: str) -> None:
         if not quiet:
             print(msg, file=sys.stderr, flush=True)
 
@@ -66,16 +70,23 @@ def logger(quiet):
 # --------------------------------------------------------------------------- the run
 
 
-def placement(nworkers, no_pin):
+def placement(nworkers: int, no_pin: bool) -> Tuple[List[int], List[Optional[int]]]:
     """(usable CPUs, CPU per worker): the first worker on the first CPU, the others
     spread over the rest; all None (unpinned) with ``no_pin`` or a single CPU."""
     cpus = usable_cpus()
     if no_pin or len(cpus) < 2:
         return cpus, [None] * nworkers
-    return cpus, [cpus[0]] + [cpus[1 + i % (len(cpus) - 1)] for i in range(nworkers - 1)]
+    pins: List[Optional[int]] = [cpus[0], *(cpus[1 + i % (len(cpus) - 1)] for i in range(nworkers - 1))]
+    return cpus, pins
 
 
-def run_in_pool(pinned, make_runner, log, setup=None, teardown=None):
+def run_in_pool(
+    pinned: Sequence[Optional[int]],
+    make_runner: Callable[[WorkerPool], Any],
+    log: Log,
+    setup: Hook = None,
+    teardown: Hook = None,
+) -> Any:
     """Start a :class:`WorkerPool` pinned to ``pinned``, run ``make_runner(pool).run_all()``
     and close the pool; returns the runner, or None when interrupted (Ctrl-C)."""
     pool = None
@@ -101,7 +112,7 @@ def cpu_s() -> float:
 # --------------------------------------------------------------------------- what a report says
 
 
-def run_meta(cpus, pinned):
+def run_meta(cpus: Sequence[int], pinned: Sequence[Optional[int]]) -> Dict[str, Any]:
     """What a results file should say about the run: versions, machine, load."""
     import zmq
 
@@ -121,7 +132,7 @@ def run_meta(cpus, pinned):
     }
 
 
-def git_rev():
+def git_rev() -> Optional[str]:
     """The short commit of the checkout the harness runs from, or None."""
     try:
         return (
@@ -137,7 +148,7 @@ def git_rev():
         return None
 
 
-def print_report_head(what, rounds, elapsed, loadavg_start, *notes):
+def print_report_head(what: str, rounds: int, elapsed: float, loadavg_start: Optional[List[str]], *notes: str) -> None:
     """The lines that head a report, after a blank one: what ran, how long, the load
     before and now; then ``notes``, what the numbers are, one line each."""
     print()
@@ -146,7 +157,7 @@ def print_report_head(what, rounds, elapsed, loadavg_start, *notes):
         print(note)
 
 
-def print_failures(errors, describe):
+def print_failures(errors: Sequence[Dict[str, Any]], describe: Callable[[Dict[str, Any]], str]) -> None:
     """The failed measurements, one line each: ``describe(error)`` and the error's last line."""
     if errors:
         print()
@@ -155,7 +166,7 @@ def print_failures(errors, describe):
             print(f"  {describe(e)}: {e['error'].splitlines()[-1]}")
 
 
-def write_json(path, report, indent=None):
+def write_json(path: str, report: Any, indent: Optional[int] = None) -> None:
     """Write ``report`` to ``path``, creating its folder."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     with open(path, "w") as f:

@@ -1,6 +1,6 @@
 """Summary tables, ratios against the peers and the issue-4 targets (MET / NOT MET)."""
 
-from typing import Any, List, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from visionipc.bench.stats import fmt, fmt_rate, format_table, latency_stats, median, ratio
 from visionipc.bench.transports import HANDOFF
@@ -35,10 +35,10 @@ def _row(cell, rs, **measured):
     }
 
 
-def summarize(results):
+def summarize(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Rows pooled over rounds: latency percentiles pooled over every sample,
     rates and CPU per frame as medians of the rounds."""
-    out = {"paced": [], "warm": [], "flat": []}
+    out: Dict[str, List[Dict[str, Any]]] = {"paced": [], "warm": [], "flat": []}
     for mode, cell, rs in [(m, c, rs) for m in ("paced", "warm") for c, rs in _group(results, m).items()]:
         st = latency_stats([s for r in rs for s in r["samples_ns"]])
         out[mode].append(
@@ -102,7 +102,7 @@ def _target(name, measured, value, r, want, ok, note=""):
     }
 
 
-def targets(out):
+def targets(out: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The issue-4 targets, each from this run only; 'n/a' when the run lacks the cells."""
     paced, flat, t = out["paced"], out["flat"], []
     small, big = _find(paced, "visionipc", 64, 64), _find(paced, "visionipc", 7680, 4320)
@@ -193,7 +193,7 @@ def targets(out):
     return t
 
 
-def camera_pace_targets(paced):
+def camera_pace_targets(paced: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """Issue 19's targets at a camera's pace (the producer sleeps between frames)."""
     t = []
     for w, h in ((64, 64), (3840, 2160)):
@@ -307,7 +307,7 @@ def _frame_table(rows, columns):
     return format_table(headers, cells, "lrl" + "r" * len(columns))
 
 
-def render(summary, skipped=()):
+def render(summary: Dict[str, Any], skipped: Sequence[Tuple[str, Optional[str]]] = ()) -> str:
     lines = []
     for mode, heading, columns, notes in TABLES:
         if summary[mode]:

@@ -4,19 +4,23 @@ transports in rotating order, ``rounds`` times; each cell is one producer worker
 
 import dataclasses
 import time
+from typing import Any, Dict, List, Sequence, Tuple
 
 from visionipc.bench import transports
+from visionipc.bench.harness import Log
 from visionipc.bench.stats import latency_stats, median
 from visionipc.bench.tasks import task_consumer, task_producer
-from visionipc.bench.workers import BenchError
+from visionipc.bench.workers import BenchError, WorkerPool
+
+Result = Dict[str, Any]  # a worker task's result, or a cell's record
 
 SIZE_NAMES = {(64, 64): "64x64", (640, 480): "VGA", (1920, 1080): "1080p", (3840, 2160): "4K", (7680, 4320): "8K"}
 
 
-def first_and_last(consumers):
+def first_and_last(consumers: Sequence[Result]) -> Tuple[List[int], List[int]]:
     """Per frame every client got: the latency of the first client to hold it and of
     the last (with 8 clients sharing a CPU, the 8th waits for the other 7)."""
-    per_frame = {}
+    per_frame: Dict[int, List[int]] = {}
     for c in consumers:
         for fid, lat in zip(c["fids"], c["lat_view_ns"]):
             per_frame.setdefault(fid, []).append(lat)
@@ -24,7 +28,7 @@ def first_and_last(consumers):
     return [min(x) for x in full], [max(x) for x in full]
 
 
-def size_name(w, h):
+def size_name(w: int, h: int) -> str:
     return SIZE_NAMES.get((w, h), f"{w}x{h}")
 
 
@@ -46,7 +50,7 @@ class Config:
     fill: bool = False  # flat out: write every byte of every frame (memset), not only the stamp
     extra_buffers: int = 4  # pool / ring = clients + this many frames
 
-    def cells(self, mode, rnd):
+    def cells(self, mode: str, rnd: int) -> List[Tuple[int, int, int, str]]:
         """(w, h, n, transport) in this round's order: transports rotate cell by cell."""
         out = []
         names = [t for t in self.transports if not (mode == "flat" and t == "futex")]  # no frame to send flat out
@@ -60,15 +64,15 @@ class Config:
 
 
 class Runner:
-    def __init__(self, pool, config, log):
+    def __init__(self, pool: WorkerPool, config: Config, log: Log) -> None:
         self.pool = pool
         self.cfg = config
         self.log = log
-        self.results = []
-        self.errors = []
+        self.results: List[Result] = []
+        self.errors: List[Result] = []
         self._n = 0
 
-    def run(self):
+    def run(self) -> List[Result]:
         self.warm_up()
         for rnd in range(self.cfg.rounds):
             for mode in self.cfg.modes:
@@ -77,7 +81,7 @@ class Runner:
                     self.cell(mode, kind, w, h, n, rnd)
         return self.results
 
-    def warm_up(self):
+    def warm_up(self) -> None:
         """One short, unrecorded run per transport with every worker: imports, first
         mappings and lazy set-up are paid here, not by whichever cell comes first."""
         w, h = self.cfg.sizes[0]
@@ -104,11 +108,11 @@ class Runner:
             except BenchError as e:
                 self.log(f"  warm-up of {kind} failed: {str(e).strip().splitlines()[-1]}")
 
-    def cell(self, mode, kind, w, h, n, rnd):
+    def cell(self, mode: str, kind: str, w: int, h: int, n: int, rnd: int) -> None:
         c = self.cfg
         self._n += 1
         tag = str(self._n)
-        rec = {
+        rec: Result = {
             "mode": mode,
             "transport": kind,
             "frame": size_name(w, h),

@@ -16,7 +16,7 @@ import glob
 import json
 import os
 import statistics
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def event_log_conf(folder: str) -> dict:
@@ -30,7 +30,7 @@ def event_log_conf(folder: str) -> dict:
     }
 
 
-def process_cpu_s(pid) -> float | None:
+def process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of a process so far (Linux ``/proc``), None where unknown."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -40,7 +40,7 @@ def process_cpu_s(pid) -> float | None:
         return None
 
 
-def descendants_cpu_s(pid) -> float:
+def descendants_cpu_s(pid: int) -> float:
     """CPU seconds of every process below ``pid`` (the driver JVM: PySpark's daemon and its
     Python workers), those still running and those their parents have reaped."""
     parent, cpu = {}, {}
@@ -63,7 +63,7 @@ def descendants_cpu_s(pid) -> float:
     return sum(cpu[p] for p in below)
 
 
-def jvm_pid(spark):
+def jvm_pid(spark: Any) -> Optional[int]:
     """The driver JVM's process id where PySpark started it (None under spark-submit)."""
     proc = getattr(getattr(spark.sparkContext, "_gateway", None), "proc", None)
     return getattr(proc, "pid", None)

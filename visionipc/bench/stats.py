@@ -2,18 +2,22 @@
 
 import math
 import statistics
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Sequence
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeGuard
 
-def percentile(sorted_values, p):
+
+def percentile(sorted_values: Sequence[float], p: float) -> float:
     """Nearest-rank percentile ``p`` (0-100) of a sequence (numpy's ``inverted_cdf``)."""
     if len(sorted_values) == 0:
         return float("nan")
     return float(np.percentile(np.asarray(sorted_values), p, method="inverted_cdf"))
 
 
-def latency_stats(samples_ns):
+def latency_stats(samples_ns: Iterable[float]) -> Dict[str, float]:
     """Percentiles of latency samples given in ns, reported in µs (nearest rank, numpy)."""
     s = np.asarray(samples_ns, dtype=np.float64)
     if s.size == 0:
@@ -32,24 +36,24 @@ def latency_stats(samples_ns):
     }
 
 
-def is_number(x):
+def is_number(x: object) -> "TypeGuard[float]":
     return x is not None and not (isinstance(x, float) and math.isnan(x))
 
 
-def median(values):
+def median(values: Iterable[Any]) -> float:
     """The median of the values that are numbers (statistics.median), NaN if none."""
     v = [x for x in values if is_number(x)]
     return statistics.median(v) if v else float("nan")
 
 
-def ratio(a, b):
+def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     """a / b, or None when either is missing or b is zero."""
     if not is_number(a) or not is_number(b) or not b:
         return None
     return a / b
 
 
-def format_table(headers, rows, aligns=None):
+def format_table(headers: Sequence[str], rows: Iterable[Sequence[Any]], aligns: Optional[str] = None) -> str:
     """Plain-text table (tabulate's "simple"); ``aligns`` is a string of 'l'/'r' per column."""
     from tabulate import tabulate
 
@@ -58,7 +62,7 @@ def format_table(headers, rows, aligns=None):
     return tabulate(rows, headers=headers, tablefmt="simple", colalign=colalign, disable_numparse=True, missingval="")
 
 
-def fmt_rate(per_s):
+def fmt_rate(per_s: Optional[float]) -> str:
     if not is_number(per_s):
         return "-"
     if per_s >= 1e6:
@@ -68,11 +72,11 @@ def fmt_rate(per_s):
     return f"{per_s:.0f} /s"
 
 
-def fmt(v, spec="{:.1f}"):
+def fmt(v: Optional[float], spec: str = "{:.1f}") -> str:
     return spec.format(v) if is_number(v) else "-"
 
 
-def fmt_size(n):
+def fmt_size(n: int) -> str:
     if n >= 1 << 20 and n % (1 << 20) == 0:
         return f"{n >> 20} MiB"
     if n >= 1 << 10 and n % (1 << 10) == 0:
@@ -80,7 +84,7 @@ def fmt_size(n):
     return f"{n} B"
 
 
-def parse_size(text):
+def parse_size(text: str) -> int:
     t = text.strip().lower().replace(" ", "")
     for suffix, mult in (("mib", 1 << 20), ("m", 1 << 20), ("kib", 1 << 10), ("k", 1 << 10), ("b", 1)):
         if t.endswith(suffix):

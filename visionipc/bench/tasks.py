@@ -5,22 +5,38 @@ exists; "ready": every client is attached; "done")."""
 import os
 import resource
 import time
+from typing import Any, Dict
 
 from visionipc.bench import transports
+from visionipc.bench.workers import Control, State
 
 
-def worker_setup(state):
+def worker_setup(state: State) -> None:
     state["ipc_dir"] = os.environ["VIPC_BENCH_IPC_DIR"]
 
 
-def worker_teardown(state):
+def worker_teardown(state: State) -> None:
     for fn in state.pop("teardown", []):
         fn()
 
 
 def task_producer(
-    ctl, state, kind, tag, w, h, nbuf, nclients, fill, mode, fps=0.0, count=0, warmup=0, seconds=0.0, spin_us=0
-):
+    ctl: Control,
+    state: State,
+    kind: str,
+    tag: str,
+    w: int,
+    h: int,
+    nbuf: int,
+    nclients: int,
+    fill: bool,
+    mode: str,
+    fps: float = 0.0,
+    count: int = 0,
+    warmup: int = 0,
+    seconds: float = 0.0,
+    spin_us: int = 0,
+) -> Dict[str, Any]:
     """``mode`` "paced": ``warmup + count`` frames at ``fps``; the producer sleeps until
     ``spin_us`` before each frame's time and spins the rest: with ``spin_us`` 0 it sleeps
     between frames as a camera daemon does (sends cold); with 2000 it sends warm (only the
@@ -54,7 +70,10 @@ def task_producer(
         if mode == "paced":
             period, spin = 1.0 / fps, spin_us * 1e-6
             nxt = perf() + period
-            cpu0 = t0 = paced = None
+            # set at the first measured frame (after the warm-up); Any: None until then
+            cpu0: Any = None
+            t0: Any = None
+            paced: Any = None
             for fid in range(1, warmup + count + 1):
                 c = thread_time()
                 if fid > warmup + 1:
@@ -107,7 +126,9 @@ def task_producer(
     }
 
 
-def task_consumer(ctl, state, kind, tag, w, h, conflate, warmup, keep_samples):
+def task_consumer(
+    ctl: Control, state: State, kind: str, tag: str, w: int, h: int, conflate: bool, warmup: int, keep_samples: bool
+) -> Dict[str, Any]:
     """Receive until the end marker. Latency samples (frames after ``warmup``):
     send -> the client holds a numpy view of the frame."""
     ctl.barrier("bound")

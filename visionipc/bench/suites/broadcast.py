@@ -37,7 +37,7 @@ import struct
 import sys
 import time
 from multiprocessing import shared_memory
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import msgq
 from msgq.testing import isolated_prefix
@@ -58,27 +58,27 @@ class SeedRing:
     has metadata [written, read_0 .. read_{n-1}] (one byte each) and a data
     area [overflow byte][4-byte length][pickle]. Polls with sched_yield()."""
 
-    def __init__(self, n_readers, chunk_bytes, n_chunks, name=None):
+    def __init__(self, n_readers: int, chunk_bytes: int, n_chunks: int, name: Optional[str] = None) -> None:
         self.n_readers, self.chunk_bytes, self.n_chunks = n_readers, chunk_bytes, n_chunks
         self.meta_bytes = 1 + n_readers
         size = n_chunks * (chunk_bytes + self.meta_bytes)
         self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size)
         if name is None:
-            self.shm.buf[:size] = bytes(size)
+            self.shm.buf[:size] = bytes(size)  # type: ignore[index]  # open: buf is set
         self.data_offset = n_chunks * self.meta_bytes
         self.index = 0
 
-    def handle(self):
+    def handle(self) -> Tuple[int, int, int, str]:
         return (self.n_readers, self.chunk_bytes, self.n_chunks, self.shm.name)
 
-    def meta(self, i):
-        return self.shm.buf[i * self.meta_bytes : (i + 1) * self.meta_bytes]
+    def meta(self, i: int) -> memoryview:
+        return self.shm.buf[i * self.meta_bytes : (i + 1) * self.meta_bytes]  # type: ignore[index]
 
-    def chunk(self, i):
+    def chunk(self, i: int) -> memoryview:
         start = self.data_offset + i * self.chunk_bytes
-        return self.shm.buf[start : start + self.chunk_bytes]
+        return self.shm.buf[start : start + self.chunk_bytes]  # type: ignore[index]
 
-    def enqueue(self, obj, deadline):
+    def enqueue(self, obj: object, deadline: float) -> None:
         data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
         meta = self.meta(self.index)
         while meta[0] == 1 and sum(meta[1:]) != self.n_readers:
@@ -94,7 +94,7 @@ class SeedRing:
         meta[0] = 1
         self.index = (self.index + 1) % self.n_chunks
 
-    def dequeue(self, rank, deadline):
+    def dequeue(self, rank: int, deadline: float) -> Any:
         meta = self.meta(self.index)
         while meta[0] != 1 or meta[1 + rank] == 1:
             if time.monotonic() > deadline:
@@ -107,7 +107,7 @@ class SeedRing:
         self.index = (self.index + 1) % self.n_chunks
         return obj
 
-    def close(self, unlink=False):
+    def close(self, unlink: bool = False) -> None:
         self.shm.close()
         if unlink:
             self.shm.unlink()
@@ -163,10 +163,11 @@ def _idle_cpu_pct(kind, source, rank):
 # ------------------------------------------------------------------ one run
 
 
-def run(kind, n_readers, count, size, record_latency, interval_us):
+def run(kind: str, n_readers: int, count: int, size: int, record_latency: bool, interval_us: float) -> Dict[str, Any]:
     payload = os.urandom(size)
     ready, results = SPAWN.Queue(), SPAWN.Queue()
     ring = writer = None
+    endpoint: Any  # what the readers attach to: a BroadcastHandle, a SeedRing's handle, or one Queue each
     if kind in ("msgq", "msgq-defaults"):
         sizes = dict(chunk_bytes=max(4096, 2 * size), max_chunks=256) if kind == "msgq" else {}
         writer = msgq.BroadcastQueue(n_readers, **sizes)
@@ -227,7 +228,7 @@ def run(kind, n_readers, count, size, record_latency, interval_us):
 KINDS = ("msgq", "msgq-defaults", "seed-py", "mp.Queue")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--readers", type=int, default=4)
     ap.add_argument("--size", type=int, default=1024, help="payload bytes per object (default 1024)")
@@ -262,8 +263,8 @@ def main(argv=None) -> int:
                 lat = run(kind, args.readers, args.latency_messages, args.size, True, args.interval_us)
                 lats[kind].append(lat["latency"])
                 idles[kind].append(lat["idle_cpu_pct"])
-    rows = []
-    summary = {}
+    rows: List[List[str]] = []
+    summary: Dict[str, Dict[str, Any]] = {}
     for kind in KINDS:
         rate = median(rates[kind])
         p50 = median([x["p50"] for x in lats[kind]])

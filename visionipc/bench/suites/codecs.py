@@ -16,6 +16,7 @@ import argparse
 import os
 import tempfile
 import time
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -29,7 +30,7 @@ RUNS = (("mp4v (OpenCV)", "mp4v", None), ("h264 crf23", "h264", 23), ("h264 crf2
         ("hevc crf28", "hevc", 28), ("av1 crf35", "av1", 35), ("ffv1 (lossless)", "ffv1", None))  # fmt: skip
 
 
-def scene(width, height, frames, seed=1):
+def scene(width: int, height: int, frames: int, seed: int = 1) -> List[np.ndarray]:
     """NV12 compact images ``(h*3/2, w)`` of a panning textured scene with noise."""
     import cv2
 
@@ -87,7 +88,9 @@ class _FakeFrame:
         return cv2.cvtColor(self.image, cv2.COLOR_YUV2BGR_NV12)
 
 
-def run_one(label, codec, crf, images, width, height, folder):
+def run_one(
+    label: str, codec: str, crf: Optional[int], images: Sequence[np.ndarray], width: int, height: int, folder: str
+) -> Dict[str, Any]:
     import cv2
 
     from visionipc.apps.record import codecs
@@ -97,6 +100,7 @@ def run_one(label, codec, crf, images, width, height, folder):
     from visionipc.apps.record.writer import StreamWriter
 
     out = os.path.join(folder, f"{codec}-{crf}-{width}")
+    storage: Union[Storage, codecs.AvStorage]
     if codec == "mp4v":
         storage = Storage(cv2, "nv12", width, height, False)
     else:
@@ -128,7 +132,7 @@ def run_one(label, codec, crf, images, width, height, folder):
     }
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_flags(p, quick="1080p 20 frames, 4K 6 frames", quiet=True)
     p.add_argument("--frames", type=int, default=60, help="frames at 1080p (4K: a third of them)")

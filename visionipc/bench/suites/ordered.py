@@ -25,7 +25,7 @@ import multiprocessing
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional, Sequence
 
 import msgq
 from msgq.testing import isolated_prefix, unique_name
@@ -74,7 +74,7 @@ def _reader(topic, total, ready, result):
     reader.close()
 
 
-def run(producers, total, work_us):
+def run(producers: int, total: int, work_us: float) -> Dict[str, Any]:
     topic = unique_name("bench")
     creator = msgq.OrderedProducer(topic, capacity=1 << 16, slot_bytes=64)
     barrier = SPAWN.Barrier(producers + 1)
@@ -98,7 +98,7 @@ def run(producers, total, work_us):
     return {"rate": total / ((end - start) / 1e9), "cpu_us": cpu / total * 1e6, **check}
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--producers", type=int, nargs="+", default=[1, 2, 3, 4])
     ap.add_argument("--work-us", type=float, default=200.0)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import tempfile
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 
@@ -44,7 +45,7 @@ MODES = {  # mode -> vipc-record flags
 }
 
 
-def run_one(width, height, fps, seconds, mode, folder):
+def run_one(width: int, height: int, fps: float, seconds: float, mode: str, folder: str) -> Dict[str, Any]:
     name, frames = f"bench{os.getpid()}", int(fps * seconds)
     out = os.path.join(folder, f"{width}x{height}-{len(os.listdir(folder))}")
     camera = _spawn(
@@ -102,7 +103,7 @@ def run_one(width, height, fps, seconds, mode, folder):
     }
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_flags(p, quick="640x480 only, 3 s per run")
     p.add_argument("--seconds", type=float, default=10.0)

@@ -22,13 +22,17 @@ Every frame is NV12; the first 8 bytes of its pixels carry the frame id.
 import importlib
 import os
 import struct
+from typing import Tuple, Union
 
 from visionipc.bench import reference
+from visionipc.bench.workers import State as State  # the Producer's and Consumer's state
 
 END = (1 << 63) - 1  # frame id of the end marker
 FID = struct.Struct("<Q")  # the stamp at the start of every frame's pixels
 HDR = struct.Struct("<QQ")  # frame id, send time (ns): pyzmq header part, futex page, iceoryx2 frame head
 RECV_TIMEOUT_MS = 5000  # only there so that a lost frame cannot hang a run
+# what Consumer.recv() gives: (fid, sent_ns, recv_ns, view_ns, intact), "end", or None (timeout)
+Received = Union[Tuple[int, int, int, int, bool], str, None]
 
 # name -> (module, what it is, the package it needs or a function saying why it cannot run)
 TRANSPORTS = {

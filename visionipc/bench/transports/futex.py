@@ -10,8 +10,9 @@ import ctypes
 import mmap
 import os
 import time
+from typing import Any, Callable, Tuple
 
-from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, shm_name
+from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, Received, State, shm_name
 
 FUTEX_WAIT, FUTEX_WAKE = 0, 1
 SYS_FUTEX = {"x86_64": 202, "aarch64": 98, "arm64": 98}.get(os.uname().machine, 202)
@@ -47,7 +48,7 @@ class _Futex:
         self.timeout = _Timespec(RECV_TIMEOUT_MS // 1000, 0)
         self.timeout_ptr = ctypes.addressof(self.timeout)
 
-    def close(self):
+    def close(self) -> None:
         self.word = None
         self.mm.close()
 
@@ -57,20 +58,26 @@ def _path(tag):
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         self.path = _path(tag)
         self.fx = _Futex(self.path, True)
 
-    def prefault(self):
+    def prefault(self) -> None:
         pass
 
-    def accept(self):
+    def accept(self) -> None:
         pass
 
-    def check(self):
+    def check(self) -> None:
         pass
 
-    def send(self, fid, fill, now=time.monotonic_ns, pack=HDR.pack_into):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = HDR.pack_into,
+    ) -> int:
         fx = self.fx
         ts = now()
         pack(fx.mm, 8, fid, ts)
@@ -78,10 +85,10 @@ class Producer:
         fx.syscall(SYS_FUTEX, fx.addr, FUTEX_WAKE, 0x7FFFFFFF, None, None, 0)
         return ts
 
-    def end(self):
+    def end(self) -> None:
         self.send(END, False)
 
-    def close(self):
+    def close(self) -> None:
         self.fx.close()
         try:
             os.unlink(self.path)
@@ -90,11 +97,13 @@ class Producer:
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         self.fx = _Futex(_path(tag), False)
         self.seen = self.fx.word.value
 
-    def recv(self, now=time.monotonic_ns, unpack=HDR.unpack_from):
+    def recv(
+        self, now: Callable[[], int] = time.monotonic_ns, unpack: Callable[..., Tuple[Any, ...]] = HDR.unpack_from
+    ) -> Received:
         fx = self.fx
         deadline = time.monotonic() + RECV_TIMEOUT_MS / 1000
         while True:
@@ -111,5 +120,5 @@ class Consumer:
             return "end"
         return fid, ts, t, t, True
 
-    def close(self):
+    def close(self) -> None:
         self.fx.close()

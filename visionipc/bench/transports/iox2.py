@@ -8,8 +8,9 @@ import ctypes
 import glob
 import os
 import time
+from typing import Callable
 
-from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12, shm_name
+from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, Received, State, nv12, shm_name
 
 # Every file iceoryx2 makes in /dev/shm starts with this run's prefix, and its
 # node and service directories live in the run's temporary IPC directory:
@@ -55,23 +56,23 @@ def _services(state, tag, nclients):
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         self.size = nv12(w, h)[0]
         self.iox2, self.node, self.pubsub, self.event = _services(state, tag, nclients)
         self.pub = self.pubsub.publisher_builder().initial_max_slice_len(self.size).create()
         self.notifier = self.event.notifier_builder().create()
         self.nclients = nclients
 
-    def prefault(self):
+    def prefault(self) -> None:
         pass
 
-    def accept(self):
+    def accept(self) -> None:
         pass
 
-    def check(self):
+    def check(self) -> None:
         self.pub.update_connections()
 
-    def send(self, fid, fill, now=time.monotonic_ns):
+    def send(self, fid: int, fill: bool, now: Callable[[], int] = time.monotonic_ns) -> int:
         sample = self.pub.loan_slice_uninit(self.size)
         ptr = sample.payload().as_ptr()
         if fill:
@@ -82,15 +83,15 @@ class Producer:
         self.notifier.notify()
         return ts
 
-    def end(self):
+    def end(self) -> None:
         self.send(END, False)
 
-    def close(self):
+    def close(self) -> None:
         self.notifier = self.pub = self.event = self.pubsub = self.node = None
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         import numpy as np
 
         self.np = np
@@ -101,7 +102,7 @@ class Consumer:
         self.timeout = self.iox2.Duration.from_millis(RECV_TIMEOUT_MS)
         self.held = None
 
-    def recv(self, now=time.monotonic_ns):
+    def recv(self, now: Callable[[], int] = time.monotonic_ns) -> Received:
         self.held = None  # give the previous sample back before taking the next
         deadline = time.monotonic() + RECV_TIMEOUT_MS / 1000
         while True:
@@ -116,10 +117,10 @@ class Consumer:
         view = self.np.frombuffer((ctypes.c_uint8 * self.size).from_address(ptr), self.np.uint8).reshape(self.shape)
         tv = now()
         self.held = sample  # the view does not keep the sample alive: hold it until the next recv
-        fid, ts = HDR.unpack_from(view)
+        fid, ts = HDR.unpack_from(view)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs: from Python 3.12)
         if fid == END:
             return "end"
         return fid, ts, tr, tv, True
 
-    def close(self):
+    def close(self) -> None:
         self.held = self.listener = self.event = self.sub = self.pubsub = self.node = None

@@ -5,8 +5,9 @@ VisionIPC frame costs over the ring message that announces it (issue 19's "plain
 64 B at the same pace")."""
 
 import time
+from typing import Any, Callable, Tuple
 
-from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS
+from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, Received, State
 from visionipc.bench.workers import BenchError
 
 SIZE = 64
@@ -18,7 +19,7 @@ def _topic(tag):
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         import msgq
 
         self.pub = msgq.pub_sock(_topic(tag), segment_size=SEGMENT)
@@ -26,38 +27,46 @@ class Producer:
         self.msg = bytearray(SIZE)
         self._send = self.pub.send
 
-    def prefault(self):
+    def prefault(self) -> None:
         pass
 
-    def accept(self):
+    def accept(self) -> None:
         if not self.pub.wait_for_readers(self.nclients, timeout=20.0):
             raise BenchError(f"msgq publisher saw fewer than {self.nclients} subscribers within 20 s")
 
-    def check(self):
+    def check(self) -> None:
         pass
 
-    def send(self, fid, fill, now=time.monotonic_ns, pack=HDR.pack_into):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = HDR.pack_into,
+    ) -> int:
         msg = self.msg
         ts = now()
         pack(msg, 0, fid, ts)
         self._send(msg)
         return ts
 
-    def end(self):
+    def end(self) -> None:
         self.send(END, False)
 
-    def close(self):
+    def close(self) -> None:
         self.pub.close()
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         import msgq
 
         self.sub = msgq.sub_sock(_topic(tag), conflate=conflate, timeout=RECV_TIMEOUT_MS, segment_size=SEGMENT)
         self._recv = self.sub.receive
 
-    def recv(self, now=time.monotonic_ns, unpack=HDR.unpack_from):
+    def recv(
+        self, now: Callable[[], int] = time.monotonic_ns, unpack: Callable[..., Tuple[Any, ...]] = HDR.unpack_from
+    ) -> Received:
         m = self._recv()
         t = now()
         if m is None:
@@ -67,5 +76,5 @@ class Consumer:
             return "end"
         return fid, ts, t, t, len(m) == SIZE
 
-    def close(self):
+    def close(self) -> None:
         self.sub.close()

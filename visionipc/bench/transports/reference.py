@@ -6,11 +6,12 @@ frame through ``VisionBuf.data`` (a memoryview of the mapped buffer) as a numpy 
 """
 
 import time
+from typing import Any, Callable, Tuple
 
 import numpy as np
 
 from visionipc.bench import reference
-from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS, shm_name, stamp
+from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS, Received, State, shm_name, stamp
 from visionipc.bench.workers import BenchError
 
 STREAM = 0  # VISION_STREAM_ROAD
@@ -27,7 +28,7 @@ def after_run(run):
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         vipc = reference.load("visionipc")
         self.server = vipc.VisionIpcServer(_name(tag))
         self.server.create_buffers(STREAM, nbuf, w, h)
@@ -35,32 +36,32 @@ class Producer:
         self.frame = np.zeros(w * h * 3 // 2, np.uint8)  # the camera's frame (its NV12: stride = width)
         self.nbuf = nbuf
 
-    def prefault(self):
+    def prefault(self) -> None:
         for _ in range(self.nbuf):
             self.server.send(STREAM, self.frame, 0, 0, 0)
 
-    def accept(self):
+    def accept(self) -> None:
         pass  # a client's connect() returns once the server registered it
 
-    def check(self):
+    def check(self) -> None:
         pass  # the reference does not tell how many clients it has
 
-    def send(self, fid, fill, now=time.monotonic_ns):
+    def send(self, fid: int, fill: bool, now: Callable[[], int] = time.monotonic_ns) -> int:
         stamp(self.frame, fid, fill)
         ts = now()
         self.server.send(STREAM, self.frame, fid & 0xFFFFFFFF, 0, ts)
         return ts
 
-    def end(self):
-        FID.pack_into(self.frame, 0, END)
+    def end(self) -> None:
+        FID.pack_into(self.frame, 0, END)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs: from Python 3.12)
         self.server.send(STREAM, self.frame, 0xFFFFFFFF, 0, 0)
 
-    def close(self):
+    def close(self) -> None:
         del self.server  # its destructor stops the listener and unmaps the pool
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         vipc = reference.load("visionipc")
         self.client = vipc.VisionIpcClient(_name(tag), STREAM, conflate)
         deadline = time.monotonic() + 20
@@ -70,7 +71,9 @@ class Consumer:
             time.sleep(0.01)
         self._recv = self.client.recv
 
-    def recv(self, now=time.monotonic_ns, unpack=FID.unpack_from):
+    def recv(
+        self, now: Callable[[], int] = time.monotonic_ns, unpack: Callable[..., Tuple[Any, ...]] = FID.unpack_from
+    ) -> Received:
         buf = self._recv(RECV_TIMEOUT_MS)
         tr = now()
         if buf is None:
@@ -84,5 +87,5 @@ class Consumer:
         # the reference's frame ids are 32-bit; the stamp carries the full id
         return stamp, self.client.timestamp_eof, tr, tv, (stamp & 0xFFFFFFFF) == fid
 
-    def close(self):
+    def close(self) -> None:
         del self.client

@@ -5,14 +5,16 @@ overwriting a slot a client is reading: the stamp check counts such torn frames.
 
 import struct
 import time
+from multiprocessing.connection import Connection
+from typing import Any, Callable, List, Tuple
 
-from visionipc.bench.transports import END, FID, nv12, shm_name
+from visionipc.bench.transports import END, FID, Received, State, nv12, shm_name
 
 MSG = struct.Struct("<qQQ")  # slot, frame id, send time (ns)
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         from multiprocessing import shared_memory
         from multiprocessing.connection import Listener
 
@@ -24,19 +26,26 @@ class Producer:
         self.shm = shared_memory.SharedMemory(name=shm_name(tag), create=True, size=self.slot * nbuf)
         self.views = [np.ndarray(shape, np.uint8, buffer=self.shm.buf, offset=i * self.slot) for i in range(nbuf)]
         self.listener = Listener(f"{state['ipc_dir']}/p{tag}", family="AF_UNIX")
-        self.conns = []
+        self.conns: List[Connection] = []
 
-    def prefault(self):
+    def prefault(self) -> None:
         for v in self.views:
             v.fill(0)
 
-    def accept(self):
+    def accept(self) -> None:
         self.conns = [self.listener.accept() for _ in range(self.nclients)]
 
-    def check(self):
+    def check(self) -> None:
         pass
 
-    def send(self, fid, fill, now=time.monotonic_ns, pack=FID.pack_into, msg=MSG.pack):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = FID.pack_into,
+        msg: Callable[..., bytes] = MSG.pack,
+    ) -> int:
         i = fid % self.nbuf
         v = self.views[i]
         if fill:
@@ -48,11 +57,11 @@ class Producer:
             c.send_bytes(m)
         return ts
 
-    def end(self):
+    def end(self) -> None:
         for c in self.conns:
             c.send_bytes(MSG.pack(-1, END, 0))
 
-    def close(self):
+    def close(self) -> None:
         for c in self.conns:
             c.close()
         self.listener.close()
@@ -62,7 +71,7 @@ class Producer:
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         from multiprocessing import shared_memory
         from multiprocessing.connection import Client
 
@@ -77,7 +86,12 @@ class Consumer:
         self.shm = shared_memory.SharedMemory(name=shm_name(tag))
         self.conn = Client(f"{state['ipc_dir']}/p{tag}", family="AF_UNIX")
 
-    def recv(self, now=time.monotonic_ns, unpack=MSG.unpack, stamp=FID.unpack_from):
+    def recv(
+        self,
+        now: Callable[[], int] = time.monotonic_ns,
+        unpack: Callable[..., Tuple[Any, ...]] = MSG.unpack,
+        stamp: Callable[..., Tuple[Any, ...]] = FID.unpack_from,
+    ) -> Received:
         try:  # blocking, as a pipe reader would; the runner's task timeout covers a lost peer
             m = self.conn.recv_bytes()
         except EOFError:
@@ -90,6 +104,6 @@ class Consumer:
         tv = now()
         return fid, ts, tr, tv, stamp(view)[0] == fid
 
-    def close(self):
+    def close(self) -> None:
         self.conn.close()
         self.shm.close()

@@ -1,15 +1,16 @@
 """visionipc: the producer writes the stamp in place into ``get_buffer().array``."""
 
 import time
+from typing import Any, Callable, Tuple
 
-from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS
+from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS, Received, State
 from visionipc.bench.workers import BenchError
 
 
 class Producer:
     WAKE = "all"  # how send() wakes sleeping clients (VisionIpcServer's wake=)
 
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         from visionipc import VisionIpcServer
 
         self.server = VisionIpcServer(f"vb{tag}", wake=self.WAKE)
@@ -18,21 +19,27 @@ class Producer:
         self.nbuf, self.nclients = nbuf, nclients
         self._get, self._send = self.server.get_buffer, self.server.send
 
-    def prefault(self):
+    def prefault(self) -> None:
         for _ in range(self.nbuf):  # no client yet: these frames reach nobody
             buf = self._get("s")
             buf.array.fill(0)
             self._send(buf, frame_id=0, timestamp_eof=0)
 
-    def accept(self):
+    def accept(self) -> None:
         pass  # a client's connect() returns once the server registered it
 
-    def check(self):
+    def check(self) -> None:
         got = self.server.num_clients("s")
         if got != self.nclients:
             raise BenchError(f"visionipc server sees {got} clients, expected {self.nclients}")
 
-    def send(self, fid, fill, now=time.monotonic_ns, pack=FID.pack_into):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = FID.pack_into,
+    ) -> int:
         buf = self._get("s")
         arr = buf.array  # numpy view into the pool: written in place
         if fill:
@@ -46,19 +53,19 @@ class Producer:
         """Sleeping clients this server's own system calls have woken so far."""
         return self.server.readers_woken("s")
 
-    def end(self):
+    def end(self) -> None:
         buf = self._get("s")
-        FID.pack_into(buf.array, 0, END)
+        FID.pack_into(buf.array, 0, END)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs: from Python 3.12)
         self._send(buf, frame_id=END, timestamp_eof=0)
 
-    def close(self):
+    def close(self) -> None:
         self.server.close()
 
 
 class Consumer:
     CUDA = False  # VisionIpcClient's cuda= (the GPU consumers of vipc_cuda.py)
 
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         from visionipc import VisionIpcClient
 
         self.client = VisionIpcClient(f"vb{tag}", "s", conflate=conflate, cuda=self.CUDA)
@@ -69,7 +76,9 @@ class Consumer:
             time.sleep(0.01)
         self._recv = self.client.recv
 
-    def recv(self, now=time.monotonic_ns, unpack=FID.unpack_from):
+    def recv(
+        self, now: Callable[[], int] = time.monotonic_ns, unpack: Callable[..., Tuple[Any, ...]] = FID.unpack_from
+    ) -> Received:
         f = self._recv(RECV_TIMEOUT_MS)
         tr = now()
         if f is None:
@@ -89,5 +98,5 @@ class Consumer:
         frame is where the consumer wants it (the host view: nothing more to do)."""
         return view_ns
 
-    def close(self):
+    def close(self) -> None:
         self.client.close()

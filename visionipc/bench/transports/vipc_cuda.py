@@ -13,7 +13,7 @@ import time
 
 import numpy as np
 
-from visionipc.bench.transports import nv12
+from visionipc.bench.transports import State, nv12
 from visionipc.bench.transports.vipc import Consumer as _HostConsumer
 from visionipc.bench.transports.vipc import Producer
 
@@ -23,7 +23,7 @@ __all__ = ["Producer", "Consumer", "NaiveConsumer", "PinnedConsumer"]
 class Consumer(_HostConsumer):
     CUDA = True
 
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         super().__init__(state, tag, w, h, conflate)
         from visionipc import cuda
 
@@ -35,7 +35,7 @@ class Consumer(_HostConsumer):
 
 
 class NaiveConsumer(_HostConsumer):
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         super().__init__(state, tag, w, h, conflate)
         import cupy
 
@@ -48,7 +48,7 @@ class NaiveConsumer(_HostConsumer):
 
 
 class PinnedConsumer(_HostConsumer):
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         super().__init__(state, tag, w, h, conflate)
         import cupy
 

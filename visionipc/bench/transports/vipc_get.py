@@ -3,6 +3,7 @@
 what the producer spends asking for a buffer and filling it (issue 36)."""
 
 import time
+from typing import Callable
 
 from visionipc.bench.transports import FID
 from visionipc.bench.transports.vipc import Consumer
@@ -12,7 +13,13 @@ __all__ = ["Consumer", "Producer"]
 
 
 class Producer(_Producer):
-    def send(self, fid, fill, now=time.monotonic_ns, pack=FID.pack_into):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = FID.pack_into,
+    ) -> int:
         ts = now()  # before get_buffer: the whole per-frame path of a zero-copy camera
         buf = self._get("s")
         arr = buf.array

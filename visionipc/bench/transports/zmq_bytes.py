@@ -3,9 +3,10 @@
 through the socket), the stamp in a 16-byte header part; SUB makes ``np.frombuffer``."""
 
 import time
+from typing import Any, Callable, Tuple
 
 from msgq.tooling import ensure_descriptors
-from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, nv12
+from visionipc.bench.transports import END, HDR, RECV_TIMEOUT_MS, Received, State, nv12
 from visionipc.bench.workers import BenchError
 
 HWM = 2
@@ -23,7 +24,7 @@ def _context(state):
 
 
 class Producer:
-    def __init__(self, state, tag, w, h, nbuf, nclients):
+    def __init__(self, state: State, tag: str, w: int, h: int, nbuf: int, nclients: int) -> None:
         import numpy as np
         import zmq
 
@@ -36,10 +37,10 @@ class Producer:
         self.frame = np.zeros(nv12(w, h)[0], np.uint8)  # touched now: no page faults later
         self.hdr = bytearray(HDR.size)
 
-    def prefault(self):
+    def prefault(self) -> None:
         pass
 
-    def accept(self):
+    def accept(self) -> None:
         # XPUB hands us each subscription once that subscriber's connection is live.
         self.sock.setsockopt(self.zmq.RCVTIMEO, 20000)
         for _ in range(self.nclients):
@@ -50,10 +51,16 @@ class Producer:
             if not msg or msg[0] != 1:
                 raise BenchError(f"unexpected XPUB message {msg!r}")
 
-    def check(self):
+    def check(self) -> None:
         pass
 
-    def send(self, fid, fill, now=time.monotonic_ns, pack=HDR.pack_into):
+    def send(
+        self,
+        fid: int,
+        fill: bool,
+        now: Callable[[], int] = time.monotonic_ns,
+        pack: Callable[..., None] = HDR.pack_into,
+    ) -> int:
         # The frame part is never modified while in flight (zero-copy send):
         # the stamp travels in the header part; ``fill`` writes a fresh frame first.
         if fill:
@@ -63,15 +70,15 @@ class Producer:
         self.sock.send_multipart([self.hdr, self.frame], copy=False)
         return ts
 
-    def end(self):
+    def end(self) -> None:
         self.sock.send_multipart([HDR.pack(END, 0), b"\0"])
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close(linger=0)
 
 
 class Consumer:
-    def __init__(self, state, tag, w, h, conflate):
+    def __init__(self, state: State, tag: str, w: int, h: int, conflate: bool) -> None:
         import numpy as np
         import zmq
 
@@ -83,7 +90,9 @@ class Consumer:
         self.sock.setsockopt(zmq.RCVTIMEO, RECV_TIMEOUT_MS)
         self.sock.connect(f"ipc://{state['ipc_dir']}/z{tag}")
 
-    def recv(self, now=time.monotonic_ns, unpack=HDR.unpack_from):
+    def recv(
+        self, now: Callable[[], int] = time.monotonic_ns, unpack: Callable[..., Tuple[Any, ...]] = HDR.unpack_from
+    ) -> Received:
         try:
             parts = self.sock.recv_multipart(copy=False)
         except self.zmq.Again:
@@ -96,5 +105,5 @@ class Consumer:
         tv = now()
         return fid, ts, tr, tv, view.shape[0] > 0  # a message is a private copy: always intact
 
-    def close(self):
+    def close(self) -> None:
         self.sock.close(linger=0)
