@@ -12,8 +12,9 @@ MAX_CLIENTS: int
 MAX_CLIENTS_PER_PEER: int  # the slots one process (one peer) may take of a stream's MAX_CLIENTS
 MAX_NAME_LENGTH: int  # the longest server or stream name (the socket address and topic are built from it)
 # The C++ format table (vipc::kFormats), in enum order:
-# (name, code, aliases (space-separated), bytes_per_pixel, channels, yuv420, selectable)
-FORMAT_TABLE: tuple[tuple[str, int, str, int, int, bool, bool], ...]
+# (name, code, aliases (space-separated), bytes_per_pixel, channels, yuv420, selectable, planes,
+#  cv_to_bgr, cv_from_bgr, av_format): visionipc.formats.PixelFormat's fields
+FORMAT_TABLE: tuple[tuple[str, int, str, int, int, bool, bool, int, str, str, str], ...]
 
 # (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
 _GeometryTuple: TypeAlias = tuple[str, int, int, int, int, int]
