@@ -47,8 +47,10 @@ def test_producer_threads_of_one_server_feed_its_streams_at_once():
     per_thread, clients = 50, 2
     results, ready = h.Results(), h.Results()
     server = VisionIpcServer("threads")
-    server.create_buffers("road", 10, 640, 480)  # 460,800-byte frames: send_copy drops the GIL to copy
-    server.create_buffers("wide", 10, 128, 64)
+    # 40 buffers, a frame every 5 ms per thread: a client may be off its core for 100 ms (a
+    # loaded machine, the suite's other worker) before a frame it has not read yet is reused
+    server.create_buffers("road", 40, 640, 480)  # 460,800-byte frames: send_copy drops the GIL to copy
+    server.create_buffers("wide", 40, 128, 64)
     server.start_listener()
     procs = [
         h.start(h.client_reads, f"{stream}{i}", results, "threads", stream, count, False, ready)
@@ -63,14 +65,14 @@ def test_producer_threads_of_one_server_feed_its_streams_at_once():
         for fid in range(first_id, first_id + per_thread):
             h.stamp(frame, fid)
             server.send("road", frame, fid)
-            time.sleep(0.003)
+            time.sleep(0.005)
 
     def zero_copy():
         for fid in range(1, per_thread + 1):
             buf = server.get_buffer("wide")
             h.stamp(buf.data, fid)
             server.send(buf, frame_id=fid)
-            time.sleep(0.003)
+            time.sleep(0.005)
 
     def run(fn, *args):
         try:
