@@ -12,9 +12,12 @@ them (exit status 1 if there are any); :func:`problems` gives them to scripts::
 
 import os
 import re
-from typing import List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from msgq import artifacts as _artifacts
+
+if TYPE_CHECKING:
+    from msgq.apps.top import ReaderRow, Report, TopicRow
 
 _VIPC_TOPIC = re.compile(r"visionipc_(?P<server>.+)_(?P<stream>[^_]+)\Z")
 
@@ -28,7 +31,7 @@ def process_state(pid: int) -> Optional[str]:
         return None
 
 
-def _name(topic: dict) -> str:
+def _name(topic: "TopicRow") -> str:
     return f"{topic['prefix']}@{topic['topic']}" if topic.get("prefix") else topic["topic"]
 
 
@@ -60,13 +63,13 @@ def leftovers(directory: str, found: List[_artifacts.Artifact]) -> List[str]:
     return out
 
 
-def _stuck(topic: dict, reader: dict) -> bool:
+def _stuck(topic: "TopicRow", reader: "ReaderRow") -> bool:
     """A live reader that read nothing between two snapshots while the publisher
     wrote (only a report built from two snapshots has the rates)."""
     return bool(topic.get("msgs_per_s")) and reader.get("msgs_per_s") == 0 and bool(reader.get("lag_bytes"))
 
 
-def problems(report: dict) -> List[str]:
+def problems(report: "Report") -> List[str]:
     """Human-readable problems of a ``msgq-top`` report (``{"topics": [...]}``)."""
     out = []
     for t in report["topics"]:

@@ -14,7 +14,7 @@ import os
 import select
 import sys
 import time
-from typing import Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, TypedDict
 
 from msgq import add_version_flag, artifacts
 from msgq.cli import parse_args
@@ -79,10 +79,56 @@ def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
     return sorted(out)
 
 
-def snapshot(directory: str, prefix: Optional[str]) -> Dict[str, dict]:
+Stats = Dict[str, Any]  # msgq.tooling.segment_stats of one file (or {"error": why}), taken at "_t"
+
+
+class ReaderRow(TypedDict):
+    """One reader slot of a topic in the report."""
+
+    slot: int
+    pid: int
+    alive: bool
+    conflate: bool
+    messages: int
+    bytes: int
+    msgs_per_s: Optional[float]  # None: from one snapshot only
+    bytes_per_s: Optional[float]
+    resets: int
+    lag_bytes: Optional[int]  # None: lapped
+    lapped: bool
+
+
+class TopicRow(TypedDict, total=False):
+    """One topic of the report: ``topic``, ``prefix``, ``file`` and ``schema`` always; then
+    ``error`` (a file that is not a readable segment), or the rest."""
+
+    topic: str
+    prefix: str
+    file: str
+    schema: Optional[Dict[str, Any]]  # {"encoding", "name", "bytes"} (or {"error"}), None: none declared
+    error: str
+    segment_size: int
+    publisher_pid: Optional[int]  # None: no live publisher
+    messages: int
+    bytes: int
+    msgs_per_s: Optional[float]
+    bytes_per_s: Optional[float]
+    readers: List[ReaderRow]
+    stale: bool
+    superseded: bool
+    created_ns: int
+
+
+class Report(TypedDict):
+    """``build_report``'s document (``msgq-top --json``)."""
+
+    topics: List[TopicRow]
+
+
+def snapshot(directory: str, prefix: Optional[str]) -> Dict[str, Stats]:
     """Stats of every matching segment, by file name; a file that cannot be
     read as a segment maps to ``{"error": why}``."""
-    taken = {}
+    taken: Dict[str, Stats] = {}
     for name in list_segments(directory, prefix):
         if not name.isascii():  # msgq names are ASCII: someone else's file (os.listdir kept its bytes)
             taken[name] = {"error": "not a msgq segment name (not ASCII)", "_t": time.monotonic()}
@@ -117,7 +163,7 @@ def lag_bytes(write_pointer: int, read_pointer: int, data_size: int) -> Optional
     return None
 
 
-def _schema(directory: Optional[str], name: str, topic: str) -> Optional[dict]:
+def _schema(directory: Optional[str], name: str, topic: str) -> Optional[Dict[str, Any]]:
     """The topic's declared schema (msgq.schemas) as ``{"encoding", "name", "bytes"}``, or None."""
     if directory is None:
         return None
@@ -128,13 +174,13 @@ def _schema(directory: Optional[str], name: str, topic: str) -> Optional[dict]:
     return None if schema is None else {"encoding": schema.encoding, "name": schema.name, "bytes": len(schema.data)}
 
 
-def build_report(before: Dict[str, dict], after: Dict[str, dict], directory: Optional[str] = None) -> dict:
+def build_report(before: Dict[str, Stats], after: Dict[str, Stats], directory: Optional[str] = None) -> Report:
     """The ``{"topics": [...]}`` document from two snapshots (of ``directory``: with each
     topic's declared schema)."""
-    topics = []
+    topics: List[TopicRow] = []
     for name, cur in after.items():
         prefix, topic = _parse_name(name)
-        entry = {"topic": topic, "prefix": prefix, "file": name, "schema": _schema(directory, name, topic)}
+        entry: TopicRow = {"topic": topic, "prefix": prefix, "file": name, "schema": _schema(directory, name, topic)}
         if "error" in cur:
             entry["error"] = cur["error"]
             topics.append(entry)
@@ -144,7 +190,7 @@ def build_report(before: Dict[str, dict], after: Dict[str, dict], directory: Opt
             old = None  # the file was re-created: its counters restarted
         seconds = cur["_t"] - old["_t"] if old is not None else 0.0
         old_readers = {(r["slot"], r["pid"]): r for r in old["readers"]} if old is not None else {}
-        readers = []
+        readers: List[ReaderRow] = []
         for r in cur["readers"]:
             o = old_readers.get((r["slot"], r["pid"]))
             readers.append(
@@ -204,7 +250,7 @@ def _size(n: float) -> str:
     return str(n)
 
 
-def render(report: dict, show_prefix: bool, header: str = "") -> str:
+def render(report: Report, show_prefix: bool, header: str = "") -> str:
     """A plain-text table of a report."""
     lines = [header] if header else []
     name_width = max([len(_label(t, show_prefix)) for t in report["topics"]] + [5])
@@ -240,7 +286,7 @@ def render(report: dict, show_prefix: bool, header: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _label(topic: dict, show_prefix: bool) -> str:
+def _label(topic: TopicRow, show_prefix: bool) -> str:
     """The topic's name as printed: escaped (file names in /dev/shm may be anyone's)."""
     return printable(f"{topic['prefix']}@{topic['topic']}" if show_prefix and topic["prefix"] else topic["topic"])
 
