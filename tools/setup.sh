@@ -6,6 +6,11 @@
 # changed C++ file is rebuilt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# One set-up at a time: the suite's workers (a test that rebuilds, the demo's own set-up)
+# may run it side by side, and two builds in one build folder would write the same files.
+mkdir -p build
+exec 9>build/.setup.lock
+flock 9
 
 PY=${PYTHON:-python3}
 APT_PACKAGES=(g++ gcc cmake ninja-build python3-venv python3-dev spin)
