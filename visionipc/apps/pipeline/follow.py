@@ -169,34 +169,22 @@ def _utc(times):
 # ---- the query --------------------------------------------------------------------------
 
 
-def windowed(rows, window_s: float, watermark_s: float):
+def windowed(spark, rows, window_s: float, watermark_s: float):
     """Index rows -> per recording x stream x event-time window: frames, the frame ids' span,
-    frames missing inside it, latency (receive - eof) mean and max; late rows dropped."""
-    from pyspark.sql import functions as F
-
-    latency = F.expr("(receive_time - timestamp_eof) / 1e6")
-    return (
-        rows.withWatermark("event_time", f"{watermark_s} seconds")
-        .groupBy(F.window("event_time", f"{window_s} seconds"), "recording_path", "stream")
-        .agg(
-            F.count(F.lit(1)).alias("frames"),
-            F.min("frame_id").alias("first_frame_id"),
-            F.max("frame_id").alias("last_frame_id"),
-            F.avg(latency).alias("latency_mean_ms"),
-            F.max(latency).alias("latency_max_ms"),
-        )
-        .select(
-            "recording_path",
-            "stream",
-            F.expr("unix_micros(window.start) / 1e6").alias("window_start_s"),
-            F.expr("unix_micros(window.end) / 1e6").alias("window_end_s"),
-            "frames",
-            "first_frame_id",
-            "last_frame_id",
-            F.expr("last_frame_id - first_frame_id + 1 - frames").alias("missing"),
-            "latency_mean_ms",
-            "latency_max_ms",
-        )
+    frames missing inside it, latency (receive - eof) mean and max; late rows dropped. SQL
+    text, not pyspark.sql.functions: the same on a classic and a Spark Connect session."""
+    rows.withWatermark("event_time", f"{watermark_s} seconds").createOrReplaceTempView("vipc_follow_rows")
+    return spark.sql(
+        f"""
+        SELECT recording_path, stream, unix_micros(w.start) / 1e6 AS window_start_s,
+               unix_micros(w.end) / 1e6 AS window_end_s, frames, first_frame_id, last_frame_id,
+               last_frame_id - first_frame_id + 1 - frames AS missing, latency_mean_ms, latency_max_ms
+        FROM (SELECT window(event_time, '{window_s} seconds') AS w, recording_path, stream,
+                     count(1) AS frames, min(frame_id) AS first_frame_id, max(frame_id) AS last_frame_id,
+                     avg((receive_time - timestamp_eof) / 1e6) AS latency_mean_ms,
+                     max((receive_time - timestamp_eof) / 1e6) AS latency_max_ms
+              FROM vipc_follow_rows GROUP BY window(event_time, '{window_s} seconds'), recording_path, stream)
+        """
     )
 
 
@@ -206,7 +194,7 @@ def start_query(spark, args, out: str, checkpoint: str, slots: int):
     datasource.register(spark)
     rows = spark.readStream.format("vipc").option("paths", ",".join(args.recordings)).option("event_time", "true")
     return (
-        windowed(rows.load(), args.window, args.watermark)
+        windowed(spark, rows.load(), args.window, args.watermark)
         .writeStream.outputMode("update")
         .foreachBatch(Sink(list(args.recordings), out, checkpoint, slots))
         .trigger(processingTime=f"{args.trigger} seconds")
@@ -296,7 +284,7 @@ def run(args, step) -> int:
     step(f"streaming: trigger {args.trigger:g} s, window {args.window:g} s, watermark {args.watermark:g} s")
     step(f"checkpoint {checkpoint}; live page {fs.join(out, PAGE)}")
     facts = {"following": ", ".join(args.recordings), "trigger": f"{args.trigger:g} s", "checkpoint": checkpoint}
-    seen, late, last_input = -1, 0, time.monotonic()
+    seen, late, last_input, next_page = -1, 0, time.monotonic(), 0.0
     try:
         while True:
             ended = query.awaitTermination(min(0.5, args.trigger))  # raises the query's error
@@ -314,7 +302,9 @@ def run(args, step) -> int:
                     last_input = time.monotonic()
                     step(f"batch {p.batchId}: {p.numInputRows} frame(s) from new segments")
                     facts.update({"batches": p.batchId + 1, "last batch": p.timestamp, "late aggregates": late})
-                    write_page(out, facts, args.trigger)
+            if time.monotonic() >= next_page:  # the tables as they are now (written during the batch)
+                write_page(out, facts, args.trigger)
+                next_page = time.monotonic() + args.trigger
             if ended:
                 break
             if seen < 0 or query.status.get("isDataAvailable"):  # starting, or segments listed not committed
