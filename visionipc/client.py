@@ -239,6 +239,12 @@ class VisionIpcClient(Closeable):
         return self._geometry("format")
 
     @property
+    def server_id(self) -> int:
+        """The id of the server this client is connected to (its ``server_id``); 0 before
+        it connects. A reconnection to a restarted server changes it."""
+        return 0 if self._native is None else self._native.server_id
+
+    @property
     def num_buffers(self) -> int:
         return 0 if self._native is None else self._native.count
 

@@ -224,6 +224,12 @@ class VisionIpcServer(Closeable):
             return False
         return self._native.generation(buf.stream, buf.idx) == buf.generation
 
+    @property
+    def server_id(self) -> int:
+        """This server's id, random per server: a client connected to it has the same
+        ``server_id``, and one that reconnected to a restarted server sees a new one."""
+        return self._server().id
+
     def streams(self) -> List[str]:
         return self._server().streams()
 

@@ -359,6 +359,20 @@ def test_connect_to_a_missing_server_or_stream_returns_false():
             assert not wrong.connect(False)
 
 
+def test_a_client_knows_its_servers_id_and_a_restarted_server_has_a_new_one(pair):
+    server, client = pair(name="ids")
+    assert server.server_id == client.server_id != 0
+    first = server.server_id
+    client.close()
+    server.close()
+    with pytest.raises(ClosedError):
+        server.server_id  # noqa: B018 (the property is the call)
+    with VisionIpcClient("ids", 0, False) as lonely:
+        assert lonely.server_id == 0  # not connected yet
+    again, client = pair(name="ids")
+    assert again.server_id == client.server_id not in (0, first)
+
+
 def test_streams_may_be_ints_enum_members_or_names(pair):
     server, client = pair(stream="wide_left", count=2)
     server.create_buffers(VisionStreamType.DRIVER, 2, 64, 32)

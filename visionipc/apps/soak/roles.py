@@ -162,8 +162,7 @@ def role_server(spec: RoleSpec) -> int:
     srv = VisionIpcServer(VIPC_SERVER)
     srv.create_buffers(VIPC_STREAM, 6, 320, 240, "nv12")
     srv.start_listener()
-    assert srv._native is not None  # open until close()
-    _emit({"ready": True, "server_id": srv._native.id})
+    _emit({"ready": True, "server_id": srv.server_id})
     frame_id = 0
     while not _stop_requested(spec["stop"]):
         frame_id += 1
@@ -198,8 +197,7 @@ def role_client(spec: RoleSpec) -> int:
         frame = client.recv(100)
         if frame is None:
             continue
-        assert client._native is not None  # it connected above
-        server_id = client._native.server_id
+        server_id = client.server_id  # it connected above
         if not server_ids or server_ids[-1] != server_id:
             server_ids.append(server_id)
             last_frame = 0
