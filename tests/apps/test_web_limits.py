@@ -6,7 +6,7 @@ descriptors answers every real request under 400 slowloris connections, and an a
 that fails with EMFILE is one line, not a traceback per attempt.
 
 No assertion here depends on the machine's speed: how old the frames are and how long the
-requests take are printed, and measured by tools/bench_web_limits.sh (BENCHMARKS.md).
+requests take are printed, and measured by tools/bench_test_timings.sh (BENCHMARKS.md).
 
 Before (2d8d5c3): the foxglove-sdk server queued ~1024 frames per stuck client (20 of them:
 103 -> 531 MB and rising) and handed a slow client frames 5-45 s old; 374 slowloris
