@@ -27,7 +27,7 @@ def select_recordings(recs, args, out, warn):
     ``--incremental``, those a published run in ``out`` analysed as they are now (same id,
     same segments: tables.fingerprint); returns (recordings, {name: recording.json},
     {name: (stable id, fingerprint)}). A broken recording.json is a RecordingError."""
-    from visionipc.apps.pipeline.read import recording_infos
+    from visionipc.apps.pipeline.read import each, recording_infos
 
     infos = {r.recording_id: info for r, info in zip(recs, recording_infos(recs))}
     partial = [r for r in recs if infos[r.recording_id].get("status") == IN_PROGRESS]
@@ -37,10 +37,12 @@ def select_recordings(recs, args, out, warn):
             + ", ".join(r.path for r in partial)
         )
         recs = [r for r in recs if r not in partial]
-    keys = {}
-    for r in recs:
+
+    def key(r):
         rid = tables.stable_id(r, infos[r.recording_id])
-        keys[r.recording_id] = (rid, tables.fingerprint(r, rid))
+        return rid, tables.fingerprint(r, rid)
+
+    keys = dict(zip((r.recording_id for r in recs), each(key, recs)))  # a listing per recording
     seen = {}
     for r in recs:
         other = seen.setdefault(keys[r.recording_id][0], r)

@@ -111,13 +111,22 @@ def recording_info(recording: Recording) -> dict:
     return parse_manifest(fs.read_member(recording.path, layout.MANIFEST, MAX_MANIFEST_BYTES), where)
 
 
-def recording_infos(recordings) -> list:
-    """``recording_info`` of each recording, a few read at once (an object store's latency
-    paid once per batch, not per recording); the first bad one in order is raised."""
+def each(fn, items) -> list:
+    """``[fn(item) for item in items]``, a few at once: the driver's listings and small reads
+    of many recordings, local or on an object store (whose latency is then paid once per
+    batch, not per recording); the first error in ``items``' order is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
+    items = list(items)
+    if len(items) < 2:
+        return [fn(item) for item in items]
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        return list(pool.map(recording_info, recordings))
+        return list(pool.map(fn, items))
+
+
+def recording_infos(recordings) -> list:
+    """``recording_info`` of each recording, a few read at once (``each``)."""
+    return each(recording_info, recordings)
 
 
 def _relative(folder: str, path: str) -> str:
@@ -207,8 +216,7 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True, 
     ``contents=False`` leaves those to the tasks that read the files (``read_index_file``:
     vipc-analyze's jobs), so the driver does no per-file I/O beyond the listing."""
     out, empty = [], []
-    for rec in recordings:
-        files = rec.index_files()
+    for rec, files in zip(recordings, each(Recording.index_files, recordings)):
         if not files:
             empty.append(rec.path)
         out.extend((rec, stream, seg, path) for stream, seg, path in files)
@@ -227,13 +235,9 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True, 
 
 
 def _check_all(files) -> None:
-    """``check_index_file`` of every file, a few at once (pyarrow reads without the GIL);
-    the first bad file in ``files``' order is the one reported, as a serial check would."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        for _ in pool.map(lambda item: check_index_file(item[3], item[0].path), files):
-            pass
+    """``check_index_file`` of every file, a few at once (``each``; pyarrow reads without the
+    GIL); the first bad file in ``files``' order is the one reported, as a serial check would."""
+    each(lambda item: check_index_file(item[3], item[0].path), files)
 
 
 def _recordings(recordings) -> list:
@@ -264,8 +268,6 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
     """``read_index`` without Spark: one pandas frame (pyarrow reads the files, a few at
     once). ``columns``: only these index columns (all by default); ``recording_id`` and
     ``recording_path`` are always added."""
-    from concurrent.futures import ThreadPoolExecutor
-
     import pyarrow.dataset as ds
 
     recs = _recordings(recordings)
@@ -287,6 +289,4 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
             "recording_id", pa.repeat(pa.scalar(rec.recording_id, pa.string()), len(t))
         ).append_column("recording_path", pa.repeat(pa.scalar(rec.path, pa.string()), len(t)))
 
-    with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        tables = list(pool.map(read, by_recording.values()))  # in file order
-    return pa.concat_tables(tables).to_pandas()
+    return pa.concat_tables(each(read, by_recording.values())).to_pandas()  # in file order

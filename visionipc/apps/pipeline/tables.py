@@ -75,13 +75,11 @@ def fingerprint(recording, rid: str) -> str:
     """What decides whether ``--incremental`` analyses a recording again: its id and the
     name, size and modification time of each complete segment's index file (written when
     the segment completes), wherever the recording lies."""
-    files = recording.index_files()
+    stats = fs.file_stats(fs.join(recording.path, layout.INDEX))  # one listing, no request per file
     h = hashlib.sha256(rid.encode())
-    if files:
-        stats = fs.file_stats(fs.join(recording.path, "index"))  # one listing, no request per file
-        for stream, segment, path in files:
-            size, mtime_ns = stats.get(f"{stream}/{fs.basename(path)}", (None, None))
-            h.update(f"{stream}/{segment}\0{size}\0{mtime_ns}\n".encode())
+    for stream, segment, rel in layout.complete_segments(stats):  # Recording.index_files' segments
+        size, mtime_ns = stats[rel]
+        h.update(f"{stream}/{segment}\0{size}\0{mtime_ns}\n".encode())
     return h.hexdigest()
 
 
