@@ -1,7 +1,7 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Union, overload
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union, overload
 
 import numpy as np
 
@@ -9,7 +9,7 @@ from msgq._shared import Closeable, disown_in_forked_child, wake_choice
 from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
 from visionipc.formats import Geometry, check_count, normalize_format
-from visionipc.frame import ViewCache, VisionBuf
+from visionipc.frame import FrameViews, ViewCache, VisionBuf
 from visionipc.streams import ServerName, StreamId, run_options, server_name, stream_key
 
 if TYPE_CHECKING:
@@ -67,6 +67,8 @@ class VisionIpcServer(Closeable):
         # once created, so these stay valid.
         self._views: Dict[str, ViewCache] = {}
         self._keys: Dict[Union[str, int], str] = {}  # streams (exact str or int) already validated -> key
+        # Per stream (exact str or int) that get_buffer has served: what acquire_frame reads.
+        self._ready: Dict[Union[str, int], Tuple[type, str, List[Optional[FrameViews]], Geometry, ViewCache]] = {}
 
     def _server(self) -> _visionipc.Server:
         if self._native is None:
@@ -77,7 +79,7 @@ class VisionIpcServer(Closeable):
         if self._cuda is not None:
             self._cuda.forget()
         native, self._native = self._native, None
-        self._views = {}
+        self._views, self._ready = {}, {}
         if native is not None:
             native._forget_after_fork()
 
@@ -127,15 +129,31 @@ class VisionIpcServer(Closeable):
         return key
 
     def get_buffer(self, stream: StreamId) -> VisionBuf:
+        # The per-frame path, which a camera runs cold right after a sleep: one native
+        # call checks a buffer out and returns its VisionBuf, fields and cached views
+        # filled without running Python (cpp/python/visionipc_module.cpp, acquire_frame).
+        native = self._native
+        if native is not None and (type(stream) is str or type(stream) is int):
+            ready = self._ready.get(stream)
+            if ready is not None:
+                return native.acquire_frame(ready, self)  # type: ignore[return-value]
+        return self._first_buffer(stream)
+
+    def _first_buffer(self, stream: StreamId) -> VisionBuf:
+        """``get_buffer`` the first time for ``stream`` (or a stream given otherwise than
+        as an exact str or int): validates it, makes the pool's ViewCache and what
+        ``acquire_frame`` reads, ``(VisionBuf, key, made, geometry, cache)``."""
         key = self._key(stream)
         native = self._server()
-        idx, generation = native.acquire(key)
         cache = self._views.get(key)
         if cache is None:
             cache = self._views[key] = ViewCache(
                 Geometry(*native.geometry(key)), native.count(key), functools.partial(native.view, key)
             )
-        return VisionBuf(cache.get(idx), cache.geometry, idx, generation, owner=self, stream=key)
+        ready = (VisionBuf, key, cache.made, cache.geometry, cache)
+        if type(stream) is str or type(stream) is int:
+            self._ready[stream] = ready
+        return native.acquire_frame(ready, self)  # type: ignore[return-value]
 
     # send(buf, frame_id, timestamp_sof, timestamp_eof) positionally (the reference's), or by keyword
     @overload
@@ -162,10 +180,26 @@ class VisionIpcServer(Closeable):
         copies ``data`` (bytes or an array of the buffer's size) into a free buffer first.
         Frame ids and timestamps are ints in [0, 2**64) (checked by the native side).
         An adapter over the two: it only picks one."""
-        if data is None:
+        # Per frame (run cold at a camera's pace): a buffer of get_buffer, or bytes or a
+        # contiguous uint8 array for a stream already sent to, go straight to one native
+        # call; anything else takes _send_buf / _send_copy, which check it first.
+        native = self._native
+        if type(buf) is VisionBuf and native is not None and buf._owner is self and self._cuda is None:
+            if data is None:
+                native.send_frame(buf, frame_id, timestamp_sof, timestamp_eof)
+            else:  # the reference's positional send(buf, frame_id, sof, eof)
+                native.send_frame(buf, data, frame_id, timestamp_sof)
+        elif data is None:
             self._send_buf(buf, frame_id, timestamp_sof, timestamp_eof)
         elif isinstance(buf, VisionBuf):  # the reference's positional send(buf, frame_id, sof, eof)
             self._send_buf(buf, data, frame_id, timestamp_sof)
+        elif (
+            native is not None
+            and (type(buf) is str or type(buf) is int)
+            and (type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous))
+            and (key := self._keys.get(buf)) is not None
+        ):
+            native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
         else:
             self._send_copy(buf, data, frame_id, timestamp_sof, timestamp_eof)
 
@@ -181,23 +215,13 @@ class VisionIpcServer(Closeable):
             raise InvalidArgumentError("send(stream, data, ...) needs the frame data")
         if self._cuda is not None and self._cuda.inflight:
             self._cuda.finish((buf.stream, buf.idx))  # copy_from_device into it has landed
-        native.send(buf.stream, buf.idx, buf.generation, frame_id, timestamp_sof, timestamp_eof)
-        buf.frame_id, buf.timestamp_sof, buf.timestamp_eof = frame_id, timestamp_sof, timestamp_eof
-        buf.generation += 1
+        native.send_frame(buf, frame_id, timestamp_sof, timestamp_eof)
 
     def _send_copy(self, stream: StreamId, data: Any, frame_id: int, timestamp_sof: int, timestamp_eof: int) -> None:
         """The reference's copying send: ``data`` into a free buffer of ``stream``, published.
-        Per frame, bytes or a contiguous uint8 array for a stream already sent to go straight
-        to the native copy (which checks the size); anything else is checked and made
-        contiguous first (``_frame_bytes``)."""
-        native = self._native
-        if native is not None and (type(stream) is str or type(stream) is int):
-            key = self._keys.get(stream)
-            if key is not None and (
-                type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous)
-            ):
-                native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
-                return
+        (``send`` hands bytes or a contiguous uint8 array for a stream already sent to
+        straight to the native copy, which checks the size.) Here ``data`` is checked
+        and made contiguous first (``_frame_bytes``)."""
         native = self._server()
         key = self._key(stream)
         native.send_copy(
@@ -247,7 +271,7 @@ class VisionIpcServer(Closeable):
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies land and pages unregister before the pools can go
         native, self._native = self._native, None
-        self._views = {}  # frames handed out keep their own views
+        self._views, self._ready = {}, {}  # frames handed out keep their own views
         if native is not None:
             native.close()  # in a forked child the native side only forgets its copies
 

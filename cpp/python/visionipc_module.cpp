@@ -157,6 +157,94 @@ PyObject* server_acquire(PyObject* self, PyObject* const* args, Py_ssize_t nargs
 PyMethodDef server_acquire_def = {"acquire", vipc::python::fastcall<server_acquire>(), METH_FASTCALL,
                                   "acquire(stream) -> (index, generation): get_buffer without the view"};
 
+// Server.acquire_frame(ready, owner) -> frame: get_buffer's per-frame path, one call
+// that checks a buffer out and returns it as a new frame without running Python.
+// `ready` is the stream's (cls, stream, made, geometry, cache): the frame class (a
+// Frame subclass), the stream key, its ViewCache's `made` list, geometry and the
+// cache itself (asked for a buffer's views the first time, when `made` has none).
+// The frame's fields are get_buffer's: idx, generation, the views and geometry,
+// owner, stream; frame_id, the timestamps 0.
+enum ReadyField : Py_ssize_t { kReadyClass = 0, kReadyStream, kReadyMade, kReadyGeometry, kReadyCache, kReadyFields };
+
+PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("acquire_frame", nargs, 2, 2);
+    PyObject* ready = args[0];
+    if (!PyTuple_CheckExact(ready) || PyTuple_GET_SIZE(ready) != kReadyFields ||
+        !PyType_Check(PyTuple_GET_ITEM(ready, kReadyClass)) ||
+        !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass)), vp::frame_type()) ||
+        !PyList_CheckExact(PyTuple_GET_ITEM(ready, kReadyMade))) {
+      vp::type_error("acquire_frame() needs (Frame subclass, stream, made list, geometry, cache)");
+    }
+    auto* cls = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass));
+    PyObject* stream = PyTuple_GET_ITEM(ready, kReadyStream);
+    PyObject* made = PyTuple_GET_ITEM(ready, kReadyMade);
+    const vipc::visionipc::Acquired a = vp::self_of<Server>(self).get_buffer(vp::str_arg(stream, "stream"));
+    py::object views;
+    if (a.index < PyList_GET_SIZE(made) && PyList_GET_ITEM(made, a.index) != Py_None) {
+      views = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(made, a.index));
+    } else {  // the buffer's first frame: the cache makes its views
+      views = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ready, kReadyCache)).attr("get")(a.index);
+    }
+    py::object frame = py::reinterpret_steal<py::object>(cls->tp_alloc(cls, 0));
+    if (!frame) throw py::error_already_set();
+    auto* f = reinterpret_cast<vp::FrameObject*>(frame.ptr());
+    PyObject* zero = PyLong_FromLong(0);
+    if (zero == nullptr) throw py::error_already_set();
+    f->views = views.release().ptr();
+    f->geometry = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ready, kReadyGeometry)).release().ptr();
+    f->owner = py::reinterpret_borrow<py::object>(args[1]).release().ptr();
+    f->stream = py::reinterpret_borrow<py::object>(stream).release().ptr();
+    for (PyObject** field :
+         {&f->frame_id, &f->timestamp_sof, &f->timestamp_eof, &f->timestamp_publish, &f->timestamp_recv}) {
+      Py_INCREF(zero);
+      *field = zero;
+    }
+    Py_DECREF(zero);
+    if (!vp::set_field(f->idx, PyLong_FromUnsignedLong(a.index)) ||
+        !vp::set_field(f->generation, PyLong_FromUnsignedLongLong(a.generation))) {
+      throw py::error_already_set();
+    }
+    return frame.release().ptr();
+  });
+}
+PyMethodDef server_acquire_frame_def = {"acquire_frame", vipc::python::fastcall<server_acquire_frame>(), METH_FASTCALL,
+                                        "acquire_frame(ready, owner) -> frame (get_buffer's)"};
+
+// Server.send_frame(frame, frame_id, sof, eof): send(buf, ...)'s per-frame path, one
+// call: publishes the frame's buffer (its stream, idx, generation), then stores the
+// frame id and timestamps as given into the frame and steps its generation, as
+// the buffer's next checkout would see it.
+PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() -> PyObject* {
+    namespace vp = vipc::python;
+    vp::check_nargs("send_frame", nargs, 4, 4);
+    if (!PyObject_TypeCheck(args[0], vp::frame_type())) {
+      vp::type_error(std::string("send_frame() needs a visionipc Frame, not ") + Py_TYPE(args[0])->tp_name);
+    }
+    auto* f = reinterpret_cast<vp::FrameObject*>(args[0]);
+    if (f->stream == nullptr || f->idx == nullptr || f->generation == nullptr) {
+      vp::type_error("send_frame() needs a frame of get_buffer() (stream, idx, generation set)");
+    }
+    vp::self_of<Server>(self).send(vp::str_arg(f->stream, "stream"),
+                                   static_cast<uint32_t>(vp::int_arg(f->idx, "index", 0, UINT32_MAX)),
+                                   vp::u64_arg(f->generation, "generation"), stamp(args[1], "frame_id"),
+                                   stamp(args[2], "timestamp_sof"), stamp(args[3], "timestamp_eof"));
+    static PyObject* one = PyLong_FromLong(1);
+    if (!vp::set_field(f->generation, PyNumber_Add(f->generation, one))) throw py::error_already_set();
+    Py_INCREF(args[1]);
+    Py_XSETREF(f->frame_id, args[1]);
+    Py_INCREF(args[2]);
+    Py_XSETREF(f->timestamp_sof, args[2]);
+    Py_INCREF(args[3]);
+    Py_XSETREF(f->timestamp_eof, args[3]);
+    Py_RETURN_NONE;
+  });
+}
+PyMethodDef server_send_frame_def = {"send_frame", vipc::python::fastcall<server_send_frame>(), METH_FASTCALL,
+                                     "send_frame(frame, frame_id, timestamp_sof, timestamp_eof)"};
+
 PyObject* client_is_valid(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
     namespace vp = vipc::python;
@@ -329,6 +417,8 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::add_fast_method(m.attr("Server"), &server_send_def);
   vipc::python::add_fast_method(m.attr("Server"), &server_acquire_def);
   vipc::python::add_fast_method(m.attr("Server"), &server_send_copy_def);
+  vipc::python::add_fast_method(m.attr("Server"), &server_acquire_frame_def);
+  vipc::python::add_fast_method(m.attr("Server"), &server_send_frame_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_recv_into_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
 
