@@ -191,8 +191,6 @@ class VisionIpcServer(Closeable):
                 native.send_frame(buf, data, frame_id, timestamp_sof)
         elif data is None:
             self._send_buf(buf, frame_id, timestamp_sof, timestamp_eof)
-        elif isinstance(buf, VisionBuf):  # the reference's positional send(buf, frame_id, sof, eof)
-            self._send_buf(buf, data, frame_id, timestamp_sof)
         elif (
             native is not None
             and (type(buf) is str or type(buf) is int)
@@ -200,6 +198,8 @@ class VisionIpcServer(Closeable):
             and (key := self._keys.get(buf)) is not None
         ):
             native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
+        elif isinstance(buf, VisionBuf):  # the reference's positional send(buf, frame_id, sof, eof)
+            self._send_buf(buf, data, frame_id, timestamp_sof)
         else:
             self._send_copy(buf, data, frame_id, timestamp_sof, timestamp_eof)
 
