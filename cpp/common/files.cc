@@ -142,6 +142,10 @@ void ofd_lock_bounded(int fd, off_t byte, bool exclusive, const std::string& wha
   if (ofd_try_lock(fd, byte, exclusive)) return;  // the common case: no syscall beyond this one
   const int64_t patience = lock_patience_ns();
   if (ofd_lock_until(fd, byte, exclusive, monotonic_ns() + patience, interruptible)) return;
+  fail_lock_timeout(fd, byte, what, patience);
+}
+
+void fail_lock_timeout(int fd, off_t byte, const std::string& what, int64_t patience) {
   char seconds[32];
   std::snprintf(seconds, sizeof(seconds), "%.3g", static_cast<double>(patience) / 1e9);
   fail(ErrorKind::kTimeout, what + ": waited " + seconds + " s for its lock (byte " + std::to_string(byte) +

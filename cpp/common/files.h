@@ -46,6 +46,8 @@ void ofd_lock(int fd, off_t byte, bool exclusive);
 void ofd_lock_bounded(int fd, off_t byte, bool exclusive, const std::string& what, bool interruptible = true);
 // As ofd_lock_bounded, but gives up at `deadline_ns` (monotonic) and returns false.
 bool ofd_lock_until(int fd, off_t byte, bool exclusive, int64_t deadline_ns, bool interruptible);
+// The kTimeout of a bounded wait that lasted `patience_ns` (ofd_lock_bounded's message).
+[[noreturn]] void fail_lock_timeout(int fd, off_t byte, const std::string& what, int64_t patience_ns);
 // How long a bounded lock wait lasts: MSGQ_LOCK_TIMEOUT_S seconds (default 10;
 // a malformed value is kInvalidArgument).
 int64_t lock_patience_ns();

@@ -6,14 +6,18 @@
 
 #include <sys/types.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <utility>
 
+#include "common/clock.h"
 #include "common/errors.h"
 #include "common/files.h"
 #include "common/process.h"
 #include "common/shm_file.h"
+#include "python/bindings.h"
 
 namespace py = pybind11;
 using vipc::common::ShmFile;
@@ -43,6 +47,31 @@ struct PyShmFile {
     if (file.fd() < 0) common::fail(common::ErrorKind::kClosed, "shared-memory file " + file.path() + " is closed");
     return file.fd();
   }
+
+  // The attach lock, as ofd_lock_bounded takes it, but waiting without the GIL: the
+  // holder may be a thread of this process that runs Python under the lock (msgq.events
+  // does). Signals are checked between slices of the wait (Ctrl-C raises).
+  void lock() const {
+    const int f = fd();
+    if (common::ofd_try_lock(f, common::kLockInit, true)) return;
+    const int64_t patience = common::lock_patience_ns();
+    const int64_t deadline = common::monotonic_ns() + patience;
+    for (;;) {
+      bool got = false;
+      {
+        py::gil_scoped_release nogil;
+        got = common::ofd_lock_until(f, common::kLockInit, true,
+                                     std::min(deadline, common::monotonic_ns() + kSignalCheckNs), false);
+      }
+      if (got) return;
+      check_signals();
+      if (common::monotonic_ns() >= deadline)
+        common::fail_lock_timeout(f, common::kLockInit, "locking " + file.path(), patience);
+    }
+  }
+
+ private:
+  static constexpr int64_t kSignalCheckNs = 50'000'000;
 };
 
 }  // namespace
@@ -51,7 +80,14 @@ void bind_shm_files(py::module_& m) {
   py::class_<PyShmFile>(m, "ShmFile")
       .def(py::init([](const std::string& dir, const std::string& basename, unsigned mode) {
              common::check_basename(basename);
-             return std::make_unique<PyShmFile>(ShmFile::open_locked(dir, basename, static_cast<mode_t>(mode)));
+             ShmFile file;
+             {
+               // Without the GIL, for the reason PyShmFile::lock gives (a stuck peer
+               // process still ends the wait after MSGQ_LOCK_TIMEOUT_S).
+               py::gil_scoped_release nogil;
+               file = ShmFile::open_locked(dir, basename, static_cast<mode_t>(mode));
+             }
+             return std::make_unique<PyShmFile>(std::move(file));
            }),
            py::arg("dir"), py::arg("basename"), py::arg("mode") = 0600)
       .def_property_readonly("fd", [](const PyShmFile& f) { return f.file.fd(); })
@@ -65,10 +101,7 @@ void bind_shm_files(py::module_& m) {
              f.fd();
              f.file.finish_attach();
            })
-      .def("lock",
-           [](const PyShmFile& f) {
-             common::ofd_lock_bounded(f.fd(), common::kLockInit, true, "locking " + f.file.path());
-           })
+      .def("lock", &PyShmFile::lock)
       .def("unlock", [](const PyShmFile& f) { common::ofd_unlock(f.fd(), common::kLockInit); })
       .def("close", &PyShmFile::close);
 

@@ -17,6 +17,8 @@ import struct
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -152,6 +154,29 @@ def test_a_peer_stuck_on_the_attach_lock_bounds_the_wait_and_is_named(monkeypatc
         finally:
             holder.stdin.close()
             holder.wait(WAIT)
+
+
+def test_a_thread_of_this_process_holding_the_lock_is_waited_for_without_the_gil(monkeypatch):
+    # The holder runs Python under the lock (as close() and a take-over do): a waiter that
+    # kept the GIL would stall it until the patience ran out (IpcTimeoutError).
+    monkeypatch.setenv("MSGQ_LOCK_TIMEOUT_S", "5")
+    topic = unique_topic()
+    with msgq.fake_event_handle(topic) as owner:
+        holding, waiter_started = threading.Event(), threading.Event()
+
+        def hold():
+            with owner._res.state.locked():
+                holding.set()
+                waiter_started.wait(WAIT)
+                time.sleep(0.2)  # Python under the lock, while the other thread waits for it
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert holding.wait(WAIT)
+        waiter_started.set()
+        with msgq.fake_event_handle(topic, override=False) as follower:  # waits for the lock twice
+            assert not follower.owner
+        holder.join(WAIT)
 
 
 @pytest.mark.parametrize("squat", ["symlink", "regular file"])
