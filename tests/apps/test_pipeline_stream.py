@@ -144,10 +144,12 @@ def _kill(proc) -> None:
     proc.wait(timeout=30)
 
 
-KILLS = 2  # the issue asks for 5: each restart starts a JVM (6-40 s on the shared 2-core test machine)
+# the issue asks for 5: each restart starts a JVM (30-45 s on the shared 2-core test machine), so the
+# suite kills twice; VIPC_STREAM_KILLS=5 runs the issue's 5 (docs/pipeline.md)
+KILLS = int(os.environ.get("VIPC_STREAM_KILLS", "2"))
 
 
-@pytest.mark.timeout(600)  # 3 JVMs: about a minute on a quiet 2-core machine, minutes under load
+@pytest.mark.timeout(300 + 150 * KILLS)  # a JVM per start: a minute on a quiet 2-core machine, minutes under load
 def test_follow_live_kills_late_and_batch_equality(spark, tmp_path):  # noqa: F811 - fixture
     rec = Recorder(tmp_path)
     rec.make("carA", drop=[40, 41, 95])
