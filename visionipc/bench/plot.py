@@ -3,6 +3,7 @@ against clients) and the msgq vs pyzmq benchmark's."""
 
 import os
 import sys
+from typing import Any, Callable, Dict, List, Sequence, Tuple
 
 from visionipc.bench.stats import fmt_size
 
@@ -22,7 +23,7 @@ def _focus_size(rows):
     return max(sizes, key=sizes.get) if sizes else None
 
 
-def write_png(summary, path, title=""):
+def write_png(summary: Dict[str, Any], path: str, title: str = "") -> None:
     """Write the plot; raises ImportError when matplotlib is missing (pip install 'visionipc[bench]')."""
     import matplotlib
 
@@ -71,7 +72,13 @@ def write_png(summary, path, title=""):
     plt.close(fig)
 
 
-def write_pubsub_png(results, sizes, path, pooled_latency, throughput):
+def write_pubsub_png(
+    results: List[Dict[str, Any]],
+    sizes: Sequence[int],
+    path: str,
+    pooled_latency: Callable[..., Dict[str, Any]],
+    throughput: Callable[..., Any],
+) -> bool:
     """The msgq vs pyzmq PNG (``bench_msgq.py --plot``): latency percentiles and throughput per
     size, from the suite's ``pooled_latency`` and ``throughput``; False when matplotlib is missing."""
     try:
@@ -89,7 +96,8 @@ def write_pubsub_png(results, sizes, path, pooled_latency, throughput):
         (axes[0], [("latency", "blocking"), ("latency", "busy")], "one-way latency (µs, log)"),
         (axes[1], [("rtt", None)], "round trip, blocking (µs, log)"),
     ):
-        labels, x = [], 0
+        labels: List[Tuple[float, str]] = []  # (x, tick label)
+        x = 0
         for kind, mode in kind_modes:
             for size in sizes:
                 for j, tr in enumerate(("msgq", "pyzmq")):

@@ -10,9 +10,22 @@ import contextlib
 import struct
 import time
 from itertools import repeat
+from typing import Any, Callable, Iterator, List, Optional, Protocol, Tuple, Type, Union
 
 from msgq.tooling import ensure_descriptors
-from visionipc.bench.workers import BenchError
+from visionipc.bench.workers import BenchError, Control
+
+Send = Callable[[Any], Any]  # a socket's bound send method: takes bytes-like
+Timeouts = Union[Type[BaseException], Tuple[Type[BaseException], ...]]  # pyzmq's Again, () for msgq
+
+
+class Sockets(Protocol):
+    """What the tasks use of MsgqSockets and ZmqSockets (and the suites' own kinds)."""
+
+    def wait_subscribed(self, pub: Any, timeout: float = 20.0) -> None: ...
+
+    def close(self, *socks: Any) -> None: ...
+
 
 STAMP = struct.Struct("<q")
 END = -1  # timestamp of the end marker
@@ -21,16 +34,16 @@ END = -1  # timestamp of the end marker
 class MsgqSockets:
     """msgq ``pub_sock`` / ``sub_sock`` (whichever backend ``MSGQ_BACKEND`` picks)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         import msgq
 
         self.msgq = msgq
 
-    def wait_subscribed(self, pub, timeout=20.0):
+    def wait_subscribed(self, pub: Any, timeout: float = 20.0) -> None:
         if not pub.wait_for_readers(1, timeout=timeout):
             raise BenchError(f"no subscriber attached to {pub.endpoint} within {timeout} s")
 
-    def close(self, *socks):
+    def close(self, *socks: Any) -> None:
         for s in socks:
             if s is not None:
                 s.close()
@@ -40,16 +53,18 @@ class ZmqSockets:
     """Raw pyzmq: an XPUB bound on ``self.url(topic)`` (it sends exactly as a PUB does, and
     shows the sender its subscription arrive) and a SUB connected to it."""
 
-    def __init__(self, ctx, hwm=None, nodrop=False, timeout_ms=None):
+    def __init__(
+        self, ctx: Any, hwm: Optional[int] = None, nodrop: bool = False, timeout_ms: Optional[int] = None
+    ) -> None:
         import zmq
 
         self.zmq, self.ctx = zmq, ctx
         self.hwm, self.nodrop, self.timeout_ms = hwm, nodrop, timeout_ms
 
-    def url(self, topic):
+    def url(self, topic: str) -> str:
         raise NotImplementedError
 
-    def pub(self, topic, *_):
+    def pub(self, topic: str, *_: Any) -> Any:
         ensure_descriptors("benchmark ZeroMQ publisher")  # libzmq aborts when it runs out
         s = self.ctx.socket(self.zmq.XPUB)
         s.setsockopt(self.zmq.LINGER, 0)
@@ -60,7 +75,7 @@ class ZmqSockets:
         s.bind(self.url(topic))
         return s
 
-    def sub(self, topic, *_):
+    def sub(self, topic: str, *_: Any) -> Any:
         ensure_descriptors("benchmark ZeroMQ subscriber")
         s = self.ctx.socket(self.zmq.SUB)
         s.setsockopt(self.zmq.LINGER, 0)
@@ -72,7 +87,7 @@ class ZmqSockets:
         s.connect(self.url(topic))
         return s
 
-    def wait_subscribed(self, pub, timeout=20.0):
+    def wait_subscribed(self, pub: Any, timeout: float = 20.0) -> None:
         # XPUB hands us the subscription once the subscriber's connection is
         # live: everything sent afterwards reaches it.
         if not pub.poll(int(timeout * 1000)):
@@ -81,7 +96,7 @@ class ZmqSockets:
         if not msg or msg[0] != 1:
             raise BenchError(f"unexpected XPUB message {msg!r}")
 
-    def close(self, *socks):
+    def close(self, *socks: Any) -> None:
         for s in socks:
             if s is not None:
                 s.close(linger=0)
@@ -94,7 +109,9 @@ class ZmqSockets:
 
 
 @contextlib.contextmanager
-def publishing(ctl, sockets, pub, open_sub=None):
+def publishing(
+    ctl: Control, sockets: Sockets, pub: Any, open_sub: Optional[Callable[[], Any]] = None
+) -> Iterator[Tuple[Any, Any]]:
     """The sending side around the timed part: ``open_sub()`` (a subscriber of its own,
     for pongs or acks) once the publishers are bound; yields ``(pub, sub)`` once a
     subscriber is there."""
@@ -112,7 +129,7 @@ def publishing(ctl, sockets, pub, open_sub=None):
 
 
 @contextlib.contextmanager
-def subscribing(ctl, sockets, open_sub):
+def subscribing(ctl: Control, sockets: Sockets, open_sub: Callable[[], Any]) -> Iterator[Any]:
     """The receiving side: ``open_sub()`` once the publisher is bound; yields the subscriber."""
     ctl.barrier("bound")
     sub = open_sub()
@@ -127,7 +144,9 @@ def subscribing(ctl, sockets, open_sub):
 # --------------------------------------------------------------------------- timed loops
 
 
-def paced_send(send, size, count, interval_us, end_copies=1, end_pause_s=0.0):
+def paced_send(
+    send: Send, size: int, count: int, interval_us: float, end_copies: int = 1, end_pause_s: float = 0.0
+) -> None:
     """Send ``count`` stamped messages of ``size`` bytes, sleeping ``interval_us`` before
     each, then the end marker ``end_copies`` times (a lossy transport may drop some)."""
     buf = bytearray(size)
@@ -141,14 +160,14 @@ def paced_send(send, size, count, interval_us, end_copies=1, end_pause_s=0.0):
     send_end_markers(send, buf, end_copies, end_pause_s)
 
 
-def send_end_markers(send, marker, copies, pause_s):
+def send_end_markers(send: Send, marker: bytearray, copies: int, pause_s: float) -> None:
     for _ in range(copies):
         send(marker)
         if pause_s:
             time.sleep(pause_s)
 
 
-def latency_loop(recv, lat, Again=()):
+def latency_loop(recv: Callable[[], Any], lat: List[int], Again: Timeouts = ()) -> str:
     """Blocking receive until the end marker, appending receive - send time (ns) to
     ``lat``. A timeout is ``recv()`` returning None (msgq) or raising ``Again`` (pyzmq).
     Returns "end" or "timeout"."""
@@ -167,7 +186,13 @@ def latency_loop(recv, lat, Again=()):
         return "timeout"
 
 
-def busy_latency_loop(recv, nonblocking, lat, timeout_ms, Again=()):
+def busy_latency_loop(
+    recv: Callable[[Any], Any],
+    nonblocking: Any,
+    lat: List[int],
+    timeout_ms: float,
+    Again: Timeouts = (),
+) -> str:
     """The same with a busy non-blocking receive, ``recv(nonblocking)``: nothing waiting
     is None (msgq) or ``Again`` (pyzmq); "timeout" after ``timeout_ms`` with nothing."""
     now, unpack, app = time.monotonic_ns, STAMP.unpack_from, lat.append
@@ -191,7 +216,7 @@ def busy_latency_loop(recv, nonblocking, lat, timeout_ms, Again=()):
         deadline = t + timeout_ms * 1_000_000
 
 
-def flat_send(send, size, count):
+def flat_send(send: Send, size: int, count: int) -> float:
     """Send ``count`` messages of ``size`` bytes flat out; returns the seconds it took."""
     payload = bytes(size)
     now = time.monotonic_ns
