@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Any, Dict, List
 
 from visionipc.bench.harness import add_common_flags, write_json
 from visionipc.bench.stats import format_table
@@ -335,7 +336,7 @@ def pass_runs(root, rounds, events=None, conf=None, data=None) -> dict:
     computing the same numbers; each run with the load average before it."""
     import shutil
 
-    runs = {"local[2]": [], "local[1]": [], "command": [], "same_numbers": []}
+    runs: Dict[str, List[Any]] = {"local[2]": [], "local[1]": [], "command": [], "same_numbers": []}
     for i in range(rounds):
         for slots, master in zip((2, 1), ("local[2]", "local[1]")):
             folder = os.path.join(events, f"round{i}-local{slots}") if events else None
