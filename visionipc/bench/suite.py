@@ -7,11 +7,13 @@ the report. A suite says what differs: its flags, plan, runner, summary and tabl
 import argparse
 import contextlib
 import time
-from typing import Callable, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Type
 
 from visionipc.bench import harness
 from visionipc.bench.stats import fmt_size
-from visionipc.bench.workers import BenchError
+from visionipc.bench.workers import BenchError, WorkerPool
+
+Record = Dict[str, Any]  # one measurement: its kind, variant, size, round and numbers
 
 
 class Plan:
@@ -20,13 +22,13 @@ class Plan:
 
     default_rounds = 2
 
-    def __init__(self, quick, rounds, sizes, only):
+    def __init__(self, quick: bool, rounds: int, sizes: List[int], only: Set[str]) -> None:
         self.quick = quick
         self.rounds = rounds or (1 if quick else self.default_rounds)
         self.sizes = sizes
         self.only = only
 
-    def wants(self, part):
+    def wants(self, part: str) -> bool:
         return not self.only or part in self.only
 
 
@@ -34,12 +36,12 @@ class Runner:
     """Runs measurements in ``pool``: the records of those that ran in ``results``,
     those that failed (with their ``error``) in ``errors``."""
 
-    def __init__(self, pool, plan, log):
+    def __init__(self, pool: WorkerPool, plan: Plan, log: harness.Log) -> None:
         self.pool, self.plan, self.log = pool, plan, log
-        self.results = []
-        self.errors = []
+        self.results: List[Record] = []
+        self.errors: List[Record] = []
 
-    def run_tasks(self, record, tasks, timeout):
+    def run_tasks(self, record: Record, tasks: Sequence[Any], timeout: float) -> Optional[List[Any]]:
         """The results of ``tasks`` (``pool.run``), or None when they failed: the
         record then joins ``errors`` with the error, and a progress line says so."""
         try:
@@ -50,16 +52,16 @@ class Runner:
             self.errors.append(record)
             return None
 
-    def failure_label(self, record):
+    def failure_label(self, record: Record) -> str:
         return f"FAILED {record}"
 
 
-def describe(record):
+def describe(record: Record) -> str:
     """A measurement in a line: its kind, variant and message size."""
     return f"{record['kind']} {record['variant']} {fmt_size(record['size'])}"
 
 
-def select(results, kind, variant, size, mode=None):
+def select(results: Sequence[Record], kind: str, variant: str, size: int, mode: Optional[str] = None) -> List[Record]:
     """The records of one measurement (``mode``: also that mode), from every round."""
     return [
         r
@@ -81,8 +83,24 @@ class Suite:
     failed_status = 1  # the exit status when a measurement failed
     setup: Optional[Callable[[dict], None]] = None  # run in each worker as it starts
     teardown: Optional[Callable[[dict], None]] = None  # and as it ends
+    # set by every suite:
+    description: str
+    parts: Sequence[str]
+    sizes: str
+    quick_help: str
+    rounds_help: str
+    json_help: str
+    no_pin_help: str
+    title: str
+    plan: Type[Plan]
+    runner: Type[Runner]
+    headline: Callable[..., str]
+    notes: Callable[[Plan], Sequence[str]]
+    summarize: Callable[[List[Record], List[int]], List[Record]]
+    render: Callable[[List[Record]], str]
+    json_report: Callable[..., Dict[str, Any]]
 
-    def main(self, argv=None):
+    def main(self, argv: Optional[Sequence[str]] = None) -> int:
         ap = argparse.ArgumentParser(description=self.description)
         harness.add_common_flags(ap, quick=self.quick_help, rounds=(0, self.rounds_help))
         ap.add_argument("--sizes", default=self.sizes, help=f"message sizes, comma separated (default {self.sizes})")
@@ -117,26 +135,28 @@ class Suite:
             return self.failed_status
         return 1 if self.check and args.check and any(r.get("met") is False for r in rows) else 0
 
-    def flags(self, ap):
+    def flags(self, ap: argparse.ArgumentParser) -> None:
         """The suite's own flags, after --only."""
 
-    def output_flags(self, ap):
+    def output_flags(self, ap: argparse.ArgumentParser) -> None:
         """The suite's own output flags, after --json."""
 
-    def make_plan(self, ap, args, sizes, only):
+    def make_plan(
+        self, ap: argparse.ArgumentParser, args: argparse.Namespace, sizes: List[int], only: Set[str]
+    ) -> Plan:
         return self.plan(args.quick, args.rounds, sizes, only)
 
     @contextlib.contextmanager
-    def environment(self, plan):
+    def environment(self, plan: Plan) -> Iterator[None]:
         """Around the run: the environment its workers inherit."""
         yield
 
-    def meta(self, plan):
+    def meta(self, plan: Plan) -> Dict[str, Any]:
         """What the report's meta says beside the machine, ``quick``, ``rounds`` and ``sizes``."""
         return {}
 
-    def print_tables(self, info, rows, runner):
+    def print_tables(self, info: Dict[str, Any], rows: List[Record], runner: Runner) -> None:
         print(self.render(rows))
 
-    def outputs(self, args, runner, log):
+    def outputs(self, args: argparse.Namespace, runner: Runner, log: harness.Log) -> None:
         """Files written after the report (beside --json)."""
