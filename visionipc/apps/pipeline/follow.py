@@ -42,7 +42,8 @@ def add_arguments(p) -> None:
         "--follow",
         action="store_true",
         help="keep analysing as recorders complete segments (Structured Streaming): the health tables "
-        "and health_windows in OUT/tables, OUT/live.html; Ctrl-C stops, a restart resumes",
+        "and health_windows in OUT/tables, OUT/live.html; Ctrl-C stops, a restart resumes; on a classic "
+        "session or Spark Connect (--remote)",
     )
     g.add_argument("--checkpoint", metavar="DIR", help="the stream's checkpoint (default OUT/checkpoint)")
     g.add_argument("--trigger", type=float, default=5.0, metavar="S", help="micro-batch every S seconds (default 5)")
@@ -115,7 +116,7 @@ class Sink:
         from visionipc.apps.pipeline.analysis import SMALL, recording_date
         from visionipc.apps.pipeline.read import index_files
 
-        files = index_files(recs, skip_empty=True)
+        files = index_files(recs, skip_empty=True, contents=False)  # each file checked where a task reads it
         res = jobs.health_pass(spark, files, self.slots)
         names = {r.recording_id: ids[r.path] for r in recs}
         dates = {r.recording_id: recording_date(infos[r.path]) for r in recs}
