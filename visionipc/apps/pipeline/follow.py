@@ -303,9 +303,9 @@ def run(args, step) -> int:
                     last_input = time.monotonic()
                     step(f"batch {p.batchId}: {p.numInputRows} frame(s) from new segments")
                     facts.update({"batches": p.batchId + 1, "last batch": p.timestamp, "late aggregates": late})
-            if time.monotonic() >= next_page:  # the tables as they are now (written during the batch)
+            if time.monotonic() >= next_page:  # the tables as they are now (written during the batch), each second
                 write_page(out, facts, args.trigger)
-                next_page = time.monotonic() + args.trigger
+                next_page = time.monotonic() + min(1.0, args.trigger)
             if ended:
                 break
             if seen < 0 or query.status.get("isDataAvailable"):  # starting, or segments listed not committed
