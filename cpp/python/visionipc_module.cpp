@@ -129,16 +129,13 @@ PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nar
     const uint64_t frame_id = stamp(args[2], "frame_id"), sof = stamp(args[3], "timestamp_sof"),
                    eof = stamp(args[4], "timestamp_eof");
     vp::Payload data(args[1]);
-    const size_t n = data.size(), want = s.geometry(stream).size;
-    if (n != want) {
-      vipc::common::fail(
-          vipc::common::ErrorKind::kInvalidArgument,
-          "frame data is " + std::to_string(n) + " bytes, stream '" + stream + "' buffers are " + std::to_string(want));
-    }
-    const vipc::visionipc::Acquired a = s.get_buffer(stream);  // a.pool keeps a.data mapped if another thread closes s
-    vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(a.data, data.data(), n); });
-    s.send(stream, a.index, a.generation, frame_id, sof, eof);
-    return PyLong_FromUnsignedLong(a.index);
+    const size_t n = data.size();
+    // One stream lookup: size check, checkout, copy, publish (a close() on another
+    // thread waits for the copy, which may run without the GIL).
+    const uint32_t index = s.send_copy(stream, n, frame_id, sof, eof, [&](uint8_t* dst) {
+      vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(dst, data.data(), n); });
+    });
+    return PyLong_FromUnsignedLong(index);
   });
 }
 PyMethodDef server_send_copy_def = {"send_copy", vipc::python::fastcall<server_send_copy>(), METH_FASTCALL,

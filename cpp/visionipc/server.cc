@@ -245,7 +245,10 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
 
 Acquired Server::get_buffer(const std::string& stream) {
   const common::UseOrClosed call = use();
-  Stream& s = find(stream);
+  return acquire(find(stream));
+}
+
+Acquired Server::acquire(Stream& s) {
   const uint32_t n = s.layout.count;
   uint8_t* const data = s.pool->data() + s.layout.data_offset;
   const auto pixels = [&](uint32_t i) { return data + uint64_t{i} * s.layout.slot_size; };
@@ -253,7 +256,8 @@ Acquired Server::get_buffer(const std::string& stream) {
   // checked out (odd) go last, so recycling one only happens when nothing else is
   // left. On the stack: no allocation per frame (n <= kMaxBuffers).
   std::array<uint32_t, kMaxBuffers> order;
-  for (uint32_t i = 0; i < n; i++) order[i] = i;
+  order[0] = 0;  // a pool has at least one buffer (the compiler cannot see that n > 0)
+  for (uint32_t i = 1; i < n; i++) order[i] = i;
   std::sort(order.begin(), order.begin() + n, [&](uint32_t a, uint32_t b) {
     const bool oa = s.generation[a] & 1, ob = s.generation[b] & 1;
     if (oa != ob) return ob;
@@ -291,7 +295,26 @@ Acquired Server::get_buffer(const std::string& stream) {
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
                   uint64_t eof) {
   const common::UseOrClosed call = use();
+  publish(find(stream), stream, index, generation, frame_id, sof, eof);
+}
+
+uint32_t Server::send_copy(const std::string& stream, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                           const std::function<void(uint8_t*)>& fill) {
+  const common::UseOrClosed call = use();
   Stream& s = find(stream);
+  if (size != s.geometry.size) {
+    common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
+                                                          stream + "' buffers are " + std::to_string(s.geometry.size) +
+                                                          " bytes");
+  }
+  const Acquired a = acquire(s);
+  fill(a.data);
+  publish(s, stream, a.index, a.generation, frame_id, sof, eof);
+  return a.index;
+}
+
+void Server::publish(Stream& s, const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id,
+                     uint64_t sof, uint64_t eof) {
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
                  "buffer " + std::to_string(index) + " of stream '" + stream +

@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -75,6 +76,12 @@ class Server {
   // checked out under that generation (sent already, or recycled since).
   void send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
             uint64_t eof);
+  // The reference's copying send in one call (one stream lookup): throws
+  // kInvalidArgument unless `size` is the stream's buffer size, checks a buffer
+  // out as get_buffer() does, lets `fill` write its `size` bytes, and publishes
+  // it as send() does. Returns the buffer's index.
+  uint32_t send_copy(const std::string& stream, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                     const std::function<void(uint8_t*)>& fill);
   void start_listener();
   // Stop the listener and drop the pools. In a forked child (another pid than
   // the one that made the server) this is forget_after_fork(): the parent's
@@ -133,6 +140,10 @@ class Server {
   // One call that uses the streams (close() waits for it: gate_), or kClosed.
   common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC server is closed"); }
   Stream& find(const std::string& stream) const;
+  // get_buffer() and send() on a stream already found (the caller holds use()).
+  Acquired acquire(Stream& s);
+  void publish(Stream& s, const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id,
+               uint64_t sof, uint64_t eof);
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
   static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
   void listen_loop();
