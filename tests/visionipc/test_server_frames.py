@@ -121,7 +121,8 @@ def test_the_copying_send_takes_bytes_arrays_and_says_what_is_wrong(pair):
         got = client.recv(1000)
         assert (got.frame_id, got.timestamp_sof, got.timestamp_eof) == (frame_id, frame_id + 1, frame_id + 2)
     for bad, message in (
-        (bytes(size - 1), "bytes"),
+        (bytes(size - 1), f"^frame data is {size - 1} bytes, stream '0' buffers are {size} bytes$"),
+        (np.zeros(size + 1, np.uint8), f"^frame data is {size + 1} bytes, stream '0' buffers are {size} bytes$"),
         (np.zeros(size, np.float32), "must be uint8"),
         (np.zeros(size * 2, np.uint8)[::2], None),  # not contiguous: copied first, then sent
     ):
