@@ -4,8 +4,10 @@
 // (caches and TLBs emptied while it slept), and every Python bytecode and call
 // it runs between the wake-up and the pixels costs many times its warm cost
 // (BENCHMARKS.md, "cold path"). With the frame's fields in C, Client.recv_into
-// stores a received frame's numbers and views without running Python, and
-// `.array` hands out the view prepared before the wait without a Python call.
+// stores a received frame's numbers and views without running Python,
+// Server.acquire_frame (a producer's get_buffer) makes and fills one the same
+// way, Server.send_frame stores what send(buf) changes, and `.array` hands out
+// the view prepared before the wait without a Python call.
 //
 // The fields are plain object slots (readable and writable from Python, as
 // VisionBuf's __slots__ were; an unset one raises AttributeError). `_views` is a
