@@ -39,7 +39,6 @@ import hashlib
 import math
 import mmap
 import os
-import re
 import secrets
 import select
 import struct
@@ -82,7 +81,6 @@ _OFF_GENERATION = 12
 _OFF_TOKEN = 16
 _TOKEN_SIZE = 48
 
-_TOKEN = re.compile(r"([0-9]+)-[0-9a-f]{16}\Z")
 _FIFO_KINDS = ("called", "ready")
 RECV_CALLED, RECV_READY = 0, 1
 
@@ -111,8 +109,14 @@ def _state_basename(prefix: str, identifier: str, endpoint: str) -> str:
     return name
 
 
+def _fifo_rest(token: str, kind: str) -> str:
+    """A FIFO's name after the run prefix: ``fake~TOKEN.KIND``, TOKEN = ``PID-RANDOM``
+    (the form msgq.artifacts judges such files by)."""
+    return f"fake~{token}.{kind}"
+
+
 def _fifo_basename(prefix: str, token: str, kind: str) -> str:
-    return f"{run_segment_prefix(prefix)}fake~{token}.{kind}"
+    return run_segment_prefix(prefix) + _fifo_rest(token, kind)
 
 
 def _sweep_stale(directory: str, prefix: str) -> None:
@@ -190,7 +194,7 @@ class _State:
         """The current owner's token ("" if none); call under :meth:`locked`."""
         raw = bytes(self.mm[_OFF_TOKEN : _OFF_TOKEN + _TOKEN_SIZE]).rstrip(b"\0")
         token = raw.decode("ascii", "replace")
-        return token if _TOKEN.match(token) else ""
+        return token if artifacts.kind_of(_fifo_rest(token, _FIFO_KINDS[0])) == artifacts.FAKE_FIFO else ""
 
     def write_token(self, token: str) -> None:
         """Install ``token`` and bump the generation; call under :meth:`locked`."""
@@ -390,7 +394,7 @@ class SocketEventHandle(ClosesOnExit):
 
     def _take_over(self, res: _HandleResources) -> None:
         state = res.state
-        token = f"{os.getpid()}-{secrets.token_hex(8)}"
+        token = f"{os.getpid()}-{secrets.token_hex(8)}"  # PID-RANDOM: the stale sweep reads the pid
         with state.locked():
             old = state.read_token()
             fds = []
