@@ -15,6 +15,7 @@ result (Spark/Hadoop's convention). A failed or interrupted run removes its fold
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import os
@@ -76,6 +77,7 @@ class Run:
         self.name = f"run-{stamp}-{secrets.token_hex(3)}"
         self.final = fs.join(out, self.name)
         self.stage = fs.join(out, f".{self.name}.tmp") if fs.is_local(out) else self.final
+        self.made: list[str] = []  # the folders begin() made for out, the deepest first
         self.manifest = {
             "run": self.name,
             "version": _version(),
@@ -88,6 +90,7 @@ class Run:
         return fs.join(self.stage, *parts)
 
     def begin(self) -> Run:
+        self.made = _missing_folders(self.out) if fs.is_local(self.out) else []
         fs.makedirs(self.stage)
         return self
 
@@ -110,8 +113,23 @@ class Run:
         """Remove what a failed run wrote (best effort: the error that got here matters more)."""
         try:
             fs.delete_dir(self.stage)
+            # the folders this run made for --out (a table's folder Spark began), when empty:
+            # bad input found by a task leaves nothing behind, as bad input the driver finds
+            for made in self.made:
+                for folder, _, _ in os.walk(made, topdown=False):
+                    with contextlib.suppress(OSError):  # not empty: something else is in it
+                        os.rmdir(folder)
         except Exception:  # noqa: BLE001 - never mask the run's own error
             pass
+
+
+def _missing_folders(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet, the deepest first."""
+    missing, path = [], os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def latest(out: str) -> str:
