@@ -32,6 +32,7 @@ from visionipc import _visionipc
 from visionipc.formats import Geometry
 
 if TYPE_CHECKING:
+    from msgq.ordered import Reservation
     from visionipc.cuda.device_frame import DeviceFrame
 
 _Buf = TypeVar("_Buf", bound="VisionBuf")
@@ -128,7 +129,10 @@ class ViewCache:
         """Buffer ``idx``'s views; made the first time, from ``buffer`` or ``source(idx)``."""
         views = self.made[idx]
         if views is None:
-            views = self.made[idx] = frame_views(self._source(idx) if buffer is None else buffer, self.geometry)
+            if buffer is None:
+                assert self._source is not None, "a ViewCache without a source is given each buffer"
+                buffer = self._source(idx)
+            views = self.made[idx] = frame_views(buffer, self.geometry)
         return views
 
 
@@ -147,6 +151,7 @@ class VisionBuf(_visionipc.Frame):
     # frame and hands out its view without running Python (cpp/python/frame_object.h).
     # Other attributes still go to __dict__.
     __slots__ = ("__dict__", "__weakref__")
+    _reservation: Reservation | None  # a frame of an ordered writer's get_buffer(): its id until sent
 
     def __init__(
         self,

@@ -7,24 +7,35 @@ import contextlib
 import ctypes
 import os
 import threading
+from typing import Any, Iterator, List, Protocol, Set
 
 import numpy as np
+import numpy.typing as npt
 
 from visionipc.apps._cli import need
 
+Image = npt.NDArray[Any]  # a compact image (pixels.pack), or what a segment decodes to
 
-def av():
+
+class Encodes(Protocol):
+    """What ``encoder_frame`` reads of an encoder's storage (codecs.AvStorage, codecs.Mp4vEncoder)."""
+
+    src_format: str  # FFmpeg's pixel format of the compact image
+    pix_fmt: str  # the one the encoder takes
+
+
+def av() -> Any:
     return need("av", "record")
 
 
 _REALTIME = tuple(getattr(os, name) for name in ("SCHED_FIFO", "SCHED_RR") if hasattr(os, name))
 
 
-def _thread_ids():
+def _thread_ids() -> List[int]:
     return [int(t) for t in os.listdir("/proc/self/task")]
 
 
-def _set_own_scheduling(policy, param) -> None:
+def _set_own_scheduling(policy: int, param: os.sched_param) -> None:
     """The calling thread's policy, through pthread_setschedparam: glibc keeps its own copy
     of a thread's policy once it was set that way (SVT-AV1 does), copies it into every
     thread this one creates, and libzmq re-applies that copy in its I/O threads; the bare
@@ -41,7 +52,7 @@ def _set_own_scheduling(policy, param) -> None:
 
 
 @contextlib.contextmanager
-def ordinary_scheduling():
+def ordinary_scheduling() -> Iterator[None]:
     """Open an encoder inside this block so that it cannot leave the process real-time.
 
     SVT-AV1 (libsvtav1), opened by root, moves the thread that opens it and every thread it
@@ -61,7 +72,7 @@ def ordinary_scheduling():
             _restore_scheduling(policy, param, before)
 
 
-def _restore_scheduling(policy, param, before) -> None:
+def _restore_scheduling(policy: int, param: os.sched_param, before: Set[int]) -> None:
     """``ordinary_scheduling``'s way back; it never raises (the block's own error matters)."""
     me = threading.get_native_id()
     try:
@@ -85,14 +96,14 @@ _TO_I420 = {"rgb24": "COLOR_RGB2YUV_I420", "bgr24": "COLOR_BGR2YUV_I420"}
 _FROM_I420 = {"rgb24": "COLOR_YUV2RGB_I420", "bgr24": "COLOR_YUV2BGR_I420"}
 
 
-def reformat(frame, pix_fmt: str):
+def reformat(frame: Any, pix_fmt: str) -> Any:
     """``frame`` converted to ``pix_fmt`` by swscale on the calling thread: PyAV's default (0:
     automatic) starts and joins a pool of slice threads for every frame, and a replay
     interrupted by SIGINT hung in that join (sws_freeContext, with the GIL held)."""
     return frame.reformat(format=pix_fmt, threads=1)
 
 
-def tag_colour(ctx, src_format: str, pix_fmt: str):
+def tag_colour(ctx: Any, src_format: str, pix_fmt: str) -> None:
     """Tag an encoder's YUV with what it holds, so ffprobe and players read it right: BT.601
     (SMPTE 170M) video range, or full range for gray8 stored as the Y plane as it is."""
     if pix_fmt == "gray":
@@ -102,7 +113,7 @@ def tag_colour(ctx, src_format: str, pix_fmt: str):
         ctx.color_range = 2 if src_format == "gray" else 1  # AVCOL_RANGE_JPEG / AVCOL_RANGE_MPEG
 
 
-def encoder_frame(storage, image):
+def encoder_frame(storage: Encodes, image: Image) -> Any:
     """A compact image -> the FFmpeg frame ``storage``'s encoder takes (``storage.pix_fmt``):
     YUV planes as they are (NV12 <-> I420 only reorders chroma), gray as the Y plane with flat
     chroma (its values as they are), RGB/BGR converted exactly to video-range BT.601 YUV."""
@@ -117,7 +128,7 @@ def encoder_frame(storage, image):
     return frame if frame.format.name == dst else reformat(frame, dst)
 
 
-def to_image(frame, src_format):
+def to_image(frame: Any, src_format: str) -> Image:
     """A decoded FFmpeg frame -> the compact image of FFmpeg format ``src_format`` (the way
     back of ``encoder_frame``)."""
     if src_format == "gray" and frame.format.name in ("yuv420p", "yuvj420p", "nv12"):

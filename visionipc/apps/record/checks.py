@@ -29,6 +29,7 @@ import errno
 import json
 import os
 import stat
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 from msgq.errors import IpcError
 from msgq.tooling import printable
@@ -42,15 +43,19 @@ MAX_STREAMS = 256
 MAX_REASON = 240  # characters of a library's own message kept in a RecordingError
 
 
+StrPath = Union[str, "os.PathLike[str]"]  # a recording's folder or file
+Manifest = Dict[str, Any]  # recording.json, as parse_manifest checked it
+
+
 class RecordingError(UsageError, ValueError):
     """A recording that cannot be read: missing, broken or hostile files in it."""
 
 
-def _error(where, what: str) -> RecordingError:
+def _error(where: StrPath, what: str) -> RecordingError:
     return RecordingError(f"{printable(os.fspath(where))}: {what}")
 
 
-def _parts(relpath, folder):
+def _parts(relpath: object, folder: StrPath) -> List[str]:
     if not isinstance(relpath, str):
         raise _error(folder, f"a file name in the recording must be a str, not {type(relpath).__name__}")
     parts = relpath.split("/")
@@ -59,19 +64,19 @@ def _parts(relpath, folder):
     return parts
 
 
-def check_relpath(relpath, folder) -> str:
+def check_relpath(relpath: str, folder: StrPath) -> str:
     """``relpath`` if it can name a file inside ``folder`` (relative, no ``..``), else RecordingError."""
     _parts(relpath, folder)
     return relpath
 
 
-def open_file(folder, relpath: str) -> int:
+def open_file(folder: StrPath, relpath: str) -> int:
     """A descriptor (O_RDONLY, close-on-exec; the caller closes it) of the regular file
     ``relpath`` (``/``-separated) inside the recording ``folder``, or RecordingError."""
     parts = _parts(relpath, folder)
     shown = f"{printable(os.fspath(folder))}/{printable(relpath)}"
     step = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
-    fd = None
+    fd: Optional[int] = None
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_CLOEXEC | os.O_DIRECTORY)
         for i, part in enumerate(parts):
@@ -114,7 +119,7 @@ def _kind(mode: int) -> str:
     return "not a file"
 
 
-def read_file(folder, relpath: str, limit: int) -> bytes:
+def read_file(folder: StrPath, relpath: str, limit: int) -> bytes:
     """The bytes of ``open_file(folder, relpath)``; larger than ``limit``: RecordingError."""
     with os.fdopen(open_file(folder, relpath), "rb") as f:
         data = f.read(limit + 1)
@@ -129,7 +134,7 @@ class Place:
     ``alias`` is another name a library knows the file by (the checked descriptor's
     /proc/self/fd path FFmpeg opens), shown as ``path`` in its messages."""
 
-    def __init__(self, path, at: str = "", alias: str = None):
+    def __init__(self, path: StrPath, at: str = "", alias: Optional[str] = None) -> None:
         self.path, self.at, self.alias = os.fspath(path), at, alias
 
     def error(self, what: str) -> "RecordingError":
@@ -138,7 +143,7 @@ class Place:
 
 
 @contextlib.contextmanager
-def reading(path, at: str = "", alias: str = None):
+def reading(path: StrPath, at: str = "", alias: Optional[str] = None) -> Iterator[Place]:
     """``with reading(path) as place:`` the one door for parsing an untrusted file: any
     exception the parsing raises (a library's error, or a RecordingError that does not name
     the file) leaves as a RecordingError naming ``path`` and ``place.at``, its type and
@@ -161,7 +166,7 @@ def reading(path, at: str = "", alias: str = None):
         raise place.error(f"{type(e).__name__}: {reason}") from None
 
 
-def check_size(width, height, where) -> None:
+def check_size(width: object, height: object, where: StrPath) -> None:
     """RecordingError unless ``width`` x ``height`` is a frame size a recording may hold."""
     for key, value in (("width", width), ("height", height)):
         _side({key: value}, key, where)
@@ -173,7 +178,7 @@ def proc_path(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def check_stream(name, where) -> str:
+def check_stream(name: object, where: StrPath) -> str:
     from visionipc.streams import stream_key
 
     try:
@@ -184,7 +189,7 @@ def check_stream(name, where) -> str:
         raise _error(where, printable(str(e))) from None
 
 
-def _depth(doc) -> int:
+def _depth(doc: object) -> int:
     deepest, todo = 0, [(doc, 1)]
     while todo:
         node, depth = todo.pop()
@@ -196,14 +201,14 @@ def _depth(doc) -> int:
     return deepest
 
 
-def _side(info: dict, key: str, where) -> int:
+def _side(info: Mapping[str, object], key: str, where: StrPath) -> int:
     value = info.get(key)
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIDE:
         raise _error(where, f"{key} {printable(repr(value))[:40]} is not an int in 1..{MAX_SIDE}")
     return value
 
 
-def parse_manifest(data: bytes, where) -> dict:
+def parse_manifest(data: bytes, where: StrPath) -> Manifest:
     """recording.json's bytes -> its dict, checked: at most MAX_MANIFEST_BYTES, nested at
     most MAX_JSON_DEPTH deep, ``streams`` named like VisionIPC streams, each with a known
     format and a width and height in 1..MAX_SIDE; ``topics`` a list of topic names.
@@ -252,6 +257,6 @@ def parse_manifest(data: bytes, where) -> dict:
     return doc
 
 
-def read_manifest_file(folder) -> dict:
+def read_manifest_file(folder: str) -> Manifest:
     """``folder/recording.json`` read safely and checked (``parse_manifest``)."""
     return parse_manifest(read_file(folder, MANIFEST, MAX_MANIFEST_BYTES), manifest_path(folder))

@@ -16,14 +16,43 @@ image <-> FFmpeg frame) are av_frames.py's, shared with the MCAP container (mcap
 storage a stream gets is storage.py's.
 """
 
+import argparse
 import os
 from fractions import Fraction
+from typing import TYPE_CHECKING, Any, Dict, Generator, Optional, Protocol, Tuple, Union
 
 from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError
-from visionipc.apps.record.av_frames import av, encoder_frame, ordinary_scheduling, reformat, tag_colour, to_image
+from visionipc.apps.record.av_frames import (
+    Image,
+    av,
+    encoder_frame,
+    ordinary_scheduling,
+    reformat,
+    tag_colour,
+    to_image,
+)
+from visionipc.apps.record.index import Rows
 from visionipc.formats import FORMAT_TABLE, format_info
+
+if TYPE_CHECKING:
+    from visionipc.apps.record.mcap_io import McapWriter
+    from visionipc.frame import VisionBuf
+
+
+class Stored(Protocol):
+    """What the decoders and the mp4v encoder read of a stream's storage: an AvStorage, a
+    storage.Storage (the OpenCV format's, in storage.py above this module) or CodedPlanes."""
+
+    fmt: str
+    width: int
+    height: int
+    ext: str
+    lossless: bool
+    uses_av: bool
+    kind: str
+
 
 # --codec -> (FFmpeg encoder, lossless). NVENC encoders need an NVIDIA GPU and driver.
 CODECS = {
@@ -45,21 +74,21 @@ SEEK_GAP = 32  # a wanted frame this far ahead is reached by seeking, not by dec
 # stream format -> (FFmpeg pixel format of the compact image, stored_as kind of storage.py)
 LAYOUT = {f.name: (f.av_format, pixels.image_kind(f.name)) for f in FORMAT_TABLE if f.selectable}
 # what an encoder gets when it cannot take the compact layout as is (first one it supports)
-FALLBACK = {
+FALLBACK: Dict[bool, Dict[str, Tuple[str, ...]]] = {
     True: {"nv12": ("yuv420p",), "rgb24": ("gbrp", "bgr0"), "bgr24": ("gbrp", "bgr0")},
     False: {"gray": ("yuv420p",), "gray16le": ("yuv420p",)},
 }
 LOSSY_FALLBACK = ("yuv420p", "nv12")
 
 
-def _codec(encoder: str):
+def _codec(encoder: str) -> Any:
     try:
         return av().codec.Codec(encoder, "w")
     except Exception as e:  # PyAV's UnknownCodecError
         raise UsageError(f"this FFmpeg build has no {encoder} encoder ({e})") from None
 
 
-def check_encoder(encoder: str):
+def check_encoder(encoder: str) -> None:
     """Open ``encoder`` once on a small picture: UsageError when this machine cannot encode
     with it (NVENC without an NVIDIA GPU, a codec missing from this FFmpeg build)."""
     os.environ.setdefault("SVT_LOG", "2")  # SVT-AV1: warnings and errors only, not its banner
@@ -90,8 +119,18 @@ class AvStorage:
     uses_av = True
 
     def __init__(
-        self, fmt, width, height, codec="h264", crf=None, preset=None, gop=0, threads=1, pix_fmt=None, container=EXT
-    ):
+        self,
+        fmt: str,
+        width: int,
+        height: int,
+        codec: str = "h264",
+        crf: Optional[int] = None,
+        preset: Optional[str] = None,
+        gop: int = 0,
+        threads: int = 1,
+        pix_fmt: Optional[str] = None,
+        container: str = EXT,
+    ) -> None:
         av()  # imported now, not in the first decoder or encoder call (a replay's clock runs by then)
         if codec not in CODECS:
             raise UsageError(f"unknown codec {codec!r} (choose from {', '.join(CODECS)})")
@@ -113,14 +152,19 @@ class AvStorage:
         self.is_color = len(shape) == 3
         self.decode_threads = 0  # FFmpeg's choice; the Spark pipeline decodes on one thread per task
 
-    def describe(self) -> dict:
-        out = {"codec": self.codec, "encoder": self.encoder, "lossless": self.lossless, "stored_as": self.kind}
+    def describe(self) -> Dict[str, Any]:
+        out: Dict[str, Any] = {
+            "codec": self.codec,
+            "encoder": self.encoder,
+            "lossless": self.lossless,
+            "stored_as": self.kind,
+        }
         out["pix_fmt"], out["container"] = self.pix_fmt, self.ext
         if not self.lossless:
             out.update(crf=self.crf, preset=self.preset)
         return out
 
-    def options(self) -> dict:
+    def options(self) -> Dict[str, str]:
         if self.lossless:
             return {"level": "3", "slicecrc": "1"}
         if "nvenc" in self.encoder:
@@ -130,21 +174,21 @@ class AvStorage:
             opts["x265-params"] = "log-level=error"
         return opts
 
-    def open_writer(self, path: str, fps: float):
+    def open_writer(self, path: str, fps: float) -> "Union[McapWriter, AvEncoder]":
         if self.ext == "mcap":
             from visionipc.apps.record.mcap_io import McapWriter
 
             return McapWriter(path, self, fps, os.path.basename(os.path.dirname(path)))  # frames/<stream>/
         return AvEncoder(path, self, fps)
 
-    def capture(self, frame):
+    def capture(self, frame: "VisionBuf") -> Image:
         return pixels.pack(frame)
 
-    def restore(self, image, buf):
+    def restore(self, image: Image, buf: "VisionBuf") -> None:
         pixels.unpack(image, buf)
 
     @classmethod
-    def from_manifest(cls, info: dict):
+    def from_manifest(cls, info: Dict[str, Any]) -> "AvStorage":
         storage = cls(
             info["format"], info["width"], info["height"], info["codec"],
             pix_fmt=info.get("pix_fmt"), container=info.get("container", EXT),
@@ -158,7 +202,7 @@ class AvEncoder:
     """One segment's video file: ``write(compact_image)`` per frame, ``release()`` at the end
     (the interface of cv2.VideoWriter that writer.StreamWriter uses)."""
 
-    def __init__(self, path: str, storage: AvStorage, fps: float):
+    def __init__(self, path: str, storage: AvStorage, fps: float) -> None:
         mod = av()
         os.environ.setdefault("SVT_LOG", "2")  # SVT-AV1: warnings and errors only, not its banner
         self.storage = storage
@@ -178,7 +222,7 @@ class AvEncoder:
             raise
         self.stream, self.pts = stream, 0
 
-    def write(self, image):
+    def write(self, image: Image) -> None:
         frame = encoder_frame(self.storage, image)
         frame.pts = self.pts
         self.pts += 1
@@ -189,7 +233,7 @@ class AvEncoder:
             packets = self.stream.encode(frame)
         self.container.mux(packets)
 
-    def release(self):
+    def release(self) -> None:
         try:
             self.container.mux(self.stream.encode(None))
         finally:
@@ -203,7 +247,7 @@ class Mp4vEncoder:
     rescaled to video range, as OpenCV's writer did), not through OpenCV's BGR input, whose
     swscale conversion wrote Y half a level low. The interface of ``AvEncoder``."""
 
-    def __init__(self, path: str, storage, fps: float):
+    def __init__(self, path: str, storage: Stored, fps: float) -> None:
         mod = av()
         self.src_format, self.pix_fmt = LAYOUT[storage.fmt][0], "yuv420p"
         self.container = mod.open(path, mode="w", format="mp4")
@@ -222,7 +266,7 @@ class Mp4vEncoder:
             raise
         self.stream, self.pts = stream, 0
 
-    def write(self, image):
+    def write(self, image: Image) -> None:
         if self.src_format == "gray":
             frame = reformat(av().VideoFrame.from_ndarray(image, format="gray"), "yuv420p")
         else:
@@ -231,7 +275,7 @@ class Mp4vEncoder:
         self.pts += 1
         self.container.mux(self.stream.encode(frame))
 
-    def release(self):
+    def release(self) -> None:
         try:
             self.container.mux(self.stream.encode(None))
         finally:
@@ -331,12 +375,12 @@ class CodedPlanes:
     fmt = "i420"
     src_format = "yuv420p"
 
-    def __init__(self, storage):
+    def __init__(self, storage: Stored) -> None:
         self.width, self.height, self.ext = storage.width, storage.height, storage.ext
         self.decode_threads = getattr(storage, "decode_threads", 0)
 
 
-def coded_planes(storage):
+def coded_planes(storage: Stored) -> Optional[CodedPlanes]:
     """``CodedPlanes`` of a lossy ``storage`` (PyAV's or OpenCV's), or None where the stored
     image is what was coded (lossless storage, PyAV's gray8)."""
     if storage.lossless or (storage.uses_av and storage.kind == "gray"):
@@ -344,7 +388,7 @@ def coded_planes(storage):
     return CodedPlanes(storage)
 
 
-def iter_decoded(folder: str, rows, storage):
+def iter_decoded(folder: str, rows: Rows, storage: Stored) -> Generator[Image, None, None]:
     """Decoded compact images for ``rows`` ((segment_file, position) pairs, in index order).
     Every segment is opened through checks.open_file (a regular file inside ``folder``), and
     every image must have the size recording.json gives, or RecordingError."""
@@ -394,7 +438,7 @@ def _iter_av(folder, rows, storage):
 LEGACY = "mp4v"  # the OpenCV format of format_version 1 (storage.Storage)
 
 
-def add_codec_args(p):
+def add_codec_args(p: argparse.ArgumentParser) -> None:
     """vipc-record's codec options."""
     p.add_argument(
         "--codec",
@@ -417,7 +461,7 @@ def add_codec_args(p):
     )
 
 
-def chosen_codec(args) -> str:
+def chosen_codec(args: argparse.Namespace) -> str:
     """The codec the options ask for (UsageError on a contradiction)."""
     codec = args.codec or ("ffv1" if args.lossless else "h264")
     if args.lossless and codec != "ffv1":
@@ -433,7 +477,7 @@ def chosen_codec(args) -> str:
     return codec
 
 
-def check_args(args) -> str:
+def check_args(args: argparse.Namespace) -> str:
     """The codec the options ask for, its encoder opened once (UsageError when it cannot be
     used here). Before connecting: a connected recorder must keep up with its stream at once."""
     codec = chosen_codec(args)

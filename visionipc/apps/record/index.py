@@ -10,6 +10,7 @@ import datetime
 import json
 import os
 import time
+from typing import Any, Dict, Iterable, List, Tuple, TypedDict
 
 from msgq.tooling import printable
 from visionipc.apps._cli import UsageError, need
@@ -33,13 +34,33 @@ INDEX_COLUMNS = (
 )
 MAX_ROWS = 10_000_000  # rows of one stream's index or one topic (about 4 days at 30 fps)
 TOPIC_COLUMNS = ("topic", "seq", "receive_time", "data", "segment")
+Columns = Dict[str, List[Any]]  # a table's rows, column by column
+Rows = Iterable[Tuple[str, int]]  # (segment_file, position) of frames to decode, in index order
+Table = Any  # a pyarrow.Table (pyarrow has no types)
 
 
-def pa():
+class FrameMeta(TypedDict):
+    """A frame's index row as the recorder hands it to its writer (CLOCK_MONOTONIC ns)."""
+
+    frame_id: int
+    timestamp_sof: int
+    timestamp_eof: int
+    publish_time: int
+    receive_time: int
+
+
+class ClockStamp(TypedDict):
+    """recording.json's start and stop: both clocks at one moment."""
+
+    monotonic_ns: int
+    wall_time: str  # ISO 8601, UTC
+
+
+def pa() -> Any:
     return need("pyarrow", "record")
 
 
-def index_schema():
+def index_schema() -> Any:
     p = pa()
     return p.schema(
         [
@@ -59,7 +80,7 @@ def index_schema():
     )
 
 
-def quality_schema():
+def quality_schema() -> Any:
     """``index_schema`` and the picture metrics vipc-record measures as it captures
     (``quality.COLUMNS``, float64; motion NaN at a recording's first frame): the index of
     a stream recorded with --frame-metrics (lossy streams by default)."""
@@ -69,7 +90,7 @@ def quality_schema():
     return p.schema(list(index_schema()) + [(name, p.float64()) for name in COLUMNS])
 
 
-def topic_schema():
+def topic_schema() -> Any:
     p = pa()
     return p.schema(
         [
@@ -82,7 +103,7 @@ def topic_schema():
     )
 
 
-def write_table(rows: dict, schema, path: str):
+def write_table(rows: Columns, schema: Any, path: str) -> None:
     """Columns ``rows`` -> Parquet at ``path``, atomically."""
     p = pa()
     import pyarrow.parquet as pq
@@ -93,7 +114,7 @@ def write_table(rows: dict, schema, path: str):
     os.replace(tmp, path)
 
 
-def write_json(path: str, doc: dict):
+def write_json(path: str, doc: Dict[str, Any]) -> None:
     tmp = layout.partial_path(path)
     with open(tmp, "w") as f:
         json.dump(doc, f, indent=2)
@@ -103,12 +124,12 @@ def write_json(path: str, doc: dict):
     os.replace(tmp, path)
 
 
-def clock_now() -> dict:
+def clock_now() -> ClockStamp:
     wall = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     return {"monotonic_ns": time.monotonic_ns(), "wall_time": wall}
 
 
-def read_manifest(folder: str) -> dict:
+def read_manifest(folder: str) -> Dict[str, Any]:
     """recording.json, read safely and checked (checks.parse_manifest): RecordingError
     (a UsageError) if it is missing, not a regular file inside ``folder``, or hostile."""
     from visionipc.apps.record.checks import read_manifest_file
@@ -125,7 +146,7 @@ def read_manifest(folder: str) -> dict:
     return doc
 
 
-def _read_tables(folder: str, kind: str, name: str, schema):
+def _read_tables(folder: str, kind: str, name: str, schema: Any) -> Table:
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
@@ -156,11 +177,11 @@ def _read_tables(folder: str, kind: str, name: str, schema):
     return pa().concat_tables(tables)
 
 
-def read_index(folder: str, stream: str):
+def read_index(folder: str, stream: str) -> Table:
     """The whole frame index of one stream (a pyarrow Table, rows in recorded order);
     every file opened by checks.open_file (a regular file inside ``folder``)."""
     return _read_tables(folder, "index", stream, index_schema())
 
 
-def read_topic(folder: str, topic: str):
+def read_topic(folder: str, topic: str) -> Table:
     return _read_tables(folder, "topics", topic, topic_schema())

@@ -93,5 +93,5 @@ def topic_file(topic: str, segment: int, ext: str = TABLE_EXT) -> str:
     return f"{TOPICS}/{topic}/{segment_name(segment, ext)}"
 
 
-def manifest_path(folder: str) -> str:
+def manifest_path(folder: str | os.PathLike[str]) -> str:
     return os.path.join(folder, MANIFEST)

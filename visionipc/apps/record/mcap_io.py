@@ -17,14 +17,21 @@ msgq topics get MCAP segments of their own (``topics/<topic>/NNNNNN.mcap``, chan
 import os
 import time
 from fractions import Fraction
+from typing import IO, TYPE_CHECKING, Any, Dict, Generator, Iterable, Iterator, Optional, Sequence, Tuple
 
 import numpy as np
 
 from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
-from visionipc.apps.record.av_frames import encoder_frame, ordinary_scheduling, tag_colour, to_image
+from visionipc.apps.record.av_frames import Image, encoder_frame, ordinary_scheduling, tag_colour, to_image
+from visionipc.apps.record.index import Columns, FrameMeta, Rows
 from visionipc.formats import format_info
+
+if TYPE_CHECKING:
+    from msgq.schemas import Schema
+
+AvStorage = Any  # codecs.AvStorage (above this module: codecs opens an McapWriter)
 
 FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
 DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
@@ -44,14 +51,14 @@ def wall_ns(monotonic_ns: int) -> int:
     return monotonic_ns + epoch_offset_ns()
 
 
-def _messages():
+def _messages() -> Any:
     need("foxglove", "record")
     import foxglove.messages as messages
 
     return messages
 
 
-def check(codec: str, lossless: bool):
+def check(codec: str, lossless: bool) -> None:
     """UsageError when ``codec`` cannot be written as MCAP (or its packages are missing)."""
     if not lossless and codec not in FOXGLOVE_FORMAT:
         raise UsageError(f"--format mcap stores h264, hevc or av1 video (Foxglove plays these), not {codec}")
@@ -59,18 +66,18 @@ def check(codec: str, lossless: bool):
     need("mcap", "record")
 
 
-def _i420_to_nv12(image, width, height):
+def _i420_to_nv12(image: Image, width: int, height: int) -> Image:
     y, rest = image[:height], image[height:].reshape(-1)
     u, v = rest[: rest.size // 2], rest[rest.size // 2 :]
     return np.vstack([y, np.stack([u, v], axis=1).reshape(height // 2, width)])
 
 
-def _nv12_to_i420(image, width, height):
+def _nv12_to_i420(image: Image, width: int, height: int) -> Image:
     y, uv = image[:height], image[height:].reshape(-1, 2)
     return np.vstack([y, np.concatenate([uv[:, 0], uv[:, 1]]).reshape(height // 2, width)])
 
 
-def open_video_encoder(storage, fps: float, live: bool = False):
+def open_video_encoder(storage: AvStorage, fps: float, live: bool = False) -> Any:
     """An FFmpeg encoder for Foxglove's CompressedVideo: no B-frames (one access unit out per
     frame in, in order), parameter sets on every keyframe, a keyframe every --gop frames;
     ``live``: no lookahead either (each frame's packet comes out at once)."""
@@ -96,7 +103,7 @@ def open_video_encoder(storage, fps: float, live: bool = False):
     return ctx
 
 
-def video_frame(storage, image):
+def video_frame(storage: AvStorage, image: Image) -> Any:
     """A compact image -> an FFmpeg frame in the pixel format the encoder takes."""
     return encoder_frame(storage, image)
 
@@ -108,7 +115,7 @@ class McapWriter:
 
     wants_meta = True
 
-    def __init__(self, path: str, storage, fps: float, stream: str):
+    def __init__(self, path: str, storage: AvStorage, fps: float, stream: str) -> None:
         from mcap.writer import Writer
 
         self.messages, self.storage, self.stream = _messages(), storage, stream
@@ -126,11 +133,13 @@ class McapWriter:
         self.offset = epoch_offset_ns()
         info["clock"], info["monotonic_to_epoch_ns"] = "unix epoch", str(self.offset)
         self.writer.add_metadata(METADATA, info)
-        self.ctx, self.metas, self.seq = None, {}, 0
+        self.ctx: Any = None  # the video encoder (lossy codecs)
+        self.metas: Dict[int, FrameMeta] = {}  # pts -> the frame's row, until its packet comes
+        self.seq = 0
         if not lossless:
             self.ctx = open_video_encoder(storage, fps)
 
-    def write(self, image, meta):
+    def write(self, image: Image, meta: FrameMeta) -> None:
         if self.ctx is None:
             self._log(self._raw(image, meta), meta)
             return
@@ -140,7 +149,7 @@ class McapWriter:
         self.seq += 1
         self._packets(self.ctx.encode(frame))
 
-    def _packets(self, packets):
+    def _packets(self, packets: Iterable[Any]) -> None:
         for packet in packets:
             meta = self.metas.pop(packet.pts)
             msg = self.messages.CompressedVideo(
@@ -149,11 +158,11 @@ class McapWriter:
             )  # fmt: skip
             self._log(msg, meta)
 
-    def _stamp(self, meta):
+    def _stamp(self, meta: FrameMeta) -> Any:
         t = meta["timestamp_eof"] + self.offset
         return self.messages.Timestamp(sec=t // 10**9, nsec=t % 10**9)
 
-    def _raw(self, image, meta):
+    def _raw(self, image: Image, meta: FrameMeta) -> Any:
         s = self.storage
         if format_info(s.fmt).planes == 3:  # ROS has NV12's two planes only
             image = _i420_to_nv12(image, s.width, s.height)
@@ -164,13 +173,13 @@ class McapWriter:
             encoding=RAW_ENCODING[s.fmt], step=step, data=data,
         )  # fmt: skip
 
-    def _log(self, msg, meta):
+    def _log(self, msg: Any, meta: FrameMeta) -> None:
         self.writer.add_message(
             self.channel, log_time=meta["receive_time"] + self.offset, data=msg.encode(),
             publish_time=meta["publish_time"] + self.offset, sequence=meta["frame_id"] & 0xFFFFFFFF,
         )  # fmt: skip
 
-    def release(self):
+    def release(self) -> None:
         try:
             if self.ctx is not None:
                 self._packets(self.ctx.encode(None))
@@ -179,7 +188,7 @@ class McapWriter:
             self.file.close()
 
 
-def write_topic(rows: dict, path: str, schema=None):
+def write_topic(rows: Columns, path: str, schema: "Optional[Schema]" = None) -> None:
     """One topic segment's messages (recorder's TopicRecorder rows) as an MCAP file: channel
     ``/<topic>`` of the msgq bytes, logged at their receive time (epoch ns); with the
     topic's declared schema (``msgq.Schema``: its encoding, name and bytes, the channel's
@@ -205,7 +214,7 @@ def write_topic(rows: dict, path: str, schema=None):
     os.replace(tmp, path)
 
 
-def open_reader(f, decoder_factories=()):
+def open_reader(f: IO[bytes], decoder_factories: Sequence[Any] = ()) -> Any:
     """An MCAP reader of the open file ``f`` that loads no record longer than the file itself
     (mcap's own limit is 4 GiB: one flipped length byte would have it allocate that much)."""
     from mcap.reader import SeekingReader
@@ -224,24 +233,26 @@ class SegmentReader:
     freed through a callback that takes the GIL, and FFmpeg's decoding threads free packets;
     freeing the decoder (which waits for those threads) with the GIL held then deadlocked."""
 
-    def __init__(self, folder: str, segment_file: str, storage):
+    def __init__(self, folder: str, segment_file: str, storage: Any) -> None:
+        """``storage``: the stream's codecs.AvStorage (or its CodedPlanes)."""
         from visionipc.apps.record.checks import Place, open_file
 
-        self.storage, self.ctx = storage, None
+        self.storage = storage
+        self.ctx: Any = None  # the video decoder, opened by the first video message
         self.place = Place(os.path.join(folder, segment_file))
         self.file = os.fdopen(open_file(folder, segment_file), "rb")
 
-    def __enter__(self):
+    def __enter__(self) -> "SegmentReader":
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def close(self):
+    def close(self) -> None:
         self.ctx = None  # the decoder freed now, in this thread
         self.file.close()
 
-    def frames(self):
+    def frames(self) -> Generator[Image, None, None]:
         from visionipc.apps.record.checks import reading
 
         need("mcap_protobuf", "record")
@@ -260,7 +271,7 @@ class SegmentReader:
                 self.place.at = "the end of its video"
                 yield from self._images(self.ctx.decode(None))
 
-    def _raw(self, msg):
+    def _raw(self, msg: Any) -> Image:
         s = self.storage
         shape, dtype = pixels.compact_shape(s.fmt, s.width, s.height), pixels.compact_dtype(s.fmt)
         want = (s.width, s.height, RAW_ENCODING[s.fmt], int(np.prod(shape)) * dtype.itemsize)
@@ -273,7 +284,7 @@ class SegmentReader:
         image = np.frombuffer(msg.data, dtype.newbyteorder("<")).astype(dtype).reshape(shape)
         return _nv12_to_i420(image, s.width, s.height) if format_info(s.fmt).planes == 3 else image
 
-    def _decode(self, msg):
+    def _decode(self, msg: Any) -> Iterator[Image]:
         av = need("av", "record")
         want = FOXGLOVE_FORMAT[self.storage.codec]
         if msg.format != want:
@@ -286,26 +297,30 @@ class SegmentReader:
             packet.update(msg.data)
             yield from self._images(self.ctx.decode(packet))
 
-    def _images(self, frames):
+    def _images(self, frames: Iterable[Any]) -> Iterator[Image]:
         for frame in frames:
             yield to_image(frame, self.storage.src_format)
 
 
-def iter_decoded(folder: str, rows, storage):
+def iter_decoded(folder: str, rows: Rows, storage: Any) -> Iterator[Tuple[str, Image]]:
     """(segment_file, decoded compact image) for ``rows`` ((segment_file, position) pairs, in
     index order); each segment opened through checks.open_file and closed before the next."""
     from visionipc.apps.record.checks import RecordingError
 
-    segment, frames, current, position = None, None, None, 0
+    segment: Optional[SegmentReader] = None
+    frames: Optional[Generator[Image, None, None]] = None
+    current: Optional[str] = None
+    position = 0
     try:
         for segment_file, want in rows:
             if segment_file != current or want < position:
-                if segment is not None:
+                if segment is not None and frames is not None:
                     frames.close()
                     segment.close()
                     segment = None
                 segment = SegmentReader(folder, segment_file, storage)
                 frames, current, position = segment.frames(), segment_file, 0
+            assert segment is not None and frames is not None  # opened above for the first row
             for image in frames:
                 position += 1
                 if position - 1 == want:
@@ -314,6 +329,6 @@ def iter_decoded(folder: str, rows, storage):
             else:
                 raise RecordingError(f"{printable(segment.place.path)} ends before frame position {want}")
     finally:
-        if segment is not None:
+        if segment is not None and frames is not None:
             frames.close()
             segment.close()

@@ -3,26 +3,42 @@ ROS 2 bag (ros2bag.py) alike: decoder threads that stay ahead of the publisher
 (:class:`Decoder`), the memory check (:func:`check_pool`), and :func:`serve`: the server
 created, the events published in time, once or in a loop."""
 
+import argparse
 import contextlib
 import logging
 import queue
 import threading
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, Generator, List, Mapping, Optional, Protocol, Sequence, Tuple
 
 from msgq.cli import progress
 from visionipc.apps._cli import UsageError
 from visionipc.apps.record.checks import RecordingError, check_size
 from visionipc.apps.record.reader import iter_segment_frames
 
+if TYPE_CHECKING:
+    from visionipc.apps.record.av_frames import Image
+    from visionipc.frame import VisionBuf
+
 log = logging.getLogger("vipc-replay")
 DECODE_AHEAD = 16  # decoded frames kept ready per stream
+# (time ns, 0: a frame / 1: a message, stream or topic, frame id or seq, (sof, eof) or the message)
+Event = Tuple[int, int, str, int, Any]
+
+
+class Restores(Protocol):
+    """A stream's storage as the publisher uses it: a decoded image back into a pool buffer."""
+
+    def restore(self, image: "Image", buf: "VisionBuf") -> None: ...
 
 
 class Decoder(threading.Thread):
     """Decodes one stream's segments in index order, one frame per index row, ahead
     of the publisher (a bounded queue: the only data shared with it)."""
 
-    def __init__(self, cv2, folder, stream, rows, storage, stop):
+    def __init__(
+        self, cv2: Any, folder: str, stream: str, rows: List[Tuple[str, int]], storage: Any, stop: threading.Event
+    ) -> None:
         super().__init__(daemon=True)
         self.cv2, self.folder, self.stream, self.rows, self.storage, self.stop = (
             cv2,
@@ -32,14 +48,14 @@ class Decoder(threading.Thread):
             storage,
             stop,
         )
-        self.frames = queue.Queue(DECODE_AHEAD)
-        self.error = None
+        self.frames: "queue.Queue[Optional[Image]]" = queue.Queue(DECODE_AHEAD)
+        self.error: Optional[BaseException] = None
 
-    def images(self):
+    def images(self) -> Generator["Image", None, None]:
         """The stream's images in publishing order (a ROS 2 bag's decoder overrides this)."""
         return iter_segment_frames(self.cv2, self.folder, self.rows, self.storage)
 
-    def run(self):
+    def run(self) -> None:
         try:
             with contextlib.closing(self.images()) as images:  # the decoder freed here, not by the GC
                 for image in images:
@@ -58,7 +74,7 @@ class Decoder(threading.Thread):
                 pass
         return False
 
-    def next(self):
+    def next(self) -> Optional["Image"]:
         while True:
             try:
                 image = self.frames.get(timeout=0.1)
@@ -84,7 +100,7 @@ def _memory_available() -> int:
     return 1 << 62
 
 
-def check_pool(geometry: dict, buffers: int) -> None:
+def check_pool(geometry: Dict[str, Dict[str, Any]], buffers: int) -> None:
     """RecordingError unless every stream's size is one a recording may hold (checks.MAX_SIDE)
     and ``buffers`` buffers of each fit in half the available memory: the same limits for a
     recording folder and a ROS 2 bag, checked before anything is reserved."""
@@ -101,7 +117,16 @@ def check_pool(geometry: dict, buffers: int) -> None:
         )
 
 
-def serve(args, rate, geometry, storages, events, topics, make_decoders, stop) -> int:
+def serve(
+    args: argparse.Namespace,
+    rate: Optional[float],
+    geometry: Dict[str, Dict[str, Any]],
+    storages: Mapping[str, Restores],
+    events: List[Event],
+    topics: Sequence[str],
+    make_decoders: Callable[[threading.Event], Dict[str, Decoder]],
+    stop: threading.Event,
+) -> int:
     """Create the server (``geometry``: stream -> dict of width, height, format), then publish
     ``events`` (see _timeline) with ``make_decoders(stop)``'s images, once or --loop, until
     ``stop`` (a threading.Event) is set."""

@@ -26,7 +26,7 @@ than a float copy, which is what makes measuring every frame in the recorder aff
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
@@ -66,7 +66,7 @@ def luma_of(image: np.ndarray, kind: str, fmt: str, height: int) -> Luma:
     return Luma(cv2.cvtColor(image.astype(np.float32), code))
 
 
-def measure(luma: Luma, previous: Luma | None = None) -> tuple:
+def measure(luma: Luma, previous: Luma | None = None) -> Tuple[float, float, float, float]:
     """``(brightness, contrast, sharpness, motion)`` of one frame's luma; motion is NaN
     without a previous frame (or when the previous one has another size)."""
     import cv2
@@ -93,11 +93,11 @@ def measure(luma: Luma, previous: Luma | None = None) -> tuple:
 class Meter:
     """Measures one stream's frames in order (motion against the frame before)."""
 
-    def __init__(self, kind: str, fmt: str, height: int):
+    def __init__(self, kind: str, fmt: str, height: int) -> None:
         self.kind, self.fmt, self.height = kind, fmt, height
-        self.previous = None
+        self.previous: Optional[Luma] = None
 
-    def __call__(self, image: np.ndarray) -> tuple:
+    def __call__(self, image: np.ndarray) -> Tuple[float, float, float, float]:
         luma = luma_of(image, self.kind, self.fmt, self.height)
         result = measure(luma, self.previous)
         self.previous = luma

@@ -11,17 +11,20 @@ recordings give a BGR image (GRAY8: gray), converted from the decoded YUV planes
 """
 
 import os
+from typing import Any, Dict, Generator, Iterator, Optional, Tuple
 
 import numpy as np
 
 from msgq.tooling import printable
 from visionipc.apps._cli import need
 from visionipc.apps.record import codecs, index
+from visionipc.apps.record.av_frames import Image
 from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path, reading
+from visionipc.apps.record.index import Rows
 from visionipc.apps.record.storage import Storage
 
 
-def _quiet_opencv(cv2):
+def _quiet_opencv(cv2: Any) -> None:
     """OpenCV's FFmpeg and OpenCV itself print what they make of a broken video on stderr
     (raw lines, naming /proc/self/fd/N): the reader's own error is the one line. The
     FFmpeg level is read when OpenCV first starts FFmpeg (its reading starts it)."""
@@ -29,7 +32,7 @@ def _quiet_opencv(cv2):
     cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
 
 
-def open_video(cv2, folder, segment_file, storage):
+def open_video(cv2: Any, folder: str, segment_file: str, storage: Storage) -> Tuple[Any, int]:
     """An opened cv2.VideoCapture of ``segment_file`` (checks.open_file: a regular file
     inside ``folder``; FFmpeg reads it through the checked descriptor), and that descriptor."""
     fd = open_file(folder, segment_file)
@@ -57,7 +60,7 @@ def open_video(cv2, folder, segment_file, storage):
 _FULL_RANGE = np.clip(np.round((np.arange(256) - 16) * 255 / 219), 0, 255).astype(np.uint8)
 
 
-def _iter_lossy(cv2, folder, rows, storage):
+def _iter_lossy(cv2: Any, folder: str, rows: Rows, storage: Storage) -> Iterator[Image]:
     """OpenCV-format lossy (mp4v) segments: decoded by PyAV to their coded planes and converted
     by OpenCV as lossless planes are (gray8: Y back to full range); OpenCV's own reader goes
     through FFmpeg's YUV -> BGR conversion, 1-2 levels dark on most grays."""
@@ -68,20 +71,24 @@ def _iter_lossy(cv2, folder, rows, storage):
             yield cv2.cvtColor(planes, cv2.COLOR_YUV2BGR_I420)
 
 
-def iter_segment_frames(cv2, folder, rows, storage):
-    """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order)."""
+def iter_segment_frames(cv2: Any, folder: str, rows: Rows, storage: Any) -> Generator[Image, None, None]:
+    """Decoded stored images for ``rows`` ((segment_file, position) pairs, in index order);
+    ``storage``: a storage.Storage, a codecs.AvStorage or CodedPlanes (or a proxy of one)."""
     if storage.uses_av:
         yield from codecs.iter_decoded(folder, rows, storage)
         return
     if not storage.lossless:
         yield from _iter_lossy(cv2, folder, rows, storage)
         return
-    cap, fd, current, position = None, None, None, 0
+    cap: Any = None  # the segment's cv2.VideoCapture
+    fd: Optional[int] = None
+    current: Optional[str] = None
+    position = 0
     try:
         for segment_file, want in rows:
             with reading(os.path.join(folder, segment_file), f"frame position {want}") as place:
                 if segment_file != current:
-                    if cap is not None:
+                    if cap is not None and fd is not None:
                         cap.release()
                         os.close(fd)
                         cap = None
@@ -103,12 +110,12 @@ def iter_segment_frames(cv2, folder, rows, storage):
                 image = image[..., 0].copy()
             yield image
     finally:
-        if cap is not None:
+        if cap is not None and fd is not None:
             cap.release()
             os.close(fd)
 
 
-def iter_frames(folder: str, stream: str):
+def iter_frames(folder: str, stream: str) -> Iterator[Tuple[Dict[str, Any], Image]]:
     """``(row, image)`` for every frame of ``stream`` in the recording, in order."""
     cv2 = need("cv2", "record")
     manifest = index.read_manifest(folder)

@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from msgq.cli import progress
 from msgq.tooling import printable
@@ -18,6 +19,13 @@ from visionipc.apps._cli import Stopper, UsageError, need, run_command
 from visionipc.apps.record import codecs, index, layout
 from visionipc.apps.record.storage import storage_for
 from visionipc.apps.record.writer import StreamWriter
+
+if TYPE_CHECKING:
+    from visionipc import VisionIpcClient
+    from visionipc.apps.record.av_frames import Image
+    from visionipc.apps.record.codecs import AvStorage
+    from visionipc.apps.record.index import FrameMeta
+    from visionipc.apps.record.storage import Storage
 
 PROG = "vipc-record"
 log = logging.getLogger(PROG)
@@ -54,7 +62,7 @@ printed, as are gaps in frame ids.
 FRAME_METRICS = ("lossy", "all", "none")
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Record VisionIPC streams and msgq topics into a folder "
@@ -92,19 +100,26 @@ class StreamRecorder:
     Frames of another geometry than the stream had at the start (its server was
     restarted with another size or format) are not recorded but counted as missed."""
 
-    def __init__(self, client, storage, writer, max_frames, stop):
+    def __init__(
+        self,
+        client: "VisionIpcClient",
+        storage: "Union[Storage, AvStorage]",
+        writer: StreamWriter,
+        max_frames: int,
+        stop: threading.Event,
+    ) -> None:
         self.client, self.storage, self.writer, self.max_frames, self.stop = client, storage, writer, max_frames, stop
         frame_bytes = storage.image_size[0] * storage.image_size[1] * (3 if storage.is_color else 1)
-        self.queue = queue.Queue(max(8, QUEUE_BYTES // frame_bytes))
+        self.queue: "queue.Queue[Optional[Tuple[Image, FrameMeta]]]" = queue.Queue(max(8, QUEUE_BYTES // frame_bytes))
         self.geometry = (storage.fmt, storage.width, storage.height)
         self.received = self.missed_invalid = self.missed_queue = self.missed_geometry = self.gaps = 0
-        self.last_id = None
+        self.last_id: Optional[int] = None
         self.last_frame_s = time.monotonic()
-        self.error = None
+        self.error: Optional[BaseException] = None
         self.receiver = threading.Thread(target=self._guard, args=(self._receive,), daemon=True)
         self.encoder = threading.Thread(target=self._guard, args=(self._encode,), daemon=True)
 
-    def start(self):
+    def start(self) -> None:
         self.encoder.start()
         self.receiver.start()
 
@@ -164,12 +179,12 @@ class StreamRecorder:
         finally:
             self.writer.close_segment()
 
-    def join(self):
+    def join(self) -> None:
         self.receiver.join()
         self.encoder.join()
         self.client.close()
 
-    def summary(self) -> dict:
+    def summary(self) -> Dict[str, int]:
         return {
             "frames": self.writer.frames,
             "segments": self.writer.segments,
@@ -181,7 +196,9 @@ class StreamRecorder:
 class TopicRecorder(threading.Thread):
     """Messages of one msgq topic, with their receive time, into Parquet segments."""
 
-    def __init__(self, folder, topic, segment_seconds, stop, mcap=False):
+    def __init__(
+        self, folder: str, topic: str, segment_seconds: float, stop: threading.Event, mcap: bool = False
+    ) -> None:
         super().__init__(daemon=True)
         self.mcap = mcap  # --format mcap: each segment as MCAP too (mcap_io.write_topic)
         import msgq
@@ -191,10 +208,11 @@ class TopicRecorder(threading.Thread):
         self.folder, self.dir = folder, os.path.join(folder, layout.TOPICS, topic)
         self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
         self.messages = self.segments = 0
-        self.error = None
+        self.error: Optional[BaseException] = None
 
-    def run(self):
-        rows, start = None, 0
+    def run(self) -> None:
+        rows: Optional[index.Columns] = None
+        start = 0
         try:
             os.makedirs(self.dir, exist_ok=True)
             while not self.stop.is_set():
@@ -232,7 +250,9 @@ class TopicRecorder(threading.Thread):
         self.segments += 1
 
 
-def _connect(name, streams, timeout, stop):
+def _connect(
+    name: str, streams: Optional[Sequence[str]], timeout: float, stop: threading.Event
+) -> List["VisionIpcClient"]:
     from visionipc import VisionIpcClient, available_streams
 
     deadline = time.monotonic() + timeout
@@ -262,6 +282,13 @@ def _connect(name, streams, timeout, stop):
             time.sleep(0.01)
         clients.append(client)
     return clients
+
+
+def _geometry(client: "VisionIpcClient") -> Tuple[str, int, int]:
+    """A connected client's (format, width, height)."""
+    fmt, width, height = client.format, client.width, client.height
+    assert fmt is not None and width is not None and height is not None  # known once connected
+    return fmt, width, height
 
 
 connect_streams = _connect  # (name, streams, timeout, stop) -> connected clients; vipc-foxglove's too
@@ -294,7 +321,7 @@ def _check_args(args):
         raise UsageError("a --stream is given twice")
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     _check_args(args)
     cv2 = need("cv2", "record")
     codecs.check_args(args)
@@ -304,18 +331,20 @@ def run(args) -> int:
     codecs.av()
     stopper = Stopper()
     stop = stopper.event
-    recorders, topics, clients = [], [], []
+    recorders: List[StreamRecorder] = []
+    topics: List[TopicRecorder] = []
+    clients: List["VisionIpcClient"] = []
     try:
         clients = _connect(args.name, args.stream, args.connect_timeout, stop)
         if stop.is_set():
             return 0
-        storages = [storage_for(args, cv2, c.format, c.width, c.height) for c in clients]
+        storages = [storage_for(args, cv2, *_geometry(c)) for c in clients]
         _prepare_out(args.out)
         try:
             topics = [TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == "mcap") for t in args.topic]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
-        manifest = {
+        manifest: Dict[str, Any] = {
             "format_version": index.FORMAT_VERSION,
             "recording_id": str(uuid.uuid4()),  # stable: vipc-analyze's tables key on it
             "name": args.name,
@@ -398,7 +427,7 @@ def run(args) -> int:
         stopper.restore()
 
 
-def disk_full(error):
+def disk_full(error: Optional[BaseException]) -> Optional[BaseException]:
     """The error in ``error``'s chain (an OSError, PyAV's or pyarrow's error; closing a
     segment after a failed write raises again) that says the disk or quota is full, or None."""
     while error is not None:
@@ -420,7 +449,7 @@ def drop_partial_files(folder: str) -> None:
                     pass
 
 
-def finish_manifest(path: str, manifest: dict) -> None:
+def finish_manifest(path: str, manifest: Dict[str, Any]) -> None:
     """recording.json's last state, atomically; on a full disk (no room for the new copy)
     written over the old one in place: the stop and the reason must reach the file."""
     try:
@@ -436,7 +465,7 @@ def finish_manifest(path: str, manifest: dict) -> None:
             os.fsync(f.fileno())
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return run_command(PROG, build_parser(), run, argv, config=True)
     except OSError as e:  # before the recorders ran (creating --out, the first recording.json)

@@ -5,6 +5,7 @@ import argparse
 import contextlib
 import os
 import sys
+from typing import Any, Dict, Optional, Sequence
 
 from msgq.tooling import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
@@ -37,7 +38,7 @@ stream, timestamp_sof/eof are the header stamps, spacing is the messages' log ti
 """
 
 
-def build_parser():
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog=PROG,
         description="Replay a vipc-record recording into a VisionIPC server.",
@@ -108,7 +109,7 @@ def _timeline(folder, manifest, streams, topics):
 def _storages(cv2, folder, recorded, streams, tables) -> dict:
     """Each stream's Storage, once its first video is checked to have the size recording.json
     says (before anything is reserved)."""
-    storages = {}
+    storages: Dict[str, Any] = {}  # stream -> its Storage or AvStorage
     for s in streams:
         try:
             storages[s] = Storage.from_manifest(cv2, recorded[s])
@@ -125,7 +126,7 @@ def _storages(cv2, folder, recorded, streams, tables) -> dict:
     return storages
 
 
-def run(args) -> int:
+def run(args: argparse.Namespace) -> int:
     """SIGINT/SIGTERM set the stop flag from the first moment on (a KeyboardInterrupt raised
     at a random point of the start-up could be swallowed by a library and lost)."""
     stopper = Stopper()
@@ -173,7 +174,7 @@ def _run(args, stop) -> int:
     return serve(args, rate, {s: recorded[s] for s in streams}, storages, events, topics, decoders, stop)
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     try:
         return run_command(PROG, build_parser(), run, argv, config=True)
     except (RuntimeError, OSError) as e:  # a failure, not bad input: one line, exit 1

@@ -7,9 +7,12 @@ it). Frame ids count from 0 per stream; timestamp_sof/eof are the message's head
 Reads with the ``mcap`` and ``mcap-ros2-support`` packages (the ``record`` extra).
 """
 
+import argparse
 import contextlib
 import io
 import struct
+import threading
+from typing import Any, Dict, Generator, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,6 +20,7 @@ from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record import playback
+from visionipc.apps.record.av_frames import Image
 from visionipc.apps.record.checks import RecordingError, check_size, check_stream, reading
 from visionipc.apps.record.mcap_io import open_reader
 from visionipc.formats import format_info
@@ -61,7 +65,7 @@ def _stamp(data: bytes, log_time: int) -> int:
 _SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}  # JPEG frame headers
 
 
-def compressed_size(data: bytes) -> tuple:
+def compressed_size(data: bytes) -> Tuple[int, int]:
     """(width, height) from a PNG's or JPEG's header, read before anything is decoded (a
     small compressed image can describe a huge one); ValueError for any other data."""
     if data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR":
@@ -83,7 +87,7 @@ def compressed_size(data: bytes) -> tuple:
     raise ValueError("a CompressedImage that is neither PNG nor JPEG")
 
 
-def to_image(schema_name: str, msg):
+def to_image(schema_name: str, msg: Any) -> Tuple[str, Image]:
     """A decoded message -> (stream format, compact image); sizes are checked (1..16384 a
     side, checks.check_size) before any pixel is decoded or copied."""
     if schema_name == COMPRESSED:
@@ -125,9 +129,9 @@ class Bag:
     untrusted input: everything read from it goes through checks.reading (one
     RecordingError naming the bag and the message)."""
 
-    def __init__(self, path: str, topic_map: list, only: list):
+    def __init__(self, path: str, topic_map: Sequence[str], only: Optional[Sequence[str]]) -> None:
         self.path, self.factory = path, _decoder_factory()
-        wanted = {}
+        wanted: Dict[str, str] = {}  # topic -> stream
         for item in topic_map:
             topic, sep, stream = item.partition("=")
             if not sep or not topic or not stream:
@@ -162,7 +166,8 @@ class Bag:
         if not self.streams:
             raise UsageError(f"{path!r} has no sensor_msgs/msg/Image or CompressedImage topic")
         self.schema = images
-        self.geometry, self.events = {}, []
+        self.geometry: Dict[str, Dict[str, Any]] = {}  # stream -> width, height, format
+        self.events: List[playback.Event] = []
         by_topic = {t: s for s, t in self.streams.items()}
         seq = dict.fromkeys(self.streams, 0)
         with open(path, "rb") as f, reading(path) as place:
@@ -177,8 +182,8 @@ class Bag:
             # the first message parses the topic's message definitions: mcap-ros2-support's
             # parser prints what it cannot parse (raw bytes of the file) before raising, here
             # in the main thread: its output is dropped, the error is the line that counts
-            with contextlib.closing(self.images(topic)) as images, _quiet():
-                first = next(images, None)
+            with contextlib.closing(self.images(topic)) as decoded, _quiet():
+                first = next(decoded, None)
             if first is None:
                 raise UsageError(f"topic {topic} has no messages")
             fmt, image = first
@@ -186,7 +191,7 @@ class Bag:
             height = shape[0] * 2 // 3 if format_info(fmt).yuv420 else shape[0]
             self.geometry[stream] = {"width": shape[1], "height": height, "format": fmt}
 
-    def images(self, topic):
+    def images(self, topic: str) -> Generator[Tuple[str, Image], None, None]:
         """(format, compact image) of every message of ``topic``, in log-time order."""
         with open(self.path, "rb") as f, reading(self.path) as place:
             reader = open_reader(f, [self.factory()])
@@ -199,11 +204,11 @@ class Bag:
 class BagDecoder(playback.Decoder):
     """One stream's images from the bag, ahead of the publisher."""
 
-    def __init__(self, bag: Bag, stream: str, stop):
+    def __init__(self, bag: Bag, stream: str, stop: threading.Event) -> None:
         super().__init__(None, bag.path, stream, [], None, stop)
         self.bag = bag
 
-    def images(self):
+    def images(self) -> Generator[Image, None, None]:
         want, topic = self.bag.geometry[self.stream], self.bag.streams[self.stream]
         with contextlib.closing(self.bag.images(topic)) as images:
             for fmt, image in images:
@@ -216,15 +221,15 @@ class _Compact:
     """Storage.restore for the bag's images, already in the stream's compact layout."""
 
     @staticmethod
-    def restore(image, buf):
+    def restore(image: Image, buf: Any) -> None:
         pixels.unpack(image, buf)
 
 
-def replay(args, rate, stop) -> int:
+def replay(args: argparse.Namespace, rate: Optional[float], stop: threading.Event) -> int:
     bag = Bag(args.dir, args.topic_map, args.stream)
     storages = dict.fromkeys(bag.streams, _Compact())
 
-    def decoders(stop):
+    def decoders(stop: threading.Event) -> Dict[str, playback.Decoder]:
         return {s: BagDecoder(bag, s, stop) for s in bag.streams}
 
     return playback.serve(args, rate, bag.geometry, storages, bag.events, [], decoders, stop)

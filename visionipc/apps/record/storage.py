@@ -19,11 +19,18 @@ the recorder makes: the pool buffer is recycled after); ``restore`` writes a dec
 back into a pool buffer (exactly, for lossless kinds).
 """
 
+import argparse
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+
 import numpy as np
+import numpy.typing as npt
 
 from visionipc import pixels
 from visionipc.apps.record import codecs
 from visionipc.formats import format_info
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 LOSSLESS = ("FFV1", "mkv")
 LOSSY = ("mp4v", "mp4")
@@ -34,7 +41,7 @@ class Storage:
 
     uses_av = False
 
-    def __init__(self, cv2, fmt: str, width: int, height: int, lossless: bool):
+    def __init__(self, cv2: Any, fmt: str, width: int, height: int, lossless: bool) -> None:
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
         info = format_info(fmt)
         self.lossless = lossless or info.sample_bytes > 1  # no lossy codec for deeper samples
@@ -44,12 +51,12 @@ class Storage:
         shape = {"bgr": (height, width, 3)}.get(self.kind, pixels.compact_shape(fmt, width, height))
         self.image_size = (shape[1], shape[0])  # the video's (width, height)
         self.is_color = len(shape) == 3
-        self._bgr_writer = None
+        self._bgr_writer: Optional[pixels.BgrWriter] = None
 
-    def describe(self) -> dict:
+    def describe(self) -> Dict[str, Any]:
         return {"codec": self.codec, "lossless": self.lossless, "stored_as": self.kind}
 
-    def open_writer(self, path: str, fps: float):
+    def open_writer(self, path: str, fps: float) -> Union[codecs.Mp4vEncoder, Any]:  # Any: a cv2.VideoWriter
         cv2 = self.cv2
         if not self.lossless:  # mp4v: PyAV, fed YUV (codecs.Mp4vEncoder)
             return codecs.Mp4vEncoder(path, self, fps)
@@ -60,23 +67,23 @@ class Storage:
             raise RuntimeError(f"OpenCV cannot write {self.codec} video to {path}")
         return video
 
-    def writer_params(self) -> list:
+    def writer_params(self) -> List[int]:
         cv2 = self.cv2
         params = [cv2.VIDEOWRITER_PROP_IS_COLOR, int(self.is_color)]
         if self.kind == "gray16":
             params += [cv2.VIDEOWRITER_PROP_DEPTH, cv2.CV_16U]
         return params
 
-    def reader_params(self) -> list:
+    def reader_params(self) -> List[int]:
         # 16-bit gray only survives decoding without the BGR conversion
         return [self.cv2.CAP_PROP_CONVERT_RGB, 0] if self.kind == "gray16" else []
 
-    def capture(self, frame) -> np.ndarray:
+    def capture(self, frame: "VisionBuf") -> npt.NDArray[Any]:
         """A received VisionBuf -> a new image to encode: its compact image (the lossy
         writer codes it as YUV 4:2:0; ``kind`` is what decoding gives back)."""
         return pixels.pack(frame)
 
-    def restore(self, image: np.ndarray, buf):
+    def restore(self, image: np.ndarray, buf: "VisionBuf") -> None:
         """A decoded image -> ``buf`` (a pool buffer of this stream's format)."""
         if self.kind == "bgr":
             if self._bgr_writer is None:
@@ -86,7 +93,7 @@ class Storage:
         pixels.unpack(image, buf)
 
     @classmethod
-    def from_manifest(cls, cv2, info: dict):
+    def from_manifest(cls, cv2: Any, info: Dict[str, Any]) -> Union["Storage", codecs.AvStorage]:
         """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage."""
         if info.get("codec") in codecs.CODECS:
             return codecs.AvStorage.from_manifest(info)
@@ -96,7 +103,9 @@ class Storage:
         return storage
 
 
-def storage_for(args, cv2, fmt, width, height):
+def storage_for(
+    args: argparse.Namespace, cv2: Any, fmt: str, width: int, height: int
+) -> Union[Storage, codecs.AvStorage]:
     """The storage of one stream as vipc-record's options ask (codecs.add_codec_args)."""
     codec = codecs.chosen_codec(args)
     if codec == codecs.LEGACY:

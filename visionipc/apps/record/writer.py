@@ -7,8 +7,13 @@ Used by one thread (the stream's encoder thread in vipc-record).
 """
 
 import os
+from typing import Any, Optional, Tuple, Union
 
 from visionipc.apps.record import codecs, index, layout, quality
+from visionipc.apps.record.av_frames import Image
+from visionipc.apps.record.codecs import AvStorage
+from visionipc.apps.record.index import Columns, FrameMeta
+from visionipc.apps.record.storage import Storage
 
 NOMINAL_FPS = 30.0  # container frame rate when a segment holds a single frame
 # A segment's container rate is nominal (whole frames per second, from its first two
@@ -20,7 +25,15 @@ class StreamWriter:
     picture before the codec changes it) and keep the numbers in the index; None: for
     lossy storage only (vipc-record --frame-metrics lossy, the default)."""
 
-    def __init__(self, cv2, folder: str, stream: str, storage, segment_seconds: float, frame_metrics=None):
+    def __init__(
+        self,
+        cv2: Any,
+        folder: str,
+        stream: str,
+        storage: Union[Storage, AvStorage],
+        segment_seconds: float,
+        frame_metrics: Optional[bool] = None,
+    ) -> None:
         self.cv2, self.folder, self.stream, self.storage = cv2, folder, stream, storage
         if frame_metrics is None:
             frame_metrics = not storage.lossless
@@ -36,15 +49,16 @@ class StreamWriter:
         os.makedirs(self.index_dir, exist_ok=True)
         self.segments = 0  # complete segments
         self.frames = 0  # frames in complete segments
-        self._video = None  # the open segment writer (Storage.open_writer)
-        self._held = None  # the segment's first frame, until the second one gives the frame rate
+        self._video: Any = None  # the open segment writer (Storage.open_writer)
+        # the segment's first frame, until the second one gives the frame rate
+        self._held: Optional[Tuple[Image, FrameMeta]] = None
         self._start_ns = 0  # receive time of the segment's first frame
-        self._rows = None
+        self._rows: Optional[Columns] = None
 
-    def _relative(self):
+    def _relative(self) -> str:
         return layout.media_file(self.stream, self.segments, self.storage.ext)
 
-    def add(self, image, meta: dict):
+    def add(self, image: Image, meta: FrameMeta) -> None:
         """``meta``: frame_id, timestamp_sof, timestamp_eof, publish_time, receive_time."""
         if self._rows is not None and self.segment_ns and meta["receive_time"] - self._start_ns >= self.segment_ns:
             self.close_segment()
@@ -54,30 +68,33 @@ class StreamWriter:
             self._held = (image, meta)
             return
         if self._video is None:
+            assert self._held is not None  # the segment's first frame
             first = self._held[1]
             interval = meta["timestamp_sof"] - first["timestamp_sof"]
             self._open(1e9 / interval if interval > 0 else NOMINAL_FPS)
         self._write(image, meta)
 
-    def _open(self, fps):
+    def _open(self, fps: float) -> None:
         self._final = os.path.join(self.folder, self._relative())
         self._tmp = layout.partial_path(self._final)
         # whole frames per second: MPEG-4 refuses time bases with denominators over 65535
         self._video = self.storage.open_writer(self._tmp, float(min(max(round(fps), 1), 1000)))
         held, self._held = self._held, None
+        assert held is not None  # a segment opens with its first frame held
         self._write(*held)
 
-    def _write(self, image, meta):
+    def _write(self, image: Image, meta: FrameMeta) -> None:
         measured = self._meter(image) if self._meter is not None else ()  # before the encoder sees it
         if getattr(self._video, "wants_meta", False):  # an MCAP segment logs each frame with its times
             self._video.write(image, meta)
         else:
             self._video.write(image)
         rows = self._rows  # a row only for a written frame: every column one value longer
+        assert rows is not None  # the segment is open
         for key, value in zip(quality.COLUMNS, measured):
             rows[key].append(value)
         for key in ("frame_id", "timestamp_sof", "timestamp_eof", "publish_time", "receive_time"):
-            rows[key].append(meta[key])
+            rows[key].append(meta[key])  # type: ignore[literal-required]
         rows["position"].append(len(rows["stream"]))
         rows["stream"].append(self.stream)
         rows["width"].append(self.storage.width)
@@ -86,7 +103,7 @@ class StreamWriter:
         rows["segment"].append(self.segments)
         rows["segment_file"].append(self._relative())
 
-    def close_segment(self):
+    def close_segment(self) -> None:
         if self._rows is None:
             return
         if self._video is None:
