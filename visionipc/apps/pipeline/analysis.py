@@ -8,21 +8,35 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from visionipc.apps.pipeline import cluster, fs, jobs, runs, tables
 from visionipc.apps.record.checks import RecordingError
 
+if TYPE_CHECKING:
+    import argparse
+
+    from pyspark.sql import SparkSession
+
+    from visionipc.apps.pipeline.read import IndexFile, Recording, StrPath
+
+Infos = Dict[str, Dict[str, Any]]  # recording name -> its recording.json
+Keys = Dict[str, Tuple[str, Optional[str]]]  # recording name -> (stable id, fingerprint)
+Say = Callable[[str], None]  # the run's step or warning lines
+
 IN_PROGRESS = "recording"  # recording.json status while vipc-record still writes
 
 
-def recording_date(info: dict):
+def recording_date(info: Dict[str, Any]) -> Optional[str]:
     """``YYYY-MM-DD`` of the recording's start (UTC wall clock), None when unknown."""
     start = info.get("start")
     wall = start.get("wall_time") if isinstance(start, dict) else None
     return wall[:10] if isinstance(wall, str) and len(wall) >= 10 else None
 
 
-def select_recordings(recs, args, out, warn):
+def select_recordings(
+    recs: List[Recording], args: argparse.Namespace, out: str, warn: Say
+) -> Tuple[List[Recording], Infos, Keys]:
     """Drop recordings still being recorded (unless ``--allow-partial``) and, with
     ``--incremental``, those a published run in ``out`` analysed as they are now (same id,
     same segments: tables.fingerprint); returns (recordings, {name: recording.json},
@@ -38,12 +52,12 @@ def select_recordings(recs, args, out, warn):
         )
         recs = [r for r in recs if r not in partial]
 
-    def key(r):
+    def key(r: Recording) -> Tuple[str, Optional[str]]:
         rid = tables.stable_id(r, infos[r.recording_id])
         return rid, tables.fingerprint(r, rid)
 
-    keys = dict(zip((r.recording_id for r in recs), each(key, recs)))  # a listing per recording
-    seen = {}
+    keys: Keys = dict(zip((r.recording_id for r in recs), each(key, recs)))  # a listing per recording
+    seen: Dict[str, Recording] = {}
     for r in recs:
         other = seen.setdefault(keys[r.recording_id][0], r)
         if other is not r:
@@ -57,7 +71,9 @@ def select_recordings(recs, args, out, warn):
     return recs, infos, keys
 
 
-def driver_checks(inputs, args, out: str, warn):
+def driver_checks(
+    inputs: Sequence[StrPath], args: argparse.Namespace, out: str, warn: Say
+) -> Tuple[List[Recording], Infos, Keys, List[IndexFile]]:
     """What the driver does before Spark starts: find the recordings, read and check their
     recording.json, choose them (``select_recordings``), list their complete segments and
     check the names. The files' contents are checked by the tasks that read them
@@ -69,7 +85,7 @@ def driver_checks(inputs, args, out: str, warn):
     return recs, infos, keys, index_files(recs, skip_empty=args.skip_empty, contents=False)
 
 
-def unmeasured_lossy_streams(recs, infos) -> list:
+def unmeasured_lossy_streams(recs: Sequence[Recording], infos: Infos) -> List[str]:
     """``recording/stream`` of the lossy streams whose recorder kept no frame metrics (made
     before vipc-record measured frames, or with --frame-metrics none): their metrics are
     measured on the decoded picture, which the codec changed."""
@@ -92,7 +108,17 @@ def _write_table(df, location: str, dates: dict | None = None) -> None:
     pq.write_table(pa.Table.from_pandas(df, preserve_index=False), path, filesystem=filesystem)
 
 
-def analyse(spark, recs, infos, args, run, slots, step, files=None, keys=None) -> dict:
+def analyse(
+    spark: SparkSession,
+    recs: List[Recording],
+    infos: Infos,
+    args: argparse.Namespace,
+    run: runs.Run,
+    slots: int,
+    step: Say,
+    files: Optional[List[IndexFile]] = None,
+    keys: Optional[Keys] = None,
+) -> Dict[str, Any]:
     """Run the jobs of ``args`` over ``recs`` into ``run`` (runs.Run) and the tables of its
     ``--out`` (tables.py); returns the small tables. ``files``: their ``index_files`` rows
     when the caller has checked them already; ``keys``: select_recordings' third value."""
@@ -104,7 +130,7 @@ def analyse(spark, recs, infos, args, run, slots, step, files=None, keys=None) -
     if files is None:
         files = index_files(recs, skip_empty=args.skip_empty, contents=False)  # the tasks check the contents
     segments = segment_rows(files)
-    res = {}
+    res: Dict[str, Any] = {}  # table name -> its rows (pandas)
     kind, value = args.export
     if "health" in args.jobs or ("export" in args.jobs and kind == "drops"):
         step("health: fps, drops, latency, jitter, stalls per recording x stream")
@@ -185,7 +211,16 @@ SMALL = {
 }
 
 
-def write_tables(spark, recs, infos, args, run, res, step, keys=None) -> None:
+def write_tables(
+    spark: SparkSession,
+    recs: List[Recording],
+    infos: Infos,
+    args: argparse.Namespace,
+    run: runs.Run,
+    res: Dict[str, Any],
+    step: Say,
+    keys: Optional[Keys] = None,
+) -> None:
     """The run's results into ``OUT/tables`` (replacing exactly its recordings' partitions);
     with ``--incremental`` the run folder's small tables become the whole tables (every
     recording analysed so far, as last analysed) and ``res`` with them."""

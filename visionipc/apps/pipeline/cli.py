@@ -10,6 +10,7 @@ import re
 import sys
 import threading
 import time
+from typing import Callable, Optional, Sequence, Tuple, Type
 
 from msgq import add_version_flag, cli
 from visionipc.apps.pipeline import follow
@@ -73,7 +74,7 @@ class _SubmitApp(argparse.Action):
         parser.exit()
 
 
-def parse_args(argv):
+def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="vipc-analyze", description=__doc__, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -159,10 +160,10 @@ def parse_args(argv):
 
 
 class Steps:
-    def __init__(self, quiet: bool):
+    def __init__(self, quiet: bool) -> None:
         self.quiet, self.t0 = quiet, time.monotonic()
 
-    def __call__(self, msg: str):
+    def __call__(self, msg: str) -> None:
         if not self.quiet:
             log.info(f"[{time.monotonic() - self.t0:6.1f} s] {msg}")
 
@@ -171,7 +172,7 @@ def warn(msg: str) -> None:
     log.warning(msg)
 
 
-def run(args, step) -> int:
+def run(args: argparse.Namespace, step: Callable[[str], None]) -> int:
     if args.follow:
         return follow.run(args, step)
     from visionipc.apps.pipeline import cluster, fs, runs
@@ -288,7 +289,7 @@ def _spark_message(exc) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Exit status 0; 2 for bad input (a missing or hostile recording); 1 for a failure
     (in Spark or writing the results): one line on stderr, never a traceback."""
     from msgq.tooling import printable
@@ -316,12 +317,15 @@ def main(argv=None) -> int:
         if INTERRUPT.is_set():  # the JVM stopped under a call of ours after Ctrl-C
             print("vipc-analyze: interrupted (no run was published)", file=sys.stderr)
             return INTERRUPTED
+        spark_errors: Tuple[Type[BaseException], ...]
         try:
             from py4j.protocol import Py4JJavaError
             from pyspark.errors import PySparkException
+
+            spark_errors = (PySparkException, Py4JJavaError)
         except ImportError:
-            PySparkException = Py4JJavaError = ()
-        if isinstance(e, (PySparkException, Py4JJavaError)):
+            spark_errors = ()
+        if isinstance(e, spark_errors):
             message = _spark_message(e)
             kind, _, reason = message.partition(": ")
             if kind == "RecordingError":  # a task met a hostile or broken file: bad input, as on the driver

@@ -22,6 +22,10 @@ import sys
 import threading
 import time
 import urllib.request
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, TextIO, Tuple, cast
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 # environment the executors need for Python-side object storage I/O (fs.py); copied to
 # spark.executorEnv.* on a cluster (Spark redacts *SECRET*/*TOKEN* values in its UI)
@@ -47,12 +51,12 @@ class MasterError(ValueError):
 CONNECT_PORT = 15002  # Spark Connect's default
 
 
-def is_connect(spark) -> bool:
+def is_connect(spark: SparkSession) -> bool:
     """True for a Spark Connect session (pyspark.sql.connect), False for a classic one."""
     return type(spark).__module__.startswith("pyspark.sql.connect")
 
 
-def resolve_remote(explicit: str | None, master: str | None = None):
+def resolve_remote(explicit: str | None, master: str | None = None) -> Optional[str]:
     """The Spark Connect URL to use, or None for a classic session: ``--remote``; else
     ``SPARK_REMOTE`` unless a master was chosen (``--master``, spark-submit)."""
     remote = explicit or (None if master or under_spark_submit() else os.environ.get("SPARK_REMOTE"))
@@ -61,7 +65,7 @@ def resolve_remote(explicit: str | None, master: str | None = None):
     return remote or None
 
 
-def _connect_hostport(remote: str):
+def _connect_hostport(remote: str) -> Tuple[str, int]:
     """(host, port) of ``sc://host[:port][/;param=value...]``."""
     hostport = remote[len("sc://") :].split("/", 1)[0].split(";", 1)[0]
     if hostport.startswith("["):  # [IPv6]:port
@@ -76,7 +80,7 @@ def under_spark_submit() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
-def _defaults_master():
+def _defaults_master() -> Optional[str]:
     conf_dir = os.environ.get("SPARK_CONF_DIR") or (
         os.path.join(os.environ["SPARK_HOME"], "conf") if os.environ.get("SPARK_HOME") else None
     )
@@ -91,7 +95,7 @@ def _defaults_master():
     return None
 
 
-def resolve_master(explicit: str | None):
+def resolve_master(explicit: str | None) -> Optional[str]:
     """The master to set on the session builder, or None where spark-submit already chose one."""
     if explicit:
         return explicit
@@ -100,7 +104,7 @@ def resolve_master(explicit: str | None):
     return os.environ.get("SPARK_MASTER") or _defaults_master() or "local[*]"
 
 
-def submitted_master():
+def submitted_master() -> Optional[str]:
     """The master spark-submit chose (its JVM is running: read from its configuration), or None."""
     if not under_spark_submit():
         return None
@@ -122,35 +126,35 @@ def check_reachable(master: str | None, timeout_s: float = REACH_TIMEOUT_S) -> N
             raise MasterError(f"cannot reach the Spark Connect server {master} ({e})") from None
     if not master or not master.startswith("spark://"):
         return
-    errors = []
+    errors: List[str] = []
     for hostport in master[len("spark://") :].split(","):
-        host, _, port = hostport.rpartition(":")
+        host, _, port_text = hostport.rpartition(":")
         try:
-            with socket.create_connection((host, int(port)), timeout=timeout_s):
+            with socket.create_connection((host, int(port_text)), timeout=timeout_s):
                 return
         except (OSError, ValueError) as e:
             errors.append(f"{hostport}: {e}")
     raise MasterError(f"cannot reach the Spark master {master} ({'; '.join(errors)})")
 
 
-def executor_env() -> dict:
+def executor_env() -> Dict[str, str]:
     return {f"spark.executorEnv.{k}": os.environ[k] for k in FORWARDED_ENV if os.environ.get(k)}
 
 
-def master_of(spark) -> str:
+def master_of(spark: SparkSession) -> str:
     """The session's master (on Spark Connect: the server's)."""
     return spark.conf.get("spark.master", None) or "unknown"
 
 
-def application_id(spark) -> str:
+def application_id(spark: SparkSession) -> str:
     return spark.conf.get("spark.app.id", None) or "unknown"
 
 
-def is_local(spark) -> bool:
+def is_local(spark: SparkSession) -> bool:
     return master_of(spark).startswith("local")
 
 
-def cancel_all(spark) -> None:
+def cancel_all(spark: SparkSession) -> None:
     """Cancel the session's running Spark jobs (on Spark Connect: its operations)."""
     if is_connect(spark):
         spark.interruptAll()
@@ -158,19 +162,19 @@ def cancel_all(spark) -> None:
         spark.sparkContext.cancelAllJobs()
 
 
-def set_log_level(spark, level: str) -> None:
+def set_log_level(spark: SparkSession, level: str) -> None:
     """Spark's log level in this driver (a Spark Connect server keeps its own)."""
     if not is_connect(spark):
         spark.sparkContext.setLogLevel(level)
 
 
-def executor_count(spark) -> int:
+def executor_count(spark: SparkSession) -> int:
     """Executors registered now (the driver excluded)."""
     infos = spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos()
     return max(0, len(infos) - 1)
 
 
-def task_slots(spark, settle_s: float = 2.0) -> int:
+def task_slots(spark: SparkSession, settle_s: float = 2.0) -> int:
     """Tasks the executors run at once: Spark's default parallelism, which on a cluster is
     the executors' total cores; waits (up to ``settle_s`` after the first executor) for the
     executors asked for to register, so work is not split for the driver's cores. On Spark
@@ -181,7 +185,7 @@ def task_slots(spark, settle_s: float = 2.0) -> int:
         return parallelism(spark)
     sc = spark.sparkContext
     want = int(sc.getConf().get("spark.executor.instances", "0") or 0)
-    deadline = None
+    deadline: Optional[float] = None
     while True:
         n = executor_count(spark)
         if n and (n >= want > 0 or (deadline is not None and time.monotonic() > deadline)):
@@ -213,7 +217,7 @@ def _cluster_resources(master: str) -> str:
     return f"{len(workers)} alive worker(s): {each}"
 
 
-def _asked(conf) -> str:
+def _asked(conf: Any) -> str:
     keys = ("spark.executor.memory", "spark.executor.cores", "spark.cores.max", "spark.executor.instances")
     got = [f"{k}={conf.get(k)}" for k in keys if conf.get(k, None)]
     return ", ".join(got) or "Spark's defaults (spark.executor.memory=1g, all free cores)"
@@ -223,23 +227,23 @@ class StarvationWatch:
     """Warns once on stderr when no executor has registered ``after_s`` seconds after the
     session started, naming what was asked and what the cluster has."""
 
-    def __init__(self, spark, after_s: float = STARVED_AFTER_S, out=None):
+    def __init__(self, spark: SparkSession, after_s: float = STARVED_AFTER_S, out: Optional[TextIO] = None) -> None:
         self.spark, self.after_s, self.out = spark, after_s, out or sys.stderr
         self.warned = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="vipc-starvation-watch", daemon=True)
 
-    def __enter__(self):
+    def __enter__(self) -> "StarvationWatch":
         if not is_connect(self.spark) and not is_local(self.spark):
             self._thread.start()
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, *exc: object) -> None:
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=2)
 
-    def _run(self):
+    def _run(self) -> None:
         if self._stop.wait(self.after_s):
             return
         try:
@@ -248,7 +252,7 @@ class StarvationWatch:
             sc = self.spark.sparkContext
             message = (
                 f"vipc-analyze: warning: no executor has started after {self.after_s:g} s: the application asks for "
-                f"{_asked(sc.getConf())}; the cluster has {_cluster_resources(sc.master)}"
+                f"{_asked(sc.getConf())}; the cluster has {_cluster_resources(cast(str, sc.master))}"  # set: it runs
             )
         except Exception as e:  # the session went away meanwhile
             message = f"vipc-analyze: warning: no executor has started after {self.after_s:g} s ({e})"
@@ -258,6 +262,6 @@ class StarvationWatch:
         print(message, file=self.out, flush=True)
 
 
-def ui_url(spark) -> str | None:
+def ui_url(spark: SparkSession) -> str | None:
     """The web UI's address (None on Spark Connect: the server's own UI)."""
     return None if is_connect(spark) else spark.sparkContext.uiWebUrl

@@ -27,11 +27,21 @@ has no start). ``spark.readStream.format("vipc")`` follows recordings as they gr
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Sequence, Set, Tuple, Union
+
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, QUALITY_ARROW_SCHEMA, find_recordings
 from visionipc.apps.record.quality import COLUMNS as METRIC_COLUMNS
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.datasource import Filter
+    from pyspark.sql.types import StructType
+
+    from visionipc.apps.pipeline.read import Recording
+    from visionipc.apps.pipeline.stream import VipcStreamReader
 
 SCHEMA = INDEX_SPARK_SCHEMA + ", recording_id string, recording_path string"
 SCHEMA_WITH_METRICS = SCHEMA + "".join(f", {c} double" for c in METRIC_COLUMNS)
@@ -44,24 +54,25 @@ class FilesPartition(InputPartition):
     """A run of index files: ``[(recording_id, recording_path, index_file)]``; ``clocks``:
     {recording_path: ns to add to receive_time for wall-clock time} (for ``event_time``)."""
 
-    def __init__(self, files: list, clocks: dict | None = None):
+    def __init__(self, files: List[Tuple[str, str, str]], clocks: Dict[str, int] | None = None) -> None:
         super().__init__(len(files))
         self.files, self.clocks = files, clocks or {}
 
 
-def _column(f) -> str:
+def _column(f: object) -> str:
     ref = getattr(f, "attribute", ())
     return ref[0] if isinstance(ref, tuple) and len(ref) == 1 else str(ref)
 
 
 class VipcReader(DataSourceReader):
-    def __init__(self, paths: list, skip_empty: bool, partition_bytes: int, columns: list):
+    def __init__(self, paths: List[str], skip_empty: bool, partition_bytes: int, columns: List[str]) -> None:
         self.paths, self.skip_empty, self.partition_bytes = paths, skip_empty, partition_bytes
         self.columns = columns  # the columns asked for, in their order
-        self.keep = {}  # column -> allowed values (recording_id, stream)
-        self.frame_filters = []  # (op, value) on frame_id, for pyarrow
+        self.keep: Dict[str, Set[Any]] = {}  # column -> allowed values (recording_id, stream)
+        self.frame_filters: List[Tuple[str, int]] = []  # (op, value) on frame_id, for pyarrow
 
-    def pushFilters(self, filters):  # noqa: N802 - PySpark's name
+    def pushFilters(self, filters: List[Filter]) -> Iterable[Filter]:  # noqa: N802 - PySpark's name
+        f: Any  # EqualTo, In, GreaterThan...: each with its value
         for f in filters:
             kind, column = type(f).__name__, _column(f)
             if column in ("recording_id", "stream") and kind in ("EqualTo", "In"):
@@ -72,11 +83,13 @@ class VipcReader(DataSourceReader):
             else:
                 yield f
 
-    def partitions(self):
+    def partitions(self) -> Sequence[InputPartition]:
         recs = find_recordings(self.paths)
         if "recording_id" in self.keep:
             recs = [r for r in recs if r.recording_id in self.keep["recording_id"]]
-        parts, run, size = [], [], 0
+        parts: List[FilesPartition] = []
+        run: List[Tuple[str, str, str]] = []
+        size = 0
         for rec in recs:
             root = fs.join(rec.path, "index")
             listing = {rel: n for rel, is_dir, n in fs.listdir(root, recursive=True) if not is_dir}
@@ -99,7 +112,8 @@ class VipcReader(DataSourceReader):
             raise RecordingError(f"no complete segment in {', '.join(self.paths)}")
         return parts
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[Any]:  # Arrow record batches
+        assert isinstance(partition, FilesPartition)  # made by partitions()
         import pyarrow as pa
         import pyarrow.compute as pc
         import pyarrow.parquet as pq
@@ -120,8 +134,8 @@ class VipcReader(DataSourceReader):
             n = len(table)
             if n == 0:
                 continue
-            values = {"recording_id": recording_id, "recording_path": recording_path}
-            values = {c: pa.repeat(pa.scalar(v), n) for c, v in values.items()}
+            names = {"recording_id": recording_id, "recording_path": recording_path}
+            values = {c: pa.repeat(pa.scalar(v), n) for c, v in names.items()}
             if "event_time" in self.columns:
                 ns = pc.add(table.column("receive_time"), partition.clocks.get(recording_path, 0))
                 values["event_time"] = ns.cast(pa.timestamp("ns")).cast(pa.timestamp("us", tz="UTC"), safe=False)
@@ -136,25 +150,25 @@ class VipcDataSource(DataSource):
     (``spark.read``) or as a stream of segments as recorders complete them (``spark.readStream``)."""
 
     @classmethod
-    def name(cls):
+    def name(cls) -> str:
         return "vipc"
 
-    def schema(self):
+    def schema(self) -> str:
         base = SCHEMA_WITH_METRICS if _true(self.options.get("frame_metrics")) else SCHEMA
         return base + (EVENT_TIME if _true(self.options.get("event_time")) else "")
 
-    def streamReader(self, schema):  # noqa: N802 - PySpark's name
+    def streamReader(self, schema: StructType) -> VipcStreamReader:  # noqa: N802 - PySpark's name
         from visionipc.apps.pipeline.stream import VipcStreamReader
 
         return VipcStreamReader(self._paths(), _true(self.options.get("skip_empty", "true")), self._columns(schema))
 
-    def _paths(self) -> list:
+    def _paths(self) -> List[str]:
         paths = [p for key in ("path", "paths") for p in self.options.get(key, "").split(",") if p]
         if not paths:
             raise ValueError('spark.read.format("vipc") needs a recording: .load(PATH) or .option("paths", "a,b")')
         return paths
 
-    def _columns(self, schema) -> list:
+    def _columns(self, schema: Union[StructType, str]) -> List[str]:
         columns = [f.name for f in schema.fields] if hasattr(schema, "fields") else _names(schema)
         unknown = set(columns) - set(_names(SCHEMA_WITH_METRICS + EVENT_TIME))
         if unknown:
@@ -163,7 +177,7 @@ class VipcDataSource(DataSource):
             )
         return columns
 
-    def reader(self, schema):
+    def reader(self, schema: StructType) -> VipcReader:
         return VipcReader(
             self._paths(),
             _true(self.options.get("skip_empty")),
@@ -172,14 +186,14 @@ class VipcDataSource(DataSource):
         )
 
 
-def wall_clock_offset(recording) -> int:
+def wall_clock_offset(recording: Recording) -> int:
     """ns to add to the recording's ``receive_time`` (the recorder's clock) for Unix time:
     recording.json's start ``wall_time`` - ``monotonic_ns``; 0 where it has no start."""
     import datetime
 
     from visionipc.apps.pipeline.read import recording_info
 
-    start = recording_info(recording).get("start")
+    start: Any = recording_info(recording).get("start")  # untrusted: checked by the except below
     try:
         wall = datetime.datetime.fromisoformat(start["wall_time"].replace("Z", "+00:00"))
         if wall.tzinfo is None:
@@ -190,14 +204,14 @@ def wall_clock_offset(recording) -> int:
         return 0
 
 
-def _true(value) -> bool:
+def _true(value: object) -> bool:
     return str(value).lower() == "true"
 
 
-def _names(ddl: str) -> list:
+def _names(ddl: str) -> List[str]:
     return [part.split()[0] for part in ddl.split(",")]
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     spark.conf.set("spark.sql.python.filterPushdown.enabled", "true")
     spark.dataSource.register(VipcDataSource)

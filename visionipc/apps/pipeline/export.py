@@ -11,10 +11,14 @@ images.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Iterable, Tuple
 
-from visionipc.apps.pipeline.frames import iter_pictures
+from visionipc.apps.pipeline.frames import Segment, iter_pictures
 from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError, check_stream
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
 
 KEEP = ["recording_id", "recording_path", "stream", "segment", "position", "frame_id"]
 MANIFEST_COLUMNS = [
@@ -41,19 +45,19 @@ def _with_reason(df, reason: str):
 # (SQL text, no pyspark.sql.functions: the same on a classic and a Spark Connect session)
 
 
-def select_sharp(metrics_df, min_sharpness: float):
+def select_sharp(metrics_df: DataFrame, min_sharpness: float) -> DataFrame:
     """Frames whose sharpness (variance of the Laplacian) is at least ``min_sharpness``."""
     return _with_reason(metrics_df.where(f"sharpness >= {float(min_sharpness)!r} AND NOT black"), "sharp")
 
 
-def select_every_nth(index_df, n: int):
+def select_every_nth(index_df: DataFrame, n: int) -> DataFrame:
     """Every ``n``-th frame of each stream, by frame id (frame ids divisible by n)."""
     if n < 1:
         raise ValueError(f"every-nth needs n >= 1, got {n}")
     return _with_reason(index_df.where(f"frame_id % {int(n)} = 0"), f"every_{int(n)}")
 
 
-def select_around_drops(index_df, drops_df, window: int = 2):
+def select_around_drops(index_df: DataFrame, drops_df: DataFrame, window: int = 2) -> DataFrame:
     """The ``window`` frames recorded before and after each gap in frame_id."""
     w = int(window)
     d = drops_df.select("recording_id", "stream", "after_frame_id", "next_frame_id")
@@ -87,12 +91,12 @@ def inside(out_dir: str, rel: str) -> str:
     return dest
 
 
-def export_segment(selected, out_dir: str, image_format: str):
+def export_segment(selected: Any, out_dir: str, image_format: str) -> Any:
     """Write the selected frames of one segment (a pandas group) and return their manifest rows."""
     import cv2
 
     first = selected.iloc[0]
-    segment = {
+    segment: Segment = {
         "recording_path": first["recording_path"],
         "segment": int(first["segment"]),
         "index_file": os.path.join(
@@ -112,7 +116,7 @@ def export_segment(selected, out_dir: str, image_format: str):
     return manifest_frame(rows)
 
 
-def manifest_row(rel: str, recording_id: str, stream: str, row, reason: str) -> tuple:
+def manifest_row(rel: str, recording_id: str, stream: str, row: Any, reason: str) -> Tuple[Any, ...]:
     """One ``MANIFEST_COLUMNS`` row for a written frame (``row``: its index row)."""
     return (
         rel,
@@ -129,7 +133,7 @@ def manifest_row(rel: str, recording_id: str, stream: str, row, reason: str) -> 
     )
 
 
-def manifest_frame(rows):
+def manifest_frame(rows: Iterable[Tuple[Any, ...]]) -> Any:
     import pandas as pd
 
     return pd.DataFrame(rows, columns=[n for n, _ in MANIFEST_COLUMNS]).astype(
@@ -137,14 +141,14 @@ def manifest_frame(rows):
     )
 
 
-def export_frames(selection_df, out_dir, image_format: str = "jpg"):
+def export_frames(selection_df: DataFrame, out_dir: str, image_format: str = "jpg") -> DataFrame:
     """Spark: write the selected frames under ``out_dir`` and return the manifest DataFrame
     (lazy: the images are written when the manifest is computed)."""
     if image_format not in IMAGE_FORMATS:
         raise ValueError(f"image format must be one of {IMAGE_FORMATS}, not {image_format!r}")
     out_dir = os.path.abspath(os.fspath(out_dir))
 
-    def fn(selected):  # a plain function: Spark inspects its signature
+    def fn(selected: Any) -> Any:  # a plain function: Spark inspects its signature
         return export_segment(selected, out_dir, image_format)
 
     return (
@@ -155,7 +159,7 @@ def export_frames(selection_df, out_dir, image_format: str = "jpg"):
     )
 
 
-def export_job(selection_df, out_dir, image_format: str = "jpg"):
+def export_job(selection_df: DataFrame, out_dir: str, image_format: str = "jpg") -> Any:
     """``export_frames`` then ``out_dir/manifest.parquet``; returns the manifest as pandas."""
     import pandas as pd
 

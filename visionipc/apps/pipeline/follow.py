@@ -25,9 +25,16 @@ import json
 import logging
 import re
 import time
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional
 
 from visionipc.apps.pipeline import fs, tables
 from visionipc.apps.record.checks import RecordingError
+
+if TYPE_CHECKING:
+    import argparse
+
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
 
 WINDOWS = "health_windows"
 TABLES = tuple(tables.HEALTH_TABLES) + (WINDOWS,)
@@ -36,7 +43,7 @@ PAGE = "live.html"
 log = logging.getLogger("vipc-analyze")
 
 
-def add_arguments(p) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("following a fleet live (--follow; docs/pipeline.md)")
     g.add_argument(
         "--follow",
@@ -61,7 +68,7 @@ def add_arguments(p) -> None:
     )
 
 
-def check_args(p, args) -> None:
+def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if not args.follow:
         if args.checkpoint or args.idle_timeout is not None:
             p.error("--checkpoint and --idle-timeout go with --follow")
@@ -78,7 +85,7 @@ def check_args(p, args) -> None:
 # ---- the micro-batch: tables ----------------------------------------------------------
 
 
-def _load_state(where: str) -> dict:
+def _load_state(where: str) -> Dict[str, Any]:
     try:
         return json.loads(fs.read_bytes(where))
     except (OSError, ValueError):  # none yet, or cut short by a kill: everything is written again
@@ -88,10 +95,10 @@ def _load_state(where: str) -> dict:
 class Sink:
     """``foreachBatch``'s function (picklable: on Spark Connect it runs in the server)."""
 
-    def __init__(self, paths: list, out: str, checkpoint: str, slots: int):
+    def __init__(self, paths: List[str], out: str, checkpoint: str, slots: int) -> None:
         self.paths, self.out, self.state, self.slots = paths, out, fs.join(checkpoint, STATE), slots
 
-    def __call__(self, windows, batch_id: int) -> None:
+    def __call__(self, windows: DataFrame, batch_id: int) -> None:
         from visionipc.apps.pipeline.read import find_recordings, recording_info
         from visionipc.apps.pipeline.stream import discover
 
@@ -170,7 +177,7 @@ def _utc(times):
 # ---- the query --------------------------------------------------------------------------
 
 
-def windowed(spark, rows, window_s: float, watermark_s: float):
+def windowed(spark: SparkSession, rows: DataFrame, window_s: float, watermark_s: float) -> DataFrame:
     """Index rows -> per recording x stream x event-time window: frames, the frame ids' span,
     frames missing inside it, latency (receive - eof) mean and max; late rows dropped. SQL
     text, not pyspark.sql.functions: the same on a classic and a Spark Connect session."""
@@ -189,7 +196,7 @@ def windowed(spark, rows, window_s: float, watermark_s: float):
     )
 
 
-def start_query(spark, args, out: str, checkpoint: str, slots: int):
+def start_query(spark: SparkSession, args: argparse.Namespace, out: str, checkpoint: str, slots: int) -> StreamingQuery:
     from visionipc.apps.pipeline import datasource
 
     datasource.register(spark)
@@ -208,7 +215,7 @@ def start_query(spark, args, out: str, checkpoint: str, slots: int):
 # ---- the live page --------------------------------------------------------------------
 
 
-def read_table(out: str, name: str):
+def read_table(out: str, name: str) -> Any:
     """A whole table as pandas via pyarrow (no Spark job), None while it has no rows."""
     import pyarrow as pa
     import pyarrow.dataset as ds
@@ -222,7 +229,7 @@ def read_table(out: str, name: str):
     return frame if len(frame) else None
 
 
-def write_page(out: str, facts: dict, refresh_s: float) -> None:
+def write_page(out: str, facts: Dict[str, Any], refresh_s: float) -> None:
     """``OUT/live.html``: each stream's state from the tables, the worst first."""
     from visionipc.apps.pipeline import report
 
@@ -252,18 +259,18 @@ def write_page(out: str, facts: dict, refresh_s: float) -> None:
 # ---- the driver -----------------------------------------------------------------------
 
 
-def _recording_error(text: str):
+def _recording_error(text: str) -> Optional[str]:
     """The message of a RecordingError (bad input) raised in the source or in foreachBatch,
     as Spark wraps it ("RecordingError: ..." or "(RecordingError('...'))"), else None."""
     found = re.search(r"RecordingError\(([\"'])(.*?)\1\)|RecordingError: (.*)", text)
     return None if found is None else (found.group(2) or found.group(3)).strip()
 
 
-def _dropped(progress) -> int:
+def _dropped(progress: Any) -> int:
     return sum(int(op.numRowsDroppedByWatermark or 0) for op in progress.stateOperators or ())
 
 
-def run(args, step) -> int:
+def run(args: argparse.Namespace, step: Callable[[str], None]) -> int:
     from visionipc.apps.pipeline import cluster, runs
     from visionipc.apps.pipeline.session import spark_session
     from visionipc.apps.pipeline.stream import discover
@@ -284,7 +291,11 @@ def run(args, step) -> int:
     query = start_query(spark, args, out, checkpoint, cluster.task_slots(spark))
     step(f"streaming: trigger {args.trigger:g} s, window {args.window:g} s, watermark {args.watermark:g} s")
     step(f"checkpoint {checkpoint}; live page {fs.join(out, PAGE)}")
-    facts = {"following": ", ".join(args.recordings), "trigger": f"{args.trigger:g} s", "checkpoint": checkpoint}
+    facts: Dict[str, Any] = {
+        "following": ", ".join(args.recordings),
+        "trigger": f"{args.trigger:g} s",
+        "checkpoint": checkpoint,
+    }
     seen, late, last_input, next_page = -1, 0, time.monotonic(), 0.0
     try:
         while True:

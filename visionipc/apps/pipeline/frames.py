@@ -11,6 +11,7 @@ the same task instead (``map_segments``).
 from __future__ import annotations
 
 import contextlib
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, List, Optional, Tuple, TypedDict, Union
 
 import numpy as np
 
@@ -26,6 +27,33 @@ from visionipc.apps.pipeline.read import (
     recording_info,
 )
 
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from visionipc.apps.pipeline.read import IndexFile, Recordings
+    from visionipc.apps.record.codecs import AvStorage, CodedPlanes
+    from visionipc.apps.record.storage import Storage
+
+Image = np.ndarray  # a stored image (storage.py's kinds) or a compact one
+Row = Any  # an index row (a pandas Series)
+
+
+class SegmentFile(TypedDict):
+    """What decoding a segment needs: its recording and its index file."""
+
+    recording_path: str
+    index_file: str
+
+
+class Segment(SegmentFile, total=False):
+    """One complete segment of a stream (``SEGMENT_SCHEMA``): a ``segment_table`` row has every key."""
+
+    recording_id: str
+    stream: str
+    segment: int
+    previous_index_file: Optional[str]  # the stream's segment before it; None for its first
+
+
 SEGMENT_SCHEMA = (
     "recording_id string, recording_path string, stream string, segment int, index_file string, "
     "previous_index_file string"
@@ -37,15 +65,16 @@ FRAME_SCHEMA = (
 )
 
 
-def segment_table(recordings, *, skip_empty: bool = False, validate: bool = True) -> list:
+def segment_table(recordings: Recordings, *, skip_empty: bool = False, validate: bool = True) -> List[Segment]:
     """One dict per complete segment (``SEGMENT_SCHEMA``), listed on the driver from file names;
     ``previous_index_file`` is the stream's segment before it (None for its first)."""
     return segment_rows(index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate))
 
 
-def segment_rows(files) -> list:
+def segment_rows(files: Iterable[IndexFile]) -> List[Segment]:
     """``segment_table`` of ``read.index_files`` rows already listed."""
-    rows, before = [], None
+    rows: List[Segment] = []
+    before: Optional[Tuple[Tuple[str, str], str]] = None
     for rec, stream, seg, path in files:
         previous = before[1] if before is not None and before[0] == (rec.path, stream) else None
         rows.append(
@@ -69,7 +98,7 @@ def segment_rows(files) -> list:
 TASKS_PER_SLOT = 2
 
 
-def segments_df(spark, recordings, *, partitions: int | None = None, **kw):
+def segments_df(spark: SparkSession, recordings: Recordings, *, partitions: int | None = None, **kw: Any) -> DataFrame:
     """The segments as a DataFrame, spread over ``partitions`` tasks (default: two per task
     slot of the session, at most one per segment), consecutive segments together."""
     from visionipc.apps.pipeline import tasks
@@ -85,17 +114,18 @@ class _OneThreadStorage:
 
     decode_threads = 1  # PyAV codecs (record/codecs.py)
 
-    def __init__(self, storage):
+    def __init__(self, storage: Union[Storage, AvStorage, CodedPlanes]) -> None:
         self._storage = storage
 
-    def __getattr__(self, name):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._storage, name)
 
-    def reader_params(self) -> list:
-        return self._storage.reader_params() + [self._storage.cv2.CAP_PROP_N_THREADS, 1]
+    def reader_params(self) -> List[int]:
+        storage: Any = self._storage  # an OpenCV format Storage: the others have no reader_params
+        return storage.reader_params() + [storage.cv2.CAP_PROP_N_THREADS, 1]
 
 
-def storage_of(recording_path: str, row) -> object:
+def storage_of(recording_path: str, row: Row) -> Union[Storage, AvStorage]:
     """How the segment's pixels are stored, from recording.json (or the index row and the
     file's extension while the recorder has not described the stream yet)."""
     import cv2
@@ -131,7 +161,7 @@ def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     return image if kind == "bgr" else compact_to_bgr(image, fmt)  # else a compact image of fmt
 
 
-def read_segment_index(index_file: str, recording_path: str = None, *, quality: bool = False):
+def read_segment_index(index_file: str, recording_path: Optional[str] = None, *, quality: bool = False) -> Any:
     """The index rows of one segment, in position order (pandas), checked as they are read
     (read.read_index_file: a regular file inside the recording, its columns and the names in
     them). ``quality``: with the picture metrics the recorder measured as it captured
@@ -160,7 +190,9 @@ def read_segment_index(index_file: str, recording_path: str = None, *, quality: 
     return table.to_pandas().sort_values("position", ignore_index=True)
 
 
-def iter_segment(segment: dict, positions=None, *, coded: bool = False):
+def iter_segment(
+    segment: SegmentFile, positions: Optional[Iterable[int]] = None, *, coded: bool = False
+) -> Iterator[Tuple[Row, Image, Union[Storage, AvStorage, CodedPlanes]]]:
     """Yield ``(index_row, stored_image, storage)`` for the frames of one segment in order
     (all of them, or those at ``positions``), decoded by vipc-record's reader; ``coded``:
     lossy video as its coded YUV planes (``codecs.CodedPlanes``, the storage yielded), not
@@ -175,9 +207,8 @@ def iter_segment(segment: dict, positions=None, *, coded: bool = False):
         index = index[index["position"].isin([int(p) for p in positions])]
     if len(index) == 0:
         return
-    storage = storage_of(segment["recording_path"], index.iloc[0])
-    if coded:
-        storage = coded_planes(storage) or storage
+    stored = storage_of(segment["recording_path"], index.iloc[0])
+    storage: Union[Storage, AvStorage, CodedPlanes] = (coded_planes(stored) or stored) if coded else stored
     cv2.setNumThreads(1)
     wanted = list(zip(index["segment_file"], index["position"].astype(int)))
     try:
@@ -193,29 +224,31 @@ def iter_segment(segment: dict, positions=None, *, coded: bool = False):
         raise RecordingError(f"{segment['recording_path']}: {e}") from e
 
 
-def iter_pictures(segment: dict, positions=None):
+def iter_pictures(segment: SegmentFile, positions: Optional[Iterable[int]] = None) -> Iterator[Tuple[Row, Image]]:
     """Yield ``(index_row, bgr_picture)`` for JPEG/PNG export: lossy video from its coded planes,
     converted by OpenCV as lossless planes are (a frame looks the same stored either way)."""
     for row, image, storage in iter_segment(segment, positions, coded=True):
         yield row, to_bgr(image, storage.kind, storage.fmt, int(row["height"]))
 
 
-def last_frame(segment: dict, index_file: str, *, coded: bool = False):
+def last_frame(
+    segment: SegmentFile, index_file: str, *, coded: bool = False
+) -> Optional[Tuple[Row, Image, Union[Storage, AvStorage, CodedPlanes]]]:
     """``(index_row, stored_image, storage)`` of the last frame of another segment of the same
     stream (``index_file``), or None when it has no frames (``coded``: as ``iter_segment``)."""
     index = read_segment_index(index_file)
     if len(index) == 0:
         return None
-    other = dict(segment, index_file=index_file)
+    other: SegmentFile = {**segment, "index_file": index_file}
     return next(iter_segment(other, positions=[int(index["position"].max())], coded=coded), None)
 
 
-def map_segments(segments, fn, schema: str):
+def map_segments(segments: DataFrame, fn: Callable[[Segment], Any], schema: str) -> DataFrame:
     """``segments`` (``segments_df``) -> ``fn(segment_dict)`` (a pandas frame) for each segment,
     run in the executors with ``mapInPandas``."""
     import pandas as pd
 
-    def run(batches):
+    def run(batches: Iterable[Any]) -> Iterator[Any]:
         for batch in batches:
             for segment in batch.to_dict("records"):
                 out = fn(segment)
@@ -225,7 +258,7 @@ def map_segments(segments, fn, schema: str):
     return segments.mapInPandas(run, schema)
 
 
-def _frame_rows(segment: dict):
+def _frame_rows(segment: Segment) -> Any:
     import pandas as pd
 
     rows = []
@@ -249,7 +282,7 @@ def _frame_rows(segment: dict):
     return pd.DataFrame(rows)
 
 
-def read_frames(spark, recordings, **kw):
+def read_frames(spark: SparkSession, recordings: Recordings, **kw: Any) -> DataFrame:
     """Every recorded frame as a row with its pixels (``FRAME_SCHEMA``), decoded lazily in the
     executors (a run of segments per task): ``np.frombuffer(pixels, dtype).reshape(shape)``."""
     return map_segments(segments_df(spark, recordings, **kw), _frame_rows, FRAME_SCHEMA)

@@ -22,6 +22,9 @@ import re
 import shutil
 import tempfile
 from functools import lru_cache
+from typing import IO, Any, Dict, Iterator, List, Tuple, Type, Union
+
+FileSystem = Any  # a pyarrow.fs.FileSystem (pyarrow has no types)
 
 
 class StorageError(ValueError):
@@ -44,7 +47,7 @@ def is_local(location: str) -> bool:
 S3_ALIASES = ("s3a", "s3n")  # Hadoop's S3 filesystems: the same bucket and keys as s3://
 
 
-def normalize(location) -> str:
+def normalize(location: Union[str, "os.PathLike[str]"]) -> str:
     """An absolute local path, or the URI without a trailing slash (``s3a://``: ``s3://``)."""
     location = os.fspath(location)
     if scheme(location) in S3_ALIASES:
@@ -71,7 +74,7 @@ def parent(location: str) -> str:
 
 
 @lru_cache(maxsize=32)
-def _remote(root: str):
+def _remote(root: str) -> Tuple[FileSystem, str]:
     """(pyarrow FileSystem, path prefix) for the bucket/host of a URI; fsspec as the fallback."""
     import pyarrow.fs as pafs
 
@@ -97,13 +100,13 @@ def _remote(root: str):
     return pafs.PyFileSystem(pafs.FSSpecHandler(fs)), path
 
 
-def pa_errors() -> tuple:
+def pa_errors() -> Tuple[Type[Exception], ...]:
     import pyarrow as pa
 
     return (pa.ArrowException, OSError)
 
 
-def resolve(location: str):
+def resolve(location: str) -> Tuple[FileSystem, str]:
     """``(pyarrow FileSystem, path inside it)`` of a location."""
     import pyarrow.fs as pafs
 
@@ -111,12 +114,13 @@ def resolve(location: str):
     if is_local(location):
         return pafs.LocalFileSystem(), location
     m = re.match(r"^([^:]+://[^/]*)(/.*)?$", location)
+    assert m is not None  # a location that is not local has a scheme
     fs, root_path = _remote(m.group(1))
     rest = (m.group(2) or "").strip("/")
     return fs, f"{root_path.rstrip('/')}/{rest}".strip("/") if rest else root_path
 
 
-def info(location: str):
+def info(location: str) -> Any:
     fs, path = resolve(location)
     return fs.get_file_info(path)
 
@@ -139,7 +143,7 @@ def isfile(location: str) -> bool:
     return info(location).type == pafs.FileType.File
 
 
-def listdir(location: str, *, recursive: bool = False) -> list:
+def listdir(location: str, *, recursive: bool = False) -> List[Tuple[str, bool, int]]:
     """``[(relative name, is_dir, size)]`` below a folder (sorted), ``[]`` when it is none."""
     import pyarrow.fs as pafs
 
@@ -153,7 +157,7 @@ def listdir(location: str, *, recursive: bool = False) -> list:
     return sorted(out)
 
 
-def file_stats(location: str) -> dict:
+def file_stats(location: str) -> Dict[str, Tuple[int, int]]:
     """``{relative name: (size, mtime_ns)}`` of the files below a folder, from one recursive
     listing (object stores give both in their listings: no request per file)."""
     import pyarrow.fs as pafs
@@ -175,7 +179,7 @@ def relative(folder: str, location: str) -> str:
     return location[len(folder) :].lstrip("/") if location.startswith(folder + "/") else location
 
 
-def open_member(folder: str, relpath: str):
+def open_member(folder: str, relpath: str) -> IO[bytes]:
     """A binary, seekable file object of the file ``relpath`` a recording names: local, it is
     opened by visionipc.apps.record.checks.open_file (a regular file inside ``folder``, no
     symlink, FIFO or device); remote, ``relpath`` must still stay inside ``folder``."""
@@ -245,7 +249,7 @@ def upload_dir(local_dir: str, location: str) -> None:
 
 
 @contextlib.contextmanager
-def local_copy(location: str, *members: str):
+def local_copy(location: str, *members: str) -> Iterator[str]:
     """A local folder holding ``members`` (paths relative to ``location``): the folder
     itself when it is local, else a temporary copy removed afterwards (a video segment
     fetched by the executor that decodes it)."""

@@ -16,13 +16,15 @@ interpolation); times in ms unless a name says otherwise.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Dict, List, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    from pyspark.sql import DataFrame, SparkSession
+
+    from visionipc.apps.pipeline.read import Recordings
 
 KEYS = ["recording_id", "stream"]
 PERCENTILES = (50, 95, 99)
@@ -71,7 +73,8 @@ TIMELINE_COLUMNS = [
 ]
 
 
-def spark_schema(columns) -> str:
+def spark_schema(columns: Sequence[Tuple[str, str, str]]) -> str:
+    """``(name, pandas dtype, Spark SQL type)`` columns as a Spark DDL schema."""
     return ", ".join(f"{name} {sql}" for name, _, sql in columns)
 
 
@@ -300,12 +303,12 @@ def health_job(index_df: DataFrame) -> DataFrame:
     return index_df.select(*_NEEDED).groupBy(*KEYS).applyInPandas(stream_health, spark_schema(HEALTH_COLUMNS))
 
 
-def drops_job(index_df):
+def drops_job(index_df: DataFrame) -> DataFrame:
     """Spark: index DataFrame -> one row per gap in frame_id (``find_drops``)."""
     return index_df.select(*_NEEDED).groupBy(*KEYS).applyInPandas(find_drops, spark_schema(DROP_COLUMNS))
 
 
-def timeline_job(index_df):
+def timeline_job(index_df: DataFrame) -> DataFrame:
     """Spark: index DataFrame -> frames per second per recording x stream (``fps_timeline``)."""
     return (
         index_df.select("recording_id", "stream", "timestamp_eof")
@@ -351,11 +354,13 @@ def _per_stream_files(fn, arrays_fn=None):
     return run
 
 
-def streams_df(spark, recordings, *, skip_empty: bool = False, validate: bool = True):
+def streams_df(
+    spark: SparkSession, recordings: Recordings, *, skip_empty: bool = False, validate: bool = True
+) -> DataFrame:
     """One row per recording x stream with its index files, spread over a few tasks per core."""
     from visionipc.apps.pipeline.read import _recordings, index_files
 
-    by_stream = {}
+    by_stream: Dict[Tuple[str, str], List[str]] = {}  # (recording id, stream) -> its index files
     for rec, stream, _, path in index_files(_recordings(recordings), skip_empty=skip_empty, validate=validate):
         by_stream.setdefault((rec.recording_id, stream), []).append(path)
     from visionipc.apps.pipeline import tasks
@@ -372,11 +377,11 @@ def health_from_files(streams: DataFrame) -> DataFrame:
     return streams.mapInPandas(_per_stream_files(stream_health, _health_of), spark_schema(HEALTH_COLUMNS))
 
 
-def drops_from_files(streams):
+def drops_from_files(streams: DataFrame) -> DataFrame:
     """``drops_job`` without a shuffle (see ``health_from_files``)."""
     return streams.mapInPandas(_per_stream_files(find_drops, _drops_of), spark_schema(DROP_COLUMNS))
 
 
-def timeline_from_files(streams):
+def timeline_from_files(streams: DataFrame) -> DataFrame:
     """``timeline_job`` without a shuffle (see ``health_from_files``)."""
     return streams.mapInPandas(_per_stream_files(fps_timeline), spark_schema(TIMELINE_COLUMNS))

@@ -12,13 +12,22 @@ plus summaries and a sample. ``export_pass``: selected frames -> ``export/R/S/ID
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 from urllib.parse import quote
 
 import numpy as np
 import pandas as pd
 
 from visionipc.apps.pipeline import fs, health, tasks
-from visionipc.apps.pipeline.frames import iter_pictures, read_segment_index
+from visionipc.apps.pipeline.frames import Segment, iter_pictures, read_segment_index
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from visionipc.apps.pipeline.read import IndexFile
+
+Columns = Dict[str, np.ndarray]  # a stream's int64 index columns in recorded order
+Frames = Dict[str, Optional[pd.DataFrame]]  # kind -> its rows (None: no rows of that kind)
 
 TASKS_PER_SLOT = 4
 SAMPLE_ROWS = 50_000  # metric values kept for the report's distributions
@@ -55,7 +64,7 @@ HEALTH_KINDS = {
 }
 
 
-def events_of(recording_id, stream, c: dict) -> pd.DataFrame:
+def events_of(recording_id: str, stream: str, c: Columns) -> pd.DataFrame:
     """Stalls and delays of one stream, like drops: a ``stall`` is a receive interval between
     consecutive frame ids over twice the median interval (value: the interval), a ``delay``
     a frame whose latency exceeds the median latency by more than one median interval
@@ -94,7 +103,7 @@ def events_of(recording_id, stream, c: dict) -> pd.DataFrame:
     return out.astype({name: dtype for name, dtype, _ in EVENT_COLUMNS})
 
 
-def timeline_of(recording_id, stream, c: dict) -> pd.DataFrame:
+def timeline_of(recording_id: str, stream: str, c: Columns) -> pd.DataFrame:
     """Frames per whole second since the stream's first frame, and the lowest frame rate
     within that second (1 / the longest frame interval ending in it: a 3-frame drop at 30
     fps shows as 7.5 fps there, where the count only dips to 27)."""
@@ -119,7 +128,7 @@ def timeline_of(recording_id, stream, c: dict) -> pd.DataFrame:
     )
 
 
-def latency_of(recording_id, stream, c: dict) -> pd.DataFrame:
+def latency_of(recording_id: str, stream: str, c: Columns) -> pd.DataFrame:
     lat = (c["receive_time"] - c["timestamp_eof"]) / 1e6
     b = np.clip(np.searchsorted(LATENCY_EDGES_MS, lat, side="right") - 1, 0, len(LATENCY_EDGES_MS) - 1)
     bins, counts = np.unique(b, return_counts=True)
@@ -164,10 +173,10 @@ def _health_task(rows):
     yield from health_of_streams((rid, stream, _read_stream(folder, files)) for rid, stream, folder, files in rows)
 
 
-def health_of_streams(streams):
+def health_of_streams(streams: Iterable[Tuple[str, str, Columns]]) -> Iterator[Tuple[str, pd.DataFrame]]:
     """``(recording_id, stream, int64 columns)`` of some streams -> ``(kind, frame)`` of each
     of ``HEALTH_KINDS`` (the streams' rows together; a kind none has is left out)."""
-    found = {kind: [] for kind in HEALTH_KINDS}
+    found: Dict[str, List[pd.DataFrame]] = {kind: [] for kind in HEALTH_KINDS}
     for recording_id, stream, c in streams:
         if len(c["frame_id"]) == 0:
             continue
@@ -186,7 +195,7 @@ def _slices(n: int, slots: int) -> int:
     return max(1, min(n, slots * TASKS_PER_SLOT))
 
 
-def health_pass(spark, files, slots: int) -> dict:
+def health_pass(spark: SparkSession, files: Sequence[IndexFile], slots: int) -> Frames:
     """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency", "events"}`` pandas.
 
     One ``mapInArrow`` job over consecutive slices of the streams (tasks.map_rows: the
@@ -195,7 +204,7 @@ def health_pass(spark, files, slots: int) -> dict:
     session and on Spark Connect. (A ``createDataFrame`` of a Python RDD + ``mapInPandas``
     spent 2.4-2.8 s of one core on a fresh session's driver before its first task, and a
     second Python worker per task: BENCHMARKS.md, issue 18.)"""
-    by_stream = {}
+    by_stream: Dict[Tuple[str, str, str], List[str]] = {}
     for rec, stream, _, path in files:
         by_stream.setdefault((rec.recording_id, stream, rec.path), []).append(path)
     rows = [(rid, stream, folder, paths) for (rid, stream, folder), paths in sorted(by_stream.items())]
@@ -259,7 +268,9 @@ def _metrics_task(out_root: str, dates: dict, sample_every: int, thresholds: dic
     return run
 
 
-def metrics_pass(spark, segments: list, slots: int, out_root: str, dates: dict, **thresholds) -> dict:
+def metrics_pass(
+    spark: SparkSession, segments: List[Segment], slots: int, out_root: str, dates: Dict[str, Any], **thresholds: float
+) -> Frames:
     """Per-frame metrics of every segment, written by the tasks under ``out_root``
     (partitioned by recording and stream); returns ``{"summary", "sample"}`` pandas."""
     every = max(1, (len(segments) * 200) // SAMPLE_ROWS)  # ~SAMPLE_ROWS of a typical 200-frame segment
@@ -294,6 +305,7 @@ def _positions(segment: dict, rule: tuple, drops: dict, metrics_root: str | None
     if kind == "sharp":
         import pyarrow.parquet as pq
 
+        assert metrics_root is not None  # the sharp rule reads the metrics job's output
         part = fs.join(
             partition_dir(metrics_root, segment["recording_id"], segment["stream"]),
             f"part-{int(segment['segment']):06d}.parquet",
@@ -345,12 +357,22 @@ def _export_task(out_root: str, rule: tuple, drops: dict, metrics_root, image_fo
     return run
 
 
-def export_pass(spark, segments, slots, out_root, rule, *, drops=None, metrics_root=None, image_format="jpg"):
+def export_pass(
+    spark: SparkSession,
+    segments: List[Segment],
+    slots: int,
+    out_root: str,
+    rule: Tuple[str, Any],
+    *,
+    drops: Optional[pd.DataFrame] = None,
+    metrics_root: Optional[str] = None,
+    image_format: str = "jpg",
+) -> pd.DataFrame:
     """Write the frames ``rule`` selects (``("drops", W)``, ``("every", N)``, ``("sharp", S)``)
     under ``out_root``; returns the manifest (pandas)."""
     from visionipc.apps.pipeline.export import MANIFEST_COLUMNS
 
-    gaps = {}
+    gaps: Dict[Tuple[str, str], List[Tuple[int, int]]] = {}
     if drops is not None:
         for r in drops.itertuples(index=False):
             gaps.setdefault((r.recording_id, r.stream), []).append((int(r.after_frame_id), int(r.next_frame_id)))

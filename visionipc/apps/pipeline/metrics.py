@@ -13,11 +13,12 @@ Spark, optionally on a process pool.
 from __future__ import annotations
 
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
 from visionipc.apps.pipeline.frames import (
+    Segment,
     iter_segment,
     last_frame,
     map_segments,
@@ -29,6 +30,8 @@ from visionipc.apps.record.quality import COLUMNS, Luma, luma_of, measure
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+    from visionipc.apps.pipeline.read import Recordings
 
 METRIC_COLUMNS = [
     ("recording_id", "string"),
@@ -59,13 +62,13 @@ def frame_metrics(gray: np.ndarray, previous: np.ndarray | None = None) -> tuple
 
 
 def segment_metrics(
-    segment: dict,
+    segment: Segment,
     *,
     black_brightness: float = BLACK_BRIGHTNESS,
     black_contrast: float = BLACK_CONTRAST,
     frozen_motion: float = FROZEN_MOTION,
-    carry: dict | None = None,
-):
+    carry: Dict[str, Any] | None = None,
+) -> Any:
     """``METRIC_COLUMNS`` for every frame of one segment (a ``segment_table`` row). Motion
     carries across segments: the first frame is compared with the stream's previous segment's
     last frame (kept in ``carry`` when the segments come in order, decoded otherwise)."""
@@ -78,7 +81,9 @@ def segment_metrics(
     stored = read_segment_index(segment["index_file"], segment["recording_path"], quality=True)
     if stored is not None:  # measured as captured: no decoding
         carry.clear()  # a next segment without stored metrics decodes this one's last frame
-        measured = zip(stored["position"], stored["frame_id"], stored["timestamp_eof"], *(stored[c] for c in COLUMNS))
+        measured: Any = zip(
+            stored["position"], stored["frame_id"], stored["timestamp_eof"], *(stored[c] for c in COLUMNS)
+        )
     else:
         measured = _decode_and_measure(segment, carry, key)
     rows = []
@@ -92,14 +97,15 @@ def segment_metrics(
     return pd.DataFrame(rows, columns=[n for n, _ in METRIC_COLUMNS]).astype({"segment": "int32", "position": "int32"})
 
 
-def _decode_and_measure(segment: dict, carry: dict, key):
+def _decode_and_measure(segment: Segment, carry: Dict[str, Any], key: Tuple[str, str]) -> Iterator[Tuple[Any, ...]]:
     """Yield ``(position, frame_id, timestamp_eof, brightness, contrast, sharpness, motion)``
     for the frames of one decoded segment; the last frame's luma is left in ``carry``."""
-    previous = None
-    if carry.get("key") == key and carry.get("index_file") == segment.get("previous_index_file"):
+    previous: Optional[Luma] = None
+    previous_file = segment.get("previous_index_file")
+    if carry.get("key") == key and carry.get("index_file") == previous_file:
         previous = carry["luma"]
-    elif segment.get("previous_index_file"):
-        before = last_frame(segment, segment["previous_index_file"], coded=True)
+    elif previous_file:
+        before = last_frame(segment, previous_file, coded=True)
         if before is not None:
             row, image, storage = before
             previous = luma_of(image, storage.kind, row["format"], int(row["height"]))
@@ -110,30 +116,30 @@ def _decode_and_measure(segment: dict, carry: dict, key):
     carry.update(key=key, index_file=segment["index_file"], luma=previous)
 
 
-def _carrying(**thresholds):
+def _carrying(**thresholds: float) -> Callable[[Segment], Any]:
     """segment_metrics with one ``carry`` per task: consecutive segments pass their last frame on."""
-    carry = {}
+    carry: Dict[str, Any] = {}
     return lambda segment: segment_metrics(segment, carry=carry, **thresholds)
 
 
-def metrics_job(segments, **thresholds):
+def metrics_job(segments: DataFrame, **thresholds: float) -> DataFrame:
     """Spark: segments (``segments_df``) -> one metrics row per frame, decoded in the executors."""
     return map_segments(segments, _carrying(**thresholds), METRICS_SCHEMA)
 
 
-def _stream_metrics(segments, **thresholds):
+def _stream_metrics(segments: List[Segment], /, **thresholds: float) -> List[Any]:
     fn = _carrying(**thresholds)
     return [fn(s) for s in segments]
 
 
-def metrics_pandas(recordings, *, processes: int = 0, pool=None, **thresholds):
+def metrics_pandas(recordings: Recordings, *, processes: int = 0, pool: Any = None, **thresholds: float) -> Any:
     """``metrics_job`` without Spark; ``processes`` > 0 spreads segments over a spawn pool
     made for this call, ``pool`` over a ``multiprocessing`` pool of yours (kept open)."""
     import multiprocessing
 
     import pandas as pd
 
-    by_stream = {}
+    by_stream: Dict[Tuple[str, str], List[Segment]] = {}
     for s in segment_table(recordings):  # a stream's segments in order, on one worker
         by_stream.setdefault((s["recording_path"], s["stream"]), []).append(s)
     fn = partial(_stream_metrics, **thresholds)

@@ -12,6 +12,10 @@ from __future__ import annotations
 import glob
 import os
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple, TypeVar, Union
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 import pyarrow as pa
 
@@ -34,18 +38,25 @@ class Recording:
     recording_id: str
     path: str  # absolute folder, or a URI (fs.py)
 
-    def index_files(self) -> list:
+    def index_files(self) -> List[Tuple[str, int, str]]:
         """``[(stream, segment, path)]`` of the complete segments (hidden/.partial files ignored)."""
         root = fs.join(self.path, layout.INDEX)
         listing = [rel for rel, is_dir, _ in fs.listdir(root, recursive=True) if not is_dir]
         return [(stream, n, fs.join(root, rel)) for stream, n, rel in layout.complete_segments(listing)]
 
 
+StrPath = Union[str, "os.PathLike[str]"]
+T = TypeVar("T")
+R = TypeVar("R")
+IndexFile = Tuple[Recording, str, int, str]  # (recording, stream, segment, path) of an index file
+Recordings = Union[StrPath, Sequence[StrPath], Sequence[Recording]]  # paths, globs, or find_recordings'
+
+
 def _is_recording(path: str) -> bool:
     return os.path.isfile(layout.manifest_path(path)) or os.path.isdir(os.path.join(path, layout.INDEX))
 
 
-def _expand_remote(item: str) -> list:
+def _expand_remote(item: str) -> List[str]:
     if not fs.exists(item):
         raise FileNotFoundError(f"no such recording: {item!r}")
     if fs.isfile(fs.join(item, layout.MANIFEST)) or fs.isdir(fs.join(item, layout.INDEX)):
@@ -59,7 +70,7 @@ def _expand_remote(item: str) -> list:
     return [p for p in found if not any(p != q and p.startswith(q + "/") for q in found)]
 
 
-def _expand(item) -> list:
+def _expand(item: StrPath) -> List[str]:
     item = fs.normalize(item)
     if not fs.is_local(item):
         return _expand_remote(item)
@@ -82,14 +93,13 @@ def _expand(item) -> list:
     return [p for p in found if not any(p != q and p.startswith(q + os.sep) for q in found)]
 
 
-def find_recordings(inputs) -> list:
+def find_recordings(inputs: Union[StrPath, Iterable[StrPath]]) -> List[Recording]:
     """Recordings from a path, a glob or a folder of recordings (or a list of those).
 
     Ids are the folder names, or the paths below the common parent where names repeat.
     """
-    if isinstance(inputs, (str, os.PathLike)):
-        inputs = [inputs]
-    paths = sorted({fs.normalize(p) for item in inputs for p in _expand(item)})
+    items = [inputs] if isinstance(inputs, (str, os.PathLike)) else inputs
+    paths = sorted({fs.normalize(p) for item in items for p in _expand(item)})
     if not paths:
         raise FileNotFoundError("no recordings given")
     names = [fs.basename(p) for p in paths]
@@ -100,7 +110,7 @@ def find_recordings(inputs) -> list:
     return [Recording(n, p) for n, p in zip(names, paths)]
 
 
-def recording_info(recording: Recording) -> dict:
+def recording_info(recording: Recording) -> Dict[str, Any]:
     """recording.json as a dict ({} when the recorder has not written one yet), read and
     checked like every file a recording names (visionipc.apps.record.checks)."""
     from visionipc.apps.record.checks import MAX_MANIFEST_BYTES
@@ -111,20 +121,20 @@ def recording_info(recording: Recording) -> dict:
     return parse_manifest(fs.read_member(recording.path, layout.MANIFEST, MAX_MANIFEST_BYTES), where)
 
 
-def each(fn, items) -> list:
+def each(fn: Callable[[T], R], items: Iterable[T]) -> List[R]:
     """``[fn(item) for item in items]``, a few at once: the driver's listings and small reads
     of many recordings, local or on an object store (whose latency is then paid once per
     batch, not per recording); the first error in ``items``' order is raised."""
     from concurrent.futures import ThreadPoolExecutor
 
-    items = list(items)
-    if len(items) < 2:
-        return [fn(item) for item in items]
+    listed = list(items)
+    if len(listed) < 2:
+        return [fn(item) for item in listed]
     with ThreadPoolExecutor(max_workers=_READ_THREADS) as pool:
-        return list(pool.map(fn, items))
+        return list(pool.map(fn, listed))
 
 
-def recording_infos(recordings) -> list:
+def recording_infos(recordings: Iterable[Recording]) -> List[Dict[str, Any]]:
     """``recording_info`` of each recording, a few read at once (``each``)."""
     return each(recording_info, recordings)
 
@@ -140,7 +150,7 @@ _READ_THREADS = min(8, (os.cpu_count() or 2) * 2)
 NAMING_COLUMNS = ["stream", "position", "segment_file"]
 
 
-def read_index_file(path: str, folder: str = None, columns=None):
+def read_index_file(path: str, folder: Optional[str] = None, columns: Optional[Sequence[str]] = None) -> Any:
     """The index file ``path`` (``folder/index/<stream>/NNNNNN.parquet``) as a pyarrow table
     (``columns``, all by default), checked as it is read: a regular file inside the recording
     ``folder`` (checks.open_file), a Parquet file with the index columns and types, whose
@@ -164,15 +174,15 @@ def read_index_file(path: str, folder: str = None, columns=None):
     return table if columns is None else table.select(list(columns))
 
 
-def check_index_file(path: str, folder: str = None) -> None:
+def check_index_file(path: str, folder: Optional[str] = None) -> None:
     """Raise RecordingError unless ``path`` is an index file ``read_index_file`` accepts."""
     read_index_file(path, folder, columns=NAMING_COLUMNS)
 
 
-_ACCEPTED_SCHEMAS = set()  # a task reads many files written alike: each schema is checked once
+_ACCEPTED_SCHEMAS: Set[Any] = set()  # a task reads many files written alike: each schema is checked once
 
 
-def _check_index_schema(schema, path: str) -> None:
+def _check_index_schema(schema: Any, path: str) -> None:
     if schema in _ACCEPTED_SCHEMAS:
         return
     for field in INDEX_ARROW_SCHEMA:
@@ -190,7 +200,7 @@ def _check_index_schema(schema, path: str) -> None:
         _ACCEPTED_SCHEMAS.add(schema)
 
 
-def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
+def _check_index_rows(table: Any, path: str, stream: str, folder: str) -> None:
     """The columns that name things: one stream (the folder's), positions 0..rows-1, and
     segment files that can only be inside the recording (opened later by checks.open_file)."""
     import pyarrow.compute as pc
@@ -209,13 +219,16 @@ def _check_index_rows(table, path: str, stream: str, folder: str) -> None:
         check_relpath(segment_file, folder)
 
 
-def index_files(recordings, *, skip_empty: bool = False, validate: bool = True, contents: bool = True) -> list:
+def index_files(
+    recordings: Sequence[Recording], *, skip_empty: bool = False, validate: bool = True, contents: bool = True
+) -> List[IndexFile]:
     """``[(recording, stream, segment, path)]`` of every complete segment; an empty recording
     raises RecordingError unless ``skip_empty``. ``validate``: recording.json and the stream
     names checked, and with ``contents`` every file's (``check_index_file``, a few at once);
     ``contents=False`` leaves those to the tasks that read the files (``read_index_file``:
     vipc-analyze's jobs), so the driver does no per-file I/O beyond the listing."""
-    out, empty = [], []
+    out: List[IndexFile] = []
+    empty: List[str] = []
     for rec, files in zip(recordings, each(Recording.index_files, recordings)):
         if not files:
             empty.append(rec.path)
@@ -234,19 +247,21 @@ def index_files(recordings, *, skip_empty: bool = False, validate: bool = True, 
     return out
 
 
-def _check_all(files) -> None:
+def _check_all(files: Sequence[IndexFile]) -> None:
     """``check_index_file`` of every file, a few at once (``each``; pyarrow reads without the
     GIL); the first bad file in ``files``' order is the one reported, as a serial check would."""
     each(lambda item: check_index_file(item[3], item[0].path), files)
 
 
-def _recordings(recordings) -> list:
+def _recordings(recordings: Recordings) -> List[Recording]:
     if isinstance(recordings, (str, os.PathLike)) or (recordings and not isinstance(recordings[0], Recording)):
-        return find_recordings(recordings)
-    return list(recordings)
+        return find_recordings(recordings)  # type: ignore[arg-type]  # paths and globs
+    return list(recordings)  # type: ignore[arg-type]  # Recordings
 
 
-def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = True):
+def read_index(
+    spark: SparkSession, recordings: Recordings, *, skip_empty: bool = False, validate: bool = True
+) -> DataFrame:
     """The frame index of many recordings as one Spark DataFrame (index columns +
     ``recording_id``, ``recording_path``). ``recordings``: paths/globs or ``Recording``s."""
     recs = _recordings(recordings)
@@ -264,7 +279,9 @@ def read_index(spark, recordings, *, skip_empty: bool = False, validate: bool = 
     return df.join(owners.hint("broadcast"), "_file").drop("_file")
 
 
-def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = True, columns=None):
+def read_index_pandas(
+    recordings: Recordings, *, skip_empty: bool = False, validate: bool = True, columns: Optional[Sequence[str]] = None
+) -> Any:
     """``read_index`` without Spark: one pandas frame (pyarrow reads the files, a few at
     once). ``columns``: only these index columns (all by default); ``recording_id`` and
     ``recording_path`` are always added."""
@@ -274,11 +291,12 @@ def read_index_pandas(recordings, *, skip_empty: bool = False, validate: bool = 
     files = index_files(recs, skip_empty=skip_empty, validate=validate)
     names = None if columns is None else [c for c in columns if c not in ("recording_id", "recording_path")]
 
-    by_recording = {}  # one pyarrow dataset per recording: its files read by pyarrow's own threads
+    # one pyarrow dataset per recording: its files read by pyarrow's own threads
+    by_recording: Dict[str, Tuple[Recording, List[str]]] = {}
     for rec, _, _, path in files:
         by_recording.setdefault(rec.path, (rec, []))[1].append(path)
 
-    def read(rec_paths):
+    def read(rec_paths: Tuple[Recording, List[str]]) -> Any:
         rec, paths = rec_paths
         filesystem, _ = fs.resolve(paths[0])
         inner = [fs.resolve(p)[1] for p in paths]

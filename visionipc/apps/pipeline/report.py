@@ -7,20 +7,27 @@ Everything here works on small pandas frames the jobs have already reduced
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+Frame = Any  # a pandas DataFrame (pandas has no types)
+Part = Dict[str, Any]  # one block of the page (``kind`` names it; report.html.j2 draws it)
 
 MAX_LINES = 12  # streams drawn in the per-stream plots; the tables list all of them
 
 
-def latency_histogram(index_df, max_ms: float, bins: int = 60):
+def latency_histogram(index_df: DataFrame, max_ms: float, bins: int = 60) -> Frame:
     """Spark: counts of ``receive_time - timestamp_eof`` per stream name in ``bins`` equal bins
     over [0, max_ms) plus one overflow bin (``bin == bins``); returns pandas. (SQL text, no
     ``pyspark.sql.functions``: the same on a classic and a Spark Connect session.)"""
     width = max_ms / bins
     lat_ms = "(receive_time - timestamp_eof) / 1e6"
     b = f"CAST(LEAST(GREATEST(FLOOR({lat_ms} / {width!r}), 0), {int(bins)}) AS INT) AS bin"
-    out = index_df.selectExpr("stream", b).groupBy("stream", "bin").count().toPandas()
+    out: Frame = index_df.selectExpr("stream", b).groupBy("stream", "bin").count().toPandas()
     out["lo_ms"] = out["bin"] * width
     return out.sort_values(["stream", "bin"], ignore_index=True)
 
@@ -49,7 +56,7 @@ def _plot_timeline(plt, timeline, health, drops, path):
     plt.close(fig)
 
 
-def latency_figure(plt, hist):
+def latency_figure(plt: Any, hist: Frame) -> Any:
     """The report's latency histogram (a matplotlib figure): counts per bin from 0 ms up,
     log-scaled counts; per recording x stream, bins log-spaced, so the axis is symlog (linear
     to 0.1 ms) starting at 0 ms, never below (a latency is not negative)."""
@@ -120,7 +127,7 @@ def _plot_metrics(plt, sample, path):
 MAX_THUMBNAILS = 48
 
 
-def fleet_summary(health):
+def fleet_summary(health: Frame) -> Frame:
     """One row per stream, worst first: the share of frames dropped, then the longest stall,
     then the p99 latency; ``status`` BAD (>1 % dropped or a stall over 1 s), WARN (any drop or
     a stall over 3 frame intervals), OK."""
@@ -183,19 +190,19 @@ def _table(df, max_rows: int = 200) -> dict:
     return {"columns": [str(c) for c in df.columns], "rows": rows, "more": max(0, len(df) - max_rows)}
 
 
-def heading_part(level: int, text: str) -> dict:
+def heading_part(level: int, text: str) -> Part:
     return {"kind": "heading", "level": level, "text": text}
 
 
-def table_part(df, max_rows: int = 200) -> dict:
+def table_part(df: Frame, max_rows: int = 200) -> Part:
     return {"kind": "table", "table": _table(df, max_rows)}
 
 
-def details_part(summary: str, df, max_rows: int = 200) -> dict:
+def details_part(summary: str, df: Frame, max_rows: int = 200) -> Part:
     return {"kind": "details", "summary": summary, "table": _table(df, max_rows)}
 
 
-def render(title: str, header, parts: list, refresh: int | None = None) -> str:
+def render(title: str, header: Optional[Mapping[str, Any]], parts: List[Part], refresh: int | None = None) -> str:
     """The page of ``parts`` (the ``*_part`` dicts); ``refresh``: reload every N seconds."""
     import jinja2
 
@@ -229,18 +236,18 @@ HEALTH_SHOWN = [
 
 
 def write_report(
-    out_dir,
+    out_dir: str,
     *,
-    health=None,
-    drops=None,
-    timeline=None,
-    latency_hist=None,
-    metrics_summary=None,
-    metrics_sample=None,
-    manifest=None,
-    events=None,
-    header=None,
-    title="vipc-analyze report",
+    health: Optional[Frame] = None,
+    drops: Optional[Frame] = None,
+    timeline: Optional[Frame] = None,
+    latency_hist: Optional[Frame] = None,
+    metrics_summary: Optional[Frame] = None,
+    metrics_sample: Optional[Frame] = None,
+    manifest: Optional[Frame] = None,
+    events: Optional[Frame] = None,
+    header: Optional[Mapping[str, Any]] = None,
+    title: str = "vipc-analyze report",
 ) -> str:
     """Write ``out_dir/report.html`` (+ ``out_dir/plots/*.png``) and return its path.
 

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import sys
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from visionipc.apps.pipeline import fs
 
@@ -48,17 +49,17 @@ def check_out(out: str) -> str:
     return out
 
 
-def completed_runs(out: str) -> list:
+def completed_runs(out: str) -> List[str]:
     """Names of the published runs in ``out``, oldest first."""
     names = [n for n, is_dir, _ in fs.listdir(out) if is_dir and n.startswith("run-")]
     return [n for n in sorted(names) if fs.isfile(fs.join(out, n, SUCCESS))]
 
 
-def analysed_recordings(out: str) -> set:
+def analysed_recordings(out: str) -> Set[Tuple[str, str]]:
     """``(recording id, fingerprint)`` of every recording a published run in ``out``
     analysed (tables.fingerprint: by content, not by location; runs made before the
     fingerprint was kept name none, so their recordings are analysed again)."""
-    done = set()
+    done: Set[Tuple[str, str]] = set()
     for name in completed_runs(out):
         try:
             manifest = json.loads(fs.read_bytes(fs.join(out, name, MANIFEST)))
@@ -71,14 +72,14 @@ def analysed_recordings(out: str) -> set:
 class Run:
     """One run's folder: ``stage`` is where it is written, ``final`` where it is published."""
 
-    def __init__(self, out: str, command=None):
+    def __init__(self, out: str, command: Optional[Sequence[str]] = None) -> None:
         self.out = out
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
         self.name = f"run-{stamp}-{secrets.token_hex(3)}"
         self.final = fs.join(out, self.name)
         self.stage = fs.join(out, f".{self.name}.tmp") if fs.is_local(out) else self.final
         self.made: list[str] = []  # the folders begin() made for out, the deepest first
-        self.manifest = {
+        self.manifest: Dict[str, Any] = {
             "run": self.name,
             "version": _version(),
             "command": list(command if command is not None else sys.argv),
@@ -94,7 +95,7 @@ class Run:
         fs.makedirs(self.stage)
         return self
 
-    def publish(self, **manifest) -> str:
+    def publish(self, **manifest: Any) -> str:
         """Write run.json and _SUCCESS, move the run into place, point LATEST at it."""
         self.manifest.update(manifest, finished=_now())
         fs.write_bytes(self.path(MANIFEST), json.dumps(self.manifest, indent=2, default=str).encode())

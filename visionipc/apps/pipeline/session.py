@@ -17,6 +17,13 @@ from __future__ import annotations
 import os
 import re
 import sys
+from typing import TYPE_CHECKING, Any, Dict, Union, cast
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql import SparkSession as ClassicSession  # its name where connect's shadows it
+
+Setting = Union[bool, float, int, str, None]  # a Spark configuration value
 
 # glibc malloc settings for the Python workers. Decoding allocates several
 # MB per frame (the image, its gray plane, a 16-bit Laplacian); in a worker
@@ -46,7 +53,7 @@ def master_cores(master: str) -> int:
 
 
 # runtime settings of every session, classic or Spark Connect
-SQL_SETTINGS = {
+SQL_SETTINGS: Dict[str, Setting] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.session.timeZone": "UTC",
     "spark.sql.adaptive.enabled": "true",
@@ -62,7 +69,7 @@ def _pyspark():
         ) from e
 
 
-def connect_session(remote: str, app_name: str = "vipc-analyze", *, conf: dict | None = None):
+def connect_session(remote: str, app_name: str = "vipc-analyze", *, conf: Dict[str, Any] | None = None) -> SparkSession:
     """A new Spark Connect session on the server at ``remote`` (``sc://host:port``), with the
     runtime settings of ``spark_session`` and ``conf`` (settings the server fixed at its start,
     such as ``spark.executor.memory``, are the server's and are left as they are)."""
@@ -71,9 +78,15 @@ def connect_session(remote: str, app_name: str = "vipc-analyze", *, conf: dict |
         from pyspark.sql.connect.session import SparkSession
     except ImportError as e:  # grpcio & co: pyspark[connect], in visionipc[spark]
         raise ImportError(f"Spark Connect needs PySpark's client packages: pip install 'visionipc[spark]' ({e})") from e
-    settings = {**SQL_SETTINGS, "spark.app.name": app_name, **{k: str(v) for k, v in (conf or {}).items()}}
+    settings: Dict[str, Setting] = {
+        **SQL_SETTINGS,
+        "spark.app.name": app_name,
+        **{k: str(v) for k, v in (conf or {}).items()},
+    }
     # create(): a session of its own, never a notebook's (its temporary views, its data sources)
-    spark = SparkSession.builder.remote(remote).config(map=settings).create()
+    connected = SparkSession.builder.remote(remote).config(map=settings).create()
+    # typed as the classic session: Spark Connect's has its API (what the jobs use of it)
+    spark = cast("ClassicSession", connected)
     from visionipc.apps.pipeline import datasource
 
     datasource.register(spark)  # spark.read.format("vipc")
@@ -89,8 +102,8 @@ def spark_session(
     progress: bool = False,
     shuffle_partitions: int | None = None,
     java_options: str = FAST_START_JAVA_OPTIONS,
-    conf: dict | None = None,
-):
+    conf: Dict[str, Any] | None = None,
+) -> SparkSession:
     """Start (or get) a SparkSession; with ``remote`` (``sc://host:port``) a new Spark Connect
     session on that server (``connect_session``; the other arguments but ``conf`` are the
     server's business).
@@ -114,7 +127,9 @@ def spark_session(
         os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder if master is None else SparkSession.builder.master(master)
-    if local:  # a cluster's parallelism is its executors' cores (Spark's default), not the driver's
+    if (
+        local and master is not None
+    ):  # a cluster's parallelism is its executors' cores (Spark's default), not the driver's
         cores = master_cores(master)
         builder = builder.config("spark.sql.shuffle.partitions", str(shuffle_partitions or cores)).config(
             "spark.default.parallelism", str(cores)

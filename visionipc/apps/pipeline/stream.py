@@ -18,7 +18,9 @@ Every new index file is checked on the driver before it is read (read.check_inde
 
 from __future__ import annotations
 
-from pyspark.sql.datasource import DataSourceStreamReader
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
+
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 
 from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.datasource import PARTITION_BYTES, FilesPartition, VipcReader, wall_clock_offset
@@ -26,11 +28,13 @@ from visionipc.apps.pipeline.read import Recording, find_recordings
 from visionipc.apps.record.checks import RecordingError
 
 FILES_PER_PARTITION = 64
+Offset = Dict[str, Any]  # {"recordings": {path: {stream: ranges}}}
 
 
-def ranges(numbers) -> str:
+def ranges(numbers: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    out, run = [], []
+    out: List[str] = []
+    run: List[int] = []
     for n in sorted(numbers):
         if run and n == run[-1] + 1:
             run.append(n)
@@ -43,18 +47,18 @@ def ranges(numbers) -> str:
     return ",".join(out)
 
 
-def unranges(text: str) -> set:
-    out = set()
+def unranges(text: str) -> Set[int]:
+    out: Set[int] = set()
     for part in filter(None, text.split(",")):
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
 
 
-def discover(paths) -> list:
+def discover(paths: Iterable[str]) -> List[str]:
     """The recordings under ``paths`` now; a folder with none yet is not an error (a fleet
     folder before its first recording), a missing path is (FileNotFoundError)."""
-    found = []
+    found: List[str] = []
     for item in paths:
         try:
             found += [r.path for r in find_recordings([item])]
@@ -64,11 +68,11 @@ def discover(paths) -> list:
     return sorted(set(found))
 
 
-def snapshot(paths) -> dict:
+def snapshot(paths: Iterable[str]) -> Offset:
     """The offset of what is complete now: ``{"recordings": {path: {stream: ranges}}}``."""
-    recordings = {}
+    recordings: Dict[str, Dict[str, str]] = {}
     for path in discover(paths):
-        streams = {}
+        streams: Dict[str, List[int]] = {}
         for stream, segment, _ in Recording("", path).index_files():
             streams.setdefault(stream, []).append(segment)
         if streams:
@@ -76,10 +80,10 @@ def snapshot(paths) -> dict:
     return {"recordings": recordings}
 
 
-def new_files(start: dict, end: dict) -> list:
+def new_files(start: Optional[Offset], end: Offset) -> List[Tuple[str, str, int]]:
     """``[(recording_path, stream, segment)]`` complete at ``end`` and not at ``start``."""
     before = (start or {}).get("recordings", {})
-    out = []
+    out: List[Tuple[str, str, int]] = []
     for path, streams in sorted(end.get("recordings", {}).items()):
         for stream, text in sorted(streams.items()):
             seen = unranges(before.get(path, {}).get(stream, ""))
@@ -94,20 +98,20 @@ def index_path(recording_path: str, stream: str, segment: int) -> str:
 class VipcStreamReader(DataSourceStreamReader):
     """The stream reader of ``VipcDataSource`` (datasource.py); reads with its batch reader."""
 
-    def __init__(self, paths: list, skip_empty: bool, columns: list):
+    def __init__(self, paths: List[str], skip_empty: bool, columns: List[str]) -> None:
         for p in paths:
             if not fs.exists(fs.normalize(p)):
                 raise FileNotFoundError(f"no such recording or folder: {p!r}")
         self.paths, self.columns = paths, columns
         self._batch = VipcReader(paths, skip_empty, PARTITION_BYTES, columns)
 
-    def initialOffset(self):  # noqa: N802 - PySpark's names
+    def initialOffset(self) -> Offset:  # noqa: N802 - PySpark's names
         return {"recordings": {}}
 
-    def latestOffset(self, start=None, limit=None):  # noqa: N802 - (start, limit): PySpark 4.2+
+    def latestOffset(self, start: Optional[Offset] = None, limit: Any = None) -> Offset:  # noqa: N802 - (start, limit): PySpark 4.2+
         return snapshot(self.paths)
 
-    def partitions(self, start, end):
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         from visionipc.apps.pipeline.read import check_index_file
 
         new = new_files(start, end)
@@ -118,7 +122,7 @@ class VipcStreamReader(DataSourceStreamReader):
         files = [(names[p], p, index_path(p, stream, seg)) for p, stream, seg in new]
         for _, path, f in files:
             check_index_file(f, path)
-        clocks = {}
+        clocks: Dict[str, int] = {}
         if "event_time" in self.columns:
             clocks = {p: wall_clock_offset(Recording(names[p], p)) for p in {p for _, p, _ in files}}
         return [
@@ -126,8 +130,8 @@ class VipcStreamReader(DataSourceStreamReader):
             for i in range(0, len(files), FILES_PER_PARTITION)
         ]
 
-    def read(self, partition):
+    def read(self, partition: InputPartition) -> Iterator[Any]:
         return self._batch.read(partition)
 
-    def commit(self, end):
+    def commit(self, end: Offset) -> None:
         """Nothing to release: recordings are only read."""

@@ -16,10 +16,18 @@ from __future__ import annotations
 
 import json
 import os
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
 from visionipc.formats import format_info
+
+if TYPE_CHECKING:
+    from visionipc.apps.record.codecs import AvStorage
+    from visionipc.apps.record.storage import Storage
+
+StrPath = Union[str, "os.PathLike[str]"]
+Spec = Dict[str, Any]  # one stream of a synthetic recording (write_recording's keys)
 
 FPS_NS = 1_000_000_000
 
@@ -50,7 +58,7 @@ def _planes(gray: np.ndarray, fmt: str) -> np.ndarray:
     return gray
 
 
-def _storage(cv2, spec: dict, fmt: str, width: int, height: int):
+def _storage(cv2: Any, spec: Spec, fmt: str, width: int, height: int) -> Union[Storage, AvStorage]:
     """vipc-record's storage for ``spec``'s ``lossless`` / ``codec``."""
     from visionipc.apps.record import codecs
     from visionipc.apps.record.storage import Storage
@@ -62,7 +70,12 @@ def _storage(cv2, spec: dict, fmt: str, width: int, height: int):
 
 
 def write_recording(
-    path, streams: dict, *, name: str = "synthetic", status: str = "complete", wall_time: str | None = None
+    path: StrPath,
+    streams: Dict[str, Spec],
+    *,
+    name: str = "synthetic",
+    status: str = "complete",
+    wall_time: str | None = None,
 ) -> str:
     """Write a recording with vipc-record's own writer and return its path.
 
@@ -88,7 +101,7 @@ def write_recording(
     start_clock = index.clock_now()
     if wall_time is not None:
         start_clock["wall_time"] = wall_time
-    meta = {
+    meta: Dict[str, Any] = {
         "format_version": index.FORMAT_VERSION,
         "name": name,
         "streams": {},
@@ -106,7 +119,8 @@ def write_recording(
         start = spec.get("start_ns", 1_000_000_000_000)
         storage = _storage(cv2, spec, fmt, w, h)
         writer = StreamWriter(cv2, str(path), stream, storage, 0, spec.get("frame_metrics"))
-        previous, backlog, kept = None, 0, 0  # a delayed frame delays those after it, as a real publisher would
+        previous: Optional[np.ndarray] = None
+        backlog, kept = 0, 0  # a delayed frame delays those after it, as a real publisher would
         for fid in range(spec["frames"]):
             backlog = max(0, backlog - period)
             if fid in drop:
@@ -151,7 +165,7 @@ def write_recording(
 
 
 def write_index(
-    path,
+    path: StrPath,
     *,
     recordings: int,
     streams: int,
@@ -160,7 +174,7 @@ def write_index(
     drop_every: int = 997,
     segment_frames: int = 1200,
     seed: int = 0,
-) -> list:
+) -> List[str]:
     """Index-only recordings (no video) for benchmarks of the index jobs: ``recordings`` folders
     with ``streams`` streams of ``frames`` frames each; every ``drop_every``-th frame id is missing.
     Returns the recording paths."""
@@ -209,7 +223,9 @@ def write_index(
     return out
 
 
-def write_fleet(path, recordings: int, *, frames: int = 150, width: int = 160, height: int = 120, seed: int = 0):
+def write_fleet(
+    path: StrPath, recordings: int, *, frames: int = 150, width: int = 160, height: int = 120, seed: int = 0
+) -> List[str]:
     """``recordings`` recordings under ``path`` as ``carNN/2026-11-DD`` (N/3 cars, one
     recording a day each over up to 3 days), each with streams ``road`` (NV12, lossless) and ``cabin`` (gray,
     lossy mp4v, measured as recorded) of ``frames`` frames at 30 fps; drawn from ``seed``:
@@ -222,14 +238,14 @@ def write_fleet(path, recordings: int, *, frames: int = 150, width: int = 160, h
     out = []
     for i in range(recordings):
         car, day = i % cars, 1 + i // cars
-        spec = dict(frames=frames, width=width, height=height, segment_frames=60)
+        spec: Spec = dict(frames=frames, width=width, height=height, segment_frames=60)
         kind = rng.integers(0, 4)  # 0: clean, 1: drops, 2: a delay, 3: drops and a delay
-        road = dict(spec, latency_ms=float(rng.uniform(1, 8)))
+        road: Spec = dict(spec, latency_ms=float(rng.uniform(1, 8)))
         if kind in (1, 3):
             road["drop"] = sorted(int(f) for f in rng.choice(np.arange(5, frames - 5), size=3, replace=False))
         if kind in (2, 3):
             road["delay_ms"] = {int(rng.integers(5, frames - 5)): float(rng.uniform(40, 200))}
-        cabin = dict(spec, format="gray8", lossless=False, latency_ms=0.05)  # a consumer on the same machine
+        cabin: Spec = dict(spec, format="gray8", lossless=False, latency_ms=0.05)  # a consumer on the same machine
         if rng.random() < 0.3:
             cabin["black"] = list(range(20, 26))
         if rng.random() < 0.3:
@@ -246,7 +262,7 @@ def write_fleet(path, recordings: int, *, frames: int = 150, width: int = 160, h
     return out
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     import argparse
 
     p = argparse.ArgumentParser(

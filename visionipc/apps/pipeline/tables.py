@@ -18,10 +18,16 @@ import json
 import os
 import re
 import uuid
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional
 
 from visionipc.apps.pipeline import fs
 from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from visionipc.apps.pipeline.read import Recording
 
 ROOT = "tables"
 HEALTH_TABLES = ("health", "drops", "fps_timeline", "latency_histogram", "events")
@@ -42,7 +48,7 @@ NAMESPACE = uuid.UUID("6f0a3c52-3d1e-4c5b-9e0e-7a1d2b9c4e10")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 
 
-def stable_id(recording, info: dict) -> str:
+def stable_id(recording: Recording, info: Dict[str, Any]) -> str:
     """The recording's id: recording.json's ``recording_id`` (vipc-record writes a UUID when
     recording starts), else a UUID derived from what recording.json fixes at the start
     (name, start, streams' names, sizes and formats), else from its first index file's bytes.
@@ -71,7 +77,7 @@ def stable_id(recording, info: dict) -> str:
     return str(uuid.uuid5(NAMESPACE, basis))
 
 
-def fingerprint(recording, rid: str) -> str:
+def fingerprint(recording: Recording, rid: str) -> str:
     """What decides whether ``--incremental`` analyses a recording again: its id and the
     name, size and modification time of each complete segment's index file (written when
     the segment completes), wherever the recording lies."""
@@ -92,7 +98,7 @@ def _spark_path(where: str) -> str:
     return "s3a://" + where[len("s3://") :] if where.startswith("s3://") else where
 
 
-def unreachable(error) -> str:
+def unreachable(error: BaseException) -> str:
     """Why Spark's own writer cannot reach a location (a storage whose Hadoop connector,
     such as hadoop-aws for s3a://, the cluster lacks), '' for any other error."""
     found = re.search(r"No FileSystem for scheme \"?\w+\"?|Class org\.apache\.hadoop\.fs\.\S+ not found", str(error))
@@ -138,7 +144,9 @@ def _drop_stale(where: str, keys: dict, written: set) -> None:
                 fs.delete_dir(part)
 
 
-def write_small(spark, out: str, name: str, frame, ids: dict, dates: dict) -> None:
+def write_small(
+    spark: SparkSession, out: str, name: str, frame: Any, ids: Dict[str, str], dates: Dict[str, Optional[str]]
+) -> None:
     """A driver-side pandas table of the run (``recording_id`` = the run's names) into its table."""
     import pyarrow as pa
 
@@ -154,7 +162,9 @@ def write_small(spark, out: str, name: str, frame, ids: dict, dates: dict) -> No
     _drop_stale(where, {ids[r]: dates.get(r) for r in ids}, set(frame["recording_id"]))
 
 
-def write_metrics(spark, out: str, run_metrics: str, ids: dict, dates: dict) -> None:
+def write_metrics(
+    spark: SparkSession, out: str, run_metrics: str, ids: Dict[str, str], dates: Dict[str, Optional[str]]
+) -> None:
     """The run's per-frame metrics (``run_metrics``: one file per segment, partitioned by
     the run's names and streams) into the metrics table, one file per recording."""
     import pyarrow as pa
@@ -173,7 +183,7 @@ def write_metrics(spark, out: str, run_metrics: str, ids: dict, dates: dict) -> 
     _drop_stale(where, {ids[r]: dates.get(r) for r in ids}, written)
 
 
-def compact_run_metrics(spark, run_metrics: str) -> None:
+def compact_run_metrics(spark: SparkSession, run_metrics: str) -> None:
     """The run folder's per-frame metrics (the tasks write one file per segment) rewritten as
     one file per recording and stream, in the same ``recording_id=/stream=`` folders; local
     run folders only (the swap is a rename), others keep their per-segment files."""
@@ -204,19 +214,19 @@ def _partitions(where: str, key: str) -> list:
     ]
 
 
-def read_whole(spark, out: str, name: str):
+def read_whole(spark: SparkSession, out: str, name: str) -> Any:
     """Every row of a table (pandas), or None where it has none yet."""
     where = location(out, name)
     if not fs.isdir(where) or not _partitions(where, "date"):
         return None
     with _strings(spark):
-        frame = spark.read.parquet(_spark_path(where)).toPandas()
+        frame: Any = spark.read.parquet(_spark_path(where)).toPandas()  # (pandas has no types)
     first = ["recording_id", "recording", "stream"]
     frame = frame[first + [c for c in frame.columns if c not in first]]
     return frame.sort_values(["recording_id", *ORDER[name]], ignore_index=True)
 
 
-def register(spark, prefix: str, out: str, names) -> list:
+def register(spark: SparkSession, prefix: str, out: str, names: Iterable[str]) -> List[str]:
     """Register (or refresh) each table as ``<prefix>_<name>`` in the session's catalog, an
     external Parquet table at its location; its partitions recovered from the folders."""
     made = []

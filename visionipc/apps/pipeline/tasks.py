@@ -13,11 +13,18 @@ as a DataFrame of the rows themselves, for jobs of your own.
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+Frame = Any  # a pandas DataFrame (pandas has no types)
+Fn = Callable[[Iterator[Any]], Iterable[Tuple[str, Frame]]]  # one task's rows -> (kind, frame) pairs
 
 PAYLOAD_SCHEMA = "kind string, payload binary"
 
 
-def parallelism(spark) -> int:
+def parallelism(spark: SparkSession) -> int:
     """The session's default parallelism (its executors' cores): ``spark.default.parallelism``
     when set, else the number of partitions Spark gives ``spark.range`` (a tiny JVM-only job)."""
     configured = spark.conf.get("spark.default.parallelism", None)
@@ -27,11 +34,11 @@ def parallelism(spark) -> int:
     return max(1, int(got.column("n")[0].as_py()))
 
 
-def _ids(n: int, partitions: int, spark):
+def _ids(n: int, partitions: int, spark: SparkSession) -> DataFrame:
     return spark.range(0, n, 1, max(1, min(n, int(partitions))))
 
 
-def ipc(df) -> bytes:
+def ipc(df: Frame) -> bytes:
     """A pandas frame as Arrow IPC stream bytes."""
     import pyarrow as pa
 
@@ -42,13 +49,13 @@ def ipc(df) -> bytes:
     return sink.getvalue()
 
 
-def map_rows(spark, rows: list, partitions: int, fn):
+def map_rows(spark: SparkSession, rows: Sequence[Any], partitions: int, fn: Fn) -> DataFrame:
     """A DataFrame (``PAYLOAD_SCHEMA``) of what ``fn`` yields, as ``(kind, pandas frame)``
     pairs, for each of ``partitions`` consecutive runs of ``rows`` (``fn`` gets one run,
     an iterable of rows, per task)."""
     rows = list(rows)
 
-    def run(batches):
+    def run(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
         mine = (rows[i] for batch in batches for i in batch.column(0).to_pylist())
@@ -61,23 +68,23 @@ def map_rows(spark, rows: list, partitions: int, fn):
     return _ids(len(rows), partitions, spark).mapInArrow(run, PAYLOAD_SCHEMA)
 
 
-def gather(pairs, kinds) -> dict:
+def gather(pairs: Iterable[Tuple[str, bytes]], kinds: Iterable[str]) -> Dict[str, Optional[Frame]]:
     """(kind, Arrow IPC bytes) pairs -> each kind's tables concatenated (pandas; None if none)."""
     import pyarrow as pa
 
-    parts = {k: [] for k in kinds}
+    parts: Dict[str, List[Any]] = {k: [] for k in kinds}  # kind -> its Arrow tables
     for kind, payload in pairs:
         parts[kind].append(pa.ipc.open_stream(payload).read_all())
     return {k: pa.concat_tables(v, promote_options="default").to_pandas() if v else None for k, v in parts.items()}
 
 
-def collect(df, kinds) -> dict:
+def collect(df: DataFrame, kinds: Iterable[str]) -> Dict[str, Optional[Frame]]:
     """Run a ``map_rows`` DataFrame; each kind's frames concatenated (pandas; None if none)."""
     table = df.toArrow()
     return gather(zip(table.column("kind").to_pylist(), table.column("payload").to_pylist()), kinds)
 
 
-def rows_df(spark, rows: list, schema: str, partitions: int):
+def rows_df(spark: SparkSession, rows: Sequence[Tuple[Any, ...]], schema: str, partitions: int) -> DataFrame:
     """``rows`` (tuples in ``schema``'s order) as a DataFrame of ``partitions`` partitions (at
     most one per row), consecutive rows together and in order: the row numbers of
     ``spark.range`` joined with the rows, broadcast (JVM-side, no Python worker)."""
