@@ -1,5 +1,6 @@
-"""The typed public API: every public function of the libraries declares its types
-(tools/typing_coverage.py --missing); the stubs of the compiled modules agree with the
+"""The typed public API: every public function of the libraries and of their command-line
+tools declares its types (tools/typing_coverage.py --missing, --missing-apps); msgq and
+visionipc pass mypy (pyproject.toml's [tool.mypy]); the stubs of the compiled modules agree with the
 modules (mypy's stubtest, with tests/system/stubtest_allowlist.txt for what it cannot
 judge, and the pybind11 signatures stubtest cannot see: tests/stub_signatures.py);
 the Python blocks of README.md and docs/ (tests/readme_blocks.py) and
@@ -18,6 +19,8 @@ from stub_signatures import mismatches
 
 COMPILED = ["msgq._msgq", "msgq._queues", "visionipc._visionipc"]  # each with its .pyi beside it
 CACHE = ROOT / "build" / "mypy-cache"  # kept between runs: a warm check takes seconds
+# the packages' own check has other options than the strict one: a cache of its own, not rewritten by each
+PACKAGES_CACHE = ROOT / "build" / "mypy-cache-packages"
 ALLOWLIST = ROOT / "tests" / "system" / "stubtest_allowlist.txt"
 
 
@@ -27,11 +30,18 @@ def _mypy(module, *args, timeout=300):
     )
 
 
-def test_library_functions_declare_their_types():
+@pytest.mark.parametrize("scope", ["--missing", "--missing-apps"])  # the libraries; and msgq/apps, visionipc/apps
+def test_public_functions_declare_their_types(scope):
     proc = subprocess.run(
-        [sys.executable, str(TOOLS / "typing_coverage.py"), "--missing"], capture_output=True, text=True, timeout=120
+        [sys.executable, str(TOOLS / "typing_coverage.py"), scope], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0, "public functions without annotations:\n" + proc.stdout + proc.stderr
+
+
+def test_packages_pass_mypy():
+    # msgq and visionipc whole (the apps and benchmarks too), as pyproject.toml's [tool.mypy] sets it up
+    proc = _mypy("mypy", "--cache-dir", str(PACKAGES_CACHE), "-p", "msgq", "-p", "visionipc")
+    assert proc.returncode == 0 and "Success: no issues found" in proc.stdout, proc.stdout + proc.stderr
 
 
 def test_stubs_match_the_compiled_modules():
