@@ -22,10 +22,14 @@ Every frame is NV12; the first 8 bytes of its pixels carry the frame id.
 import importlib
 import os
 import struct
-from typing import Tuple, Union
+import types
+from typing import TYPE_CHECKING, Iterable, Optional, Tuple, Union
 
 from visionipc.bench import reference
 from visionipc.bench.workers import State as State  # the Producer's and Consumer's state
+
+if TYPE_CHECKING:
+    import numpy as np
 
 END = (1 << 63) - 1  # frame id of the end marker
 FID = struct.Struct("<Q")  # the stamp at the start of every frame's pixels
@@ -108,12 +112,12 @@ HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): the report giv
 ON_REQUEST = (HANDOFF, "visionipc-get", "visionipc-cuda", "naive-cuda", "pinned-staging")
 
 
-def load(name):
+def load(name: str) -> types.ModuleType:
     """The transport's module (raises ImportError when its package is missing)."""
     return importlib.import_module(f"visionipc.bench.transports.{TRANSPORTS[name][0]}")
 
 
-def after_run(names, run):
+def after_run(names: Iterable[str], run: str) -> None:
     """Let each transport that ran remove what its library keeps by design
     after its last user has gone (an optional ``after_run(run)`` of its module),
     before the runner counts what the run left in /dev/shm as leaks."""
@@ -123,7 +127,7 @@ def after_run(names, run):
             hook(run)
 
 
-def unavailable(name):
+def unavailable(name: str) -> Optional[str]:
     """None if ``name`` can run here, else why not."""
     need = TRANSPORTS[name][2]
     if need is None:
@@ -137,7 +141,7 @@ def unavailable(name):
     return None
 
 
-def nv12(w, h):
+def nv12(w: int, h: int) -> Tuple[int, Tuple[int, int]]:
     """(size in bytes, array shape) of an NV12 frame as visionipc lays it out."""
     from visionipc import layout
 
@@ -145,13 +149,13 @@ def nv12(w, h):
     return g.size, (h * 3 // 2, g.stride)
 
 
-def stamp(frame, fid, fill):
+def stamp(frame: "np.ndarray", fid: int, fill: bool) -> None:
     """A camera's frame for a copying send: every byte written when ``fill``, then the stamp."""
     if fill:
         frame.fill(fid & 0xFF)
-    FID.pack_into(frame, 0, fid)
+    FID.pack_into(frame, 0, fid)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs: from 3.12)
 
 
-def shm_name(tag):
+def shm_name(tag: str) -> str:
     """Names of this run's files in /dev/shm: removed by the runner if a worker dies."""
     return f"vipcb{os.environ.get('VIPC_BENCH_RUN', os.getpid())}_{tag}"

@@ -27,7 +27,7 @@ def _config(state):
     return cfg
 
 
-def after_run(run):
+def after_run(run: str) -> None:
     """iceoryx2 keeps one management segment per prefix (``*.global_mgmt``)
     after its last node is gone, by design; with the run's own prefix it is
     this run's to remove, once every worker has exited."""
@@ -114,7 +114,8 @@ class Consumer:
             self.listener.timed_wait(self.timeout)
         tr = now()
         ptr = sample.payload().as_ptr()
-        view = self.np.frombuffer((ctypes.c_uint8 * self.size).from_address(ptr), self.np.uint8).reshape(self.shape)
+        # a ctypes array: a buffer numpy's stubs do not name
+        view = self.np.frombuffer((ctypes.c_uint8 * self.size).from_address(ptr), self.np.uint8).reshape(self.shape)  # type: ignore[call-overload]
         tv = now()
         self.held = sample  # the view does not keep the sample alive: hold it until the next recv
         fid, ts = HDR.unpack_from(view)  # type: ignore[arg-type]  # an ndarray is a buffer (numpy's stubs: from Python 3.12)

@@ -21,7 +21,7 @@ def _name(tag):
     return "r" + shm_name(tag)  # the run's id is in every file the reference makes
 
 
-def after_run(run):
+def after_run(run: str) -> None:
     """The reference leaves its topic file (``/dev/shm/msgq_visionipc_<name>_0``) behind by
     design, and its listener socket (``/tmp/visionipc_<name>``) when a worker is killed."""
     reference.remove_files(f"/dev/shm/msgq_visionipc_rvipcb{run}_*", f"/tmp/visionipc_rvipcb{run}_*")

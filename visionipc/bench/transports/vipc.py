@@ -1,10 +1,13 @@
 """visionipc: the producer writes the stamp in place into ``get_buffer().array``."""
 
 import time
-from typing import Any, Callable, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Tuple
 
 from visionipc.bench.transports import END, FID, RECV_TIMEOUT_MS, Received, State
 from visionipc.bench.workers import BenchError
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 
 class Producer:
@@ -49,7 +52,7 @@ class Producer:
         self._send(buf, frame_id=fid, timestamp_eof=ts)
         return ts
 
-    def readers_woken(self):
+    def readers_woken(self) -> int:
         """Sleeping clients this server's own system calls have woken so far."""
         return self.server.readers_woken("s")
 
@@ -93,7 +96,7 @@ class Consumer:
         tv = self.consume(f, tv)
         return fid, f.timestamp_eof, tr, tv, intact
 
-    def consume(self, frame, view_ns):
+    def consume(self, frame: "VisionBuf", view_ns: int) -> int:
         """What the consumer does with the frame once it has its view; returns when the
         frame is where the consumer wants it (the host view: nothing more to do)."""
         return view_ns

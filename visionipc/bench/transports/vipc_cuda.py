@@ -10,12 +10,16 @@ in device memory (the copy completed, waited for on the host).
 """
 
 import time
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from visionipc.bench.transports import State, nv12
 from visionipc.bench.transports.vipc import Consumer as _HostConsumer
 from visionipc.bench.transports.vipc import Producer
+
+if TYPE_CHECKING:
+    from visionipc.frame import VisionBuf
 
 __all__ = ["Producer", "Consumer", "NaiveConsumer", "PinnedConsumer"]
 
@@ -29,7 +33,7 @@ class Consumer(_HostConsumer):
 
         self.out = cuda.empty(nv12(w, h)[0])  # made once: the per-frame path allocates nothing
 
-    def consume(self, frame, view_ns, now=time.monotonic_ns):
+    def consume(self, frame: "VisionBuf", view_ns: int, now: Callable[[], int] = time.monotonic_ns) -> int:
         frame.to_device(out=self.out).synchronize()
         return now()
 
@@ -41,7 +45,7 @@ class NaiveConsumer(_HostConsumer):
 
         self.cupy = cupy
 
-    def consume(self, frame, view_ns, now=time.monotonic_ns):
+    def consume(self, frame: "VisionBuf", view_ns: int, now: Callable[[], int] = time.monotonic_ns) -> int:
         self.cupy.asarray(frame.array)
         self.cupy.cuda.runtime.deviceSynchronize()
         return now()
@@ -59,7 +63,7 @@ class PinnedConsumer(_HostConsumer):
         self.device = cupy.empty(size, cupy.uint8)
         self.stream = cupy.cuda.Stream(non_blocking=True)
 
-    def consume(self, frame, view_ns, now=time.monotonic_ns):
+    def consume(self, frame: "VisionBuf", view_ns: int, now: Callable[[], int] = time.monotonic_ns) -> int:
         np.copyto(self.staging, frame.as_array())
         self.device.data.copy_from_host_async(self.staging.ctypes.data, self.staging.nbytes, self.stream)
         self.stream.synchronize()
