@@ -25,6 +25,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.datasource import PARTITION_BYTES, FilesPartition, VipcReader, wall_clock_offset
 from visionipc.apps.pipeline.read import Recording, find_recordings
+from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError
 
 FILES_PER_PARTITION = 64
@@ -33,18 +34,13 @@ Offset = Dict[str, Any]  # {"recordings": {path: {stream: ranges}}}
 
 def ranges(numbers: Iterable[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    out: List[str] = []
-    run: List[int] = []
+    runs: List[List[int]] = []
     for n in sorted(numbers):
-        if run and n == run[-1] + 1:
-            run.append(n)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [n]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-    return ",".join(out)
+        if runs and n == runs[-1][-1] + 1:
+            runs[-1].append(n)
+        else:
+            runs.append([n])
+    return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
 def unranges(text: str) -> Set[int]:
@@ -92,7 +88,7 @@ def new_files(start: Optional[Offset], end: Offset) -> List[Tuple[str, str, int]
 
 
 def index_path(recording_path: str, stream: str, segment: int) -> str:
-    return fs.join(recording_path, "index", stream, f"{segment:06d}.parquet")
+    return fs.join(recording_path, layout.index_file(stream, segment))
 
 
 class VipcStreamReader(DataSourceStreamReader):
