@@ -74,9 +74,10 @@ class Artifact:
     stale: bool  # nobody uses it: the sweep may remove it
 
 
-def _split(basename: str) -> Optional[Tuple[str, str]]:
+def split_name(basename: str) -> Optional[Tuple[str, str]]:
     """``(prefix, rest)`` of a name ``msgq@[PREFIX@]REST``, or None if not ours. Names
-    and prefixes never hold ``@``; only the fake-event files' REST does (after ``fake``)."""
+    and prefixes never hold ``@``; only the fake-event files' REST does (after ``fake``):
+    ``msgq@fake@ID@ENDPOINT`` is ``("", "fake@ID@ENDPOINT")``, never run ``fake``'s."""
     if not basename.startswith(SEGMENT_PREFIX):
         return None
     rest = basename[len(SEGMENT_PREFIX) :]
@@ -154,7 +155,7 @@ def scan(directory: str, prefix: Optional[str] = None) -> List[Artifact]:
         return []
     found = []
     for name in sorted(names):
-        split = _split(name)
+        split = split_name(name)
         if split is None or (prefix is not None and split[0] != prefix):
             continue
         kind = kind_of(split[1]) if name.isascii() else UNKNOWN

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, TextIO, TypedDict
 from msgq import add_version_flag, artifacts
 from msgq.cli import parse_args
 from msgq.errors import IpcError
-from msgq.names import SEGMENT_PREFIX, current_prefix, segment_dir
+from msgq.names import current_prefix, segment_dir
 from msgq.schemas import SUFFIX as SCHEMA_SUFFIX
 from msgq.schemas import read_schema_file
 from msgq.tooling import printable, segment_stats
@@ -51,17 +51,6 @@ examples:
 """
 
 
-def _parse_name(basename: str):
-    """``(prefix, topic)`` of a segment file name, or None if it is not one."""
-    if not basename.startswith(SEGMENT_PREFIX):
-        return None
-    rest = basename[len(SEGMENT_PREFIX) :]
-    prefix, sep, topic = rest.partition("@")
-    if not sep:
-        return "", rest
-    return prefix, topic
-
-
 def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
     """Segment file names in ``directory`` of run ``prefix`` ("" : unprefixed
     topics only; None: every run's)."""
@@ -71,9 +60,9 @@ def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
         return []
     out = []
     for name in names:
-        parsed = _parse_name(name)
-        if parsed is None or not parsed[1] or "#" in parsed[1]:
-            continue  # not a topic: "NAME#broadcast" / "NAME#ordered" files of msgq.broadcast / msgq.ordered
+        parsed = artifacts.split_name(name)
+        if parsed is None or artifacts.kind_of(parsed[1]) != artifacts.TOPIC:
+            continue  # not a topic ring: msgq.broadcast's / msgq.ordered's, a schema, a fake-event file
         if prefix is None or parsed[0] == prefix:
             out.append(name)
     return sorted(out)
@@ -179,7 +168,7 @@ def build_report(before: Dict[str, Stats], after: Dict[str, Stats], directory: O
     topic's declared schema)."""
     topics: List[TopicRow] = []
     for name, cur in after.items():
-        prefix, topic = _parse_name(name)
+        prefix, topic = artifacts.split_name(name) or ("", name)  # snapshot() lists topic rings only
         entry: TopicRow = {"topic": topic, "prefix": prefix, "file": name, "schema": _schema(directory, name, topic)}
         if "error" in cur:
             entry["error"] = cur["error"]

@@ -217,6 +217,31 @@ def test_corrupt_foreign_and_odd_files_are_listed_with_an_error(capsys, msgq_pre
     assert table.count("error:") == len(errors)
 
 
+def test_only_topic_rings_are_listed_by_the_core_name_rules(capsys, msgq_prefix, tmp_path, monkeypatch):
+    # The names are split as msgq.artifacts splits them: "msgq@fake@..." is a fake-event file,
+    # not topic "@topic" of run "fake"; queues, schemas and names no topic can have are not topics.
+    monkeypatch.setenv("MSGQ_SHM_DIR", str(tmp_path))
+    topic = unique_topic()
+    others = [
+        "msgq@fake@@topic",
+        "msgq@fake@1234@ipc:endpoint",
+        "msgq@fake#0123abcd",
+        "msgq@fake~99999999-0123456789abcdef.fifo",
+        "msgq@run@a@b",
+        f"msgq@{topic}#broadcast",
+        f"msgq@{topic}#ordered",
+        f"msgq@{topic}~x",
+        "msgq@",
+        "msgq@run@",
+    ]
+    with msgq.pub_sock(topic):
+        for name in others:
+            (tmp_path / name).write_bytes(b"")
+        assert top.list_segments(str(tmp_path), None) == [segment_basename(topic)]
+        report = run_json(capsys, "--all-prefixes")
+    assert [(t["prefix"], t["topic"]) for t in report["topics"]] == [(msgq_prefix, topic)]
+
+
 @pytest.mark.parametrize("how", ["q", "sigint"])
 def test_interactive_mode_refreshes_until_q_or_ctrl_c(how):
     topic = unique_topic()
