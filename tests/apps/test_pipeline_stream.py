@@ -276,3 +276,30 @@ def test_follow_bad_input_is_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path), "--out", str(tmp_path / "o"), "--checkpoint", str(tmp_path / "c")])
     assert "--checkpoint and --idle-timeout go with --follow" in capsys.readouterr().err
+
+
+def test_offsets_are_bounded_by_the_listing_and_a_malformed_one_is_one_line(tmp_path):
+    from visionipc.apps.pipeline import stream
+    from visionipc.apps.record.checks import RecordingError
+
+    rec = Recorder(tmp_path)
+    rec.make("a")
+    rec.begin("a")
+    for segment in (0, 1, 2):
+        rec.complete("a", segment)
+    path = os.path.join(rec.fleet, "a")
+    done = stream.snapshot([rec.fleet])
+    assert done == {"recordings": {path: {"road": "0-2"}}}
+    assert stream.new_files({"recordings": {path: {"road": "0"}}}, done) == [(path, "road", 1), (path, "road", 2)]
+    # a range edited by hand: only the segments listed count (never a trillion numbers expanded)
+    huge = {"recordings": {path: {"road": "0-999999999999"}}}
+    assert stream.new_files(huge, done) == []
+    assert stream.new_files({"recordings": {}}, huge) == [(path, "road", s) for s in (0, 1, 2)]
+    assert stream.unranges("1-3,7,9-999999999999", [0, 1, 2, 5, 7, 8, 10**6]) == {1, 2, 7, 10**6}
+    for bad in ("x-1", "5-2", "1--2", "-3", "1,,2", " 1"):
+        with pytest.raises(RecordingError, match=r"^malformed stream offset .* start a new --checkpoint\)$") as e:
+            stream.new_files({"recordings": {}}, {"recordings": {path: {"road": bad}}})
+        assert "\n" not in str(e.value) and path in str(e.value)
+    for bad in ({"recordings": []}, {"recordings": {path: {"road": 3}}}, {}, []):
+        with pytest.raises(RecordingError, match=r"^malformed stream offset .*--checkpoint\)$"):
+            stream.new_files(done, bad)

@@ -13,11 +13,16 @@ index file ``index/<stream>/NNNNNN.parquet`` exists: vipc-record writes it under
 Offsets name the complete segments: ``{"recordings": {path: {stream: "0-41,43"}}}`` (runs
 of segment numbers), so a batch is the difference of two listings, the same files when
 Spark plans it again after a restart from its checkpoint: no segment read twice or lost.
+A batch takes the segments listed now that are inside its end offset's runs and not its
+start's (runs_of/unranges: never expanded, so an offset edited by hand, "0-999999999999",
+costs what the listing costs; a malformed one is a one-line RecordingError).
 Every new index file is checked on the driver before it is read (read.check_index_file).
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple
 
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -43,12 +48,30 @@ def ranges(numbers: Iterable[int]) -> str:
     return ",".join(f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs)
 
 
-def unranges(text: str) -> Set[int]:
-    out: Set[int] = set()
-    for part in filter(None, text.split(",")):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
+RUN = re.compile(r"(\d+)(?:-(\d+))?")
+
+
+def runs_of(text: str, where: str = "") -> List[Tuple[int, int]]:
+    """``"0-2,5"`` -> ``[(0, 2), (5, 5)]``, never expanded; a malformed text (an offset
+    edited by hand or corrupt) raises RecordingError, one line naming it."""
+    out: List[Tuple[int, int]] = []
+    for part in text.split(",") if text else ():
+        found = RUN.fullmatch(part)
+        lo, hi = (int(found.group(1)), int(found.group(2) or found.group(1))) if found else (0, -1)
+        if hi < lo:
+            raise RecordingError(
+                f"malformed stream offset {text!r}{' for ' + where if where else ''}: expected runs of segment "
+                f"numbers such as '0-41,43' (a checkpoint edited by hand or corrupt: start a new --checkpoint)"
+            )
+        out.append((lo, hi))
     return out
+
+
+def unranges(text: str, listed: Iterable[int], where: str = "") -> Set[int]:
+    """The numbers of ``listed`` inside ``text``'s runs: bounded by what was listed, so a
+    range such as ``"0-999999999999"`` costs what the listing costs."""
+    runs = runs_of(text, where)
+    return {n for n in listed if any(lo <= n <= hi for lo, hi in runs)}
 
 
 def discover(paths: Iterable[str]) -> List[str]:
@@ -76,14 +99,39 @@ def snapshot(paths: Iterable[str]) -> Offset:
     return {"recordings": recordings}
 
 
+def _check_offset(offset: Any) -> Dict[str, Dict[str, str]]:
+    recordings = offset.get("recordings") if isinstance(offset, dict) else None
+    ok = isinstance(recordings, dict) and all(
+        isinstance(streams, dict) and all(isinstance(t, str) for t in streams.values())
+        for streams in recordings.values()
+    )
+    if not ok:
+        raise RecordingError(
+            f"malformed stream offset {json.dumps(offset)[:200]}: expected "
+            '{"recordings": {path: {stream: "0-41,43"}}} (a checkpoint edited by hand or corrupt: '
+            "start a new --checkpoint)"
+        )
+    return recordings
+
+
 def new_files(start: Optional[Offset], end: Offset) -> List[Tuple[str, str, int]]:
-    """``[(recording_path, stream, segment)]`` complete at ``end`` and not at ``start``."""
-    before = (start or {}).get("recordings", {})
+    """``[(recording_path, stream, segment)]`` complete at ``end`` and not at ``start``: of
+    the segments listed now (a replayed batch's are still there), so the offsets' runs are
+    never expanded; only the recordings whose runs changed are listed."""
+    before, after = _check_offset(start or {"recordings": {}}), _check_offset(end)
     out: List[Tuple[str, str, int]] = []
-    for path, streams in sorted(end.get("recordings", {}).items()):
-        for stream, text in sorted(streams.items()):
-            seen = unranges(before.get(path, {}).get(stream, ""))
-            out += [(path, stream, s) for s in sorted(unranges(text) - seen)]
+    for path, streams in sorted(after.items()):
+        changed = {s: t for s, t in streams.items() if before.get(path, {}).get(s) != t}
+        if not changed:
+            continue
+        listed: Dict[str, List[int]] = {}
+        for stream, segment, _ in Recording("", path).index_files():
+            listed.setdefault(stream, []).append(segment)
+        for stream, text in sorted(changed.items()):
+            where = f"{path} {stream}"
+            segments = listed.get(stream, [])
+            seen = unranges(before.get(path, {}).get(stream, ""), segments, where)
+            out += [(path, stream, s) for s in sorted(unranges(text, segments, where) - seen)]
     return out
 
 
