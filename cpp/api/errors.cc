@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "api/guard.h"
+#include "common/names.h"
 
 namespace vipc {
 
@@ -51,6 +52,8 @@ void rethrow(const common::Error& e) {
 }
 
 }  // namespace api
+
+std::string RunOptions::default_shm_dir() { return std::string(common::kSegmentDir); }
 
 RunOptions RunOptions::from_environment() {
   RunOptions r;

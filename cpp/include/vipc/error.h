@@ -25,7 +25,7 @@ enum class ErrorKind {
   closed,               // use after close()
   permission,           // owner / mode / peer credential check failed
   invalid_argument,     // a bad size, count, name or option
-  no_space,             // /dev/shm (or memfd) could not provide the memory
+  no_space,             // the shared-memory directory (or memfd) could not provide the memory
   timeout,              // a bounded wait ran out where the call cannot return "nothing"
 };
 
@@ -52,8 +52,12 @@ enum class Wake { all, handoff };
 // Where a run's shared memory lives. Processes that talk share these: the
 // prefix isolates every segment and socket name of a run.
 struct VIPC_API RunOptions {
-  std::string prefix;                // MSGQ_PREFIX; "" = no prefix
-  std::string shm_dir = "/dev/shm";  // MSGQ_SHM_DIR: the directory of the topic segments
+  std::string prefix;                       // MSGQ_PREFIX; "" = no prefix
+  std::string shm_dir = default_shm_dir();  // MSGQ_SHM_DIR: the directory of the topic segments
+
+  // The core's shared-memory directory (cpp/common/names.h), where segments live
+  // unless MSGQ_SHM_DIR says otherwise.
+  static std::string default_shm_dir();
 
   // MSGQ_PREFIX (or the reference's OPENPILOT_PREFIX) and MSGQ_SHM_DIR, as the
   // Python package reads them. With the two below, the only places

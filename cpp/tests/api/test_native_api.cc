@@ -311,6 +311,19 @@ TEST(test_topic_names_follow_the_one_name_rule) {
   CHECK(refusal_of([&] { vipc::Publisher good(random_sock() + "_Az09.:-", options); }).empty());
 }
 
+TEST(test_run_options_default_to_the_cores_shm_dir_and_msgq_shm_dir) {
+  // The public header names no directory: the default is the core's (cpp/common/names.h).
+  CHECK(vipc::RunOptions{}.shm_dir == "/dev/shm");
+  CHECK(vipc::RunOptions::default_shm_dir() == "/dev/shm");
+  const char* outer = std::getenv("MSGQ_SHM_DIR");
+  const std::string saved = outer == nullptr ? "" : outer;
+  CHECK(setenv("MSGQ_SHM_DIR", "/elsewhere", 1) == 0);
+  CHECK(vipc::RunOptions::from_environment().shm_dir == "/elsewhere");
+  CHECK(unsetenv("MSGQ_SHM_DIR") == 0);
+  CHECK(vipc::RunOptions::from_environment().shm_dir == "/dev/shm");
+  if (outer != nullptr) CHECK(setenv("MSGQ_SHM_DIR", saved.c_str(), 1) == 0);
+}
+
 TEST(test_msgq_wake_from_the_environment) {
   CHECK(setenv("MSGQ_WAKE", "handoff", 1) == 0);
   CHECK(vipc::RunOptions::wake_from_environment() == vipc::Wake::handoff);
