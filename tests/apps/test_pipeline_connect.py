@@ -16,6 +16,7 @@ import pandas as pd
 import pyspark
 import pytest
 from pipeline_helpers import recordings, spark  # noqa: F401
+from stream_helpers import Recorder, follow_to_the_end, same_tables, windows_count_every_frame
 
 from visionipc.apps.pipeline import export, health, read, report, runs, tables
 from visionipc.apps.pipeline.cli import main
@@ -211,3 +212,16 @@ def test_spark_remote_and_bad_input_on_spark_connect(connect_server, recordings,
     with pytest.raises(SystemExit) as e:
         main([recordings["faults"], "--out", str(tmp_path / "o4"), "--remote", connect_server, "--master", "local[1]"])
     assert e.value.code == 2 and "choose one" in capsys.readouterr().err
+
+
+def test_follow_on_spark_connect_gives_the_batch_tables(spark, connect_server, tmp_path):  # noqa: F811 - fixture
+    """--follow --remote: the streaming query (the vipc streaming source, the windows, foreachBatch)
+    runs on the server; the tables it streams equal a classic batch run's (and so the classic
+    follow's: test_pipeline_stream)."""
+    rec, out = Recorder(tmp_path), str(tmp_path / "live")
+    follow_to_the_end(rec, out, str(tmp_path / "follow.log"), ("--remote", connect_server))
+    assert f"starting Spark ({connect_server})" in open(tmp_path / "follow.log").read()
+    reference = str(tmp_path / "batch")
+    assert main([rec.fleet, "--out", reference, "--jobs", "health", "-q"]) == 0  # the tests' classic session
+    same_tables(out, reference)
+    windows_count_every_frame(out, reference)
