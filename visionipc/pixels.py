@@ -91,15 +91,20 @@ def pack(buf: "VisionBuf", out: Optional[np.ndarray] = None) -> np.ndarray:
     return out
 
 
+# What an image holds (a recording's ``stored_as``): a compact image's kind (``image_kind``),
+# or BGR, the BGR image (``to_bgr``; what OpenCV's lossy recordings decode to).
+PLANES, COLOR, GRAY, GRAY16, BGR = "planes", "color", "gray", "gray16", "bgr"
+
+
 def image_kind(fmt: str) -> str:
-    """What a compact image of ``fmt`` holds (a recording's ``stored_as``): ``planes``
-    (YUV 4:2:0), ``color`` (several channels), ``gray`` (8-bit samples) or ``gray16``."""
+    """What a compact image of ``fmt`` holds: ``PLANES`` (YUV 4:2:0), ``COLOR`` (several
+    channels), ``GRAY`` (8-bit samples) or ``GRAY16``."""
     info = format_info(fmt)
     if info.yuv420:
-        return "planes"
+        return PLANES
     if info.channels > 1:
-        return "color"
-    return "gray" if info.sample_bytes == 1 else f"gray{8 * info.sample_bytes}"
+        return COLOR
+    return {1: GRAY, 2: GRAY16}[info.sample_bytes]
 
 
 def to_8bit(image: np.ndarray, info: PixelFormat) -> np.ndarray:

@@ -28,6 +28,7 @@ import urllib.parse
 from typing import TYPE_CHECKING, Any, List, Optional, Sequence, Union
 
 from visionipc.apps._cli import Stopper, UsageError, need, run_command
+from visionipc.apps.record.vocabulary import CODECS
 from visionipc.apps.web import flags as web_flags
 
 if TYPE_CHECKING:
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 PROG = "vipc-foxglove"
 logger = logging.getLogger(PROG)
 RECV_MS = 100
+JPEG, VIDEO = "jpeg", "h264"  # --encoding: JPEG images, or H.264 video (vipc-record's codec of that name)
 FOXGLOVE_APP = "https://app.foxglove.dev"
 
 EPILOG = """\
@@ -65,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", required=True, help="VisionIPC server name")
     p.add_argument("--stream", action="append", help="stream to serve; repeat for more (default: every stream)")
     p.add_argument("--topic", action="append", default=[], help="msgq topic to serve as raw bytes; repeatable")
-    p.add_argument("--encoding", choices=("jpeg", "h264"), default="jpeg", help="image encoding (default jpeg)")
+    p.add_argument("--encoding", choices=(JPEG, VIDEO), default=JPEG, help="image encoding (default jpeg)")
     p.add_argument("--quality", type=int, default=80, help="JPEG quality 1..100 (default 80)")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8765, help="WebSocket port (default 8765; 0: any free port)")
@@ -95,11 +97,11 @@ class StreamPump(threading.Thread):
 
         self.client, self.encoding, self.quality, self.stop, self.hub = client, encoding, quality, stop, hub
         self.stream, self.messages = str(client.stream), messages
-        kind = messages.CompressedVideo if encoding == "h264" else messages.CompressedImage
+        kind = messages.CompressedVideo if encoding == VIDEO else messages.CompressedImage
         schema = kind.get_schema()
         self.channel = hub.add_channel(
             f"/{self.stream}",
-            "video" if encoding == "h264" else "image",
+            "video" if encoding == VIDEO else "image",
             "protobuf",
             schema.name,
             schema.encoding,
@@ -143,7 +145,7 @@ class StreamPump(threading.Thread):
             ok, jpeg = cv2.imencode(".jpg", frame.to_bgr(), [cv2.IMWRITE_JPEG_QUALITY, self.quality])
             data = jpeg.tobytes()
             image = self.messages.CompressedImage(
-                timestamp=self._stamp(when), frame_id=self.stream, data=data, format="jpeg"
+                timestamp=self._stamp(when), frame_id=self.stream, data=data, format=JPEG
             )
             return image, True
         from visionipc.apps.record import codecs, mcap_io
@@ -153,7 +155,7 @@ class StreamPump(threading.Thread):
             self.storage.width,
             self.storage.height,
         ):
-            self.storage = codecs.AvStorage(frame.format, frame.width, frame.height, "h264", preset="ultrafast", gop=30)
+            self.storage = codecs.AvStorage(frame.format, frame.width, frame.height, VIDEO, preset="ultrafast", gop=30)
             self.encoder, self.pts = mcap_io.open_video_encoder(self.storage, 30, live=True), 0
         video = mcap_io.video_frame(self.storage, self.storage.capture(frame))
         video.pts, self.pts = self.pts, self.pts + 1
@@ -166,7 +168,7 @@ class StreamPump(threading.Thread):
             return None
         keyframe = any(p.is_keyframe for p in packets)
         message = self.messages.CompressedVideo(
-            timestamp=self._stamp(when), frame_id=self.stream, data=data, format="h264"
+            timestamp=self._stamp(when), frame_id=self.stream, data=data, format=CODECS[VIDEO].foxglove
         )
         return message, keyframe
 
@@ -218,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     need("aiohttp", "view")
     need("foxglove", "record")
     need("cv2", "view")
-    if args.encoding == "h264":
+    if args.encoding == VIDEO:
         need("av", "record")
     from visionipc.apps.foxglove.hub import Hub
     from visionipc.apps.record.recorder import connect_streams

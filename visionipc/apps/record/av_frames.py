@@ -13,8 +13,15 @@ import numpy as np
 import numpy.typing as npt
 
 from visionipc.apps._cli import need
+from visionipc.formats import format_info
 
 Image = npt.NDArray[Any]  # a compact image (pixels.pack), or what a segment decodes to
+
+# FFmpeg's names of the compact images' layouts (the format table's av_format), as the
+# encoders and the conversions here and in codecs.py name them
+I420, NV12, GRAY, GRAY16, RGB, BGR = (
+    format_info(name).av_format for name in ("i420", "nv12", "gray8", "raw16", "rgb8", "bgr8")
+)
 
 
 class Encodes(Protocol):
@@ -92,8 +99,8 @@ def _restore_scheduling(policy: int, param: os.sched_param, before: Set[int]) ->
 # RGB/BGR -> the encoder's YUV 4:2:0 (BT.601, video range), by OpenCV: FFmpeg's default
 # swscale conversion from bgr24 truncates (Y one level low for half the grays) and its
 # conversion back to RGB/BGR is 1-2 levels dark (docs/pipeline.md, "Luma").
-_TO_I420 = {"rgb24": "COLOR_RGB2YUV_I420", "bgr24": "COLOR_BGR2YUV_I420"}
-_FROM_I420 = {"rgb24": "COLOR_YUV2RGB_I420", "bgr24": "COLOR_YUV2BGR_I420"}
+_TO_I420 = {RGB: "COLOR_RGB2YUV_I420", BGR: "COLOR_BGR2YUV_I420"}
+_FROM_I420 = {RGB: "COLOR_YUV2RGB_I420", BGR: "COLOR_YUV2BGR_I420"}
 
 
 def reformat(frame: Any, pix_fmt: str) -> Any:
@@ -106,11 +113,11 @@ def reformat(frame: Any, pix_fmt: str) -> Any:
 def tag_colour(ctx: Any, src_format: str, pix_fmt: str) -> None:
     """Tag an encoder's YUV with what it holds, so ffprobe and players read it right: BT.601
     (SMPTE 170M) video range, or full range for gray8 stored as the Y plane as it is."""
-    if pix_fmt == "gray":
+    if pix_fmt == GRAY:
         ctx.color_range = 2  # AVCOL_RANGE_JPEG
-    elif pix_fmt in ("yuv420p", "nv12"):
+    elif pix_fmt in (I420, NV12):
         ctx.colorspace = 6  # AVCOL_SPC_SMPTE170M (BT.601)
-        ctx.color_range = 2 if src_format == "gray" else 1  # AVCOL_RANGE_JPEG / AVCOL_RANGE_MPEG
+        ctx.color_range = 2 if src_format == GRAY else 1  # AVCOL_RANGE_JPEG / AVCOL_RANGE_MPEG
 
 
 def encoder_frame(storage: Encodes, image: Image) -> Any:
@@ -118,12 +125,12 @@ def encoder_frame(storage: Encodes, image: Image) -> Any:
     YUV planes as they are (NV12 <-> I420 only reorders chroma), gray as the Y plane with flat
     chroma (its values as they are), RGB/BGR converted exactly to video-range BT.601 YUV."""
     src, dst = storage.src_format, storage.pix_fmt
-    if dst in ("yuv420p", "nv12"):
-        if src == "gray":  # FFmpeg's conversion would rescale the range
-            image, src = np.vstack([image, np.full((image.shape[0] // 2, image.shape[1]), 128, np.uint8)]), "yuv420p"
+    if dst in (I420, NV12):
+        if src == GRAY:  # FFmpeg's conversion would rescale the range
+            image, src = np.vstack([image, np.full((image.shape[0] // 2, image.shape[1]), 128, np.uint8)]), I420
         elif src in _TO_I420:
             cv2 = need("cv2", "record")
-            image, src = cv2.cvtColor(np.ascontiguousarray(image), getattr(cv2, _TO_I420[src])), "yuv420p"
+            image, src = cv2.cvtColor(np.ascontiguousarray(image), getattr(cv2, _TO_I420[src])), I420
     frame = av().VideoFrame.from_ndarray(image, format=src)
     return frame if frame.format.name == dst else reformat(frame, dst)
 
@@ -131,12 +138,12 @@ def encoder_frame(storage: Encodes, image: Image) -> Any:
 def to_image(frame: Any, src_format: str) -> Image:
     """A decoded FFmpeg frame -> the compact image of FFmpeg format ``src_format`` (the way
     back of ``encoder_frame``)."""
-    if src_format == "gray" and frame.format.name in ("yuv420p", "yuvj420p", "nv12"):
+    if src_format == GRAY and frame.format.name in (I420, "yuvj420p", NV12):
         return frame.to_ndarray()[: frame.height].copy()  # the Y plane as stored (no range conversion)
-    if src_format in _FROM_I420 and frame.format.name in ("yuv420p", "nv12"):  # encoder_frame's way back
+    if src_format in _FROM_I420 and frame.format.name in (I420, NV12):  # encoder_frame's way back
         cv2 = need("cv2", "record")
-        if frame.format.name != "yuv420p":
-            frame = reformat(frame, "yuv420p")
+        if frame.format.name != I420:
+            frame = reformat(frame, I420)
         return cv2.cvtColor(frame.to_ndarray(), getattr(cv2, _FROM_I420[src_format]))
     if frame.format.name != src_format:
         frame = reformat(frame, src_format)

@@ -25,6 +25,12 @@ from msgq.tooling import printable
 from visionipc import pixels
 from visionipc.apps._cli import UsageError
 from visionipc.apps.record.av_frames import (
+    BGR,
+    GRAY,
+    GRAY16,
+    I420,
+    NV12,
+    RGB,
     Image,
     av,
     encoder_frame,
@@ -34,6 +40,14 @@ from visionipc.apps.record.av_frames import (
     to_image,
 )
 from visionipc.apps.record.index import Rows
+from visionipc.apps.record.vocabulary import (
+    CODECS,
+    DEFAULT_CODEC,
+    HARDWARE,
+    HARDWARE_SUFFIX,
+    LOSSLESS_CODEC,
+    either,
+)
 from visionipc.formats import FORMAT_TABLE, format_info
 
 if TYPE_CHECKING:
@@ -54,31 +68,19 @@ class Stored(Protocol):
     kind: str
 
 
-# --codec -> (FFmpeg encoder, lossless). NVENC encoders need an NVIDIA GPU and driver.
-CODECS = {
-    "h264": ("libx264", False),
-    "hevc": ("libx265", False),
-    "av1": ("libsvtav1", False),
-    "ffv1": ("ffv1", True),
-    "h264_nvenc": ("h264_nvenc", False),
-    "hevc_nvenc": ("hevc_nvenc", False),
-    "av1_nvenc": ("av1_nvenc", False),
-}
-EXT = "mkv"  # Matroska holds every codec above
-DEFAULT_CRF = {"h264": 23, "hevc": 28, "av1": 35, "h264_nvenc": 23, "hevc_nvenc": 28, "av1_nvenc": 35}
-DEFAULT_PRESET = {"h264": "veryfast", "hevc": "veryfast", "av1": "10"}
-DEFAULT_PRESET.update(dict.fromkeys(("h264_nvenc", "hevc_nvenc", "av1_nvenc"), "p4"))
+EXT = "mkv"  # Matroska holds every codec (vocabulary.CODECS)
 GOP_SECONDS = 2  # --gop 0: a keyframe every 2 s of frames
 SEEK_GAP = 32  # a wanted frame this far ahead is reached by seeking, not by decoding the frames between
 
 # stream format -> (FFmpeg pixel format of the compact image, stored_as kind of storage.py)
 LAYOUT = {f.name: (f.av_format, pixels.image_kind(f.name)) for f in FORMAT_TABLE if f.selectable}
 # what an encoder gets when it cannot take the compact layout as is (first one it supports)
+_PLANAR_RGB = ("gbrp", "bgr0")
 FALLBACK: Dict[bool, Dict[str, Tuple[str, ...]]] = {
-    True: {"nv12": ("yuv420p",), "rgb24": ("gbrp", "bgr0"), "bgr24": ("gbrp", "bgr0")},
-    False: {"gray": ("yuv420p",), "gray16le": ("yuv420p",)},
+    True: {NV12: (I420,), RGB: _PLANAR_RGB, BGR: _PLANAR_RGB},
+    False: {GRAY: (I420,), GRAY16: (I420,)},
 }
-LOSSY_FALLBACK = ("yuv420p", "nv12")
+LOSSY_FALLBACK = (I420, NV12)
 
 
 def _codec(encoder: str) -> Any:
@@ -93,7 +95,7 @@ def check_encoder(encoder: str) -> None:
     with it (NVENC without an NVIDIA GPU, a codec missing from this FFmpeg build)."""
     os.environ.setdefault("SVT_LOG", "2")  # SVT-AV1: warnings and errors only, not its banner
     ctx = av().codec.CodecContext.create(_codec(encoder))
-    ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = 256, 256, "yuv420p", Fraction(1, 30)
+    ctx.width, ctx.height, ctx.pix_fmt, ctx.time_base = 256, 256, I420, Fraction(1, 30)
     try:
         with ordinary_scheduling():
             ctx.open()
@@ -123,7 +125,7 @@ class AvStorage:
         fmt: str,
         width: int,
         height: int,
-        codec: str = "h264",
+        codec: str = DEFAULT_CODEC,
         crf: Optional[int] = None,
         preset: Optional[str] = None,
         gop: int = 0,
@@ -135,13 +137,14 @@ class AvStorage:
         if codec not in CODECS:
             raise UsageError(f"unknown codec {codec!r} (choose from {', '.join(CODECS)})")
         if format_info(fmt).sample_bytes > 1:
-            codec = "ffv1"  # 16-bit samples: always lossless, as in the OpenCV format
+            codec = LOSSLESS_CODEC  # 16-bit samples: always lossless, as in the OpenCV format
         self.fmt, self.width, self.height = fmt, width, height
         self.codec = codec
-        self.encoder, self.lossless = CODECS[codec]
+        spec = CODECS[codec]
+        self.encoder, self.lossless = spec.encoder, spec.lossless
         self.src_format, self.kind = LAYOUT[fmt]
-        self.crf = None if self.lossless else (DEFAULT_CRF[codec] if crf is None else crf)
-        self.preset = None if self.lossless else (preset or DEFAULT_PRESET.get(codec))
+        self.crf = None if self.lossless else (spec.crf if crf is None else crf)
+        self.preset = None if self.lossless else (preset or spec.preset)
         self.gop, self.threads = gop, threads
         if container not in (EXT, "mcap"):
             raise ValueError(f"container {container!r} is not {EXT} or mcap")
@@ -249,7 +252,7 @@ class Mp4vEncoder:
 
     def __init__(self, path: str, storage: Stored, fps: float) -> None:
         mod = av()
-        self.src_format, self.pix_fmt = LAYOUT[storage.fmt][0], "yuv420p"
+        self.src_format, self.pix_fmt = LAYOUT[storage.fmt][0], I420
         self.container = mod.open(path, mode="w", format="mp4")
         try:
             rate = Fraction(int(fps), 1)
@@ -260,15 +263,15 @@ class Mp4vEncoder:
             stream.thread_count = 1  # one encoding thread per stream, as vipc-record's --encoder-threads default
             stream.codec_tag = "mp4v"
             stream.options = {"b": str(int(1.5 * int(fps) * storage.width * storage.height)), "qmin": "3"}
-            tag_colour(stream.codec_context, "yuv420p", self.pix_fmt)  # gray8 too is rescaled to video range
+            tag_colour(stream.codec_context, I420, self.pix_fmt)  # gray8 too is rescaled to video range
         except BaseException:
             self.container.close()
             raise
         self.stream, self.pts = stream, 0
 
     def write(self, image: Image) -> None:
-        if self.src_format == "gray":
-            frame = reformat(av().VideoFrame.from_ndarray(image, format="gray"), "yuv420p")
+        if self.src_format == GRAY:
+            frame = reformat(av().VideoFrame.from_ndarray(image, format=GRAY), I420)
         else:
             frame = encoder_frame(self, image)
         frame.pts = self.pts
@@ -371,9 +374,9 @@ class CodedPlanes:
 
     uses_av = True
     lossless = False
-    kind = "planes"
+    kind = pixels.PLANES
     fmt = "i420"
-    src_format = "yuv420p"
+    src_format = I420
 
     def __init__(self, storage: Stored) -> None:
         self.width, self.height, self.ext = storage.width, storage.height, storage.ext
@@ -383,7 +386,7 @@ class CodedPlanes:
 def coded_planes(storage: Stored) -> Optional[CodedPlanes]:
     """``CodedPlanes`` of a lossy ``storage`` (PyAV's or OpenCV's), or None where the stored
     image is what was coded (lossless storage, PyAV's gray8)."""
-    if storage.lossless or (storage.uses_av and storage.kind == "gray"):
+    if storage.lossless or (storage.uses_av and storage.kind == pixels.GRAY):
         return None
     return CodedPlanes(storage)
 
@@ -463,13 +466,13 @@ def add_codec_args(p: argparse.ArgumentParser) -> None:
 
 def chosen_codec(args: argparse.Namespace) -> str:
     """The codec the options ask for (UsageError on a contradiction)."""
-    codec = args.codec or ("ffv1" if args.lossless else "h264")
-    if args.lossless and codec != "ffv1":
-        raise UsageError(f"--lossless stores with ffv1, not --codec {codec}")
+    codec = args.codec or (LOSSLESS_CODEC if args.lossless else DEFAULT_CODEC)
+    if args.lossless and codec != LOSSLESS_CODEC:
+        raise UsageError(f"--lossless stores with {LOSSLESS_CODEC}, not --codec {codec}")
     if args.hwaccel:
-        if codec not in ("h264", "hevc", "av1"):
-            raise UsageError(f"--hwaccel: no hardware encoder for {codec} (h264, hevc or av1 have one)")
-        codec += "_nvenc"
+        if codec not in HARDWARE:
+            raise UsageError(f"--hwaccel: no hardware encoder for {codec} ({either(HARDWARE)} have one)")
+        codec += HARDWARE_SUFFIX
     if args.crf is not None and not 0 <= args.crf <= 63:
         raise UsageError(f"--crf must be in 0..63, got {args.crf}")
     if args.gop < 0 or args.encoder_threads < 0:
@@ -482,11 +485,11 @@ def check_args(args: argparse.Namespace) -> str:
     used here). Before connecting: a connected recorder must keep up with its stream at once."""
     codec = chosen_codec(args)
     if codec != LEGACY:
-        check_encoder(CODECS[codec][0])
+        check_encoder(CODECS[codec].encoder)
     if args.format == "mcap":
         if codec == LEGACY:
             raise UsageError("--format mcap stores PyAV codecs, not mp4v")
         from visionipc.apps.record import mcap_io
 
-        mcap_io.check(codec, CODECS[codec][1])
+        mcap_io.check(codec, CODECS[codec].lossless)
     return codec

@@ -26,6 +26,7 @@ from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record.av_frames import Image, encoder_frame, ordinary_scheduling, tag_colour, to_image
 from visionipc.apps.record.index import Columns, FrameMeta, Rows
+from visionipc.apps.record.vocabulary import CODECS, IN_MCAP, ROS_ENCODING, either
 from visionipc.formats import format_info
 
 if TYPE_CHECKING:
@@ -33,9 +34,7 @@ if TYPE_CHECKING:
 
 AvStorage = Any  # codecs.AvStorage (above this module: codecs opens an McapWriter)
 
-FOXGLOVE_FORMAT = {"h264": "h264", "hevc": "h265", "av1": "av1"}
-DECODER = {"h264": "h264", "h265": "hevc", "av1": "libdav1d"}
-RAW_ENCODING = {"gray8": "mono8", "raw16": "mono16", "rgb8": "rgb8", "bgr8": "bgr8", "nv12": "nv12", "i420": "nv12"}
+RAW_ENCODING = {**ROS_ENCODING, "i420": ROS_ENCODING["nv12"]}  # I420 travels as NV12 (_i420_to_nv12), exactly
 METADATA = "visionipc.stream"
 
 
@@ -60,8 +59,8 @@ def _messages() -> Any:
 
 def check(codec: str, lossless: bool) -> None:
     """UsageError when ``codec`` cannot be written as MCAP (or its packages are missing)."""
-    if not lossless and codec not in FOXGLOVE_FORMAT:
-        raise UsageError(f"--format mcap stores h264, hevc or av1 video (Foxglove plays these), not {codec}")
+    if not lossless and codec not in IN_MCAP:
+        raise UsageError(f"--format mcap stores {either(IN_MCAP)} video (Foxglove plays these), not {codec}")
     _messages()
     need("mcap", "record")
 
@@ -154,7 +153,7 @@ class McapWriter:
             meta = self.metas.pop(packet.pts)
             msg = self.messages.CompressedVideo(
                 timestamp=self._stamp(meta), frame_id=self.stream, data=bytes(packet),
-                format=FOXGLOVE_FORMAT[self.storage.codec],
+                format=CODECS[self.storage.codec].foxglove,
             )  # fmt: skip
             self._log(msg, meta)
 
@@ -286,11 +285,12 @@ class SegmentReader:
 
     def _decode(self, msg: Any) -> Iterator[Image]:
         av = need("av", "record")
-        want = FOXGLOVE_FORMAT[self.storage.codec]
+        codec = CODECS[self.storage.codec]
+        want = codec.foxglove
         if msg.format != want:
             raise self.place.error(f"a {printable(repr(msg.format))[:40]} video message in a {want} stream")
         if self.ctx is None:
-            self.ctx = av.codec.CodecContext.create(DECODER[want], "r")
+            self.ctx = av.codec.CodecContext.create(codec.mcap_decoder, "r")
             self.ctx.thread_type, self.ctx.thread_count = "AUTO", self.storage.decode_threads
         if msg.data:  # an empty packet would end the stream
             packet = av.Packet(len(msg.data))

@@ -30,6 +30,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import numpy as np
 
+from visionipc import pixels
 from visionipc.formats import format_info
 
 COLUMNS = ("brightness", "contrast", "sharpness", "motion")
@@ -55,13 +56,13 @@ def luma_of(image: np.ndarray, kind: str, fmt: str, height: int) -> Luma:
     ``gray16``, ``color`` in the format's channel order, ``bgr``)."""
     import cv2
 
-    if kind == "planes":
+    if kind == pixels.PLANES:
         return Luma(np.clip(image[:height], 16, 235), VIDEO_RANGE, 16.0)
-    if kind == "gray":  # a copy: the caller may reuse its image, and this one is kept as the previous
+    if kind == pixels.GRAY:  # a copy: the caller may reuse its image, and this one is kept as the previous
         return Luma(image.copy() if image.dtype == np.uint8 else image.astype(np.float32))
-    if kind == "gray16":
+    if kind == pixels.GRAY16:
         return Luma(image.astype(np.float32) / np.float32(257.0))
-    rgb = kind == "color" and format_info(fmt).cv_to_bgr  # a colour image not in BGR order: RGB
+    rgb = kind == pixels.COLOR and format_info(fmt).cv_to_bgr  # a colour image not in BGR order: RGB
     code = cv2.COLOR_RGB2GRAY if rgb else cv2.COLOR_BGR2GRAY
     return Luma(cv2.cvtColor(image.astype(np.float32), code))
 

@@ -16,6 +16,7 @@ from typing import Any, Dict, Generator, Iterator, Optional, Tuple
 import numpy as np
 
 from msgq.tooling import printable
+from visionipc import pixels
 from visionipc.apps._cli import need
 from visionipc.apps.record import codecs, index
 from visionipc.apps.record.av_frames import Image
@@ -65,7 +66,7 @@ def _iter_lossy(cv2: Any, folder: str, rows: Rows, storage: Storage) -> Iterator
     by OpenCV as lossless planes are (gray8: Y back to full range); OpenCV's own reader goes
     through FFmpeg's YUV -> BGR conversion, 1-2 levels dark on most grays."""
     for planes in codecs.iter_decoded(folder, rows, codecs.CodedPlanes(storage)):
-        if storage.kind == "gray":
+        if storage.kind == pixels.GRAY:
             yield _FULL_RANGE[planes[: storage.height]]
         else:
             yield cv2.cvtColor(planes, cv2.COLOR_YUV2BGR_I420)

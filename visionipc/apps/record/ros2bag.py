@@ -23,19 +23,12 @@ from visionipc.apps.record import playback
 from visionipc.apps.record.av_frames import Image
 from visionipc.apps.record.checks import RecordingError, check_size, check_stream, reading
 from visionipc.apps.record.mcap_io import open_reader
+from visionipc.apps.record.vocabulary import ROS_ENCODING, ROS_ENCODING_ALIASES
 from visionipc.formats import format_info
 
 IMAGE, COMPRESSED = "sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage"
 # sensor_msgs/Image encoding -> stream format
-ENCODINGS = {
-    "mono8": "gray8",
-    "8UC1": "gray8",
-    "mono16": "raw16",
-    "16UC1": "raw16",
-    "rgb8": "rgb8",
-    "bgr8": "bgr8",
-    "nv12": "nv12",
-}
+ENCODINGS = {**{encoding: fmt for fmt, encoding in ROS_ENCODING.items()}, **ROS_ENCODING_ALIASES}
 
 
 def _decoder_factory():

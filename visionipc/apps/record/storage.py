@@ -46,9 +46,9 @@ class Storage:
         info = format_info(fmt)
         self.lossless = lossless or info.sample_bytes > 1  # no lossy codec for deeper samples
         gray = info.channels == 1 and not info.yuv420
-        self.kind = pixels.image_kind(fmt) if self.lossless or gray else "bgr"
+        self.kind = pixels.image_kind(fmt) if self.lossless or gray else pixels.BGR
         self.codec, self.ext = LOSSLESS if self.lossless else LOSSY
-        shape = {"bgr": (height, width, 3)}.get(self.kind, pixels.compact_shape(fmt, width, height))
+        shape = {pixels.BGR: (height, width, 3)}.get(self.kind, pixels.compact_shape(fmt, width, height))
         self.image_size = (shape[1], shape[0])  # the video's (width, height)
         self.is_color = len(shape) == 3
         self._bgr_writer: Optional[pixels.BgrWriter] = None
@@ -70,13 +70,13 @@ class Storage:
     def writer_params(self) -> List[int]:
         cv2 = self.cv2
         params = [cv2.VIDEOWRITER_PROP_IS_COLOR, int(self.is_color)]
-        if self.kind == "gray16":
+        if self.kind == pixels.GRAY16:
             params += [cv2.VIDEOWRITER_PROP_DEPTH, cv2.CV_16U]
         return params
 
     def reader_params(self) -> List[int]:
         # 16-bit gray only survives decoding without the BGR conversion
-        return [self.cv2.CAP_PROP_CONVERT_RGB, 0] if self.kind == "gray16" else []
+        return [self.cv2.CAP_PROP_CONVERT_RGB, 0] if self.kind == pixels.GRAY16 else []
 
     def capture(self, frame: "VisionBuf") -> npt.NDArray[Any]:
         """A received VisionBuf -> a new image to encode: its compact image (the lossy
@@ -85,7 +85,7 @@ class Storage:
 
     def restore(self, image: np.ndarray, buf: "VisionBuf") -> None:
         """A decoded image -> ``buf`` (a pool buffer of this stream's format)."""
-        if self.kind == "bgr":
+        if self.kind == pixels.BGR:
             if self._bgr_writer is None:
                 self._bgr_writer = pixels.BgrWriter(self.fmt, self.width, self.height)
             self._bgr_writer.write(image, buf)
