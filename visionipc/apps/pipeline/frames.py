@@ -156,9 +156,10 @@ def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
 
 def to_bgr(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:
     """A (h, w, 3) BGR picture of a stored image, for writing JPEG/PNG."""
+    from visionipc.pixels import BGR
     from visionipc.pixels import to_bgr as compact_to_bgr
 
-    return image if kind == "bgr" else compact_to_bgr(image, fmt)  # else a compact image of fmt
+    return image if kind == BGR else compact_to_bgr(image, fmt)  # else a compact image of fmt
 
 
 def read_segment_index(index_file: str, recording_path: Optional[str] = None, *, quality: bool = False) -> Any:
