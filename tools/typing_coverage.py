@@ -3,12 +3,14 @@
     python tools/typing_coverage.py [PACKAGE_DIR ...]   (default: msgq visionipc)
     python tools/typing_coverage.py --missing [PACKAGE_DIR ...]
     python tools/typing_coverage.py --missing-apps [PACKAGE_DIR ...]
+    python tools/typing_coverage.py --missing-all [PACKAGE_DIR ...]
 
 Public: a function or method whose name and enclosing classes have no leading underscore
 (dunder methods count), defined at module or class level, in any module of the package.
 Each package is counted whole and as its library (without the command-line tools under apps/ and bench/).
 ``--missing`` lists the library's public functions that are not fully annotated (exit status 1 if any);
-``--missing-apps`` the same for the library and its command-line tools under apps/ (not bench/).
+``--missing-apps`` the same for the library and its command-line tools under apps/ (not bench/);
+``--missing-all`` for every module (the library, apps/ and the benchmarks under bench/).
 """
 
 import ast
@@ -63,11 +65,11 @@ def coverage(package: Path, library_only: bool = False) -> Tuple[int, int, int]:
     return total, returns, full
 
 
-def missing(package: Path, apps: bool = False) -> List[str]:
-    """``path:line: name`` of each public library function (``apps``: and command-line tool's) not
-    fully annotated."""
+def missing(package: Path, keep: Tuple[str, ...] = ()) -> List[str]:
+    """``path:line: name`` of each public library function (and of the folders of APPS in ``keep``)
+    not fully annotated."""
     found = []
-    for path in _modules(package, library_only=True, keep=("apps",) if apps else ()):
+    for path in _modules(package, library_only=True, keep=keep):
         for func, is_method in _functions(ast.parse(path.read_text(), str(path))):
             if func.returns is None or not _params_annotated(func, is_method):
                 found.append(f"{path.relative_to(ROOT)}:{func.lineno}: {func.name}")
@@ -75,9 +77,10 @@ def missing(package: Path, apps: bool = False) -> List[str]:
 
 
 def main(argv: List[str]) -> int:
-    if argv[:1] in (["--missing"], ["--missing-apps"]):
-        apps = argv[0] == "--missing-apps"
-        found = [line for name in argv[1:] or ["msgq", "visionipc"] for line in missing(ROOT / name, apps)]
+    scopes = {"--missing": (), "--missing-apps": ("apps",), "--missing-all": APPS}
+    if argv[:1] and argv[0] in scopes:
+        keep = scopes[argv[0]]
+        found = [line for name in argv[1:] or ["msgq", "visionipc"] for line in missing(ROOT / name, keep)]
         print("\n".join(found))
         return 1 if found else 0
     for name in argv or ["msgq", "visionipc"]:

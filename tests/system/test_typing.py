@@ -30,7 +30,8 @@ def _mypy(module, *args, timeout=300):
     )
 
 
-@pytest.mark.parametrize("scope", ["--missing", "--missing-apps"])  # the libraries; and msgq/apps, visionipc/apps
+# the libraries; and msgq/apps, visionipc/apps; and everything, the benchmarks (visionipc/bench) too
+@pytest.mark.parametrize("scope", ["--missing", "--missing-apps", "--missing-all"])
 def test_public_functions_declare_their_types(scope):
     proc = subprocess.run(
         [sys.executable, str(TOOLS / "typing_coverage.py"), scope], capture_output=True, text=True, timeout=120

@@ -3,7 +3,7 @@ against clients) and the msgq vs pyzmq benchmark's."""
 
 import os
 import sys
-from typing import Any, Callable, Dict, List, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from visionipc.bench.stats import fmt_size
 
@@ -76,7 +76,7 @@ def write_pubsub_png(
     results: List[Dict[str, Any]],
     sizes: Sequence[int],
     path: str,
-    pooled_latency: Callable[..., Dict[str, Any]],
+    pooled_latency: Callable[..., Optional[Dict[str, Any]]],
     throughput: Callable[..., Any],
 ) -> bool:
     """The msgq vs pyzmq PNG (``bench_msgq.py --plot``): latency percentiles and throughput per

@@ -160,7 +160,7 @@ def paced_send(
     send_end_markers(send, buf, end_copies, end_pause_s)
 
 
-def send_end_markers(send: Send, marker: bytearray, copies: int, pause_s: float) -> None:
+def send_end_markers(send: Send, marker: Union[bytes, bytearray], copies: int, pause_s: float) -> None:
     for _ in range(copies):
         send(marker)
         if pause_s:

@@ -26,102 +26,109 @@ run takes a few minutes. ``--json PATH`` writes every raw number, ``--plot
 PATH`` a PNG (needs matplotlib).
 """
 
+import argparse
 import contextlib
 import os
 import sys
 import tempfile
 import time
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from msgq.names import segment_dir
 from msgq.testing import segments
 from msgq.tooling import scoped_env
 from visionipc.bench import reference, suite
-from visionipc.bench.harness import git_rev
+from visionipc.bench.harness import Log, git_rev
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
+from visionipc.bench.suite import Record
 from visionipc.bench.suites import msgq_vs_zmq_tasks as tasks
-from visionipc.bench.workers import read_loadavg
+from visionipc.bench.workers import WorkerPool, read_loadavg
 
 SIZES = (64, 4096, 1 << 20)
 CAMERA_INTERVAL_US = 33_333  # "30hz" latency: a camera's pace, the receiver asleep in between
 
-MSGQ = {"kind": "msgq"}
+Spec = Dict[str, Any]  # a transport and its options: {"kind": "msgq" | "zmq" | "reference", ...}
+
+MSGQ: Spec = {"kind": "msgq"}
 MSGQ_NOSPIN = {"kind": "msgq", "spin_us": 0}
 ZMQ = {"kind": "zmq", "nodrop": True}
 ZMQ_LOSSY = {"kind": "zmq", "nodrop": False}
 REFERENCE = {"kind": "reference"}
 
 
-def _slot_bytes(size):
+def _slot_bytes(size: int) -> int:
     return ((size + 7) & ~7) + 8
 
 
 class Plan(suite.Plan):
-    def __init__(self, quick, rounds, sizes, only, reference=False):
+    def __init__(self, quick: bool, rounds: int, sizes: List[int], only: Set[str], reference: bool = False) -> None:
         super().__init__(quick, rounds, sizes, only)
         self.reference = reference  # commaai/msgq runs beside us (visionipc.bench.reference)
 
-    def lat_count(self, size):
+    def lat_count(self, size: int) -> int:
         if size >= 1 << 20:
             return 300 if self.quick else 1500
         return 2000 if self.quick else 10000
 
-    def camera_count(self):
+    def camera_count(self) -> int:
         return 30 if self.quick else 150
 
-    def lat_interval_us(self, size):
+    def lat_interval_us(self, size: int) -> int:
         return 2000 if size >= 1 << 20 else 300
 
-    def rtt_count(self, size):
+    def rtt_count(self, size: int) -> int:
         if size >= 1 << 20:
             return 200 if self.quick else 1000
         return 3000 if self.quick else 20000
 
     @staticmethod
-    def thr_probe_count(size):
+    def thr_probe_count(size: int) -> int:
         """Messages of the short calibration run that sizes the real one."""
         if size >= 1 << 20:
             return 300
         return 40000 if size >= 4096 else 100000
 
-    def thr_seconds(self):
+    def thr_seconds(self) -> float:
         """How long the sender of a throughput run should run flat out."""
         return 0.5 if self.quick else 2.0
 
     @staticmethod
-    def lat_segment(size):
+    def lat_segment(size: int) -> int:
         return max(1 << 20, 8 * size)
 
     @staticmethod
-    def thr_segment(size):
+    def thr_segment(size: int) -> int:
         return 64 << 20 if size >= 1 << 20 else 8 << 20
 
 
-def _record(kind, variant, spec, size, rnd, **more):
+def _record(kind: str, variant: str, spec: Spec, size: int, rnd: int, **more: Any) -> Record:
     return {"kind": kind, "variant": variant, "transport": spec["kind"], "size": size, "round": rnd, **more}
 
 
 class Runner(suite.Runner):
-    def __init__(self, pool, plan, log):
+    plan: Plan
+
+    def __init__(self, pool: WorkerPool, plan: Plan, log: Log) -> None:
         super().__init__(pool, plan, log)
-        self.calibrations = []  # short throughput runs that sized the real ones (not in the summary)
-        self._send_rate = {}
+        self.calibrations: List[Record] = []  # short throughput runs that sized the real ones (not in the summary)
+        self._send_rate: Dict[Tuple[str, int], Optional[float]] = {}
         self._n = 0
 
-    def _topic(self, stem):
+    def _topic(self, stem: str) -> str:
         self._n += 1
         return f"b{self._n}{stem}"
 
-    def run_tasks(self, record, tasks, timeout):
+    def run_tasks(self, record: Record, tasks: Sequence[Any], timeout: float) -> Optional[List[Any]]:
         t0 = time.monotonic()
         res = super().run_tasks(record, tasks, timeout)
         if res is not None:
             record["wall_s"] = time.monotonic() - t0
         return res
 
-    def failure_label(self, record):
+    def failure_label(self, record: Record) -> str:
         return f"ERROR in {suite.describe(record)}"
 
-    def latency(self, variant, spec, size, busy, rnd, camera=False):
+    def latency(self, variant: str, spec: Spec, size: int, busy: bool, rnd: int, camera: bool = False) -> None:
         """One-way latency; ``camera``: one message every 33 ms (30 Hz), the receiver idle between."""
         p = self.plan
         if camera:
@@ -157,7 +164,7 @@ class Runner(suite.Runner):
             + ("" if sub["ended"] == "end" else f"  [{sub['ended']}]")
         )
 
-    def rtt(self, variant, spec, size, rnd):
+    def rtt(self, variant: str, spec: Spec, size: int, rnd: int) -> None:
         p = self.plan
         count = p.rtt_count(size)
         warmup = max(20, count // 50)
@@ -176,7 +183,9 @@ class Runner(suite.Runner):
             f"p50 {s['p50']:8.1f} µs  p99 {s['p99']:8.1f}  n={s['n']}"
         )
 
-    def throughput(self, variant, spec, size, rnd, credit, lossy, batch_receive):
+    def throughput(
+        self, variant: str, spec: Spec, size: int, rnd: int, credit: bool, lossy: bool, batch_receive: bool
+    ) -> None:
         p = self.plan
         key = (variant, size)
         how = (variant, spec, size, rnd, credit, lossy, batch_receive)
@@ -189,7 +198,18 @@ class Runner(suite.Runner):
         count = p.thr_probe_count(size) if not rate else max(p.thr_probe_count(size), int(rate * p.thr_seconds()))
         self._throughput(*how, min(count, 50_000_000), False)
 
-    def _throughput(self, variant, spec, size, rnd, credit, lossy, batch_receive, count, calibration):
+    def _throughput(
+        self,
+        variant: str,
+        spec: Spec,
+        size: int,
+        rnd: int,
+        credit: bool,
+        lossy: bool,
+        batch_receive: bool,
+        count: int,
+        calibration: bool,
+    ) -> Optional[Record]:
         seg = self.plan.thr_segment(size)
         window = max(2, min(1 << 16, (seg // 2) // _slot_bytes(size))) if credit else 0
         rec = _record(
@@ -238,7 +258,7 @@ class Runner(suite.Runner):
         )
         return rec
 
-    def idle(self, variant, spec, rnd, idle_ms):
+    def idle(self, variant: str, spec: Spec, rnd: int, idle_ms: int) -> None:
         rec = _record("idle", variant, spec, 64, rnd, idle_ms=idle_ms)
         both = dict(transport=spec, topic=self._topic("idle"), warm_messages=200)
         res = self.run_tasks(
@@ -255,7 +275,7 @@ class Runner(suite.Runner):
             f" = {rec['cpu_pct']:.3f} %"
         )
 
-    def run_all(self):
+    def run_all(self) -> None:
         p = self.plan
         for rnd in range(p.rounds):
             self.log(f"round {rnd + 1}/{p.rounds}")
@@ -302,25 +322,27 @@ class Runner(suite.Runner):
 # =========================================================================== summary
 
 
-def pooled_latency(results, kind, variant, size, mode=None):
+def pooled_latency(
+    results: Sequence[Record], kind: str, variant: str, size: int, mode: Optional[str] = None
+) -> Optional[Dict[str, float]]:
     """The latency percentiles of every sample of one measurement, all rounds pooled; None without samples."""
     samples = [x for r in suite.select(results, kind, variant, size, mode) for x in r["samples_ns"]]
     return latency_stats(samples) if samples else None
 
 
-def throughput(results, variant, size, key="rate"):
+def throughput(results: Sequence[Record], variant: str, size: int, key: str = "rate") -> Optional[float]:
     """The median over the rounds of a throughput measurement's ``key``, or None."""
     vals = [r[key] for r in suite.select(results, "throughput", variant, size)]
     return median(vals) if vals else None
 
 
-def _lossless(results, size, *variants):
+def _lossless(results: Sequence[Record], size: int, *variants: str) -> str:
     rs = [r for v in variants for r in suite.select(results, "throughput", v, size)]
     ok = all(suite.select(results, "throughput", v, size) for v in variants)
     return "all received" if ok and all(r["lost"] == 0 and not r["timed_out"] for r in rs) else "LOSS/timeout (see raw)"
 
 
-def _better_by(m, z, higher_better):
+def _better_by(m: Optional[float], z: Optional[float], higher_better: bool) -> Optional[float]:
     if m is None or z is None:
         return None
     if higher_better:
@@ -328,11 +350,21 @@ def _better_by(m, z, higher_better):
     return z / m if m else None
 
 
-def summarize(results, sizes):
+def summarize(results: List[Record], sizes: List[int]) -> List[Record]:
     """Rows: metric, size, msgq, pyzmq, unit, advantage (>1: msgq better), target, met."""
-    rows = []
+    rows: List[Record] = []
 
-    def add(metric, size, m, z, unit, higher_better, target=None, note="", ref=None):
+    def add(
+        metric: str,
+        size: int,
+        m: Optional[float],
+        z: Optional[float],
+        unit: str,
+        higher_better: bool,
+        target: Optional[float] = None,
+        note: str = "",
+        ref: Optional[float] = None,
+    ) -> None:
         adv = _better_by(m, z, higher_better)
         rows.append(
             {
@@ -351,10 +383,10 @@ def summarize(results, sizes):
             }
         )
 
-    def lat(kind, variant, size, mode=None):
+    def lat(kind: str, variant: str, size: int, mode: Optional[str] = None) -> Optional[Dict[str, float]]:
         return pooled_latency(results, kind, variant, size, mode)
 
-    def pct(stats, key):
+    def pct(stats: Optional[Dict[str, float]], key: str) -> Optional[float]:
         return stats[key] if stats else None
 
     for size in sizes:
@@ -382,40 +414,40 @@ def summarize(results, sizes):
             if ns:
                 add("one-way blocking p50, msgq spin_us=0", size, ns["p50"], z["p50"], "µs", False, note="diagnostic")
     for size in sizes:
-        m, z, r1 = (throughput(results, v, size) for v in ("msgq", "pyzmq", "msgq-recv1"))
+        tm, tz, r1 = (throughput(results, v, size) for v in ("msgq", "pyzmq", "msgq-recv1"))
         target = 1.5 if size == 64 else None
-        if m is not None and z is not None:
+        if tm is not None and tz is not None:
             note = _lossless(results, size, "msgq", "pyzmq")
-            add("throughput lossless msg/s (msgq receive_batch)", size, m, z, "msg/s", True, target, note)
-            add("throughput lossless MB/s (msgq receive_batch)", size, m * size / 1e6, z * size / 1e6, "MB/s", True)
-        if r1 is not None and z is not None:
+            add("throughput lossless msg/s (msgq receive_batch)", size, tm, tz, "msg/s", True, target, note)
+            add("throughput lossless MB/s (msgq receive_batch)", size, tm * size / 1e6, tz * size / 1e6, "MB/s", True)
+        if r1 is not None and tz is not None:
             note = _lossless(results, size, "msgq-recv1", "pyzmq")
-            add("throughput lossless msg/s (msgq receive())", size, r1, z, "msg/s", True, target, note)
+            add("throughput lossless msg/s (msgq receive())", size, r1, tz, "msg/s", True, target, note)
     m, z = lat("latency", "msgq", 64, "30hz"), lat("latency", "pyzmq", 64, "30hz")
     if m and z:
         r = lat("latency", "reference", 64, "30hz")
         for key in ("p50", "p99"):
             add(f"one-way {key} at 30 Hz (receiver idle between)", 64, m[key], z[key], "µs", False, ref=pct(r, key))
     for size in sizes:
-        m, z, ref = (throughput(results, v, size) for v in ("msgq-lossy-recv1", "pyzmq-lossy", "reference-lossy"))
-        if m is not None and z is not None:
-            add("throughput lossy msg/s received (receive() each)", size, m, z, "msg/s", True, ref=ref)
+        tm, tz, tref = (throughput(results, v, size) for v in ("msgq-lossy-recv1", "pyzmq-lossy", "reference-lossy"))
+        if tm is not None and tz is not None:
+            add("throughput lossy msg/s received (receive() each)", size, tm, tz, "msg/s", True, ref=tref)
     idle = {
         v: [r["cpu_pct"] for r in results if r["kind"] == "idle" and r["variant"] == v]
         for v in ("msgq", "pyzmq", "reference")
     }
     if idle["msgq"] and idle["pyzmq"]:
-        m, z = median(idle["msgq"]), median(idle["pyzmq"])
-        add("idle subscriber CPU (blocked in receive)", 64, m, z, "% of a core", False)
-        ref = median(idle["reference"]) if idle["reference"] else None
-        rows[-1].update(advantage=None, reference=ref, reference_advantage=None, target="≈0 % (<1 %)", met=m < 1.0)
+        im, iz = median(idle["msgq"]), median(idle["pyzmq"])
+        add("idle subscriber CPU (blocked in receive)", 64, im, iz, "% of a core", False)
+        iref = median(idle["reference"]) if idle["reference"] else None
+        rows[-1].update(advantage=None, reference=iref, reference_advantage=None, target="≈0 % (<1 %)", met=im < 1.0)
     return rows
 
 
 LOSSY_VARIANTS = ("msgq-lossy", "msgq-lossy-recv1", "pyzmq-lossy", "reference-lossy")
 
 
-def lossy_rows(results, sizes):
+def lossy_rows(results: Sequence[Record], sizes: Sequence[int]) -> List[List[str]]:
     out = []
     for size in sizes:
         for variant in LOSSY_VARIANTS + ("msgq", "msgq-recv1", "pyzmq"):
@@ -433,7 +465,7 @@ def lossy_rows(results, sizes):
     return out
 
 
-def _fmt_val(v, unit):
+def _fmt_val(v: Optional[float], unit: str) -> str:
     if v is None:
         return "-"
     if unit == "msg/s":
@@ -445,11 +477,11 @@ def _fmt_val(v, unit):
     return f"{v:.1f}"
 
 
-def _times(x):
+def _times(x: Optional[float]) -> str:
     return "-" if x is None else f"{x:.2f}x"
 
 
-def render(rows):
+def render(rows: List[Record]) -> str:
     """The summary table; the reference's columns when it ran."""
     with_ref = any(r.get("reference") is not None for r in rows)
     table = []
@@ -465,10 +497,10 @@ def render(rows):
         shown_unit = "µs" if unit == "µs" else ("" if unit in ("msg/s",) else unit)
         values = [_fmt_val(r["msgq"], unit), _fmt_val(r["pyzmq"], unit), *ref, shown_unit, _times(r["advantage"])]
         table.append([r["metric"], fmt_size(r["size"]), *values, *ref_adv, target, met])
-    r = "r" if with_ref else ""
+    rc = "r" if with_ref else ""
     headers = ["metric", "size", "msgq", "pyzmq", *(["reference"] if with_ref else []), "unit", "msgq better by"]
     headers += ["vs reference"] if with_ref else []
-    return format_table(headers + ["target", ""], table, f"llrr{r}lr{r}ll")
+    return format_table(headers + ["target", ""], table, f"llrr{rc}lr{rc}ll")
 
 
 # =========================================================================== the command
@@ -489,7 +521,7 @@ class MsgqVsZmq(suite.Suite):
     setup, teardown = staticmethod(tasks.worker_setup), staticmethod(tasks.worker_teardown)
     summarize, render = staticmethod(summarize), staticmethod(render)
 
-    def flags(self, ap):
+    def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument(
             "--reference",
             choices=("auto", "on", "off"),
@@ -498,12 +530,14 @@ class MsgqVsZmq(suite.Suite):
             "auto = when it is built (default), on = fail without it",
         )
 
-    def output_flags(self, ap):
+    def output_flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument(
             "--plot", metavar="PATH", help="write a PNG of latency percentiles and throughput (needs matplotlib)"
         )
 
-    def make_plan(self, ap, args, sizes, only):
+    def make_plan(
+        self, ap: argparse.ArgumentParser, args: argparse.Namespace, sizes: List[int], only: Set[str]
+    ) -> Plan:
         why_not = reference.unavailable()
         if args.reference == "on" and why_not:
             ap.error(f"--reference on: {why_not}")
@@ -513,7 +547,7 @@ class MsgqVsZmq(suite.Suite):
         return plan
 
     @contextlib.contextmanager
-    def environment(self, plan):
+    def environment(self, plan: suite.Plan) -> Iterator[None]:
         self.prefix = prefix = f"bench{os.getpid()}"
         # the shared-memory ring, whatever the caller's environment says; the reference's
         # topic files (it never removes them) go to a folder of this run's, removed at the end
@@ -532,27 +566,28 @@ class MsgqVsZmq(suite.Suite):
                         with contextlib.suppress(FileNotFoundError):
                             os.unlink(os.path.join(segment_dir(), name))
 
-    def meta(self, plan):
+    def meta(self, plan: suite.Plan) -> Dict[str, Any]:
+        assert isinstance(plan, Plan)
         return {
             "git": git_rev(),
             "msgq_spin_us_default": os.environ.get("MSGQ_SPIN_US", "library default"),
             "reference": reference.describe() if plan.reference else None,
         }
 
-    def headline(self, info, cpus, pinned):
+    def headline(self, info: Dict[str, Any], cpus: Sequence[int], pinned: Sequence[Optional[int]]) -> str:
         return (
             f"msgq vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}), MSGQ_PREFIX={self.prefix}, cpus={cpus}, "
             f"publisher on {pinned[0]}, subscriber on {pinned[1]}, load {info['loadavg_start']}"
             + (f", MSGQ_SPIN_US={os.environ['MSGQ_SPIN_US']}" if os.environ.get("MSGQ_SPIN_US") else "")
         )
 
-    def notes(self, plan):
+    def notes(self, plan: suite.Plan) -> List[str]:
         return [
             "latency: medians/percentiles of all samples pooled over rounds; throughput: median over rounds, "
             "received msg/s at the subscriber"
         ]
 
-    def print_tables(self, info, rows, runner):
+    def print_tables(self, info: Dict[str, Any], rows: List[Record], runner: suite.Runner) -> None:
         if info["reference"]:
             print(f"reference: commaai/msgq {info['reference']} ({reference.root()})")
         print(render(rows))
@@ -566,12 +601,15 @@ class MsgqVsZmq(suite.Suite):
             headers = ["variant", "size", "sent/s", "received/s", "MB/s", "received", "lost", "resets"]
             print(format_table(headers, lr, "llrrrrrr"))
 
-    def json_report(self, info, rows, runner, elapsed):
+    def json_report(
+        self, info: Dict[str, Any], rows: List[Record], runner: suite.Runner, elapsed: float
+    ) -> Dict[str, Any]:
+        assert isinstance(runner, Runner)
         info.update(loadavg_end=read_loadavg(), elapsed_s=elapsed)
         report = {"meta": info, "summary": rows, "results": runner.results}
         return {**report, "calibrations": runner.calibrations, "errors": runner.errors}
 
-    def outputs(self, args, runner, log):
+    def outputs(self, args: argparse.Namespace, runner: suite.Runner, log: Log) -> None:
         if args.json:
             log(f"raw results: {args.json}")
         if args.plot:
@@ -581,7 +619,7 @@ class MsgqVsZmq(suite.Suite):
                 log(f"plot: {args.plot}")
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return MsgqVsZmq().main(argv)
 
 

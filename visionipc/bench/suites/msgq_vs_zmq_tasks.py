@@ -11,10 +11,12 @@ import os
 import resource
 import time
 from itertools import repeat
+from typing import Any, Dict, List, Optional, Tuple
 
 from visionipc.bench.pubsub import (
     END,
     MsgqSockets,
+    Send,
     ZmqSockets,
     busy_latency_loop,
     flat_send,
@@ -25,7 +27,7 @@ from visionipc.bench.pubsub import (
     subscribing,
 )
 from visionipc.bench.pubsub import STAMP as _Q
-from visionipc.bench.workers import BenchError
+from visionipc.bench.workers import BenchError, Control, State
 
 MSGQ_TIMEOUT_MS = 5000  # receive timeouts: only there so that a lost message cannot hang a run
 
@@ -33,20 +35,20 @@ MSGQ_TIMEOUT_MS = 5000  # receive timeouts: only there so that a lost message ca
 class MsgqTransport(MsgqSockets):
     kind = "msgq"
 
-    def __init__(self, state, spin_us=None):
+    def __init__(self, state: State, spin_us: Optional[int] = None) -> None:
         super().__init__()
         self.spin_us = spin_us
 
-    def pub(self, topic, segment_size):
+    def pub(self, topic: str, segment_size: int) -> Any:
         return self.msgq.pub_sock(topic, segment_size=segment_size)
 
-    def sub(self, topic, segment_size):
+    def sub(self, topic: str, segment_size: int) -> Any:
         s = self.msgq.sub_sock(topic, timeout=MSGQ_TIMEOUT_MS, segment_size=segment_size)
         if self.spin_us is not None:
             s.spin_us = self.spin_us
         return s
 
-    def set_timeout(self, sub, ms):
+    def set_timeout(self, sub: Any, ms: int) -> None:
         sub.setTimeout(ms)
 
 
@@ -55,7 +57,7 @@ class ZmqTransport(ZmqSockets):
 
     kind = "zmq"
 
-    def __init__(self, state, nodrop=True):
+    def __init__(self, state: State, nodrop: bool = True) -> None:
         import zmq
 
         if "zmq_ctx" not in state:
@@ -63,10 +65,10 @@ class ZmqTransport(ZmqSockets):
         super().__init__(state["zmq_ctx"], nodrop=nodrop, timeout_ms=MSGQ_TIMEOUT_MS)
         self.dir = state["ipc_dir"]
 
-    def url(self, topic):
+    def url(self, topic: str) -> str:
         return f"ipc://{self.dir}/{topic}"
 
-    def set_timeout(self, sub, ms):
+    def set_timeout(self, sub: Any, ms: int) -> None:
         sub.setsockopt(self.zmq.RCVTIMEO, ms)
 
 
@@ -78,7 +80,7 @@ class ReferenceTransport:
 
     kind = "reference"
 
-    def __init__(self, state):
+    def __init__(self, state: State) -> None:
         from visionipc.bench import reference
 
         self.ipc = reference.load("ipc")
@@ -86,58 +88,74 @@ class ReferenceTransport:
             state["ref_ctx"] = self.ipc.Context()
         self.ctx = state["ref_ctx"]
 
-    def pub(self, topic, segment_size):
+    def pub(self, topic: str, segment_size: int) -> Any:
         s = self.ipc.PubSocket()
         s.connect(self.ctx, topic, segment_size=segment_size)
         return s
 
-    def sub(self, topic, segment_size):
+    def sub(self, topic: str, segment_size: int) -> Any:
         s = self.ipc.SubSocket()
         s.connect(self.ctx, topic, segment_size=segment_size)
         s.setTimeout(MSGQ_TIMEOUT_MS)
         return s
 
-    def set_timeout(self, sub, ms):
+    def set_timeout(self, sub: Any, ms: int) -> None:
         sub.setTimeout(ms)
 
-    def wait_subscribed(self, pub, timeout=20.0):
+    def wait_subscribed(self, pub: Any, timeout: float = 20.0) -> None:
         pass  # see the class: the barrier orders it
 
-    def close(self, *socks):
+    def close(self, *socks: Any) -> None:
         pass  # its sockets close when collected
 
 
 TRANSPORTS = {"msgq": MsgqTransport, "zmq": ZmqTransport, "reference": ReferenceTransport}
 
 
-def make_transport(state, spec):
+def make_transport(state: State, spec: Dict[str, Any]) -> Any:
     spec = dict(spec)
     return TRANSPORTS[spec.pop("kind")](state, **spec)
 
 
-def _send_bytes(t, pub):
+def _send_bytes(t: Any, pub: Any) -> Send:
     """``pub``'s send, for a buffer the task reuses (the reference's takes ``bytes`` only)."""
-    return (lambda b, send=pub.send: send(bytes(b))) if t.kind == "reference" else pub.send
+    if t.kind != "reference":
+        return pub.send
+
+    def send_copy(b: Any, send: Send = pub.send) -> Any:
+        return send(bytes(b))
+
+    return send_copy
 
 
-def worker_setup(state):
+def worker_setup(state: State) -> None:
     state["ipc_dir"] = os.environ["BENCH_IPC_DIR"]
 
 
-def worker_teardown(state):
+def worker_teardown(state: State) -> None:
     ctx = state.pop("zmq_ctx", None)
     if ctx is not None:
         ctx.destroy(linger=0)
 
 
-def task_latency_pub(ctl, state, transport, topic, size, segment_size, count, warmup, interval_us):
+def task_latency_pub(
+    ctl: Control,
+    state: State,
+    transport: Dict[str, Any],
+    topic: str,
+    size: int,
+    segment_size: int,
+    count: int,
+    warmup: int,
+    interval_us: int,
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(topic, segment_size)) as (pub, _):
         paced_send(_send_bytes(t, pub), size, warmup + count, interval_us)
     return {}
 
 
-def _ctx_switches():
+def _ctx_switches() -> Tuple[int, int, int]:
     """(voluntary, involuntary context switches, ns spent runnable but waiting
     for a CPU) of this whole process, all its threads."""
     ru = resource.getrusage(resource.RUSAGE_SELF)
@@ -151,11 +169,20 @@ def _ctx_switches():
     return ru.ru_nvcsw, ru.ru_nivcsw, run_delay
 
 
-def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, warmup):
+def task_latency_sub(
+    ctl: Control,
+    state: State,
+    transport: Dict[str, Any],
+    topic: str,
+    size: int,
+    segment_size: int,
+    busy: bool,
+    warmup: int,
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with subscribing(ctl, t, lambda: t.sub(topic, segment_size)) as sub:
         cs0 = _ctx_switches()
-        lat = []
+        lat: List[int] = []
         if t.kind != "zmq":
             recv, nonblocking, Again = sub.receive, True, ()
         else:
@@ -178,12 +205,21 @@ def task_latency_sub(ctl, state, transport, topic, size, segment_size, busy, war
     }
 
 
-def task_rtt_ping(ctl, state, transport, size, segment_size, count, warmup, tag):
+def task_rtt_ping(
+    ctl: Control,
+    state: State,
+    transport: Dict[str, Any],
+    size: int,
+    segment_size: int,
+    count: int,
+    warmup: int,
+    tag: str,
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(f"{tag}ping", segment_size), lambda: t.sub(f"{tag}pong", segment_size)) as (pub, sub):
         buf = bytearray(size)
         pack, unpack, send, now = _Q.pack_into, _Q.unpack_from, _send_bytes(t, pub), time.monotonic_ns
-        rtt = []
+        rtt: List[int] = []
         app = rtt.append
         recv = sub.recv if t.kind == "zmq" else sub.receive  # a pyzmq timeout raises zmq.Again
         for _ in repeat(None, warmup + count):
@@ -199,7 +235,9 @@ def task_rtt_ping(ctl, state, transport, size, segment_size, count, warmup, tag)
     return {"samples": rtt[warmup:]}
 
 
-def task_rtt_echo(ctl, state, transport, size, segment_size, tag):
+def task_rtt_echo(
+    ctl: Control, state: State, transport: Dict[str, Any], size: int, segment_size: int, tag: str
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(f"{tag}pong", segment_size), lambda: t.sub(f"{tag}ping", segment_size)) as (pub, sub):
         unpack, send = _Q.unpack_from, pub.send
@@ -217,7 +255,17 @@ def task_rtt_echo(ctl, state, transport, size, segment_size, tag):
     return {"echoed": echoed}
 
 
-def task_thr_send(ctl, state, transport, topic, size, segment_size, count, credit_window, lossy):
+def task_thr_send(
+    ctl: Control,
+    state: State,
+    transport: Dict[str, Any],
+    topic: str,
+    size: int,
+    segment_size: int,
+    count: int,
+    credit_window: int,
+    lossy: bool,
+) -> Dict[str, Any]:
     """Flat out. With ``credit_window`` (msgq lossless), never more than that
     many messages ahead of the receiver's last ack."""
     t = make_transport(state, transport)
@@ -265,9 +313,20 @@ def task_thr_send(ctl, state, transport, topic, size, segment_size, count, credi
     }
 
 
-def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credit_window, lossy, batch_receive):
+def task_thr_recv(
+    ctl: Control,
+    state: State,
+    transport: Dict[str, Any],
+    topic: str,
+    size: int,
+    segment_size: int,
+    count: int,
+    credit_window: int,
+    lossy: bool,
+    batch_receive: bool,
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
-    ack_pub = t.pub(f"{topic}ack", 0) if credit_window else None
+    ack_pub: Any = t.pub(f"{topic}ack", 0) if credit_window else None
     sub = None
     try:
         ctl.barrier("bound")
@@ -299,7 +358,8 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
                 batch = sub.receive_batch
                 ack_every = max(1, credit_window // 4) if credit_window else 0
                 next_ack = ack_every
-                send_ack, pack = (ack_pub.send if ack_pub else None), _Q.pack
+                send_ack: Any = ack_pub.send if ack_pub else None
+                pack = _Q.pack
                 b = batch(1024, MSGQ_TIMEOUT_MS)
                 t_first = now()
                 while b:
@@ -377,7 +437,9 @@ def task_thr_recv(ctl, state, transport, topic, size, segment_size, count, credi
     }
 
 
-def task_idle_pub(ctl, state, transport, topic, warm_messages):
+def task_idle_pub(
+    ctl: Control, state: State, transport: Dict[str, Any], topic: str, warm_messages: int
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with publishing(ctl, t, t.pub(topic, 0)) as (pub, _):
         for _ in range(warm_messages):  # recent traffic, so an adaptive spin is primed
@@ -387,7 +449,9 @@ def task_idle_pub(ctl, state, transport, topic, warm_messages):
     return {}
 
 
-def task_idle_sub(ctl, state, transport, topic, warm_messages, idle_ms):
+def task_idle_sub(
+    ctl: Control, state: State, transport: Dict[str, Any], topic: str, warm_messages: int, idle_ms: int
+) -> Dict[str, Any]:
     t = make_transport(state, transport)
     with subscribing(ctl, t, lambda: t.sub(topic, 0)) as sub:
         recv = sub.recv if t.kind == "zmq" else sub.receive

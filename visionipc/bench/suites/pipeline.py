@@ -35,14 +35,16 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from visionipc.bench.harness import add_common_flags, write_json
 from visionipc.bench.stats import format_table
 from visionipc.bench.workers import read_loadavg
 
+Result = Dict[str, Any]  # one child's measurement, as JSON
 
-def make_index(data, rows):
+
+def make_index(data: str, rows: int) -> str:
     from visionipc.apps.pipeline import synthetic
 
     root = os.path.join(data, f"index_{rows}")
@@ -56,7 +58,7 @@ def make_index(data, rows):
     return root
 
 
-def make_video(data, frames, segment_frames=126):
+def make_video(data: str, frames: int, segment_frames: int = 126) -> str:
     from visionipc.apps.pipeline import synthetic
 
     root = os.path.join(data, f"video_{frames}")
@@ -73,7 +75,7 @@ def make_video(data, frames, segment_frames=126):
 # ---------------------------------------------------------------- children (one measurement each)
 
 
-def child_health_spark(root, master, from_files=False):
+def child_health_spark(root: str, master: str, from_files: bool = False) -> Result:
     t0 = time.monotonic()
     from visionipc.apps.pipeline import health
     from visionipc.apps.pipeline.read import read_index
@@ -81,6 +83,7 @@ def child_health_spark(root, master, from_files=False):
 
     spark = spark_session(master)
     started = time.monotonic()
+    rows: Any  # a pandas DataFrame
     if from_files:  # one task per stream reads its files: no shuffle
         rows = health.health_from_files(health.streams_df(spark, [root])).toPandas()
     else:  # Spark's Parquet reader, then applyInPandas over a shuffle
@@ -98,7 +101,9 @@ def child_health_spark(root, master, from_files=False):
     }
 
 
-def child_health_pass(root, master, events=None, conf=None):
+def child_health_pass(
+    root: str, master: str, events: Optional[str] = None, conf: Optional[Dict[str, str]] = None
+) -> Result:
     """What vipc-analyze --jobs health runs (jobs.health_pass: each task reads its streams'
     files with pyarrow, health + drops + timeline + latency + events in one pass).
     ``events``: a folder for Spark's event log, summarised per job (spark_events.py);
@@ -113,17 +118,19 @@ def child_health_pass(root, master, events=None, conf=None):
     spark = spark_session(master, conf={**(spark_events.event_log_conf(events) if events else {}), **(conf or {})})
     slots = cluster.task_slots(spark)
     jvm = spark_events.jvm_pid(spark)
-    jvm_cpu = spark_events.process_cpu_s(jvm)
+    jvm_cpu = spark_events.process_cpu_s(jvm) if jvm else None
     workers_cpu = spark_events.descendants_cpu_s(jvm) if jvm else None
     started, started_at = time.monotonic(), time.time()
     got = jobs.health_pass(spark, files, slots)
     done, done_at = time.monotonic(), time.time()
-    if jvm_cpu is not None:
-        jvm_cpu = spark_events.process_cpu_s(jvm) - jvm_cpu
-        workers_cpu = spark_events.descendants_cpu_s(jvm) - workers_cpu
-    rows = got["health"]
+    jvm_after = spark_events.process_cpu_s(jvm) if jvm and jvm_cpu is not None else None
+    if jvm and jvm_cpu is not None and jvm_after is not None and workers_cpu is not None:
+        jvm_cpu, workers_cpu = jvm_after - jvm_cpu, spark_events.descendants_cpu_s(jvm) - workers_cpu
+    else:
+        jvm_cpu = workers_cpu = None  # not measured: no JVM of ours (spark-submit) or no /proc
+    rows: Any = got["health"]  # a pandas DataFrame
     spark.stop()
-    out = {
+    out: Result = {
         "total_s": done - t0,
         "check_s": checked - t0,
         "session_s": started - checked,
@@ -144,7 +151,7 @@ def child_health_pass(root, master, events=None, conf=None):
     return out
 
 
-def _driver_checks(root, out=None):
+def _driver_checks(root: str, out: Optional[str] = None) -> Any:
     import argparse
 
     from visionipc.apps.pipeline.analysis import driver_checks
@@ -153,7 +160,7 @@ def _driver_checks(root, out=None):
     return driver_checks([root], args, out or os.path.join(root + ".out"), print)
 
 
-def child_checks(root):
+def child_checks(root: str) -> Result:
     """The driver's checks of the inputs before Spark starts, as vipc-analyze does them
     (analysis.driver_checks: listings, recording.json, names; each file's contents are
     checked by the task that reads it), and as they were before issue 33 (every index
@@ -171,7 +178,7 @@ def child_checks(root):
     return {"import_s": imported - t0, "checks_s": now - imported, "before_s": before - now, "files": len(files)}
 
 
-def child_command(root, master, out):
+def child_command(root: str, master: str, out: str) -> Result:
     """The whole ``vipc-analyze --jobs health`` command, process start to exit (driver checks,
     Spark's start, the job, the run folder's Parquet files, the tables, the report)."""
     import shutil
@@ -185,7 +192,7 @@ def child_command(root, master, out):
     return {"total_s": elapsed}
 
 
-def child_same_numbers(root, out):
+def child_same_numbers(root: str, out: str) -> Result:
     """One pyarrow + numpy process computing the same numbers as ``vipc-analyze --jobs
     health`` (health, drops, fps timeline, latency histogram, events: jobs.health_of_streams
     over the index read by pyarrow's threads) and writing them as Parquet files; no checks,
@@ -212,7 +219,7 @@ def child_same_numbers(root, out):
     return {"total_s": done - t0, "read_s": read - t0, "rows": rows, "dropped": dropped}
 
 
-def child_source(root, master):
+def child_source(root: str, master: str) -> Result:
     """spark.read.format("vipc") vs Spark's own Parquet reader on the same files: a full
     count, and a pruned + filtered query (one stream, a frame-id range)."""
     from visionipc.apps.pipeline.read import INDEX_SPARK_SCHEMA, find_recordings, index_files
@@ -220,7 +227,7 @@ def child_source(root, master):
 
     spark = spark_session(master)
     files = [p for _, _, _, p in index_files(find_recordings([root]), validate=False)]
-    out = {}
+    out: Result = {}
     for name, df in (
         ("vipc", lambda: spark.read.format("vipc").load(root)),
         ("parquet", lambda: spark.read.schema(INDEX_SPARK_SCHEMA).parquet(*files)),
@@ -237,7 +244,7 @@ def child_source(root, master):
     return out
 
 
-def child_health_pandas(root):
+def child_health_pandas(root: str) -> Result:
     """The same statistics in one process, lean: the columns they need, no checks."""
     t0 = time.monotonic()
     from visionipc.apps.pipeline import health
@@ -250,7 +257,7 @@ def child_health_pandas(root):
     return {"total_s": done - t0, "read_s": read - t0, "job_s": done - read, "rows": int(rows["frames"].sum())}
 
 
-def child_metrics_spark(root, master):
+def child_metrics_spark(root: str, master: str) -> Result:
     """The metrics job twice in one session: cold (its Python workers start and
     import during the job) and warm (the same job again, workers running)."""
     from pyspark.sql import functions as F
@@ -262,23 +269,24 @@ def child_metrics_spark(root, master):
     spark = spark_session(master)
     segments = segments_df(spark, [root]).cache()
     segments.count()
-    out = {}
+    out: Result = {}
     for run in ("cold", "warm"):
         t = time.monotonic()
         agg = metrics.metrics_job(segments).agg(F.count("*").alias("n"), F.sum("sharpness").alias("s")).first()
+        assert agg is not None  # an aggregate has one row
         elapsed = time.monotonic() - t
         out[run] = {"frames": int(agg["n"]), "seconds": elapsed, "fps": agg["n"] / elapsed, "sharpness_sum": agg["s"]}
     spark.stop()
     return out
 
 
-def child_metrics_pool(root, processes):
+def child_metrics_pool(root: str, processes: int) -> Result:
     """The same twice on one spawn pool: cold (pool start and imports included) and warm."""
     import multiprocessing
 
     from visionipc.apps.pipeline import metrics
 
-    out = {}
+    out: Result = {}
     t = time.monotonic()
     with multiprocessing.get_context("spawn").Pool(processes) as pool:
         for run in ("cold", "warm"):
@@ -294,7 +302,7 @@ def child_metrics_pool(root, processes):
     return out
 
 
-CHILDREN = {
+CHILDREN: Dict[str, Callable[..., Result]] = {
     "health_spark": child_health_spark,
     "health_pandas": child_health_pandas,
     "health_pass": child_health_pass,
@@ -307,14 +315,14 @@ CHILDREN = {
 }
 
 
-def in_child(name, *args):
+def in_child(name: str, *args: Any) -> Result:
     """Run one measurement in a fresh interpreter; returns its JSON result."""
     cmd = [sys.executable, "-m", "visionipc.bench.suites.pipeline", "--child", json.dumps([name, *args])]
     out = subprocess.run(cmd, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def _describe(run) -> str:
+def _describe(run: Result) -> str:
     """One line: a health_pass run's job time and, with --breakdown, where it went."""
     text = f"job {run['job_s']:.1f} s"
     if run.get("jvm_cpu_s") is not None:
@@ -330,7 +338,9 @@ def _describe(run) -> str:
     return text
 
 
-def pass_runs(root, rounds, events=None, conf=None, data=None) -> dict:
+def pass_runs(
+    root: str, rounds: int, data: str, events: Optional[str] = None, conf: Optional[Dict[str, str]] = None
+) -> Dict[str, List[Any]]:
     """Per round, interleaved so that all see the same spread of load: health_pass on
     local[2] and local[1], the whole command on local[2] and the one-process baseline
     computing the same numbers; each run with the load average before it."""
@@ -364,7 +374,7 @@ def pass_runs(root, rounds, events=None, conf=None, data=None) -> dict:
     return runs
 
 
-def pass_medians(runs) -> str:
+def pass_medians(runs: Dict[str, List[Result]]) -> str:
     """Medians over the runs: job times, local[2] / local[1] (of the medians, and of each
     interleaved pair), the 1-minute load average seen before the runs."""
     import statistics
@@ -382,11 +392,13 @@ def pass_medians(runs) -> str:
     )
 
 
-def pass_targets(two, one, command, same, checks, runs) -> str:
+def pass_targets(
+    two: Result, one: Result, command: Result, same: Result, checks: Result, runs: Dict[str, List[Result]]
+) -> str:
     """Issue 33's targets side by side (best runs; the speed-up of the medians: pass_medians)."""
     import statistics
 
-    def verdict(ok):
+    def verdict(ok: bool) -> str:
         return "met" if ok else "MISSED"
 
     ratios = {
@@ -409,7 +421,7 @@ def pass_targets(two, one, command, same, checks, runs) -> str:
     )
 
 
-def main(argv=None):
+def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--part", choices=("health", "pass", "source", "metrics", "all"), default="all")
     p.add_argument("--rows", type=int, default=10_000_000, help="index rows for the health part")
@@ -440,9 +452,9 @@ def main(argv=None):
         print(json.dumps(CHILDREN[name](*rest)))
         return 0
     os.makedirs(args.data, exist_ok=True)
-    results = {"loadavg_start": read_loadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
+    results: Result = {"loadavg_start": read_loadavg(), "cpus": os.cpu_count(), "python": sys.version.split()[0]}
 
-    def best(key, *a):
+    def best(key: str, *a: Any) -> Result:
         runs = [in_child(*a) for _ in range(args.rounds)]
         return min(runs, key=lambda r: r[key]) if key == "total_s" else max(runs, key=lambda r: r[key])
 
@@ -490,7 +502,7 @@ def main(argv=None):
         load = read_loadavg()
         checks = dict(in_child("checks", root), loadavg_before=load)
         events = os.path.join(args.data, "spark-events") if args.breakdown else None
-        runs = pass_runs(root, args.rounds, events, conf, args.data)
+        runs = pass_runs(root, args.rounds, args.data, events, conf)
         two, one = (min(runs[m], key=lambda r: r["total_s"]) for m in ("local[2]", "local[1]"))
         command = min(runs["command"], key=lambda r: r["total_s"])
         same = min(runs["same_numbers"], key=lambda r: r["total_s"])

@@ -36,16 +36,20 @@ target applies to latency and credit throughput.
 ``python tools/bench_zmq_backend.py --quick`` runs in well under a minute.
 """
 
+import argparse
+import contextlib
 import os
 import sys
 import time
 from itertools import repeat
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
 
 from msgq.tooling import scoped_env
 from visionipc.bench import pubsub, suite
 from visionipc.bench.pubsub import STAMP as _Q
 from visionipc.bench.stats import fmt_rate, fmt_size, format_table, latency_stats, median
-from visionipc.bench.workers import BenchError
+from visionipc.bench.suite import Record
+from visionipc.bench.workers import BenchError, Control, State
 
 # Receives wait without a timeout on both sides (the reference's default, and pyzmq's plain recv());
 # a lost message ends a run through the worker pool's own time limit.
@@ -61,7 +65,7 @@ OURS, RAW = "msgq zmq", "pyzmq"
 class Ours(pubsub.MsgqSockets):
     kind = OURS
 
-    def __init__(self, hwm=None):
+    def __init__(self, hwm: Optional[int] = None) -> None:
         os.environ["MSGQ_BACKEND"] = "zmq"
         os.environ["MSGQ_ZMQ_BIND"] = "127.0.0.1"
         if hwm is None:
@@ -70,13 +74,13 @@ class Ours(pubsub.MsgqSockets):
             os.environ["MSGQ_ZMQ_HWM"] = str(hwm)
         super().__init__()
 
-    def pub(self, topic):
+    def pub(self, topic: str) -> Any:
         return self.msgq.pub_sock(topic)
 
-    def sub(self, topic):
+    def sub(self, topic: str) -> Any:
         return self.msgq.sub_sock(topic)
 
-    def receiver(self, sub):
+    def receiver(self, sub: Any) -> Callable[[], Optional[bytes]]:
         """``recv()`` -> bytes, or None on timeout."""
         return sub.receive
 
@@ -84,7 +88,7 @@ class Ours(pubsub.MsgqSockets):
 class Raw(pubsub.ZmqSockets):
     kind = RAW
 
-    def __init__(self, hwm=None):
+    def __init__(self, hwm: Optional[int] = None) -> None:
         import zmq
 
         from msgq.names import zmq_port
@@ -92,15 +96,15 @@ class Raw(pubsub.ZmqSockets):
         super().__init__(zmq.Context.instance(), hwm=hwm)
         self.zmq_port = zmq_port
 
-    def url(self, topic):
+    def url(self, topic: str) -> str:
         return f"tcp://127.0.0.1:{self.zmq_port(topic)}"
 
-    def receiver(self, sub):
+    def receiver(self, sub: Any) -> Callable[[], bytes]:
         """``recv()`` -> bytes; raises ``zmq.Again`` on timeout."""
         return sub.recv
 
 
-def make(kind, hwm=None):
+def make(kind: str, hwm: Optional[int] = None) -> Any:
     return Ours(hwm) if kind == OURS else Raw(hwm)
 
 
@@ -110,7 +114,9 @@ def make(kind, hwm=None):
 # the timed part; ctl.barrier("done").
 
 
-def task_latency_send(ctl, state, kind, topic, size, count, warmup, interval_us):
+def task_latency_send(
+    ctl: Control, state: State, kind: str, topic: str, size: int, count: int, warmup: int, interval_us: int
+) -> Dict[str, Any]:
     t = make(kind)
     with pubsub.publishing(ctl, t, t.pub(topic)) as (pub, _):
         # lossy transports: send the end marker a few times
@@ -118,15 +124,15 @@ def task_latency_send(ctl, state, kind, topic, size, count, warmup, interval_us)
     return {}
 
 
-def task_latency_recv(ctl, state, kind, topic, warmup):
+def task_latency_recv(ctl: Control, state: State, kind: str, topic: str, warmup: int) -> Dict[str, Any]:
     t = make(kind)
     with pubsub.subscribing(ctl, t, lambda: t.sub(topic)) as sub:
-        lat = []
+        lat: List[int] = []
         how = pubsub.latency_loop(t.receiver(sub), lat, () if kind == OURS else t.zmq.Again)
     return {"samples": lat[warmup:], "ended": how}
 
 
-def task_thr_send(ctl, state, kind, topic, size, count):
+def task_thr_send(ctl: Control, state: State, kind: str, topic: str, size: int, count: int) -> Dict[str, Any]:
     t = make(kind)
     with pubsub.publishing(ctl, t, t.pub(topic)) as (pub, _):
         send_s = pubsub.flat_send(pub.send, size, count)
@@ -135,7 +141,7 @@ def task_thr_send(ctl, state, kind, topic, size, count):
     return {"sent": count, "send_s": send_s}
 
 
-def task_thr_recv(ctl, state, kind, topic):
+def task_thr_recv(ctl: Control, state: State, kind: str, topic: str) -> Dict[str, Any]:
     t = make(kind)
     with pubsub.subscribing(ctl, t, lambda: t.sub(topic)) as sub:
         now = time.monotonic_ns
@@ -171,19 +177,19 @@ def task_thr_recv(ctl, state, kind, topic):
 WINDOW, ACK_EVERY, CREDIT_HWM = 400, 100, 100_000
 
 
-def _ack_functions(t, sub):
+def _ack_functions(t: Any, sub: Any) -> Tuple[Callable[[], Optional[bytes]], Callable[[], Optional[bytes]]]:
     """(wait, poll) on the ack subscriber, both returning bytes or None, for either kind."""
     if t.kind == OURS:
         return sub.receive, lambda: sub.receive(True)
     zmq = t.zmq
 
-    def wait():
+    def wait() -> Optional[bytes]:
         try:
             return sub.recv()
         except zmq.Again:
             return None
 
-    def poll():
+    def poll() -> Optional[bytes]:
         try:
             return sub.recv(zmq.NOBLOCK)
         except zmq.Again:
@@ -192,7 +198,7 @@ def _ack_functions(t, sub):
     return wait, poll
 
 
-def task_credit_send(ctl, state, kind, topic, size, count):
+def task_credit_send(ctl: Control, state: State, kind: str, topic: str, size: int, count: int) -> Dict[str, Any]:
     """Sends as fast as the credit allows: never more than WINDOW messages
     beyond the receiver's last ack (one ack per ACK_EVERY messages), so
     nothing is dropped and every message is delivered."""
@@ -223,7 +229,7 @@ def task_credit_send(ctl, state, kind, topic, size, count):
     return {"delivered": count, "seconds": (t1 - t0) * 1e-9, "stalls": stalls}
 
 
-def task_credit_recv(ctl, state, kind, topic, count):
+def task_credit_recv(ctl: Control, state: State, kind: str, topic: str, count: int) -> Dict[str, Any]:
     t = make(kind, CREDIT_HWM)
     ack_pub = t.pub(f"{topic}ack")
     sub = None
@@ -262,7 +268,9 @@ def task_credit_recv(ctl, state, kind, topic, count):
     return {"received": got, "ended": ended}
 
 
-def task_call_cost(ctl, state, kind, topic, size, count, rounds):
+def task_call_cost(
+    ctl: Control, state: State, kind: str, topic: str, size: int, count: int, rounds: int
+) -> Dict[str, Any]:
     """µs per call of the bare socket methods, in one process: ``send`` with
     no subscriber (the message is dropped at once: no I/O is timed), and
     ``receive`` of a message already waiting in the subscriber."""
@@ -305,18 +313,18 @@ PARTS = ("latency", "credit", "lossy", "calls")
 class Plan(suite.Plan):
     default_rounds = 5
 
-    def __init__(self, quick, rounds, sizes, interval_us, only=()):
+    def __init__(self, quick: bool, rounds: int, sizes: List[int], interval_us: int, only: Set[str]) -> None:
         super().__init__(quick, rounds, sizes, only)
         self.interval_us = interval_us
         self.lat_count = 300 if quick else 2000
         self.lat_warmup = 50 if quick else 200
 
-    def thr_count(self, size):
+    def thr_count(self, size: int) -> int:
         base = 100_000 if self.quick else 500_000
         return base if size <= 1024 else base // 4
 
 
-def _topic(stem):
+def _topic(stem: str) -> str:
     """A fresh topic whose port, and its ack topic's, no outgoing connection can hold."""
     from msgq.testing import unique_topic
 
@@ -324,13 +332,15 @@ def _topic(stem):
 
 
 class Runner(suite.Runner):
-    def run_tasks(self, record, tasks, timeout):
+    plan: Plan
+
+    def run_tasks(self, record: Record, tasks: Sequence[Any], timeout: float) -> Optional[List[Any]]:
         res = super().run_tasks(record, tasks, timeout)
         if res is not None:
             self.results.append({**record, "sender": res[0], "receiver": res[1] if len(res) > 1 else None})
         return res
 
-    def latency(self, kind, size, rnd):
+    def latency(self, kind: str, size: int, rnd: int) -> None:
         p = self.plan
         topic = _topic("lat")
         record = {"kind": "latency", "variant": kind, "size": size, "round": rnd}
@@ -360,7 +370,7 @@ class Runner(suite.Runner):
                 f"p99 {s.get('p99', float('nan')):7.1f} µs  ({s['n']} samples, {res[1]['ended']})"
             )
 
-    def throughput(self, kind, size, rnd):
+    def throughput(self, kind: str, size: int, rnd: int) -> None:
         count = self.plan.thr_count(size)
         topic = _topic("thr")
         record = {"kind": "throughput", "variant": kind, "size": size, "round": rnd}
@@ -378,7 +388,7 @@ class Runner(suite.Runner):
                 f"({res[1]['received']}/{count}), sent {fmt_rate(count / res[0]['send_s'])}"
             )
 
-    def credit(self, kind, size, rnd):
+    def credit(self, kind: str, size: int, rnd: int) -> None:
         count = self.plan.thr_count(size) // ACK_EVERY * ACK_EVERY
         topic = _topic("cred")
         record = {"kind": "credit", "variant": kind, "size": size, "round": rnd}
@@ -396,7 +406,7 @@ class Runner(suite.Runner):
                 f"{fmt_rate(count / res[0]['seconds'])} ({res[1]['received']}/{count}, {res[0]['stalls']} stalls)"
             )
 
-    def call_cost(self, kind, size, rnd):
+    def call_cost(self, kind: str, size: int, rnd: int) -> None:
         record = {"kind": "call_cost", "variant": kind, "size": size, "round": rnd}
         count = 20_000 if self.plan.quick else 50_000
         res = self.run_tasks(
@@ -410,7 +420,7 @@ class Runner(suite.Runner):
                 f"receive {res[0]['receive_us']:.3f} µs"
             )
 
-    def run_all(self):
+    def run_all(self) -> None:
         for rnd in range(1, self.plan.rounds + 1):
             order = (OURS, RAW) if rnd % 2 else (RAW, OURS)
             for part, measure in (
@@ -428,15 +438,25 @@ class Runner(suite.Runner):
 # =========================================================================== report
 
 
-def summarize(results, sizes):
+def summarize(results: List[Record], sizes: List[int]) -> List[Record]:
     """Rows: size, metric, ours, raw, overhead (> 0: ours is worse), and
     whether the 20 % target applies (end-to-end numbers; the bare call
     costs and the lossy sender's loop rate are shown for insight)."""
-    rows = []
+    rows: List[Record] = []
+    Spread = Optional[Tuple[float, float]]
 
-    def add(size, metric, ours, raw, higher_better, target, spread=None):
-        ok = ours is not None and raw is not None and ours == ours and raw == raw and ours > 0 and raw > 0
-        over = (raw / ours - 1 if higher_better else ours / raw - 1) if ok else float("nan")
+    def add(
+        size: int,
+        metric: str,
+        ours: Optional[float],
+        raw: Optional[float],
+        higher_better: bool,
+        target: bool,
+        spread: Optional[Tuple[Spread, Spread]] = None,
+    ) -> None:
+        over = float("nan")
+        if ours is not None and raw is not None and ours == ours and raw == raw and ours > 0 and raw > 0:
+            over = raw / ours - 1 if higher_better else ours / raw - 1
         rows.append(
             {
                 "size": size,
@@ -449,11 +469,13 @@ def summarize(results, sizes):
             }
         )
 
-    def spread(values):
+    def spread(values: List[float]) -> Spread:
         values = [v for v in values if v == v]
         return (min(values), max(values)) if len(values) > 1 else None
 
-    def add_rounds(size, metric, per_round, higher_better, target):
+    def add_rounds(
+        size: int, metric: str, per_round: Dict[str, List[float]], higher_better: bool, target: bool
+    ) -> None:
         """A row from one value per round for each variant: the medians, and the min-max of the rounds."""
         ours, raw = per_round[OURS], per_round[RAW]
         add(size, metric, median(ours), median(raw), higher_better, target, (spread(ours), spread(raw)))
@@ -482,8 +504,8 @@ def summarize(results, sizes):
     return rows
 
 
-def render(rows):
-    def val(row, v):
+def render(rows: List[Record]) -> str:
+    def val(row: Record, v: Optional[float]) -> str:
         if v is None or v != v:
             return "-"
         if "call" in row["metric"]:
@@ -531,27 +553,33 @@ class ZmqBackend(suite.Suite):
     runner = Runner
     summarize, render = staticmethod(summarize), staticmethod(render)
 
-    def flags(self, ap):
+    def flags(self, ap: argparse.ArgumentParser) -> None:
         ap.add_argument("--interval-us", type=int, default=500, help="latency: time between two sends (default 500 µs)")
 
-    def make_plan(self, ap, args, sizes, only):
+    def make_plan(
+        self, ap: argparse.ArgumentParser, args: argparse.Namespace, sizes: List[int], only: Set[str]
+    ) -> Plan:
         if not sizes or min(sizes) < 16:
             ap.error("--sizes: at least 16 bytes each (the send time takes 8)")
         return Plan(args.quick, args.rounds, sizes, args.interval_us, only)
 
-    def environment(self, plan):
-        return scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None)  # ports of this run only
+    @contextlib.contextmanager
+    def environment(self, plan: suite.Plan) -> Iterator[None]:
+        with scoped_env(MSGQ_PREFIX=f"benchzmq{os.getpid()}", OPENPILOT_PREFIX=None):  # ports of this run only
+            yield
 
-    def meta(self, plan):
+    def meta(self, plan: suite.Plan) -> Dict[str, Any]:
+        assert isinstance(plan, Plan)
         return {"interval_us": plan.interval_us}
 
-    def headline(self, info, cpus, pinned):
+    def headline(self, info: Dict[str, Any], cpus: Sequence[int], pinned: Sequence[Optional[int]]) -> str:
         return (
             f"msgq zmq backend vs pyzmq {info['pyzmq']} (libzmq {info['libzmq']}) over tcp://127.0.0.1, "
             f"sender on cpu {pinned[0]}, receiver on cpu {pinned[1]}, load {info['loadavg_start']}"
         )
 
-    def notes(self, plan):
+    def notes(self, plan: suite.Plan) -> List[str]:
+        assert isinstance(plan, Plan)
         return [
             f"latency: paced every {plan.interval_us} µs, blocking receive, percentiles of all samples pooled over "
             f"rounds; delivered/s: sender flat out within a credit window of {WINDOW} messages (nothing lost), median "
@@ -561,11 +589,13 @@ class ZmqBackend(suite.Suite):
             "methods in one process (send with no subscriber, receive of a waiting message).",
         ]
 
-    def json_report(self, info, rows, runner, elapsed):
+    def json_report(
+        self, info: Dict[str, Any], rows: List[Record], runner: suite.Runner, elapsed: float
+    ) -> Dict[str, Any]:
         return {"meta": info, "results": runner.results, "errors": runner.errors, "summary": rows}
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     return ZmqBackend().main(argv)
 
 
