@@ -140,7 +140,7 @@ class StreamPump(threading.Thread):
         return self.messages.Timestamp(sec=t // 10**9, nsec=t % 10**9)
 
     def _encode(self, frame, when):
-        if self.encoding == "jpeg":
+        if self.encoding == JPEG:
             cv2 = need("cv2", "view")
             ok, jpeg = cv2.imencode(".jpg", frame.to_bgr(), [cv2.IMWRITE_JPEG_QUALITY, self.quality])
             data = jpeg.tobytes()
