@@ -16,6 +16,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from pipeline_helpers import DROPS, FPS, H, W
+from stream_helpers import Recorder, follow_to_the_end, same_tables, windows_count_every_frame
 
 from visionipc.apps.pipeline import fs, runs, synthetic
 from visionipc.apps.pipeline.cli import main
@@ -267,3 +268,20 @@ def test_spark_connect_url_precedence_flag_then_master_then_env(monkeypatch):
     assert resolve_remote(None, "local[2]") is None  # --master chose a classic session
     monkeypatch.setenv("PYSPARK_GATEWAY_PORT", "1")  # spark-submit started this driver: classic
     assert resolve_remote(None) is None
+
+
+def test_follow_picks_up_a_recording_written_under_s3(cluster, tmp_path):
+    """--follow over s3://: recordings whose segments are uploaded one at a time are followed to
+    the end; the streamed tables equal a batch run's over the same s3:// recordings."""
+    fleet, out = f"s3://{BUCKET}/live", str(tmp_path / "live")
+    follow_to_the_end(
+        Recorder(tmp_path, fleet), out, str(tmp_path / "follow.log"), ("--master", "local[1]"), cluster["env"]
+    )
+    reference = str(tmp_path / "batch")
+    cmd = [sys.executable, "-m", "visionipc.apps.pipeline.cli", fleet, "--out", reference, "--jobs", "health"]
+    r = subprocess.run(
+        [*cmd, "--master", "local[1]", "-q"], env=cluster["env"], capture_output=True, text=True, timeout=600
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    same_tables(out, reference)
+    windows_count_every_frame(out, reference)
