@@ -201,7 +201,20 @@ class AvStorage:
         return storage
 
 
-class AvEncoder:
+class _SegmentFile:
+    """A segment's video file being written: a PyAV container with one video stream."""
+
+    container: Any
+    stream: Any
+
+    def release(self) -> None:
+        try:
+            self.container.mux(self.stream.encode(None))
+        finally:
+            self.container.close()
+
+
+class AvEncoder(_SegmentFile):
     """One segment's video file: ``write(compact_image)`` per frame, ``release()`` at the end
     (the interface of cv2.VideoWriter that writer.StreamWriter uses)."""
 
@@ -236,14 +249,8 @@ class AvEncoder:
             packets = self.stream.encode(frame)
         self.container.mux(packets)
 
-    def release(self) -> None:
-        try:
-            self.container.mux(self.stream.encode(None))
-        finally:
-            self.container.close()
 
-
-class Mp4vEncoder:
+class Mp4vEncoder(_SegmentFile):
     """One segment of the OpenCV format's lossy storage (``storage.Storage``, --codec mp4v):
     MPEG-4 Part 2 in .mp4 with OpenCV's VideoWriter settings (1.5 bits per pixel, qmin 3,
     an intra frame every 12), fed the compact image as YUV 4:2:0 (``encoder_frame``; gray8
@@ -277,12 +284,6 @@ class Mp4vEncoder:
         frame.pts = self.pts
         self.pts += 1
         self.container.mux(self.stream.encode(frame))
-
-    def release(self) -> None:
-        try:
-            self.container.mux(self.stream.encode(None))
-        finally:
-            self.container.close()
 
 
 class _Segment:
