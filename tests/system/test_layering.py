@@ -129,10 +129,9 @@ def test_the_cycle_finder_finds_one():
 # the Python branches on the format table's descriptors (visionipc.formats: yuv420, planes,
 # channels, sample_bytes, the OpenCV/FFmpeg names), never on a pixel format's name.
 LAYOUT = "visionipc/apps/record/layout.py"
-FORMAT_NAME_ALLOWED = {
-    # (module, name): why it is compared
-    ("visionipc/apps/record/av_frames.py", "nv12"): "FFmpeg's pixel format of that name (a decoded frame's)",
-}
+# (module, name): why it is compared. None now: av_frames.py names FFmpeg's pixel formats
+# through the table's av_format (av_frames.NV12, ...).
+FORMAT_NAME_ALLOWED: dict = {}
 
 
 def _python_files():
