@@ -34,9 +34,9 @@ def fleet(tmp_path_factory):
     return root
 
 
-def _one_process(root) -> dict:
+def _one_process(*roots) -> dict:
     """The same tables computed without Spark (read.read_index_pandas + jobs.health_of_streams)."""
-    index = read_index_pandas([root], columns=health._NEEDED)
+    index = read_index_pandas(list(roots), columns=health._NEEDED)
     return dict(jobs.health_of_streams(health._streams(index)))
 
 
@@ -98,3 +98,27 @@ def test_a_bad_index_file_among_many_is_refused_with_one_line(spark, fleet, tmp_
     assert err.count("\n") == 1 and err.startswith("vipc-analyze: error: "), err
     assert reason in err and "Traceback" not in err
     assert not os.path.isdir(out) or runs.completed_runs(str(out)) == []  # nothing published
+
+
+def test_tasks_get_streams_of_about_equal_work_and_the_same_results(spark, tmp_path):
+    from visionipc.apps.pipeline import tasks
+    from visionipc.apps.pipeline.cluster import task_slots
+
+    # equal weights: equal counts, in order; never an empty run, never more runs than rows
+    assert tasks.runs([1] * 200, 8) == [(25 * i, 25 * i + 25) for i in range(8)]
+    assert tasks.runs([1] * 3, 8) == [(0, 1), (1, 2), (2, 3)] and tasks.runs([], 8) == []
+    # a long recording's streams (20 segments) among short ones (1 segment): not 3 streams a task
+    weights = [20, 20] + [1] * 10
+    cuts = tasks.runs(weights, 4)
+    assert cuts == [(0, 1), (1, 2), (2, 12)]
+    assert max(sum(weights[a:b]) for a, b in cuts) == 20  # by count, one task would hold 20 + 20 + 1
+    # such a fleet through health_pass: the numbers of one process
+    synthetic.write_index(str(tmp_path / "long"), recordings=1, streams=2, frames=2000, segment_frames=100)
+    synthetic.write_index(str(tmp_path / "short"), recordings=5, streams=2, frames=100, segment_frames=100)
+    roots = [tmp_path / "long", tmp_path / "short"]
+    got = jobs.health_pass(spark, index_files(find_recordings(roots), contents=False), task_slots(spark))
+    expected = _one_process(*roots)
+    assert len(expected["health"]) == 12
+    for kind in TABLES:
+        keys = [c for c in ("recording_id", "stream", "after_frame_id", "second", "bin") if c in got[kind].columns]
+        pd.testing.assert_frame_equal(_sorted(got[kind], keys), _sorted(expected[kind], keys), check_dtype=False)

@@ -198,17 +198,20 @@ def _slices(n: int, slots: int) -> int:
 def health_pass(spark: SparkSession, files: Sequence[IndexFile], slots: int) -> Frames:
     """``files``: ``index_files`` rows. -> ``{"health", "drops", "timeline", "latency", "events"}`` pandas.
 
-    One ``mapInArrow`` job over consecutive slices of the streams (tasks.map_rows: the
-    streams ride in the task's function, no Python rows go through the JVM), results
-    collected as Arrow IPC payloads, one Python worker per task; the same on a classic
-    session and on Spark Connect. (A ``createDataFrame`` of a Python RDD + ``mapInPandas``
-    spent 2.4-2.8 s of one core on a fresh session's driver before its first task, and a
-    second Python worker per task: BENCHMARKS.md, issue 18.)"""
+    One ``mapInArrow`` job over consecutive slices of the streams of about equal numbers of
+    index files (tasks.map_rows, tasks.runs: a long recording's stream is not counted as one
+    short one's, so no task of long streams is left alone at the end; the streams ride in the
+    task's function, no Python rows go through the JVM), results collected as Arrow IPC
+    payloads, one Python worker per task; the same on a classic session and on Spark Connect.
+    (A ``createDataFrame`` of a Python RDD + ``mapInPandas`` spent 2.4-2.8 s of one core on a
+    fresh session's driver before its first task, and a second Python worker per task:
+    BENCHMARKS.md, issue 18.)"""
     by_stream: Dict[Tuple[str, str, str], List[str]] = {}
     for rec, stream, _, path in files:
         by_stream.setdefault((rec.recording_id, stream, rec.path), []).append(path)
     rows = [(rid, stream, folder, paths) for (rid, stream, folder), paths in sorted(by_stream.items())]
-    got = tasks.collect(tasks.map_rows(spark, rows, _slices(len(rows), slots), _health_task), HEALTH_KINDS)
+    weights = [len(paths) for _, _, _, paths in rows]  # a stream's work goes with its segments
+    got = tasks.collect(tasks.map_rows(spark, rows, _slices(len(rows), slots), _health_task, weights), HEALTH_KINDS)
     return {k: (v if v is not None else health._empty(HEALTH_KINDS[k])) for k, v in got.items()}
 
 

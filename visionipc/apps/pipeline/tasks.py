@@ -49,23 +49,43 @@ def ipc(df: Frame) -> bytes:
     return sink.getvalue()
 
 
-def map_rows(spark: SparkSession, rows: Sequence[Any], partitions: int, fn: Fn) -> DataFrame:
+def runs(weights: Sequence[float], partitions: int) -> List[Tuple[int, int]]:
+    """``[(start, stop)]``: the rows (in order) cut into at most ``partitions`` consecutive runs
+    of about equal total weight, none empty (equal weights: equal counts). A task's time goes
+    with its rows' work, so a fleet of long and short recordings does not leave one task of
+    long ones running alone at the end."""
+    import numpy as np
+
+    total = np.concatenate([[0.0], np.cumsum(np.asarray(weights, dtype=float))])
+    n, k = len(weights), max(1, min(len(weights), int(partitions)))
+    targets = total[-1] * np.arange(1, k) / k
+    cuts = np.searchsorted(total, targets)  # the first prefix reaching each target, or the one before it if nearer
+    nearer = (cuts > 0) & (targets - total[np.maximum(cuts - 1, 0)] < total[np.minimum(cuts, n)] - targets)
+    bounds = sorted({0, n, *(cuts - nearer).tolist()})
+    return [(a, b) for a, b in zip(bounds, bounds[1:]) if b > a]
+
+
+def map_rows(
+    spark: SparkSession, rows: Sequence[Any], partitions: int, fn: Fn, weights: Optional[Sequence[float]] = None
+) -> DataFrame:
     """A DataFrame (``PAYLOAD_SCHEMA``) of what ``fn`` yields, as ``(kind, pandas frame)``
     pairs, for each of ``partitions`` consecutive runs of ``rows`` (``fn`` gets one run,
-    an iterable of rows, per task)."""
+    an iterable of rows, per task); ``weights``: each row's work, the runs cut to equal
+    totals of it (``runs``; default: equal counts)."""
     rows = list(rows)
+    cuts = runs([1.0] * len(rows) if weights is None else weights, partitions)
 
     def run(batches: Iterable[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
-        mine = (rows[i] for batch in batches for i in batch.column(0).to_pylist())
+        mine = (rows[j] for batch in batches for i in batch.column(0).to_pylist() for j in range(*cuts[i]))
         for kind, frame in fn(mine):
             yield pa.RecordBatch.from_pydict(
                 {"kind": [kind], "payload": [ipc(frame)]},
                 schema=pa.schema([("kind", pa.string()), ("payload", pa.binary())]),
             )
 
-    return _ids(len(rows), partitions, spark).mapInArrow(run, PAYLOAD_SCHEMA)
+    return _ids(len(cuts), len(cuts), spark).mapInArrow(run, PAYLOAD_SCHEMA)
 
 
 def gather(pairs: Iterable[Tuple[str, bytes]], kinds: Iterable[str]) -> Dict[str, Optional[Frame]]:
