@@ -197,3 +197,35 @@ def test_the_checks_see_a_name():
     )
     assert list(_format_name_comparisons(tree, {"nv12", "i420", "raw16"})) == [(1, "nv12"), (1, "i420"), (2, "raw16")]
     assert sorted(_manifest_names(tree)) == [4, 5]
+
+
+# Other programs' names of what the recorder stores (FFmpeg's encoders and decoders, Foxglove's
+# video formats, ROS image encodings) are visionipc/apps/record/vocabulary.py's, FFmpeg's pixel
+# formats the format table's (av_format); names that are also a codec's or a pixel format's
+# (h264, rgb8...) are those and may be written where they are meant.
+VOCABULARY = "visionipc/apps/record/vocabulary.py"
+
+
+def _foreign_names():
+    from visionipc.apps.record.vocabulary import CODECS, ROS_ENCODING, ROS_ENCODING_ALIASES
+    from visionipc.formats import FORMAT_TABLE
+
+    names = {spec.encoder for spec in CODECS.values()} | {f.av_format for f in FORMAT_TABLE}
+    names |= {name for spec in CODECS.values() for name in (spec.foxglove, spec.mcap_decoder) if name}
+    names |= set(ROS_ENCODING.values()) | set(ROS_ENCODING_ALIASES)
+    ours = set(CODECS) | {f.name for f in FORMAT_TABLE} | {a for f in FORMAT_TABLE for a in f.aliases}
+    return names - ours - {"gray"}  # gray: FFmpeg's and pixels.GRAY, the stored kind
+
+
+def test_codec_and_encoding_names_are_written_in_the_vocabulary_only():
+    names = _foreign_names()
+    assert {"libx264", "h265", "libdav1d", "mono8", "8UC1", "yuv420p", "gray16le"} <= names
+    found = [
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+        for top in ("msgq", "visionipc")
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if str(path.relative_to(ROOT)) != VOCABULARY
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+    ]
+    assert found == []

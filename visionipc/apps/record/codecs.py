@@ -46,6 +46,7 @@ from visionipc.apps.record.vocabulary import (
     HARDWARE,
     HARDWARE_SUFFIX,
     LOSSLESS_CODEC,
+    X265,
     either,
 )
 from visionipc.formats import FORMAT_TABLE, format_info
@@ -173,7 +174,7 @@ class AvStorage:
         if "nvenc" in self.encoder:
             return {"preset": str(self.preset), "rc": "vbr", "cq": str(self.crf)}
         opts = {"crf": str(self.crf), "preset": str(self.preset)}
-        if self.encoder == "libx265":
+        if self.encoder == X265:
             opts["x265-params"] = "log-level=error"
         return opts
 

@@ -26,7 +26,7 @@ from visionipc import pixels
 from visionipc.apps._cli import UsageError, need
 from visionipc.apps.record.av_frames import Image, encoder_frame, ordinary_scheduling, tag_colour, to_image
 from visionipc.apps.record.index import Columns, FrameMeta, Rows
-from visionipc.apps.record.vocabulary import CODECS, IN_MCAP, ROS_ENCODING, either
+from visionipc.apps.record.vocabulary import CODECS, IN_MCAP, ROS_ENCODING, X264, X265, either
 from visionipc.formats import format_info
 
 if TYPE_CHECKING:
@@ -89,9 +89,9 @@ def open_video_encoder(storage: AvStorage, fps: float, live: bool = False) -> An
     ctx.max_b_frames = 0
     ctx.thread_count = storage.threads
     options = storage.options()
-    if storage.encoder == "libx265":
+    if storage.encoder == X265:
         options["x265-params"] += ":bframes=0:repeat-headers=1"
-    elif storage.encoder == "libx264":
+    elif storage.encoder == X264:
         options["x264-params"] = "repeat-headers=1"
         if live:
             options["tune"] = "zerolatency"

@@ -22,10 +22,11 @@ class Codec(NamedTuple):
 DEFAULT_CODEC = "h264"
 LOSSLESS_CODEC = "ffv1"
 HARDWARE_SUFFIX = "_nvenc"  # --hwaccel: CODEC + this, where the table has it
+X264, X265 = "libx264", "libx265"  # the encoders given options of their own (codecs.py, mcap_io.py)
 
 CODECS: Dict[str, Codec] = {
-    DEFAULT_CODEC: Codec("libx264", False, 23, "veryfast", "h264", "h264"),
-    "hevc": Codec("libx265", False, 28, "veryfast", "h265", "hevc"),
+    DEFAULT_CODEC: Codec(X264, False, 23, "veryfast", "h264", "h264"),
+    "hevc": Codec(X265, False, 28, "veryfast", "h265", "hevc"),
     "av1": Codec("libsvtav1", False, 35, "10", "av1", "libdav1d"),
     LOSSLESS_CODEC: Codec("ffv1", True),
     "h264_nvenc": Codec("h264_nvenc", False, 23, "p4"),
