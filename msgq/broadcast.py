@@ -32,7 +32,7 @@ from msgq._broadcast_writer import DEFAULT_MAX_CHUNKS as DEFAULT_MAX_CHUNKS
 from msgq._broadcast_writer import DEFAULT_WARN_INTERVAL as DEFAULT_WARN_INTERVAL
 from msgq._broadcast_writer import BroadcastQueueWriter
 
-for _public in (BroadcastHandle, BroadcastQueue, BroadcastQueueReader, BroadcastQueueWriter):
+for _public in (BroadcastHandle, BroadcastQueue, BroadcastQueueReader, BroadcastQueueWriter, queue_basename):
     _public.__module__ = __name__  # their names as before the split (pickles of a handle, reprs, docs)
 
 __all__ = ["BroadcastQueue", "BroadcastQueueWriter", "BroadcastQueueReader", "BroadcastHandle", "queue_basename"]

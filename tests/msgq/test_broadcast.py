@@ -377,3 +377,22 @@ def test_the_writer_and_its_readers_are_classes_of_their_own_behind_the_same_spe
     assert reader.dequeue(timeout=1) == "through"
     reader.close()
     queue.close()
+
+
+def test_the_roles_modules_keep_the_public_names_of_msgq_broadcast():
+    # The writer, a reader and what both share live in modules of their own (issue 35);
+    # msgq.broadcast names them as before: a pickled handle says msgq.broadcast, and the
+    # factory makes each role.
+    import msgq.broadcast
+
+    for name in msgq.broadcast.__all__:
+        obj = getattr(msgq.broadcast, name)
+        assert getattr(obj, "__module__", "msgq.broadcast") == "msgq.broadcast", name
+    with msgq.BroadcastQueue(n_readers=1) as queue:
+        handle = pickle.loads(pickle.dumps(queue.handle))
+        assert b"msgq.broadcast" in pickle.dumps(queue.handle) and handle == queue.handle
+        with msgq.BroadcastQueue.create_from_handle(handle, 0) as reader:
+            assert type(queue) is BroadcastQueueWriter and type(reader) is BroadcastQueueReader
+            assert isinstance(reader, msgq.BroadcastQueue) and isinstance(queue, msgq.BroadcastQueue)
+            queue.enqueue({"x": 1})
+            assert reader.dequeue(timeout=5) == {"x": 1}
