@@ -130,6 +130,7 @@ def storage_of(recording_path: str, row: Row) -> Union[Storage, AvStorage]:
     file's extension while the recorder has not described the stream yet)."""
     import cv2
 
+    from visionipc.apps.record.layout import MATROSKA
     from visionipc.apps.record.storage import Storage
 
     info = recording_info(Recording("", recording_path)).get("streams", {}).get(row["stream"])
@@ -138,7 +139,7 @@ def storage_of(recording_path: str, row: Row) -> Union[Storage, AvStorage]:
             "format": row["format"],
             "width": int(row["width"]),
             "height": int(row["height"]),
-            "lossless": str(row["segment_file"]).endswith(".mkv"),
+            "lossless": str(row["segment_file"]).endswith("." + MATROSKA),
         }
     try:
         return Storage.from_manifest(cv2, info)

@@ -212,7 +212,7 @@ def write_index(
                         "format": ["nv12"] * n,
                         "segment": np.full(n, seg, np.int32),
                         "position": np.arange(n, dtype=np.int32),
-                        "segment_file": [layout.media_file(stream, seg, "mkv")] * n,
+                        "segment_file": [layout.media_file(stream, seg, layout.MATROSKA)] * n,
                     },
                     schema=index_schema(),
                 )

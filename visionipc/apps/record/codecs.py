@@ -40,6 +40,7 @@ from visionipc.apps.record.av_frames import (
     to_image,
 )
 from visionipc.apps.record.index import Rows
+from visionipc.apps.record.layout import MATROSKA, MCAP, MP4
 from visionipc.apps.record.vocabulary import (
     CODECS,
     DEFAULT_CODEC,
@@ -69,7 +70,7 @@ class Stored(Protocol):
     kind: str
 
 
-EXT = "mkv"  # Matroska holds every codec (vocabulary.CODECS)
+EXT = MATROSKA  # Matroska holds every codec (vocabulary.CODECS)
 GOP_SECONDS = 2  # --gop 0: a keyframe every 2 s of frames
 SEEK_GAP = 32  # a wanted frame this far ahead is reached by seeking, not by decoding the frames between
 
@@ -147,8 +148,8 @@ class AvStorage:
         self.crf = None if self.lossless else (spec.crf if crf is None else crf)
         self.preset = None if self.lossless else (preset or spec.preset)
         self.gop, self.threads = gop, threads
-        if container not in (EXT, "mcap"):
-            raise ValueError(f"container {container!r} is not {EXT} or mcap")
+        if container not in (EXT, MCAP):
+            raise ValueError(f"container {container!r} is not {EXT} or {MCAP}")
         self.ext = container  # mkv, or mcap (mcap_io.py)
         self.pix_fmt = pix_fmt or encoder_pix_fmt(self.encoder, self.src_format, self.lossless)
         shape = pixels.compact_shape(fmt, width, height)
@@ -179,7 +180,7 @@ class AvStorage:
         return opts
 
     def open_writer(self, path: str, fps: float) -> "Union[McapWriter, AvEncoder]":
-        if self.ext == "mcap":
+        if self.ext == MCAP:
             from visionipc.apps.record.mcap_io import McapWriter
 
             return McapWriter(path, self, fps, os.path.basename(os.path.dirname(path)))  # frames/<stream>/
@@ -261,7 +262,7 @@ class Mp4vEncoder(_SegmentFile):
     def __init__(self, path: str, storage: Stored, fps: float) -> None:
         mod = av()
         self.src_format, self.pix_fmt = LAYOUT[storage.fmt][0], I420
-        self.container = mod.open(path, mode="w", format="mp4")
+        self.container = mod.open(path, mode="w", format=MP4)
         try:
             rate = Fraction(int(fps), 1)
             stream = self.container.add_stream("mpeg4", rate=rate)
@@ -269,7 +270,7 @@ class Mp4vEncoder(_SegmentFile):
             stream.codec_context.time_base = 1 / rate
             stream.codec_context.gop_size = 12
             stream.thread_count = 1  # one encoding thread per stream, as vipc-record's --encoder-threads default
-            stream.codec_tag = "mp4v"
+            stream.codec_tag = LEGACY
             stream.options = {"b": str(int(1.5 * int(fps) * storage.width * storage.height)), "qmin": "3"}
             tag_colour(stream.codec_context, I420, self.pix_fmt)  # gray8 too is rescaled to video range
         except BaseException:
@@ -400,7 +401,7 @@ def iter_decoded(folder: str, rows: Rows, storage: Stored) -> Generator[Image, N
     from visionipc.apps.record import checks
 
     want_shape = pixels.compact_shape(storage.fmt, storage.width, storage.height)
-    if storage.ext == "mcap":
+    if storage.ext == MCAP:
         from visionipc.apps.record import mcap_io
 
         images = mcap_io.iter_decoded(folder, rows, storage)
@@ -456,7 +457,7 @@ def add_codec_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gop", type=int, default=0, help="frames between keyframes (default: 2 s of frames)")
     p.add_argument(
         "--format",
-        choices=("folder", "mcap"),
+        choices=("folder", MCAP),
         default="folder",
         help="segment files: Matroska (folder, default) or MCAP (Foxglove's CompressedVideo/RawImage messages)",
     )
@@ -488,7 +489,7 @@ def check_args(args: argparse.Namespace) -> str:
     codec = chosen_codec(args)
     if codec != LEGACY:
         check_encoder(CODECS[codec].encoder)
-    if args.format == "mcap":
+    if args.format == MCAP:
         if codec == LEGACY:
             raise UsageError("--format mcap stores PyAV codecs, not mp4v")
         from visionipc.apps.record import mcap_io

@@ -23,6 +23,9 @@ FRAMES = "frames"
 INDEX = "index"
 TOPICS = "topics"
 TABLE_EXT = "parquet"
+# media files' extensions (media_file): Matroska, MCAP (--format mcap; topics' too), and the
+# OpenCV format's lossy MP4 (storage.py)
+MATROSKA, MCAP, MP4 = "mkv", "mcap", "mp4"
 
 
 def segment_name(segment: int, ext: str) -> str:

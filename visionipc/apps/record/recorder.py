@@ -245,7 +245,7 @@ class TopicRecorder(threading.Thread):
             import msgq
             from visionipc.apps.record import mcap_io
 
-            path = os.path.join(self.folder, layout.topic_file(self.topic, self.segments, "mcap"))
+            path = os.path.join(self.folder, layout.topic_file(self.topic, self.segments, layout.MCAP))
             mcap_io.write_topic(rows, path, msgq.topic_schema(self.topic))
         self.segments += 1
 
@@ -341,7 +341,9 @@ def run(args: argparse.Namespace) -> int:
         storages = [storage_for(args, cv2, *_geometry(c)) for c in clients]
         _prepare_out(args.out)
         try:
-            topics = [TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == "mcap") for t in args.topic]
+            topics = [
+                TopicRecorder(args.out, t, args.segment_seconds, stop, args.format == layout.MCAP) for t in args.topic
+            ]
         except ValueError as e:
             raise UsageError(f"--topic: {e}") from None
         manifest: Dict[str, Any] = {

@@ -27,13 +27,14 @@ import numpy.typing as npt
 
 from visionipc import pixels
 from visionipc.apps.record import codecs
+from visionipc.apps.record.layout import MATROSKA, MCAP, MP4
 from visionipc.formats import format_info
 
 if TYPE_CHECKING:
     from visionipc.frame import VisionBuf
 
-LOSSLESS = ("FFV1", "mkv")
-LOSSY = ("mp4v", "mp4")
+LOSSLESS = ("FFV1", MATROSKA)
+LOSSY = (codecs.LEGACY, MP4)
 
 
 class Storage:
@@ -110,7 +111,7 @@ def storage_for(
     codec = codecs.chosen_codec(args)
     if codec == codecs.LEGACY:
         return Storage(cv2, fmt, width, height, False)
-    container = "mcap" if args.format == "mcap" else codecs.EXT
+    container = MCAP if args.format == MCAP else codecs.EXT
     return codecs.AvStorage(
         fmt, width, height, codec, args.crf, args.preset, args.gop, args.encoder_threads, None, container
     )
