@@ -57,11 +57,13 @@ def steps(server, client, pub, sub, empty_sub):
 
     image = bytes(server.get_buffer("s").geometry.size)  # the copying send's input (one buffer's bytes)
     native_server = server._native
+    # the stream's native handle where the build has one (an older build: its name)
+    target = native_server.handle("s") if hasattr(native_server, "handle") else "s"
 
     none = lambda: None  # noqa: E731
     return {
         "VisionIPC server.get_buffer()": (give_back, lambda: frame.__setitem__("g", server.get_buffer("s"))),
-        "  its native acquire alone": (give_back, lambda: frame.__setitem__("n", native_server.acquire("s")[:2])),
+        "  its native acquire alone": (give_back, lambda: frame.__setitem__("n", native_server.acquire(target)[:2])),
         "VisionIPC copying server.send(stream, data)": (none, lambda: server.send("s", image, frame_id=1)),
         "clock read (time.monotonic_ns)": (none, time.monotonic_ns),
         "empty Python call": (none, _nothing),

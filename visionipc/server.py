@@ -68,7 +68,10 @@ class VisionIpcServer(Closeable):
         self._views: Dict[str, ViewCache] = {}
         self._keys: Dict[Union[str, int], str] = {}  # streams (exact str or int) already validated -> key
         # Per stream (exact str or int) that get_buffer has served: what acquire_frame reads.
-        self._ready: Dict[Union[str, int], Tuple[type, str, List[Optional[FrameViews]], Geometry, ViewCache]] = {}
+        self._ready: Dict[Union[str, int], Tuple[type, str, List[Optional[FrameViews]], Geometry, ViewCache, int]] = {}
+        # Per stream (exact str or int) already sent or served: its native handle (the
+        # per-frame calls skip the name lookup with it).
+        self._handles: Dict[Union[str, int], int] = {}
 
     def _server(self) -> _visionipc.Server:
         if self._native is None:
@@ -79,7 +82,7 @@ class VisionIpcServer(Closeable):
         if self._cuda is not None:
             self._cuda.forget()
         native, self._native = self._native, None
-        self._views, self._ready = {}, {}
+        self._views, self._ready, self._handles = {}, {}, {}
         if native is not None:
             native._forget_after_fork()
 
@@ -142,7 +145,7 @@ class VisionIpcServer(Closeable):
     def _first_buffer(self, stream: StreamId) -> VisionBuf:
         """``get_buffer`` the first time for ``stream`` (or a stream given otherwise than
         as an exact str or int): validates it, makes the pool's ViewCache and what
-        ``acquire_frame`` reads, ``(VisionBuf, key, made, geometry, cache)``."""
+        ``acquire_frame`` reads, ``(VisionBuf, key, made, geometry, cache, handle)``."""
         key = self._key(stream)
         native = self._server()
         cache = self._views.get(key)
@@ -150,7 +153,7 @@ class VisionIpcServer(Closeable):
             cache = self._views[key] = ViewCache(
                 Geometry(*native.geometry(key)), native.count(key), functools.partial(native.view, key)
             )
-        ready = (VisionBuf, key, cache.made, cache.geometry, cache)
+        ready = (VisionBuf, key, cache.made, cache.geometry, cache, self._handle(stream, key))
         if type(stream) is str or type(stream) is int:
             self._ready[stream] = ready
         return native.acquire_frame(ready, self)  # type: ignore[return-value]
@@ -195,9 +198,9 @@ class VisionIpcServer(Closeable):
             native is not None
             and (type(buf) is str or type(buf) is int)
             and (type(data) is bytes or (type(data) is np.ndarray and data.dtype is _U8 and data.flags.c_contiguous))
-            and (key := self._keys.get(buf)) is not None
+            and (handle := self._handles.get(buf)) is not None
         ):
-            native.send_copy(key, data, frame_id, timestamp_sof, timestamp_eof)
+            native.send_copy(handle, data, frame_id, timestamp_sof, timestamp_eof)
         elif isinstance(buf, VisionBuf):  # the reference's positional send(buf, frame_id, sof, eof)
             self._send_buf(buf, data, frame_id, timestamp_sof)
         else:
@@ -224,9 +227,15 @@ class VisionIpcServer(Closeable):
         and made contiguous first (``_frame_bytes``)."""
         native = self._server()
         key = self._key(stream)
-        native.send_copy(
-            key, _frame_bytes(data, Geometry(*native.geometry(key))), frame_id, timestamp_sof, timestamp_eof
-        )
+        frame = _frame_bytes(data, Geometry(*native.geometry(key)))
+        native.send_copy(self._handle(stream, key), frame, frame_id, timestamp_sof, timestamp_eof)
+
+    def _handle(self, stream: StreamId, key: str) -> int:
+        """The native handle of stream ``key`` (kept for ``stream`` if an exact str or int)."""
+        handle = self._server().handle(key)
+        if type(stream) is str or type(stream) is int:
+            self._handles[stream] = handle
+        return handle
 
     def frame_from_device(self, buf: VisionBuf, array: Any, stream: Any = None) -> None:
         """``buf.copy_from_device(array)``: submit the device-to-host copy into ``buf``."""
@@ -271,7 +280,7 @@ class VisionIpcServer(Closeable):
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies land and pages unregister before the pools can go
         native, self._native = self._native, None
-        self._views, self._ready = {}, {}  # frames handed out keep their own views
+        self._views, self._ready, self._handles = {}, {}, {}  # frames handed out keep their own views
         if native is not None:
             native.close()  # in a forked child the native side only forgets its copies
 

@@ -13,8 +13,8 @@ PyTypeObject* the_type = nullptr;
 
 // The object fields, in declaration order (all of FrameObject after the head).
 constexpr Py_ssize_t kFieldCount = 11;
-static_assert(sizeof(FrameObject) == sizeof(PyObject) + kFieldCount * sizeof(PyObject*),
-              "FrameObject: object fields only");
+static_assert(offsetof(FrameObject, server_handle) == sizeof(PyObject) + kFieldCount * sizeof(PyObject*),
+              "FrameObject: the object fields, then server_handle");
 
 PyObject** fields(PyObject* self) { return &reinterpret_cast<FrameObject*>(self)->views; }
 

@@ -31,6 +31,9 @@ struct FrameObject {
   PyObject* timestamp_recv;     // CLOCK_MONOTONIC ns of the client's receive (0: not received)
   PyObject* owner;              // the FrameOwner the frame came from
   PyObject* stream;
+  // Not seen from Python: the server's stream handle + 1 that acquire_frame checked
+  // the buffer out of (send_frame publishes by it, without a name lookup); 0: none.
+  uint64_t server_handle;
 };
 
 // FrameViews' fields, in order (visionipc/frame.py).

@@ -119,22 +119,27 @@ PyMethodDef client_recv_into_def = {"recv_into", vipc::python::fastcall<client_r
                                     "recv_into(frame, cache, epoch, timeout_ms) -> flags or None (timeout)"};
 
 // Server.send_copy(stream, data, frame_id, sof, eof) -> index: the reference's copying
-// send (data: bytes or a C-contiguous buffer of exactly the buffer size).
+// send (data: bytes or a C-contiguous buffer of exactly the buffer size). `stream`: its
+// name, or its handle (Server.handle(name): no name lookup).
 PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("send_copy", nargs, 5, 5);
     Server& s = vp::self_of<Server>(self);
-    const std::string stream = vp::str_arg(args[0], "stream");
     const uint64_t frame_id = stamp(args[2], "frame_id"), sof = stamp(args[3], "timestamp_sof"),
                    eof = stamp(args[4], "timestamp_eof");
     vp::Payload data(args[1]);
     const size_t n = data.size();
     // One stream lookup: size check, checkout, copy, publish (a close() on another
     // thread waits for the copy, which may run without the GIL).
-    const uint32_t index = s.send_copy(stream, n, frame_id, sof, eof, [&](uint8_t* dst) {
+    const auto fill = [&](uint8_t* dst) {
       vp::copy_maybe_without_gil(n, [&] { vipc::common::copy_frame(dst, data.data(), n); });
-    });
+    };
+    const uint32_t index =
+        PyLong_CheckExact(args[0])
+            ? s.send_copy_at(static_cast<uint32_t>(vp::int_arg(args[0], "stream handle", 0, UINT32_MAX)), n, frame_id,
+                             sof, eof, fill)
+            : s.send_copy(vp::str_arg(args[0], "stream"), n, frame_id, sof, eof, fill);
     return PyLong_FromUnsignedLong(index);
   });
 }
@@ -142,12 +147,20 @@ PyMethodDef server_send_copy_def = {"send_copy", vipc::python::fastcall<server_s
                                     "send_copy(stream, data, frame_id, timestamp_sof, timestamp_eof) -> index"};
 
 // Server.acquire(stream) -> (index, generation) and Client.is_valid(index, generation):
-// per frame too (a camera's get_buffer, a reader's frame.valid).
+// per frame too (a camera's get_buffer, a reader's frame.valid). `stream`: its name or
+// its handle.
 PyObject* server_acquire(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("acquire", nargs, 1, 1);
-    const vipc::visionipc::Acquired a = vp::self_of<Server>(self).get_buffer(vp::str_arg(args[0], "stream"));
+    Server& s = vp::self_of<Server>(self);
+    const vipc::visionipc::Checkout a =
+        PyLong_CheckExact(args[0])
+            ? s.checkout(static_cast<uint32_t>(vp::int_arg(args[0], "stream handle", 0, UINT32_MAX)))
+            : [&] {
+                const vipc::visionipc::Acquired got = s.get_buffer(vp::str_arg(args[0], "stream"));
+                return vipc::visionipc::Checkout{got.index, got.generation};
+              }();
     return Py_BuildValue("(IK)", static_cast<unsigned>(a.index), static_cast<unsigned long long>(a.generation));
   });
 }
@@ -156,12 +169,21 @@ PyMethodDef server_acquire_def = {"acquire", vipc::python::fastcall<server_acqui
 
 // Server.acquire_frame(ready, owner) -> frame: get_buffer's per-frame path, one call
 // that checks a buffer out and returns it as a new frame without running Python.
-// `ready` is the stream's (cls, stream, made, geometry, cache): the frame class (a
-// Frame subclass), the stream key, its ViewCache's `made` list, geometry and the
-// cache itself (asked for a buffer's views the first time, when `made` has none).
+// `ready` is the stream's (cls, stream, made, geometry, cache, handle): the frame class
+// (a Frame subclass), the stream key, its ViewCache's `made` list, geometry, the cache
+// itself (asked for a buffer's views the first time, when `made` has none) and the
+// stream's handle (Server.handle(stream)).
 // The frame's fields are get_buffer's: idx, generation, the views and geometry,
 // owner, stream; frame_id, the timestamps 0.
-enum ReadyField : Py_ssize_t { kReadyClass = 0, kReadyStream, kReadyMade, kReadyGeometry, kReadyCache, kReadyFields };
+enum ReadyField : Py_ssize_t {
+  kReadyClass = 0,
+  kReadyStream,
+  kReadyMade,
+  kReadyGeometry,
+  kReadyCache,
+  kReadyHandle,
+  kReadyFields
+};
 
 PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
@@ -172,12 +194,14 @@ PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t
         !PyType_Check(PyTuple_GET_ITEM(ready, kReadyClass)) ||
         !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass)), vp::frame_type()) ||
         !PyList_CheckExact(PyTuple_GET_ITEM(ready, kReadyMade))) {
-      vp::type_error("acquire_frame() needs (Frame subclass, stream, made list, geometry, cache)");
+      vp::type_error("acquire_frame() needs (Frame subclass, stream, made list, geometry, cache, handle)");
     }
     auto* cls = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass));
     PyObject* stream = PyTuple_GET_ITEM(ready, kReadyStream);
     PyObject* made = PyTuple_GET_ITEM(ready, kReadyMade);
-    const vipc::visionipc::Acquired a = vp::self_of<Server>(self).get_buffer(vp::str_arg(stream, "stream"));
+    const auto handle =
+        static_cast<uint32_t>(vp::int_arg(PyTuple_GET_ITEM(ready, kReadyHandle), "stream handle", 0, UINT32_MAX - 1));
+    const vipc::visionipc::Checkout a = vp::self_of<Server>(self).checkout(handle);
     py::object views;
     if (a.index < PyList_GET_SIZE(made) && PyList_GET_ITEM(made, a.index) != Py_None) {
       views = py::reinterpret_borrow<py::object>(PyList_GET_ITEM(made, a.index));
@@ -193,6 +217,7 @@ PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t
     f->geometry = py::reinterpret_borrow<py::object>(PyTuple_GET_ITEM(ready, kReadyGeometry)).release().ptr();
     f->owner = py::reinterpret_borrow<py::object>(args[1]).release().ptr();
     f->stream = py::reinterpret_borrow<py::object>(stream).release().ptr();
+    f->server_handle = uint64_t{handle} + 1;
     for (PyObject** field :
          {&f->frame_id, &f->timestamp_sof, &f->timestamp_eof, &f->timestamp_publish, &f->timestamp_recv}) {
       Py_INCREF(zero);
@@ -224,10 +249,16 @@ PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t na
     if (f->stream == nullptr || f->idx == nullptr || f->generation == nullptr) {
       vp::type_error("send_frame() needs a frame of get_buffer() (stream, idx, generation set)");
     }
-    vp::self_of<Server>(self).send(vp::str_arg(f->stream, "stream"),
-                                   static_cast<uint32_t>(vp::int_arg(f->idx, "index", 0, UINT32_MAX)),
-                                   vp::u64_arg(f->generation, "generation"), stamp(args[1], "frame_id"),
-                                   stamp(args[2], "timestamp_sof"), stamp(args[3], "timestamp_eof"));
+    const auto index = static_cast<uint32_t>(vp::int_arg(f->idx, "index", 0, UINT32_MAX));
+    const uint64_t generation = vp::u64_arg(f->generation, "generation");
+    const uint64_t frame_id = stamp(args[1], "frame_id"), sof = stamp(args[2], "timestamp_sof"),
+                   eof = stamp(args[3], "timestamp_eof");
+    Server& s = vp::self_of<Server>(self);
+    if (f->server_handle != 0) {  // acquire_frame's: by handle
+      s.send_at(static_cast<uint32_t>(f->server_handle - 1), index, generation, frame_id, sof, eof);
+    } else {
+      s.send(vp::str_arg(f->stream, "stream"), index, generation, frame_id, sof, eof);
+    }
     static PyObject* one = PyLong_FromLong(1);
     if (!vp::set_field(f->generation, PyNumber_Add(f->generation, one))) throw py::error_already_set();
     Py_INCREF(args[1]);
@@ -352,6 +383,7 @@ PYBIND11_MODULE(_visionipc, m) {
       .def("streams", &Server::streams)
       .def("geometry", [](const Server& s, const std::string& stream) { return geometry_tuple(s.geometry(stream)); })
       .def("count", &Server::count)
+      .def("handle", &Server::handle)
       .def("clients", &Server::clients)
       .def("readers_woken", &Server::readers_woken)
       .def("generation", &Server::generation)

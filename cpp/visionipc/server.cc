@@ -104,6 +104,7 @@ void Server::close() {
   connections_.clear();
   listen_fd_.reset();
   std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& p : by_ordinal_) p.store(nullptr, std::memory_order_relaxed);
   streams_.clear();
 }
 
@@ -119,6 +120,7 @@ void Server::forget_after_fork() {
   for (auto& kv : streams_) {
     if (kv.second->publisher) kv.second->publisher->forget_after_fork();
   }
+  for (auto& p : by_ordinal_) p.store(nullptr, std::memory_order_relaxed);
   streams_.clear();  // our copies of the pool fds and mappings only
   connections_.clear();
   stop_fd_.reset();
@@ -139,6 +141,25 @@ Server::Stream& Server::find(const std::string& stream) const {
   if (it == streams_.end())
     common::fail(common::ErrorKind::kInvalidArgument, "server '" + name_ + "' has no stream '" + stream + "'");
   return *it->second;
+}
+
+Server::Stream& Server::at(uint32_t handle) const {
+  check_open();
+  if (handle < kFastStreams) {
+    if (Stream* s = by_ordinal_[handle].load(std::memory_order_acquire)) return *s;
+  } else {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (const auto& kv : streams_) {
+      if (kv.second->ordinal == handle) return *kv.second;
+    }
+  }
+  common::fail(common::ErrorKind::kInvalidArgument,
+               "server '" + name_ + "' has no stream of handle " + std::to_string(handle));
+}
+
+uint32_t Server::handle(const std::string& stream) const {
+  const common::UseOrClosed call = use();
+  return find(stream).ordinal;
 }
 
 Geometry Server::geometry(const std::string& stream) const {
@@ -173,7 +194,7 @@ uint8_t* Server::buffer(const std::string& stream, uint32_t index) const {
   const common::UseOrClosed call = use();
   const Stream& s = find(stream);
   if (index >= s.layout.count) common::fail(common::ErrorKind::kInvalidArgument, "buffer index out of range");
-  return s.pool->data() + s.layout.data_offset + uint64_t{index} * s.layout.slot_size;
+  return s.buffer(index);
 }
 
 uint32_t Server::clients(const std::string& stream) const {
@@ -208,8 +229,12 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   s->lease_fd = create_sealed_memfd(("vipc-leases-" + stream).c_str(), kLeaseTableSize);
   s->pool = std::make_shared<Mapping>(s->pool_fd.get(), s->layout.total_size, true);
   s->leases = std::make_unique<Mapping>(s->lease_fd.get(), kLeaseTableSize, true);
-  s->last_sent.assign(count, 0);
+  s->metas = reinterpret_cast<BufferMeta*>(s->pool->data());
+  s->slots = reinterpret_cast<LeaseSlot*>(s->leases->data());
+  s->pixels = s->pool->data() + s->layout.data_offset;
   s->generation.assign(count, 0);
+  s->lru.resize(count);
+  for (uint32_t i = 0; i < count; i++) s->lru[i] = static_cast<uint16_t>(i);
   s->publisher = std::make_unique<msgq::Publisher>(topic_spec(options_, endpoint_name(name_, stream)));
   s->publisher->set_wake_mode(options_.wake);
   unlink_topic(*s->publisher->segment());
@@ -217,6 +242,7 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   if (streams_.count(stream))
     common::fail(common::ErrorKind::kInvalidArgument, "stream '" + stream + "' already has buffers");
   s->ordinal = static_cast<uint32_t>(streams_.size());
+  if (s->ordinal < kFastStreams) by_ordinal_[s->ordinal].store(s.get(), std::memory_order_release);
   streams_[stream] = std::move(s);
 }
 
@@ -245,29 +271,26 @@ bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const 
 
 Acquired Server::get_buffer(const std::string& stream) {
   const common::UseOrClosed call = use();
-  return acquire(find(stream));
+  Stream& s = find(stream);
+  const Checkout c = acquire(s);
+  return Acquired{c.index, c.generation, s.buffer(c.index), s.pool};
 }
 
-Acquired Server::acquire(Stream& s) {
+Checkout Server::checkout(uint32_t handle) {
+  const common::UseOrClosed call = use();
+  return acquire(at(handle));
+}
+
+// Candidates from least to most recently sent (s.lru); buffers already checked out
+// (odd) are skipped, so recycling one only happens when nothing else is left.
+Checkout Server::acquire(Stream& s) {
   const uint32_t n = s.layout.count;
-  uint8_t* const data = s.pool->data() + s.layout.data_offset;
-  const auto pixels = [&](uint32_t i) { return data + uint64_t{i} * s.layout.slot_size; };
-  // Candidates from least to most recently sent (ties by index); buffers already
-  // checked out (odd) go last, so recycling one only happens when nothing else is
-  // left. On the stack: no allocation per frame (n <= kMaxBuffers).
-  std::array<uint32_t, kMaxBuffers> order;
-  order[0] = 0;  // a pool has at least one buffer (the compiler cannot see that n > 0)
-  for (uint32_t i = 1; i < n; i++) order[i] = i;
-  std::sort(order.begin(), order.begin() + n, [&](uint32_t a, uint32_t b) {
-    const bool oa = s.generation[a] & 1, ob = s.generation[b] & 1;
-    if (oa != ob) return ob;
-    return s.last_sent[a] != s.last_sent[b] ? s.last_sent[a] < s.last_sent[b] : a < b;
-  });
-  const uint32_t chosen = order[0];
+  uint32_t fallback = n;  // the least recently sent buffer not checked out
   for (uint32_t k = 0; k < n; k++) {
-    const uint32_t i = order[k];
+    const uint32_t i = s.lru[k];
     const uint64_t gen = s.generation[i];
     if (gen & 1) continue;
+    if (fallback == n) fallback = i;
     if (gen != 0 && leased(s, i, gen)) continue;
     if (gen != 0) {
       // G1a: probe, then re-check: a client whose L1 store we missed sees the
@@ -281,43 +304,60 @@ Acquired Server::acquire(Stream& s) {
     s.meta(i).generation.store(gen + 1, std::memory_order_seq_cst);  // G1b
     std::atomic_thread_fence(std::memory_order_release);             // pixel writes after it
     s.generation[i] = gen + 1;
-    return Acquired{i, gen + 1, pixels(i), s.pool};
+    return Checkout{i, gen + 1};
   }
-  // Everything is leased (or checked out): take the least recently sent one;
-  // its holder's validity check fails from here on.
+  // Everything is leased (or checked out): take the least recently sent one not
+  // checked out (else the least recently sent); its holder's validity check
+  // fails from here on.
+  const uint32_t chosen = fallback < n ? fallback : s.lru[0];
   uint64_t& gen = s.generation[chosen];
   gen += (gen & 1) ? 2 : 1;
   s.meta(chosen).generation.store(gen, std::memory_order_seq_cst);
   std::atomic_thread_fence(std::memory_order_release);
-  return Acquired{chosen, gen, pixels(chosen), s.pool};
+  return Checkout{chosen, gen};
 }
 
 void Server::send(const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
                   uint64_t eof) {
   const common::UseOrClosed call = use();
-  publish(find(stream), stream, index, generation, frame_id, sof, eof);
+  publish(find(stream), index, generation, frame_id, sof, eof);
+}
+
+void Server::send_at(uint32_t handle, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
+                     uint64_t eof) {
+  const common::UseOrClosed call = use();
+  publish(at(handle), index, generation, frame_id, sof, eof);
 }
 
 uint32_t Server::send_copy(const std::string& stream, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
                            const std::function<void(uint8_t*)>& fill) {
   const common::UseOrClosed call = use();
-  Stream& s = find(stream);
-  if (size != s.geometry.size) {
-    common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
-                                                          stream + "' buffers are " + std::to_string(s.geometry.size) +
-                                                          " bytes");
-  }
-  const Acquired a = acquire(s);
-  fill(a.data);
-  publish(s, stream, a.index, a.generation, frame_id, sof, eof);
-  return a.index;
+  return send_copy_on(find(stream), size, frame_id, sof, eof, fill);
 }
 
-void Server::publish(Stream& s, const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id,
-                     uint64_t sof, uint64_t eof) {
+uint32_t Server::send_copy_at(uint32_t handle, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                              const std::function<void(uint8_t*)>& fill) {
+  const common::UseOrClosed call = use();
+  return send_copy_on(at(handle), size, frame_id, sof, eof, fill);
+}
+
+uint32_t Server::send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                              const std::function<void(uint8_t*)>& fill) {
+  if (size != s.geometry.size) {
+    common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
+                                                          s.name + "' buffers are " + std::to_string(s.geometry.size) +
+                                                          " bytes");
+  }
+  const Checkout c = acquire(s);
+  fill(s.buffer(c.index));
+  publish(s, c.index, c.generation, frame_id, sof, eof);
+  return c.index;
+}
+
+void Server::publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
-                 "buffer " + std::to_string(index) + " of stream '" + stream +
+                 "buffer " + std::to_string(index) + " of stream '" + s.name +
                      "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
   }
   BufferMeta& m = s.meta(index);
@@ -327,7 +367,9 @@ void Server::publish(Stream& s, const std::string& stream, uint32_t index, uint6
   const uint64_t published = generation + 1;
   m.generation.store(published, std::memory_order_release);  // G3: pixels and metadata before this
   s.generation[index] = published;
-  s.last_sent[index] = ++s.sends;
+  // The sent buffer becomes the most recently sent.
+  const auto at_index = std::find(s.lru.begin(), s.lru.end(), static_cast<uint16_t>(index));
+  std::rotate(at_index, at_index + 1, s.lru.end());
   const Packet p{kProtocolMagic, s.ordinal, id_, index, 0,
                  published,      frame_id,  sof, eof,   static_cast<uint64_t>(common::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));

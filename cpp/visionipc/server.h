@@ -25,6 +25,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -56,6 +57,12 @@ struct ServerOptions {
   msgq::WakeMode wake = msgq::WakeMode::kAll;
 };
 
+// A buffer checked out by checkout(): get_buffer() without its address.
+struct Checkout {
+  uint32_t index;
+  uint64_t generation;  // odd: the producer owns the buffer until send()
+};
+
 struct Acquired {
   uint32_t index;
   uint64_t generation;  // odd: the producer owns the buffer until send()
@@ -82,6 +89,15 @@ class Server {
   // it as send() does. Returns the buffer's index.
   uint32_t send_copy(const std::string& stream, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
                      const std::function<void(uint8_t*)>& fill);
+  // The per-frame calls by stream handle (handle(): the stream's ordinal, fixed for
+  // the server's life): no name, no lock and no map on the way, so a producer at a
+  // camera's pace touches few cold cache lines. Same checks and errors as by name;
+  // an unknown handle is kInvalidArgument.
+  uint32_t handle(const std::string& stream) const;
+  Checkout checkout(uint32_t handle);
+  void send_at(uint32_t handle, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
+  uint32_t send_copy_at(uint32_t handle, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                        const std::function<void(uint8_t*)>& fill);
   void start_listener();
   // Stop the listener and drop the pools. In a forked child (another pid than
   // the one that made the server) this is forget_after_fork(): the parent's
@@ -116,17 +132,23 @@ class Server {
     std::shared_ptr<Mapping> pool;
     std::unique_ptr<Mapping> leases;
     std::unique_ptr<msgq::Publisher> publisher;
-    std::vector<uint64_t> last_sent;   // send counter at each buffer's last send (0 = never)
+    // The mappings' parts, resolved once (the per-frame path reads no Mapping).
+    BufferMeta* metas = nullptr;
+    LeaseSlot* slots = nullptr;
+    uint8_t* pixels = nullptr;  // buffer 0
     std::vector<uint64_t> generation;  // our copy of each buffer's generation
-    uint64_t sends = 0;
+    // Buffer indices from least to most recently sent (never sent first, by index):
+    // publish() moves the sent one to the back, so acquire() needs no sort.
+    std::vector<uint16_t> lru;
     // Lease slots given to live connections: written by the listener under mutex_,
     // read by the producer without it. SYNC: a bit is set (seq_cst RMW) before the
     // admission reply goes out, so before the client's first lease store (L1), and
     // cleared after L3 zeroed the slot; the producer's leased() reads only the slots
     // set here (seq_cst), after its probe (G1a): see leased() for why that is enough.
     std::atomic<uint64_t> slot_used{0};
-    BufferMeta& meta(uint32_t i) const { return reinterpret_cast<BufferMeta*>(pool->data())[i]; }
-    LeaseSlot& lease(uint32_t slot) const { return reinterpret_cast<LeaseSlot*>(leases->data())[slot]; }
+    BufferMeta& meta(uint32_t i) const { return metas[i]; }
+    LeaseSlot& lease(uint32_t slot) const { return slots[slot]; }
+    uint8_t* buffer(uint32_t i) const { return pixels + uint64_t{i} * layout.slot_size; }
   };
   struct Connection {
     common::UniqueFd fd;
@@ -140,10 +162,12 @@ class Server {
   // One call that uses the streams (close() waits for it: gate_), or kClosed.
   common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC server is closed"); }
   Stream& find(const std::string& stream) const;
-  // get_buffer() and send() on a stream already found (the caller holds use()).
-  Acquired acquire(Stream& s);
-  void publish(Stream& s, const std::string& stream, uint32_t index, uint64_t generation, uint64_t frame_id,
-               uint64_t sof, uint64_t eof);
+  Stream& at(uint32_t handle) const;  // by handle(), or kInvalidArgument (the caller holds use())
+  // get_buffer(), send() and send_copy() on a stream already found (the caller holds use()).
+  Checkout acquire(Stream& s);
+  void publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
+  uint32_t send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                        const std::function<void(uint8_t*)>& fill);
   bool leased(const Stream& s, uint32_t index, uint64_t generation) const;
   static constexpr int64_t kPendingTimeoutNs = 2'000'000'000;  // a client asks right after it connects
   void listen_loop();
@@ -162,6 +186,11 @@ class Server {
   mutable std::mutex mutex_;      // streams_ (structure), Stream::slot_used's writers
   mutable common::UseGate gate_;  // calls in flight that use streams_ (see use())
   std::map<std::string, std::unique_ptr<Stream>> streams_;
+  // streams_ by ordinal, for at(): the first kFastStreams without a lock. SYNC: set
+  // (release) by create_buffers() once the stream is complete, read (acquire) by
+  // at(); cleared by close() and forget_after_fork() before streams_ goes.
+  static constexpr uint32_t kFastStreams = 64;
+  std::array<std::atomic<Stream*>, kFastStreams> by_ordinal_{};
   common::UniqueFd listen_fd_, stop_fd_;
   std::vector<Connection> connections_;  // listener thread only
   std::thread listener_;

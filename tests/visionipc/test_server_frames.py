@@ -146,3 +146,63 @@ def test_the_native_calls_refuse_what_is_not_theirs(pair):
         native.send_frame(object(), 0, 0, 0)
     with pytest.raises(TypeError, match="send_frame\\(\\) needs a frame of get_buffer"):
         native.send_frame(_visionipc.Frame(), 0, 0, 0)
+
+
+def test_buffers_go_out_least_recently_sent_first_whatever_order_they_are_sent_in(pair):
+    server, _client = pair(count=4)
+    first, second = server.get_buffer(0), server.get_buffer(0)
+    assert (first.idx, second.idx) == (0, 1)  # never sent: by index
+    server.send(second, 1)  # sent out of checkout order: 1 is now older than 0
+    server.send(first, 2)
+    held = [server.get_buffer(0), server.get_buffer(0)]
+    assert [b.idx for b in held] == [2, 3]
+    # 2 and 3 are checked out (not handed out again while another is free): 1, then 0
+    again = server.get_buffer(0)
+    assert again.idx == 1
+    server.send(again, 3)
+    assert [server.get_buffer(0).idx, server.get_buffer(0).idx] == [0, 1]
+    # every buffer checked out: the least recently sent one is taken back (2, never sent)
+    assert held[0].valid and server.get_buffer(0).idx == 2 and not held[0].valid
+
+
+def test_the_native_calls_by_handle_match_the_ones_by_name_and_refuse_unknown_handles(pair):
+    server, client = pair("road")
+    native = server._native
+    handle = native.handle("road")
+    assert type(handle) is int
+    index, generation = native.acquire(handle)
+    native.send("road", index, generation, 1, 0, 0)
+    got = client.recv(1000)
+    assert (got.idx, got.generation, got.frame_id) == (index, generation + 1, 1)
+    size = got.geometry.size
+    assert native.send_copy(handle, bytes(size), 2, 0, 0) != index
+    assert client.recv(1000).frame_id == 2
+    for call in (
+        lambda: native.acquire(handle + 1),
+        lambda: native.acquire(999),
+        lambda: native.send_copy(999, bytes(size), 3, 0, 0),
+    ):
+        with pytest.raises(InvalidArgumentError, match="has no stream of handle") as err:
+            call()
+        assert "\n" not in str(err.value)
+    with pytest.raises(TypeError, match="stream handle must be an int"):
+        native.acquire(-1)
+    with pytest.raises(InvalidArgumentError, match="has no stream 'nope'"):
+        native.handle("nope")
+    server.close()
+    with pytest.raises(ClosedError, match="is closed"):
+        native.acquire(handle)
+
+
+def test_streams_past_the_lock_free_handles_are_served_the_same(pair):
+    """Handles 0..63 are looked up without a lock, later ones under it: both serve."""
+    server, _client = pair(0, count=2)
+    for stream in range(1, 70):
+        server.create_buffers(stream, 2, 16, 16, "gray8")
+    for stream in (0, 63, 64, 69):
+        assert server._native.handle(str(stream)) == stream
+        buf = server.get_buffer(stream)
+        buf.array[:] = stream
+        server.send(buf, frame_id=stream)
+        server.send(stream, bytes(buf.geometry.size), stream + 1)
+        assert buf.stream == str(stream) and server.get_buffer(stream).idx == buf.idx
