@@ -259,8 +259,7 @@ PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t na
     } else {
       s.send(vp::str_arg(f->stream, "stream"), index, generation, frame_id, sof, eof);
     }
-    static PyObject* one = PyLong_FromLong(1);
-    if (!vp::set_field(f->generation, PyNumber_Add(f->generation, one))) throw py::error_already_set();
+    if (!vp::set_field(f->generation, PyLong_FromUnsignedLongLong(generation + 1))) throw py::error_already_set();
     Py_INCREF(args[1]);
     Py_XSETREF(f->frame_id, args[1]);
     Py_INCREF(args[2]);
