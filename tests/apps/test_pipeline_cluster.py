@@ -285,3 +285,16 @@ def test_follow_picks_up_a_recording_written_under_s3(cluster, tmp_path):
     assert r.returncode == 0, r.stderr[-2000:]
     same_tables(out, reference)
     windows_count_every_frame(out, reference)
+
+
+def test_follow_with_out_on_s3_without_hadoops_s3_connector_is_one_line(cluster, tmp_path):
+    """Spark writes the checkpoint and the tables itself: with OUT on s3:// and no hadoop-aws in
+    this Spark, --follow stops at once with one line saying what to give it instead."""
+    cmd = [sys.executable, "-m", "visionipc.apps.pipeline.cli", f"s3://{BUCKET}/recordings", "--follow"]
+    cmd += ["--out", f"s3://{BUCKET}/live-out", "--master", "local[1]", "--idle-timeout", "5"]
+    r = subprocess.run(cmd, env=cluster["env"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if "error" in line.lower()]
+    assert len(errors) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert errors[0].startswith(f"vipc-analyze: error: --follow: Spark cannot write its checkpoint (s3://{BUCKET}/")
+    assert "Class org.apache.hadoop.fs.s3a." in errors[0] and "local or HDFS folder" in errors[0], errors[0]

@@ -266,6 +266,21 @@ def _recording_error(text: str) -> Optional[str]:
     return None if found is None else (found.group(2) or found.group(3)).strip()
 
 
+def _unreachable(error: BaseException, out: str, checkpoint: str) -> Optional[Exception]:
+    """The one-line error of a checkpoint or tables location Spark's own writer cannot reach
+    (object storage without its Hadoop connector), None for any other error."""
+    from visionipc.apps.pipeline.fs import StorageError
+
+    reason = tables.unreachable(error)
+    if not reason:
+        return None
+    return StorageError(
+        f"--follow: Spark cannot write its checkpoint ({checkpoint}) or the tables ({out}/tables) there: {reason}; "
+        "Spark writes both itself, so give --checkpoint and --out a local or HDFS folder (the recordings may "
+        "stay on s3://), or run a Spark with Hadoop's S3 connector (hadoop-aws; docs/pipeline.md)"
+    )
+
+
 def _dropped(progress: Any) -> int:
     return sum(int(op.numRowsDroppedByWatermark or 0) for op in progress.stateOperators or ())
 
@@ -288,7 +303,11 @@ def run(args: argparse.Namespace, step: Callable[[str], None]) -> int:
         spark = spark_session(args.master, ui=args.ui, progress=False, conf=args.conf)
     if not args.verbose:
         cluster.set_log_level(spark, "OFF")
-    query = start_query(spark, args, out, checkpoint, cluster.task_slots(spark))
+    try:
+        query = start_query(spark, args, out, checkpoint, cluster.task_slots(spark))
+    except Exception as e:  # noqa: BLE001 - a checkpoint Spark cannot reach: one line
+        spark.stop()
+        raise _unreachable(e, out, checkpoint) or e from None
     step(f"streaming: trigger {args.trigger:g} s, window {args.window:g} s, watermark {args.watermark:g} s")
     step(f"checkpoint {checkpoint}; live page {fs.join(out, PAGE)}")
     facts: Dict[str, Any] = {
@@ -330,9 +349,9 @@ def run(args: argparse.Namespace, step: Callable[[str], None]) -> int:
         query.stop()
     except Exception as e:  # noqa: BLE001 - the query's error, raised where Spark ran it
         bad = _recording_error(str(e))
-        if bad is None:
-            raise
-        raise RecordingError(bad) from None
+        if bad is not None:
+            raise RecordingError(bad) from None
+        raise _unreachable(e, out, checkpoint) or e from None
     finally:
         spark.stop()
     return 0
