@@ -20,6 +20,14 @@
 // buffer is leased, the least recently sent one is taken anyway: its
 // generation moves on, so the client holding it sees valid == false (it is
 // told, never handed a torn frame). get_buffer never blocks.
+//
+// Per-frame cost (issue 36): a camera calls get_buffer/send cold, right after a
+// sleep, so each distinct cache line and page they touch costs a miss. The
+// calls by handle reach the stream without a name, lock or map; acquire walks
+// the buffers in send order (Stream::lru, kept by publish) instead of sorting,
+// and reads only admitted clients' lease slots (Stream::slot_used): with the
+// whole lease table in one page, a per-buffer lease summary would save lines
+// of that page, not the page, so the slots stay the one place leases live.
 #pragma once
 
 #include <sys/socket.h>
