@@ -100,12 +100,12 @@ def snapshot(paths: Iterable[str]) -> Offset:
 
 
 def _check_offset(offset: Any) -> Dict[str, Dict[str, str]]:
+    """An offset's ``{path: {stream: runs}}``, or RecordingError (one line) if it has not that shape."""
     recordings = offset.get("recordings") if isinstance(offset, dict) else None
-    ok = isinstance(recordings, dict) and all(
+    if not isinstance(recordings, dict) or not all(
         isinstance(streams, dict) and all(isinstance(t, str) for t in streams.values())
         for streams in recordings.values()
-    )
-    if not ok:
+    ):
         raise RecordingError(
             f"malformed stream offset {json.dumps(offset)[:200]}: expected "
             '{"recordings": {path: {stream: "0-41,43"}}} (a checkpoint edited by hand or corrupt: '
