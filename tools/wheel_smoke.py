@@ -3,7 +3,8 @@
     /path/to/venv/bin/python tools/wheel_smoke.py [--workdir DIR]
 
 Run it with the interpreter of the environment that holds the wheel: tests/system/test_wheel.py
-does (a fresh virtual environment), and so does cibuildwheel (pyproject.toml's test-command).
+does (a fresh virtual environment), and so do ``tools/build_wheels.sh --all`` (one fresh venv per
+CPython 3.10-3.13) and cibuildwheel (pyproject.toml's test-command).
 Every plain block runs (not those that need inputs made by the checkout, ``setup=``, nor the
 one that is a pytest file), each under its own MSGQ_PREFIX, which must be left clean. Exits 1
 naming the block that failed, 2 when msgq or visionipc would not import from this

@@ -5,6 +5,8 @@ alone in a fresh folder and has auditwheel repair it (a manylinux tag); then a f
 environment under build/ installs the repaired wheel. The tests read the wheel's contents, run
 README.md's Python blocks with that environment from a folder outside the checkout
 (tools/wheel_smoke.py) and build C++ programs against the installed library as its docs say.
+Where pyenv has CPython 3.10 (the oldest the wheels are for: requires-python's floor), its own
+wheel is built, checked and tested the same way (``build_wheels.sh --python``).
 """
 
 import os
@@ -12,12 +14,26 @@ import shutil
 import subprocess
 import sys
 import zipfile
+from pathlib import Path
 
 import pytest
 from repo import ROOT, TOOLS
 
 OUT = ROOT / "build" / "wheel-test"
 VENV = ROOT / "build" / "wheel-test-venv"
+OLDEST_OUT = ROOT / "build" / "wheel-test-oldest"  # build_wheels.sh --python: its build venv is kept there
+
+
+def _pyenv_python(series):
+    """pyenv's newest CPython ``series`` ("3.10"), or None."""
+    pyenv = shutil.which("pyenv")
+    if not pyenv:
+        return None
+    root = Path(subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30).stdout.strip())
+    found = sorted(
+        root.glob(f"versions/{series}.*/bin/python3"), key=lambda p: [int(x) for x in p.parts[-3].split(".")]
+    )
+    return found[-1] if found else None
 
 
 def _run(cmd, timeout=600, **kw):
@@ -132,12 +148,36 @@ def test_cpp_programs_build_against_the_installed_wheel_with_cmake_and_pkg_confi
         assert os.path.realpath(line.split()[2]) == os.path.realpath(f"{site}/visionipc/lib/libvisionipc.so.0.1"), line
 
 
+@pytest.mark.skipif(_pyenv_python("3.10") is None, reason="pyenv has no CPython 3.10 here")
+def test_cpython_3_10_gets_its_own_wheel_that_passes_the_docs_outside_the_checkout():
+    """The multi-version mode for the oldest CPython the wheels are for: the sdist, a cp310 wheel
+    built from it with a 3.10 build venv, auditwheel's manylinux tag and one libvisionipc.so
+    (checked by the tool), and a fresh 3.10 venv running the documentation's Python blocks."""
+    python = _pyenv_python("3.10")
+    log = _run(
+        ["bash", TOOLS / "build_wheels.sh", "--python", python, "--out", OLDEST_OUT],
+        timeout=1200,
+        env=dict(os.environ, PYTHON=sys.executable),
+    )
+    (wheel,) = OLDEST_OUT.glob("visionipc-*.whl")
+    assert wheel.name.startswith("visionipc-0.1.0-cp310-cp310-manylinux_2_"), wheel.name
+    assert [n for n in zipfile.ZipFile(wheel).namelist() if "libvisionipc" in n] == [
+        "visionipc/lib/libvisionipc.so.0.1"
+    ]
+    assert "== CPython 3.10: built, checked and tested in" in log, log
+    ran = [line for line in log.splitlines() if line.startswith("ok: ")]
+    assert len(ran) >= 8 and sum("README.md" in line for line in ran) >= 2, log
+    assert f"importing {OLDEST_OUT}/test-3.10/lib/python3.10/site-packages/msgq/__init__.py" in log, log
+
+
 @pytest.mark.parametrize(
     ("args", "python", "said"),
     [
         (["--wheel"], sys.executable, "unknown argument '--wheel' (try --help)"),
         (["--out"], sys.executable, "--out needs a folder"),
         ([], "/no/such/python", "no Python at /no/such/python: run bash tools/setup.sh or set PYTHON"),
+        (["--python"], sys.executable, "--python needs an interpreter's path"),
+        (["--python", "/no/such/python"], sys.executable, "--python /no/such/python: not a Python interpreter"),
     ],
 )
 def test_build_wheels_refuses_bad_input_in_one_line(args, python, said):
@@ -149,3 +189,28 @@ def test_build_wheels_refuses_bad_input_in_one_line(args, python, said):
         timeout=30,
     )
     assert (proc.returncode, proc.stderr) == (2, f"build_wheels.sh: {said}\n")
+
+
+def test_build_wheels_refuses_a_python_outside_3_10_to_3_13_and_all_without_pyenv(tmp_path):
+    """An interpreter outside 3.10-3.13 (a stand-in that reports 3.9) is named in one line, and
+    --all says that it looks for pyenv when pyenv is not on PATH."""
+    old = tmp_path / "python3.9"
+    old.write_text("#!/bin/sh\necho 3.9\n")
+    old.chmod(0o755)
+    bare_path = os.pathsep.join(p for p in ("/usr/local/bin", "/usr/bin", "/bin") if not Path(p, "pyenv").exists())
+    for args, path, said in (
+        (["--python", str(old)], os.environ["PATH"], f"--python {old} is Python 3.9: wheels are for 3.10 to 3.13"),
+        (
+            ["--all"],
+            bare_path,
+            "--all finds CPython 3.10-3.13 with pyenv, which is not installed: name them with --python PATH",
+        ),
+    ):
+        proc = subprocess.run(
+            ["bash", TOOLS / "build_wheels.sh", *args],
+            env=dict(os.environ, PYTHON=sys.executable, PATH=path),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert (proc.returncode, proc.stderr) == (2, f"build_wheels.sh: {said}\n")
