@@ -318,12 +318,12 @@ def task_thr_recv(
     state: State,
     transport: Dict[str, Any],
     topic: str,
+    batch_receive: bool,  # the receiver's own; the others are task_thr_send's
     size: int,
     segment_size: int,
     count: int,
     credit_window: int,
     lossy: bool,
-    batch_receive: bool,
 ) -> Dict[str, Any]:
     t = make_transport(state, transport)
     ack_pub: Any = t.pub(f"{topic}ack", 0) if credit_window else None
