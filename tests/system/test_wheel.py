@@ -30,9 +30,8 @@ def _pyenv_python(series):
     if not pyenv:
         return None
     root = Path(subprocess.run([pyenv, "root"], capture_output=True, text=True, timeout=30).stdout.strip())
-    found = sorted(
-        root.glob(f"versions/{series}.*/bin/python3"), key=lambda p: [int(x) for x in p.parts[-3].split(".")]
-    )
+    releases = [p for p in root.glob(f"versions/{series}.*/bin/python3") if p.parts[-3].replace(".", "").isdigit()]
+    found = sorted(releases, key=lambda p: [int(x) for x in p.parts[-3].split(".")])  # 3.10.13, not 3.10-dev
     return found[-1] if found else None
 
 
