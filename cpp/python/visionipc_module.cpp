@@ -13,6 +13,7 @@
 
 #include "common/clock.h"
 #include "common/frame_copy.h"
+#include "common/names.h"
 #include "python/bindings.h"
 #include "python/dlpack.h"
 #include "python/fastcall.h"
@@ -348,7 +349,7 @@ PYBIND11_MODULE(_visionipc, m) {
              o.wake = handoff ? vipc::msgq::WakeMode::kHandoff : vipc::msgq::WakeMode::kAll;
              return std::make_unique<Server>(name, std::move(o));
            }),
-           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = "/dev/shm",
+           py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = std::string(vipc::common::kSegmentDir),
            py::arg("allowed_uids") = std::vector<uid_t>{}, py::arg("handoff_wakes") = false)
       .def("create_buffers",
            [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
@@ -402,7 +403,7 @@ PYBIND11_MODULE(_visionipc, m) {
                                              vipc::visionipc::ClientOptions{prefix, shm_dir, std::move(trusted_uids)});
            }),
            py::arg("name"), py::arg("stream"), py::arg("conflate") = false, py::arg("prefix") = "",
-           py::arg("shm_dir") = "/dev/shm", py::arg("trusted_uids") = std::vector<uid_t>{})
+           py::arg("shm_dir") = std::string(vipc::common::kSegmentDir), py::arg("trusted_uids") = std::vector<uid_t>{})
       .def("connect",
            [](Client& c) {
              py::gil_scoped_release nogil;

@@ -29,6 +29,7 @@
 
 #include "common/errors.h"
 #include "common/files.h"
+#include "common/names.h"
 #include "common/use_gate.h"
 #include "common/wait_status.h"
 #include "msgq/subscriber.h"
@@ -40,7 +41,7 @@ namespace vipc::visionipc {
 
 struct ClientOptions {
   std::string prefix;
-  std::string shm_dir = "/dev/shm";
+  std::string shm_dir = std::string(common::kSegmentDir);
   // Server uids this client trusts besides its own and root's (checked with
   // SO_PEERCRED: anyone can bind a server's abstract socket name first).
   std::vector<uid_t> trusted_uids;

@@ -45,6 +45,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/names.h"
 #include "common/use_gate.h"
 #include "msgq/publisher.h"
 #include "visionipc/format.h"
@@ -54,9 +55,9 @@
 namespace vipc::visionipc {
 
 struct ServerOptions {
-  std::string prefix;                // run prefix (MSGQ_PREFIX), part of every name
-  std::string shm_dir = "/dev/shm";  // where the msgq topic segments live
-  std::vector<uid_t> allowed_uids;   // besides our own uid
+  std::string prefix;                                      // run prefix (MSGQ_PREFIX), part of every name
+  std::string shm_dir = std::string(common::kSegmentDir);  // where the msgq topic segments live
+  std::vector<uid_t> allowed_uids;                         // besides our own uid
   // Connections one peer process may hold to this server (pending or
   // attached, all streams together): one process cannot take every lease slot.
   uint32_t max_per_peer = kMaxClientsPerPeer;
@@ -143,7 +144,7 @@ class Server {
     // The mappings' parts, resolved once (the per-frame path reads no Mapping).
     BufferMeta* metas = nullptr;
     LeaseSlot* slots = nullptr;
-    uint8_t* pixels = nullptr;  // buffer 0
+    uint8_t* pixels = nullptr;         // buffer 0
     std::vector<uint64_t> generation;  // our copy of each buffer's generation
     // Buffer indices from least to most recently sent (never sent first, by index):
     // publish() moves the sent one to the back, so acquire() needs no sort.
