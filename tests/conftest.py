@@ -69,6 +69,20 @@ def pytest_collection_modifyitems(config, items):
         where = Path(item.path).relative_to(tests).as_posix()
         for tier in _tiers(item, where):
             item.add_marker(tier)
+    items[:] = _longest_first(items)
+
+
+def _longest_first(items):
+    """The files with Spark first, then the other slow ones, then the rest, each file's
+    tests together and in their order. pytest-xdist hands whole files to the workers in
+    this order, so the longest files start first and the many short ones fill in around
+    them, instead of one Spark file running alone at the end while the other core idles."""
+    rank = {}
+    for item in items:
+        names = {m.name for m in item.iter_markers()}
+        here = 0 if "spark" in names else 1 if "slow" in names else 2
+        rank[item.path] = min(rank.get(item.path, here), here)
+    return sorted(items, key=lambda item: rank[item.path])  # stable: files keep their order
 
 
 def _entries():

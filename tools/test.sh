@@ -7,7 +7,8 @@
 #                                 (the tiers are pytest markers, given in tests/conftest.py)
 # The tests run on every core (pytest-xdist, at most 4 workers; VIPC_TEST_WORKERS=N sets
 # it, 0 runs them in this one process). Each worker takes whole test files, so a file's
-# shared fixtures (recordings, a Spark session) are made once.
+# shared fixtures (recordings, a Spark session) are made once; files go out in the order
+# tests/conftest.py gives them (the longest, Spark's, first), not by their number of tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier=()
@@ -19,7 +20,7 @@ bash tools/setup.sh
 workers=${VIPC_TEST_WORKERS:-$(nproc)}
 ((workers <= 4)) || workers=4
 parallel=()
-((workers == 0)) || parallel=(-n "$workers" --dist loadfile)
+((workers == 0)) || parallel=(-n "$workers" --dist loadfile --no-loadscope-reorder)
 # pytest's temporary folders live under build/ (removed at the next run), not in
 # /tmp: the suite checks that it leaves nothing behind there (tests/conftest.py)
 exec .venv/bin/pytest -p no:cacheprovider --basetemp="$PWD/build/pytest-tmp" "${parallel[@]}" "${tier[@]}" "$@"

@@ -19,6 +19,7 @@ MOVED = {
 }
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # the next test asserts the warning
 @pytest.mark.parametrize("old,new", sorted(MOVED.items()))
 def test_old_path_is_the_same_module(old, new):
     assert importlib.import_module(old) is importlib.import_module(new)
