@@ -9,12 +9,16 @@ each mutant, and ``PEAK_KIB n`` (peak resident memory) at the end; the caller
 """
 
 import contextlib
+import faulthandler
 import io
+import os
 import random
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "corpus"))
 from make_corpus import BASES, base_recording, good_bag, segment_path  # noqa: E402
@@ -43,7 +47,24 @@ def mutate(data: bytes, rng: random.Random) -> tuple:
     return bytes(b[:at]), f"truncated at {at}"
 
 
+@contextlib.contextmanager
+def native_stderr(path: Path) -> Iterator[Path]:
+    """File descriptor 2 into ``path`` while the block runs: what FFmpeg and OpenCV print
+    from C counts towards the one line as much as Python's ``sys.stderr`` does."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(path, "wb") as sink:
+        os.dup2(sink.fileno(), 2)
+    try:
+        yield path
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def main(work: Path, seed: int, seconds: float) -> int:
+    # SIGUSR1: every thread's Python stack on stderr (the caller asks when a mutant is slow)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     rng = random.Random(seed)
     targets = {}
     for base in BASES:
@@ -60,12 +81,14 @@ def main(work: Path, seed: int, seconds: float) -> int:
         data, how = mutate(good[name], rng)
         path.write_bytes(data)
         print(f"START {i} {name}: {how}", flush=True)
-        err = io.StringIO()
-        with contextlib.redirect_stderr(err):
-            rc = replay_main([replayed, "--name", unique_name("mutant"), "--rate", "max", "-q"])
-        lines = err.getvalue().strip().splitlines()
+        with native_stderr(work / "stderr.txt") as native:
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                rc = replay_main([replayed, "--name", unique_name("mutant"), "--rate", "max", "-q"])
+        said = native.read_text(errors="replace") + err.getvalue()
+        lines = said.strip().splitlines()
         ok = (rc == 0 and not lines) or (rc == 2 and len(lines) == 1 and "/proc/self/fd" not in lines[0])
-        print(f"{'DONE' if ok else 'BAD'} {i} rc={rc} {err.getvalue()!r}", flush=True)
+        print(f"{'DONE' if ok else 'BAD'} {i} rc={rc} {said[-2000:]!r}", flush=True)
         i += 1
     print("PEAK_KIB", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
     return 0

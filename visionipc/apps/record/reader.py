@@ -22,22 +22,14 @@ from visionipc.apps.record import codecs, index
 from visionipc.apps.record.av_frames import Image
 from visionipc.apps.record.checks import RecordingError, check_stream, open_file, proc_path, reading
 from visionipc.apps.record.index import Rows
-from visionipc.apps.record.storage import Storage
-
-
-def _quiet_opencv(cv2: Any) -> None:
-    """OpenCV's FFmpeg and OpenCV itself print what they make of a broken video on stderr
-    (raw lines, naming /proc/self/fd/N): the reader's own error is the one line. The
-    FFmpeg level is read when OpenCV first starts FFmpeg (its reading starts it)."""
-    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
-    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_ERROR)
+from visionipc.apps.record.storage import Storage, quiet_opencv
 
 
 def open_video(cv2: Any, folder: str, segment_file: str, storage: Storage) -> Tuple[Any, int]:
     """An opened cv2.VideoCapture of ``segment_file`` (checks.open_file: a regular file
     inside ``folder``; FFmpeg reads it through the checked descriptor), and that descriptor."""
     fd = open_file(folder, segment_file)
-    _quiet_opencv(cv2)
+    quiet_opencv(cv2)
     try:
         cap = cv2.VideoCapture(proc_path(fd), cv2.CAP_FFMPEG, storage.reader_params())
         if not cap.isOpened():

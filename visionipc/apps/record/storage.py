@@ -20,6 +20,7 @@ back into a pool buffer (exactly, for lossless kinds).
 """
 
 import argparse
+import os
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 import numpy as np
@@ -37,6 +38,15 @@ LOSSLESS = ("FFV1", MATROSKA)
 LOSSY = (codecs.LEGACY, MP4)
 
 
+def quiet_opencv(cv2: Any) -> None:
+    """OpenCV's FFmpeg and OpenCV itself print what they make of a broken video on stderr
+    (raw lines, naming /proc/self/fd/N): the reader's own error is the one line. OpenCV
+    reads its FFmpeg's level once, when it first starts FFmpeg (its first writer or
+    reader), so this runs before either: whenever a Storage is made."""
+    os.environ.setdefault("OPENCV_FFMPEG_LOGLEVEL", "-8")  # AV_LOG_QUIET
+    cv2.utils.logging.setLogLevel(cv2.utils.logging.LOG_LEVEL_SILENT)
+
+
 class Storage:
     """The OpenCV format (format_version 1, and --codec mp4v)."""
 
@@ -44,6 +54,7 @@ class Storage:
 
     def __init__(self, cv2: Any, fmt: str, width: int, height: int, lossless: bool) -> None:
         self.cv2, self.fmt, self.width, self.height = cv2, fmt, width, height
+        quiet_opencv(cv2)
         info = format_info(fmt)
         self.lossless = lossless or info.sample_bytes > 1  # no lossy codec for deeper samples
         gray = info.channels == 1 and not info.yuv420
