@@ -1,6 +1,6 @@
 """Stubs of the private native module (use the visionipc package)."""
 
-from typing import Any, Optional, Sequence, SupportsIndex
+from typing import Any, Callable, Optional, Sequence, SupportsIndex, TypeVar
 
 import numpy as np
 from typing_extensions import CapsuleType, TypeAlias, disjoint_base
@@ -15,6 +15,8 @@ MAX_NAME_LENGTH: int  # the longest server or stream name (the socket address an
 # (name, code, aliases (space-separated), bytes_per_pixel, channels, yuv420, selectable, planes,
 #  cv_to_bgr, cv_from_bgr, av_format): visionipc.formats.PixelFormat's fields
 FORMAT_TABLE: tuple[tuple[str, int, str, int, int, bool, bool, int, str, str, str], ...]
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 # (format, width, height, stride, uv_offset, size): visionipc.formats.Geometry's fields
 _GeometryTuple: TypeAlias = tuple[str, int, int, int, int, int]
@@ -32,6 +34,10 @@ def dlpack_capsule(
     device_type: SupportsIndex,
     device_id: SupportsIndex,
 ) -> CapsuleType: ...  # a DLPack 'dltensor' capsule over memory `owner` keeps alive (strides in elements)
+
+# `func` (VisionIpcServer.get_buffer or .send, by `kind`) behind a native front that runs their per-frame calls
+# without a Python frame (data: send's VisionBuf class)
+def server_method(kind: str, func: _F, data: object = None, /) -> _F: ...
 
 class View:
     """A buffer-protocol view of one buffer (made by Server/Client.view and get_buffer)."""
@@ -65,8 +71,10 @@ class Server:
         self, stream: str | int, data: object, frame_id: int, timestamp_sof: int, timestamp_eof: int, /
     ) -> int: ...
     # get_buffer's per-frame call: ready = (Frame subclass, stream, the ViewCache's made list, geometry, the cache,
-    # the stream's handle)
-    def acquire_frame(self, ready: tuple[type[Frame], str, list[Any], Any, Any, int], owner: object, /) -> Frame: ...
+    # the stream's handle, this Server)
+    def acquire_frame(
+        self, ready: tuple[type[Frame], str, list[Any], Any, Any, int, Server], owner: object, /
+    ) -> Frame: ...
     def send_frame(self, frame: Frame, frame_id: int, timestamp_sof: int, timestamp_eof: int, /) -> None: ...
     def start_listener(self) -> None: ...
     def close(self) -> None: ...

@@ -1,7 +1,7 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
 import functools
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union, overload
 
 import numpy as np
 
@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from visionipc.cuda.link import CudaLink as _CudaLink
 
 _U8 = np.dtype(np.uint8)
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _native_front(kind: str, data: object = None) -> Callable[[_F], _F]:
+    """The method with a native front for its per-frame calls (``_visionipc.server_method``,
+    cpp/python/fast_method.h): they run without a Python frame; any other call runs the
+    method as written."""
+    return lambda func: _visionipc.server_method(kind, func, data)
 
 
 class VisionIpcServer(Closeable):
@@ -68,7 +76,11 @@ class VisionIpcServer(Closeable):
         self._views: Dict[str, ViewCache] = {}
         self._keys: Dict[Union[str, int], str] = {}  # streams (exact str or int) already validated -> key
         # Per stream (exact str or int) that get_buffer has served: what acquire_frame reads.
-        self._ready: Dict[Union[str, int], Tuple[type, str, List[Optional[FrameViews]], Geometry, ViewCache, int]] = {}
+        # These dicts are emptied (never replaced) by close() and after fork: the native
+        # front of get_buffer and send reads them, and finds nothing there then.
+        self._ready: Dict[
+            Union[str, int], Tuple[type, str, List[Optional[FrameViews]], Geometry, ViewCache, int, _visionipc.Server]
+        ] = {}
         # Per stream (exact str or int) already sent or served: its native handle (the
         # per-frame calls skip the name lookup with it).
         self._handles: Dict[Union[str, int], int] = {}
@@ -82,9 +94,13 @@ class VisionIpcServer(Closeable):
         if self._cuda is not None:
             self._cuda.forget()
         native, self._native = self._native, None
-        self._views, self._ready, self._handles = {}, {}, {}
+        self._forget_streams()
         if native is not None:
             native._forget_after_fork()
+
+    def _forget_streams(self) -> None:
+        for known in (self._views, self._ready, self._handles):
+            known.clear()
 
     def create_buffers(self, stream: StreamId, count: int, width: int, height: int, format: str = "nv12") -> None:
         key = stream_key(stream)
@@ -131,10 +147,13 @@ class VisionIpcServer(Closeable):
                 self._keys[stream] = key
         return key
 
+    @_native_front("get_buffer")
     def get_buffer(self, stream: StreamId) -> VisionBuf:
-        # The per-frame path, which a camera runs cold right after a sleep: one native
-        # call checks a buffer out and returns its VisionBuf, fields and cached views
-        # filled without running Python (cpp/python/visionipc_module.cpp, acquire_frame).
+        # The per-frame path, which a camera runs cold right after a sleep: a stream
+        # served before (an exact str or int) goes from the native front straight to the
+        # one native call that checks a buffer out and returns its VisionBuf, fields and
+        # cached views filled (cpp/python/visionipc_module.cpp: get_buffer_hook,
+        # acquire_frame); this Python body does the same when called otherwise.
         native = self._native
         if native is not None and (type(stream) is str or type(stream) is int):
             ready = self._ready.get(stream)
@@ -145,7 +164,7 @@ class VisionIpcServer(Closeable):
     def _first_buffer(self, stream: StreamId) -> VisionBuf:
         """``get_buffer`` the first time for ``stream`` (or a stream given otherwise than
         as an exact str or int): validates it, makes the pool's ViewCache and what
-        ``acquire_frame`` reads, ``(VisionBuf, key, made, geometry, cache, handle)``."""
+        ``acquire_frame`` reads, ``(VisionBuf, key, made, geometry, cache, handle, native)``."""
         key = self._key(stream)
         native = self._server()
         cache = self._views.get(key)
@@ -153,7 +172,7 @@ class VisionIpcServer(Closeable):
             cache = self._views[key] = ViewCache(
                 Geometry(*native.geometry(key)), native.count(key), functools.partial(native.view, key)
             )
-        ready = (VisionBuf, key, cache.made, cache.geometry, cache, self._handle(stream, key))
+        ready = (VisionBuf, key, cache.made, cache.geometry, cache, self._handle(stream, key), native)
         if type(stream) is str or type(stream) is int:
             self._ready[stream] = ready
         return native.acquire_frame(ready, self)  # type: ignore[return-value]
@@ -170,6 +189,7 @@ class VisionIpcServer(Closeable):
         self, buf: StreamId, data: "BufferLike", frame_id: int = 0, timestamp_sof: int = 0, timestamp_eof: int = 0
     ) -> None: ...
 
+    @_native_front("send", VisionBuf)
     def send(
         self,
         buf: Union[VisionBuf, StreamId],
@@ -185,7 +205,9 @@ class VisionIpcServer(Closeable):
         An adapter over the two: it only picks one."""
         # Per frame (run cold at a camera's pace): a buffer of get_buffer, or bytes or a
         # contiguous uint8 array for a stream already sent to, go straight to one native
-        # call; anything else takes _send_buf / _send_copy, which check it first.
+        # call (the first and bytes from the native front, without this Python frame:
+        # visionipc_module.cpp, send_hook); anything else takes _send_buf / _send_copy,
+        # which check it first.
         native = self._native
         if type(buf) is VisionBuf and native is not None and buf._owner is self and self._cuda is None:
             if data is None:
@@ -280,7 +302,7 @@ class VisionIpcServer(Closeable):
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies land and pages unregister before the pools can go
         native, self._native = self._native, None
-        self._views, self._ready, self._handles = {}, {}, {}  # frames handed out keep their own views
+        self._forget_streams()  # frames handed out keep their own views
         if native is not None:
             native.close()  # in a forked child the native side only forgets its copies
 

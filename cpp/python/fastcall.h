@@ -26,6 +26,10 @@
 #include "common/errors.h"
 #include "python/bindings.h"
 
+// On a per-frame function (and its guarded body, a lambda: `[&]() VIPC_HOT -> PyObject*`):
+// the compiler puts these together (.text.hot), so a cold frame's code sits on few pages.
+#define VIPC_HOT __attribute__((hot))
+
 namespace vipc::python {
 
 namespace py = pybind11;
@@ -34,7 +38,7 @@ namespace py = pybind11;
 // layout (one value pointer, one holder); anything else takes pybind11's caster.
 // An instance made by __new__ alone (its __init__ never ran) holds no object: TypeError.
 template <class T>
-T& self_of(PyObject* self) {
+VIPC_HOT T& self_of(PyObject* self) {
   auto* inst = reinterpret_cast<py::detail::instance*>(self);
   if (!inst->simple_layout) return py::handle(self).cast<T&>();
   if (!inst->simple_holder_constructed || inst->simple_value_holder[0] == nullptr) {
@@ -77,7 +81,7 @@ inline void check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t least, Py
 
 // An exact-or-__index__ int in [lo, hi] (bool refused); TypeError otherwise, as
 // pybind11's integer casters raise.
-inline long long int_arg(PyObject* v, const char* what, long long lo, long long hi) {
+VIPC_HOT inline long long int_arg(PyObject* v, const char* what, long long lo, long long hi) {
   if (!PyBool_Check(v) && PyIndex_Check(v)) {
     int overflow = 0;
     const long long n = PyLong_CheckExact(v) ? PyLong_AsLongLongAndOverflow(v, &overflow) : [&] {
@@ -94,7 +98,7 @@ inline long long int_arg(PyObject* v, const char* what, long long lo, long long 
 
 // An int in [0, 2**64) (exact, or anything with __index__ but bool) into `out`;
 // false, with no Python error set, for anything else.
-inline bool try_u64(PyObject* v, uint64_t& out) {
+VIPC_HOT inline bool try_u64(PyObject* v, uint64_t& out) {
   if (PyBool_Check(v) || !PyIndex_Check(v)) return false;
   py::object i = py::reinterpret_borrow<py::object>(v);
   if (!PyLong_CheckExact(v)) {
@@ -114,7 +118,7 @@ inline bool try_u64(PyObject* v, uint64_t& out) {
 }
 
 // An unsigned 64-bit argument (a generation); TypeError otherwise.
-inline uint64_t u64_arg(PyObject* v, const char* what) {
+VIPC_HOT inline uint64_t u64_arg(PyObject* v, const char* what) {
   uint64_t n = 0;
   if (try_u64(v, n)) return n;
   vipc::python::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
@@ -150,7 +154,7 @@ inline PyObject* one_optional_arg(const char* fn, const char* name, PyObject* co
 // The bytes of a send: a bytes object, or any C-contiguous buffer (held until destroyed).
 class Payload {
  public:
-  explicit Payload(py::handle data) {
+  VIPC_HOT explicit Payload(py::handle data) {
     if (PyBytes_Check(data.ptr())) {
       ptr_ = PyBytes_AS_STRING(data.ptr());
       size_ = static_cast<size_t>(PyBytes_GET_SIZE(data.ptr()));

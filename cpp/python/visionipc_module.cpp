@@ -16,6 +16,7 @@
 #include "common/names.h"
 #include "python/bindings.h"
 #include "python/dlpack.h"
+#include "python/fast_method.h"
 #include "python/fastcall.h"
 #include "python/frame_object.h"
 #include "visionipc/client.h"
@@ -38,7 +39,7 @@ py::tuple geometry_tuple(const vipc::visionipc::Geometry& g) {
 
 // A frame id or timestamp: an int in [0, 2**64) (anything with __index__ but bool);
 // else InvalidArgumentError naming it (the API's error for a bad value, not a TypeError).
-uint64_t stamp(PyObject* v, const char* what) {
+VIPC_HOT uint64_t stamp(PyObject* v, const char* what) {
   uint64_t n = 0;
   if (vipc::python::try_u64(v, n)) return n;
   vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
@@ -122,8 +123,8 @@ PyMethodDef client_recv_into_def = {"recv_into", vipc::python::fastcall<client_r
 // Server.send_copy(stream, data, frame_id, sof, eof) -> index: the reference's copying
 // send (data: bytes or a C-contiguous buffer of exactly the buffer size). `stream`: its
 // name, or its handle (Server.handle(name): no name lookup).
-PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return vipc::python::guarded([&]() -> PyObject* {
+VIPC_HOT PyObject* server_send_copy(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() VIPC_HOT -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("send_copy", nargs, 5, 5);
     Server& s = vp::self_of<Server>(self);
@@ -170,10 +171,10 @@ PyMethodDef server_acquire_def = {"acquire", vipc::python::fastcall<server_acqui
 
 // Server.acquire_frame(ready, owner) -> frame: get_buffer's per-frame path, one call
 // that checks a buffer out and returns it as a new frame without running Python.
-// `ready` is the stream's (cls, stream, made, geometry, cache, handle): the frame class
-// (a Frame subclass), the stream key, its ViewCache's `made` list, geometry, the cache
-// itself (asked for a buffer's views the first time, when `made` has none) and the
-// stream's handle (Server.handle(stream)).
+// `ready` is the stream's (cls, stream, made, geometry, cache, handle, server): the frame
+// class (a Frame subclass), the stream key, its ViewCache's `made` list, geometry, the
+// cache itself (asked for a buffer's views the first time, when `made` has none), the
+// stream's handle (Server.handle(stream)) and the Server (get_buffer_hook's).
 // The frame's fields are get_buffer's: idx, generation, the views and geometry,
 // owner, stream; frame_id, the timestamps 0.
 enum ReadyField : Py_ssize_t {
@@ -183,11 +184,12 @@ enum ReadyField : Py_ssize_t {
   kReadyGeometry,
   kReadyCache,
   kReadyHandle,
+  kReadyServer,
   kReadyFields
 };
 
-PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return vipc::python::guarded([&]() -> PyObject* {
+VIPC_HOT PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() VIPC_HOT -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("acquire_frame", nargs, 2, 2);
     PyObject* ready = args[0];
@@ -195,7 +197,7 @@ PyObject* server_acquire_frame(PyObject* self, PyObject* const* args, Py_ssize_t
         !PyType_Check(PyTuple_GET_ITEM(ready, kReadyClass)) ||
         !PyType_IsSubtype(reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass)), vp::frame_type()) ||
         !PyList_CheckExact(PyTuple_GET_ITEM(ready, kReadyMade))) {
-      vp::type_error("acquire_frame() needs (Frame subclass, stream, made list, geometry, cache, handle)");
+      vp::type_error("acquire_frame() needs (Frame subclass, stream, made list, geometry, cache, handle, server)");
     }
     auto* cls = reinterpret_cast<PyTypeObject*>(PyTuple_GET_ITEM(ready, kReadyClass));
     PyObject* stream = PyTuple_GET_ITEM(ready, kReadyStream);
@@ -239,8 +241,8 @@ PyMethodDef server_acquire_frame_def = {"acquire_frame", vipc::python::fastcall<
 // call: publishes the frame's buffer (its stream, idx, generation), then stores the
 // frame id and timestamps as given into the frame and steps its generation, as
 // the buffer's next checkout would see it.
-PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
-  return vipc::python::guarded([&]() -> PyObject* {
+VIPC_HOT PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
+  return vipc::python::guarded([&]() VIPC_HOT -> PyObject* {
     namespace vp = vipc::python;
     vp::check_nargs("send_frame", nargs, 4, 4);
     if (!PyObject_TypeCheck(args[0], vp::frame_type())) {
@@ -272,6 +274,130 @@ PyObject* server_send_frame(PyObject* self, PyObject* const* args, Py_ssize_t na
 }
 PyMethodDef server_send_frame_def = {"send_frame", vipc::python::fastcall<server_send_frame>(), METH_FASTCALL,
                                      "send_frame(frame, frame_id, timestamp_sof, timestamp_eof)"};
+
+// VisionIpcServer.get_buffer and .send fronted natively (python/fast_method.h): the
+// per-frame forms go to acquire_frame / send_frame / send_copy without a Python frame;
+// every other form, and any state the Python method would check first (closed,
+// inherited across fork, cuda=True, a stream not served yet), runs the Python method.
+PyTypeObject* server_type = nullptr;  // _visionipc.Server (set at import)
+
+// The VisionIpcServer's attribute `name` (a new reference), or nullptr without an error.
+VIPC_HOT PyObject* attr_or_null(PyObject* self, PyObject* name) {
+  PyObject* v = PyObject_GetAttr(self, name);
+  if (v == nullptr) PyErr_Clear();
+  return v;
+}
+
+// get_buffer(stream), stream an exact str or int already served: its `_ready` entry.
+VIPC_HOT PyObject* get_buffer_hook(PyObject*, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                                   PyObject* kwnames) {
+  static PyObject* const ready_name = PyUnicode_InternFromString("_ready");
+  if (nargs != 1 || kwnames != nullptr || (!PyUnicode_CheckExact(args[0]) && !PyLong_CheckExact(args[0]))) {
+    return nullptr;
+  }
+  PyObject* table = attr_or_null(self, ready_name);
+  if (table == nullptr) return nullptr;
+  PyObject* ready = PyDict_CheckExact(table) ? PyDict_GetItemWithError(table, args[0]) : nullptr;
+  Py_XINCREF(ready);  // held: making the views may run Python, which may clear the table
+  Py_DECREF(table);
+  PyObject* got = nullptr;
+  if (ready != nullptr && PyTuple_CheckExact(ready) && PyTuple_GET_SIZE(ready) == kReadyFields &&
+      Py_TYPE(PyTuple_GET_ITEM(ready, kReadyServer)) == server_type) {
+    PyObject* const argv[2] = {ready, self};
+    got = server_acquire_frame(PyTuple_GET_ITEM(ready, kReadyServer), argv, 2);
+  }
+  Py_XDECREF(ready);
+  return got;
+}
+
+// send's parameters, as VisionIpcServer.send names them.
+enum SendParam : Py_ssize_t { kBuf = 0, kData, kFrameId, kSof, kEof, kSendParams };
+
+// The call's arguments into send's parameters (unset: nullptr); false for anything
+// else (too many, an unknown or repeated name): the Python method says so.
+VIPC_HOT bool bind_send(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnames, PyObject** p) {
+  static const char* const names[kSendParams] = {"buf", "data", "frame_id", "timestamp_sof", "timestamp_eof"};
+  if (nargs > kSendParams) return false;
+  for (Py_ssize_t i = 0; i < nargs; i++) p[i] = args[i];
+  const Py_ssize_t nkw = kwnames == nullptr ? 0 : PyTuple_GET_SIZE(kwnames);
+  for (Py_ssize_t j = 0; j < nkw; j++) {
+    Py_ssize_t k = 0;
+    while (k < kSendParams && PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(kwnames, j), names[k]) != 0) k++;
+    if (k == kSendParams || p[k] != nullptr) return false;
+    p[k] = args[nargs + j];
+  }
+  return p[kBuf] != nullptr;
+}
+
+// send(buf, ...) with a VisionBuf of this server's get_buffer (no cuda): send_frame;
+// send(stream, data, ...) with bytes, for a stream already sent to: send_copy by handle.
+// `data` is VisionBuf (the class).
+VIPC_HOT PyObject* send_hook(PyObject* data, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
+                             PyObject* kwnames) {
+  static PyObject* const native_name = PyUnicode_InternFromString("_native");
+  static PyObject* const cuda_name = PyUnicode_InternFromString("_cuda");
+  static PyObject* const handles_name = PyUnicode_InternFromString("_handles");
+  static PyObject* const zero = PyLong_FromLong(0);
+  PyObject* p[kSendParams] = {};
+  if (!bind_send(args, nargs, kwnames, p)) return nullptr;
+  for (Py_ssize_t k = kFrameId; k < kSendParams; k++) p[k] = p[k] == nullptr ? zero : p[k];
+  PyObject* const buf = p[kBuf];
+  const bool frame = Py_TYPE(buf) == reinterpret_cast<PyTypeObject*>(data);
+  const bool no_data = p[kData] == nullptr || p[kData] == Py_None;
+  if (frame ? reinterpret_cast<vipc::python::FrameObject*>(buf)->owner != self
+            : (no_data || !PyBytes_CheckExact(p[kData]) || (!PyUnicode_CheckExact(buf) && !PyLong_CheckExact(buf)))) {
+    return nullptr;
+  }
+  PyObject* native = attr_or_null(self, native_name);
+  if (native == nullptr) return nullptr;
+  PyObject* got = nullptr;
+  if (Py_TYPE(native) == server_type && frame) {
+    PyObject* cuda = attr_or_null(self, cuda_name);
+    if (cuda == Py_None) {
+      // the reference's positional send(buf, frame_id, sof, eof) in `data`'s place
+      PyObject* const argv[4] = {buf, no_data ? p[kFrameId] : p[kData], no_data ? p[kSof] : p[kFrameId],
+                                 no_data ? p[kEof] : p[kSof]};
+      got = server_send_frame(native, argv, 4);
+    }
+    Py_XDECREF(cuda);
+  } else if (Py_TYPE(native) == server_type) {
+    PyObject* handles = attr_or_null(self, handles_name);
+    PyObject* handle =
+        handles != nullptr && PyDict_CheckExact(handles) ? PyDict_GetItemWithError(handles, buf) : nullptr;
+    if (handle != nullptr) {
+      PyObject* const argv[5] = {handle, p[kData], p[kFrameId], p[kSof], p[kEof]};
+      PyObject* index = server_send_copy(native, argv, 5);
+      got = index == nullptr ? nullptr : Py_NewRef(Py_None);
+      Py_XDECREF(index);
+    }
+    Py_XDECREF(handles);
+  }
+  Py_DECREF(native);
+  return got;
+}
+
+// visionipc._visionipc.server_method(kind, func, data=None): func fronted by the hook
+// of that kind ("get_buffer" or "send"; data: send's VisionBuf class).
+PyObject* server_method(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs < 2 || nargs > 3 || !PyUnicode_Check(args[0])) {
+    PyErr_SetString(PyExc_TypeError, "server_method(kind, func, data=None)");
+    return nullptr;
+  }
+  const bool send = PyUnicode_CompareWithASCIIString(args[0], "send") == 0;
+  if (!send && PyUnicode_CompareWithASCIIString(args[0], "get_buffer") != 0) {
+    PyErr_Format(PyExc_ValueError, "server_method(): no native front for %R (get_buffer, send)", args[0]);
+    return nullptr;
+  }
+  PyObject* data = nargs == 3 ? args[2] : Py_None;
+  if (send && !PyType_Check(data)) {
+    PyErr_SetString(PyExc_TypeError, "server_method('send', func, data): data is the VisionBuf class");
+    return nullptr;
+  }
+  return vipc::python::fast_method_new(send ? send_hook : get_buffer_hook, args[1], data);
+}
+PyMethodDef server_method_def = {"server_method", vipc::python::fastcall<server_method>(), METH_FASTCALL,
+                                 "server_method(kind, func, data=None): func with a native front for its per-frame "
+                                 "calls (VisionIpcServer.get_buffer and .send)"};
 
 PyObject* client_is_valid(PyObject* self, PyObject* const* args, Py_ssize_t nargs) {
   return vipc::python::guarded([&]() -> PyObject* {
@@ -450,6 +576,10 @@ PYBIND11_MODULE(_visionipc, m) {
   vipc::python::add_fast_method(m.attr("Server"), &server_send_frame_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_recv_into_def);
   vipc::python::add_fast_method(m.attr("Client"), &client_is_valid_def);
+  server_type = reinterpret_cast<PyTypeObject*>(m.attr("Server").ptr());  // the module keeps it
+  PyObject* front = PyCFunction_New(&server_method_def, nullptr);
+  if (front == nullptr) throw py::error_already_set();
+  m.attr("server_method") = py::reinterpret_steal<py::object>(front);
 
   m.def(
       "list_streams",

@@ -143,11 +143,20 @@ Server::Stream& Server::find(const std::string& stream) const {
   return *it->second;
 }
 
-Server::Stream& Server::at(uint32_t handle) const {
+// The per-frame functions (at, leased, checkout, acquire, send_at, publish, send_copy_at,
+// send_copy_on) are [[gnu::hot]]: the compiler puts them together (.text.hot), so a cold
+// frame's code sits on few pages and lines; their rare paths are out of line (issue 36).
+[[gnu::hot]] Server::Stream& Server::at(uint32_t handle) const {
   check_open();
-  if (handle < kFastStreams) {
-    if (Stream* s = by_ordinal_[handle].load(std::memory_order_acquire)) return *s;
-  } else {
+  if (handle < kFastStreams) [[likely]] {
+    if (Stream* s = by_ordinal_[handle].load(std::memory_order_acquire)) [[likely]]
+      return *s;
+  }
+  return at_slowly(handle);
+}
+
+Server::Stream& Server::at_slowly(uint32_t handle) const {
+  if (handle >= kFastStreams) {
     std::lock_guard<std::mutex> lock(mutex_);
     for (const auto& kv : streams_) {
       if (kv.second->ordinal == handle) return *kv.second;
@@ -259,7 +268,7 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
 // as before: either we see L or R sees P (the unchanged two-sided argument).
 // Model: cpp/visionipc/model/lease.pml (tests/system/test_model.py), with the
 // mutations that break it (reply before the bit, mask read before the probe).
-bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const {
+[[gnu::hot]] bool Server::leased(const Stream& s, uint32_t index, uint64_t generation) const {
   const uint64_t word = lease_word(index, generation);
   for (uint64_t live = s.slot_used.load(std::memory_order_seq_cst); live != 0; live &= live - 1) {
     const auto slot = static_cast<uint32_t>(__builtin_ctzll(live));
@@ -276,14 +285,14 @@ Acquired Server::get_buffer(const std::string& stream) {
   return Acquired{c.index, c.generation, s.buffer(c.index), s.pool};
 }
 
-Checkout Server::checkout(uint32_t handle) {
+[[gnu::hot]] Checkout Server::checkout(uint32_t handle) {
   const common::UseOrClosed call = use();
   return acquire(at(handle));
 }
 
 // Candidates from least to most recently sent (s.lru); buffers already checked out
 // (odd) are skipped, so recycling one only happens when nothing else is left.
-Checkout Server::acquire(Stream& s) {
+[[gnu::hot]] Checkout Server::acquire(Stream& s) {
   const uint32_t n = s.layout.count;
   uint32_t fallback = n;  // the least recently sent buffer not checked out
   for (uint32_t k = 0; k < n; k++) {
@@ -323,8 +332,8 @@ void Server::send(const std::string& stream, uint32_t index, uint64_t generation
   publish(find(stream), index, generation, frame_id, sof, eof);
 }
 
-void Server::send_at(uint32_t handle, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
-                     uint64_t eof) {
+[[gnu::hot]] void Server::send_at(uint32_t handle, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
+                                  uint64_t eof) {
   const common::UseOrClosed call = use();
   publish(at(handle), index, generation, frame_id, sof, eof);
 }
@@ -335,14 +344,14 @@ uint32_t Server::send_copy(const std::string& stream, uint64_t size, uint64_t fr
   return send_copy_on(find(stream), size, frame_id, sof, eof, fill);
 }
 
-uint32_t Server::send_copy_at(uint32_t handle, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
-                              const std::function<void(uint8_t*)>& fill) {
+[[gnu::hot]] uint32_t Server::send_copy_at(uint32_t handle, uint64_t size, uint64_t frame_id, uint64_t sof,
+                                           uint64_t eof, const std::function<void(uint8_t*)>& fill) {
   const common::UseOrClosed call = use();
   return send_copy_on(at(handle), size, frame_id, sof, eof, fill);
 }
 
-uint32_t Server::send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
-                              const std::function<void(uint8_t*)>& fill) {
+[[gnu::hot]] uint32_t Server::send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
+                                           const std::function<void(uint8_t*)>& fill) {
   if (size != s.geometry.size) {
     common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
                                                           s.name + "' buffers are " + std::to_string(s.geometry.size) +
@@ -354,7 +363,8 @@ uint32_t Server::send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint6
   return c.index;
 }
 
-void Server::publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof) {
+[[gnu::hot]] void Server::publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
+                                  uint64_t eof) {
   if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
     common::fail(common::ErrorKind::kInvalidArgument,
                  "buffer " + std::to_string(index) + " of stream '" + s.name +
@@ -367,9 +377,13 @@ void Server::publish(Stream& s, uint32_t index, uint64_t generation, uint64_t fr
   const uint64_t published = generation + 1;
   m.generation.store(published, std::memory_order_release);  // G3: pixels and metadata before this
   s.generation[index] = published;
-  // The sent buffer becomes the most recently sent.
-  const auto at_index = std::find(s.lru.begin(), s.lru.end(), static_cast<uint16_t>(index));
-  std::rotate(at_index, at_index + 1, s.lru.end());
+  // The sent buffer becomes the most recently sent: the ones after it move up one.
+  uint16_t* order = s.lru.data();
+  const uint32_t last = s.layout.count - 1;
+  uint32_t k = 0;
+  while (order[k] != index) k++;
+  for (; k < last; k++) order[k] = order[k + 1];
+  order[last] = static_cast<uint16_t>(index);
   const Packet p{kProtocolMagic, s.ordinal, id_, index, 0,
                  published,      frame_id,  sof, eof,   static_cast<uint64_t>(common::monotonic_ns())};
   s.publisher->send(&p, sizeof(p));

@@ -172,6 +172,7 @@ class Server {
   common::UseOrClosed use() const { return common::UseOrClosed(gate_, "VisionIPC server is closed"); }
   Stream& find(const std::string& stream) const;
   Stream& at(uint32_t handle) const;  // by handle(), or kInvalidArgument (the caller holds use())
+  [[gnu::cold]] [[gnu::noinline]] Stream& at_slowly(uint32_t handle) const;  // at() past kFastStreams, or none
   // get_buffer(), send() and send_copy() on a stream already found (the caller holds use()).
   Checkout acquire(Stream& s);
   void publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof, uint64_t eof);
