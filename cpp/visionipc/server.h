@@ -28,6 +28,9 @@
 // and reads only admitted clients' lease slots (Stream::slot_used): with the
 // whole lease table in one page, a per-buffer lease summary would save lines
 // of that page, not the page, so the slots stay the one place leases live.
+// Most of a cold frame's misses are code, not data: the per-frame functions are
+// [[gnu::hot]] (placed together in .text.hot, rare paths out of line), and the
+// Python methods reach them without a Python frame (python/fast_method.h).
 #pragma once
 
 #include <sys/socket.h>
