@@ -64,7 +64,9 @@ void Publisher::forget_after_fork() {
   seg_.reset();
 }
 
-void Publisher::check_open() const {
+// The per-message functions are [[gnu::hot]]: placed together (.text.hot), a send made
+// cold (a camera's, right after a sleep) touches fewer code pages (issue 36).
+[[gnu::hot]] void Publisher::check_open() const {
   if (closed()) fail(ErrorKind::kClosed, "publisher is closed");
 }
 
@@ -129,12 +131,12 @@ void Publisher::begin_write() {
   }
 }
 
-void Publisher::end_write() {
+[[gnu::hot]] void Publisher::end_write() {
   header().publisher.store(token_ << 1, std::memory_order_release);  // SYNC: pairs with take_ownership()
   messages_sent_++;
 }
 
-void Publisher::send(const void* data, size_t n) {
+[[gnu::hot]] void Publisher::send(const void* data, size_t n) {
   common::UseGuard use(gate_);
   if (!use.ok()) fail(ErrorKind::kClosed, "publisher is closed");
   check_open();
@@ -185,7 +187,7 @@ void Publisher::drop_loan() {
   header().publisher.store(token_ << 1, std::memory_order_release);
 }
 
-void Publisher::wake_readers() {
+[[gnu::hot]] void Publisher::wake_readers() {
   SegmentHeader& h = header();
   // SYNC: seq_cst loads after the seq_cst commit store (W3): either we see a
   // reader's bit, or that reader's own seq_cst check sees our write pointer.

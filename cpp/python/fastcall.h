@@ -79,6 +79,18 @@ inline void check_nargs(const char* name, Py_ssize_t nargs, Py_ssize_t least, Py
   }
 }
 
+// The argument errors of the per-frame functions, out of line (cold): their messages
+// are built here, not in the hot code.
+[[noreturn, gnu::cold, gnu::noinline]] inline void not_an_int(PyObject* v, const char* what, long long lo,
+                                                              long long hi) {
+  vipc::python::type_error(std::string(what) + " must be an int in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                           "], got " + py::repr(v).cast<std::string>());
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] inline void not_a_u64(PyObject* v, const char* what) {
+  vipc::python::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
+}
+
 // An exact-or-__index__ int in [lo, hi] (bool refused); TypeError otherwise, as
 // pybind11's integer casters raise.
 VIPC_HOT inline long long int_arg(PyObject* v, const char* what, long long lo, long long hi) {
@@ -90,10 +102,10 @@ VIPC_HOT inline long long int_arg(PyObject* v, const char* what, long long lo, l
       return PyLong_AsLongLongAndOverflow(i.ptr(), &overflow);
     }();
     if (n == -1 && PyErr_Occurred()) throw py::error_already_set();
-    if (overflow == 0 && n >= lo && n <= hi) return n;
+    if (overflow == 0 && n >= lo && n <= hi) [[likely]]
+      return n;
   }
-  vipc::python::type_error(std::string(what) + " must be an int in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                           "], got " + py::repr(v).cast<std::string>());
+  not_an_int(v, what, lo, hi);
 }
 
 // An int in [0, 2**64) (exact, or anything with __index__ but bool) into `out`;
@@ -120,8 +132,9 @@ VIPC_HOT inline bool try_u64(PyObject* v, uint64_t& out) {
 // An unsigned 64-bit argument (a generation); TypeError otherwise.
 VIPC_HOT inline uint64_t u64_arg(PyObject* v, const char* what) {
   uint64_t n = 0;
-  if (try_u64(v, n)) return n;
-  vipc::python::type_error(std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
+  if (try_u64(v, n)) [[likely]]
+    return n;
+  not_a_u64(v, what);
 }
 
 // A str argument as UTF-8 (TypeError otherwise).

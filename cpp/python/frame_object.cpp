@@ -25,13 +25,15 @@ int frame_traverse(PyObject* self, visitproc visit, void* arg) {
   return 0;
 }
 
-int frame_clear(PyObject* self) {
+// frame_clear, frame_dealloc and frame_array run per frame: [[gnu::hot]], beside the other
+// per-frame functions (.text.hot), so a cold frame touches fewer code pages (issue 36).
+[[gnu::hot]] int frame_clear(PyObject* self) {
   PyObject** f = fields(self);
   for (Py_ssize_t i = 0; i < kFieldCount; i++) Py_CLEAR(f[i]);
   return 0;
 }
 
-void frame_dealloc(PyObject* self) {
+[[gnu::hot]] void frame_dealloc(PyObject* self) {
   PyTypeObject* tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   frame_clear(self);
@@ -41,7 +43,7 @@ void frame_dealloc(PyObject* self) {
 
 // `.array`: a fresh numpy view of the buffer shaped for the format; the one
 // FrameViews.prepare made ahead of time if there is one, else a new one.
-PyObject* frame_array(PyObject* self, void*) {
+[[gnu::hot]] PyObject* frame_array(PyObject* self, void*) {
   PyObject* views = reinterpret_cast<FrameObject*>(self)->views;
   if (views == nullptr) {
     PyErr_SetString(PyExc_AttributeError, "this frame has no buffer yet (_views is not set)");

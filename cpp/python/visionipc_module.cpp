@@ -39,11 +39,16 @@ py::tuple geometry_tuple(const vipc::visionipc::Geometry& g) {
 
 // A frame id or timestamp: an int in [0, 2**64) (anything with __index__ but bool);
 // else InvalidArgumentError naming it (the API's error for a bad value, not a TypeError).
-VIPC_HOT uint64_t stamp(PyObject* v, const char* what) {
-  uint64_t n = 0;
-  if (vipc::python::try_u64(v, n)) return n;
+[[noreturn, gnu::cold, gnu::noinline]] void bad_stamp(PyObject* v, const char* what) {
   vipc::common::fail(vipc::common::ErrorKind::kInvalidArgument,
                      std::string(what) + " must be an int in [0, 2**64), got " + py::repr(v).cast<std::string>());
+}
+
+VIPC_HOT uint64_t stamp(PyObject* v, const char* what) {
+  uint64_t n = 0;
+  if (vipc::python::try_u64(v, n)) [[likely]]
+    return n;
+  bad_stamp(v, what);
 }
 
 // Server.send(stream, index, generation, frame_id, sof, eof) and Client.recv(timeout_ms=100):

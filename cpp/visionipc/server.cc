@@ -143,6 +143,23 @@ Server::Stream& Server::find(const std::string& stream) const {
   return *it->second;
 }
 
+namespace {
+
+// The per-frame functions' errors, out of line (cold): their messages are built here,
+// not in the hot code (issue 36).
+[[noreturn, gnu::cold, gnu::noinline]] void fail_wrong_size(const std::string& stream, uint64_t size, uint64_t want) {
+  common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
+                                                        stream + "' buffers are " + std::to_string(want) + " bytes");
+}
+
+[[noreturn, gnu::cold, gnu::noinline]] void fail_not_checked_out(const std::string& stream, uint32_t index) {
+  common::fail(common::ErrorKind::kInvalidArgument,
+               "buffer " + std::to_string(index) + " of stream '" + stream +
+                   "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
+}
+
+}  // namespace
+
 // The per-frame functions (at, leased, checkout, acquire, send_at, publish, send_copy_at,
 // send_copy_on) are [[gnu::hot]]: the compiler puts them together (.text.hot), so a cold
 // frame's code sits on few pages and lines; their rare paths are out of line (issue 36).
@@ -352,11 +369,8 @@ uint32_t Server::send_copy(const std::string& stream, uint64_t size, uint64_t fr
 
 [[gnu::hot]] uint32_t Server::send_copy_on(Stream& s, uint64_t size, uint64_t frame_id, uint64_t sof, uint64_t eof,
                                            const std::function<void(uint8_t*)>& fill) {
-  if (size != s.geometry.size) {
-    common::fail(common::ErrorKind::kInvalidArgument, "frame data is " + std::to_string(size) + " bytes, stream '" +
-                                                          s.name + "' buffers are " + std::to_string(s.geometry.size) +
-                                                          " bytes");
-  }
+  if (size != s.geometry.size) [[unlikely]]
+    fail_wrong_size(s.name, size, s.geometry.size);
   const Checkout c = acquire(s);
   fill(s.buffer(c.index));
   publish(s, c.index, c.generation, frame_id, sof, eof);
@@ -365,10 +379,8 @@ uint32_t Server::send_copy(const std::string& stream, uint64_t size, uint64_t fr
 
 [[gnu::hot]] void Server::publish(Stream& s, uint32_t index, uint64_t generation, uint64_t frame_id, uint64_t sof,
                                   uint64_t eof) {
-  if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) {
-    common::fail(common::ErrorKind::kInvalidArgument,
-                 "buffer " + std::to_string(index) + " of stream '" + s.name +
-                     "' is not checked out by get_buffer() under this generation (sent already, or recycled since)");
+  if (index >= s.layout.count || s.generation[index] != generation || !(generation & 1)) [[unlikely]] {
+    fail_not_checked_out(s.name, index);
   }
   BufferMeta& m = s.meta(index);
   m.frame_id.store(frame_id, std::memory_order_relaxed);
