@@ -64,7 +64,9 @@ def test_vipc_bench_measures_every_requested_cell_and_writes_a_png(tmp_path, cap
     assert report["errors"] == [] and report["meta"]["leftovers"] == []
     # Nothing new in /dev/shm under any name, peers' own files included (iceoryx2
     # keeps a management segment per prefix by design: the run's prefix lets it go).
-    assert shm_watch.added(shm_before, msgq_prefix, "vipcbench") == set()
+    run = report["meta"]["run"]
+    files = (f"vipcb{run}_", f"msgq_visionipc_rvipcb{run}_")
+    assert shm_watch.added(shm_before, msgq_prefix, f"vipcbench{run}", files=files) == set()
 
     paced = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["paced"]}
     warm = {(r["transport"], r["width"], r["height"], r["clients"]): r for r in report["summary"]["warm"]}

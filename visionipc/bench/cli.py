@@ -185,6 +185,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cpus, pinned = placement(1 + max(cfg.clients), args.no_pin)
     meta: Dict[str, Any] = {
         "argv": sys.argv if argv is None else ["vipc-bench", *argv],
+        "run": run,  # its files' names: MSGQ_PREFIX vipcbench<run>, /dev/shm/vipcb<run>_*
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "python": sys.version.split()[0],
         "reference": reference.describe() if "reference" in cfg.transports else None,
