@@ -216,11 +216,38 @@ def read_bytes(location: str) -> bytes:
         return f.read()
 
 
-def write_bytes(location: str, data: bytes) -> None:
+def write_bytes(location: str, data: bytes, below: str | None = None) -> None:
+    """Write ``data`` to ``location``, making its folders (``below``: only those under that
+    folder, which must exist: see makedirs_below)."""
     fs, path = resolve(location)
-    fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    if below is None:
+        fs.create_dir(path.rsplit("/", 1)[0], recursive=True)
+    else:
+        makedirs_below(below, location.rsplit("/", 1)[0])
     with fs.open_output_stream(path) as f:
         f.write(data)
+
+
+def makedirs_below(root: str, location: str) -> None:
+    """The folders from ``root`` down to ``location``, ``root`` not included: a Spark task's
+    output folder inside a run's folder. When the driver abandoned the run (a task failed)
+    and removed its folder while another task still ran, that task's write fails here
+    instead of making the run's folder again (object storage has no folders: nothing to do)."""
+    fs, path = resolve(location)
+    if not is_local(root):
+        fs.create_dir(path, recursive=True)
+        return
+    top = normalize(root)
+    rel = os.path.relpath(path, top)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        raise ValueError(f"{location} is not below {root}")
+    if not os.path.isdir(top):
+        raise FileNotFoundError(f"{top}: the run's folder is gone (the run failed and was removed)")
+    folder = top
+    for part in [] if rel == os.curdir else rel.split(os.sep):
+        folder = os.path.join(folder, part)
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder)  # FileNotFoundError when the run's folder went meanwhile
 
 
 def makedirs(location: str) -> None:

@@ -242,7 +242,7 @@ def _metrics_task(out_root: str, dates: dict, sample_every: int, thresholds: dic
                 f"part-{int(segment['segment']):06d}.parquet",
             )
             filesystem, path = fs.resolve(part)
-            filesystem.create_dir(path.rsplit("/", 1)[0], recursive=True)
+            fs.makedirs_below(out_root, part.rsplit("/", 1)[0])
             pq.write_table(
                 pa.Table.from_pandas(m.drop(columns=["recording_id", "stream"]), preserve_index=False),
                 path,
@@ -277,6 +277,7 @@ def metrics_pass(
     """Per-frame metrics of every segment, written by the tasks under ``out_root``
     (partitioned by recording and stream); returns ``{"summary", "sample"}`` pandas."""
     every = max(1, (len(segments) * 200) // SAMPLE_ROWS)  # ~SAMPLE_ROWS of a typical 200-frame segment
+    fs.makedirs(out_root)  # the tasks make their folders only below it (fs.makedirs_below)
     task = _metrics_task(out_root, dates, every, thresholds)
     got = tasks.collect(tasks.map_rows(spark, segments, _slices(len(segments), slots), task), ("summary", "sample"))
     s = got["summary"]
@@ -350,7 +351,7 @@ def _export_task(out_root: str, rule: tuple, drops: dict, metrics_root, image_fo
                 ok, data = cv2.imencode(f".{image_format}", picture)
                 if not ok:
                     raise OSError(f"could not encode frame {int(row['frame_id'])} as {image_format}")
-                fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes())
+                fs.write_bytes(fs.join(out_root, rel.replace("\\", "/")), data.tobytes(), below=out_root)
                 rows.append(
                     manifest_row(rel, segment["recording_id"], segment["stream"], row, reasons[int(row["position"])])
                 )
@@ -383,6 +384,7 @@ def export_pass(
         segments = [s for s in segments if (s["recording_id"], s["stream"]) in gaps]
     if not segments:
         return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})
+    fs.makedirs(out_root)  # the tasks make their folders only below it (fs.makedirs_below)
     task = _export_task(out_root, rule, gaps, metrics_root, image_format)
     got = tasks.collect(tasks.map_rows(spark, segments, _slices(len(segments), slots), task), ["manifest"])
     m = got["manifest"]

@@ -21,6 +21,7 @@ import json
 import os
 import secrets
 import sys
+import time
 from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from visionipc.apps.pipeline import fs
@@ -114,6 +115,14 @@ class Run:
         """Remove what a failed run wrote (best effort: the error that got here matters more)."""
         try:
             fs.delete_dir(self.stage)
+            # a task of the failed job that was still writing when the folder went (between
+            # the listing and the last rmdir): its file is removed with a second pass; it
+            # cannot make the folder again (fs.makedirs_below)
+            for pause in (0.2, 1.0):
+                if not fs.is_local(self.stage) or not os.path.exists(self.stage):
+                    break
+                time.sleep(pause)
+                fs.delete_dir(self.stage)
             # the folders this run made for --out (a table's folder Spark began), when empty:
             # bad input found by a task leaves nothing behind, as bad input the driver finds
             for made in self.made:
