@@ -370,10 +370,12 @@ VIPC_HOT PyObject* send_hook(PyObject* data, PyObject* self, PyObject* const* ar
     PyObject* handle =
         handles != nullptr && PyDict_CheckExact(handles) ? PyDict_GetItemWithError(handles, buf) : nullptr;
     if (handle != nullptr) {
+      Py_INCREF(handle);  // borrowed from a dict that close() on another thread may clear
       PyObject* const argv[5] = {handle, p[kData], p[kFrameId], p[kSof], p[kEof]};
       PyObject* index = server_send_copy(native, argv, 5);
       got = index == nullptr ? nullptr : Py_NewRef(Py_None);
       Py_XDECREF(index);
+      Py_DECREF(handle);
     }
     Py_XDECREF(handles);
   }
