@@ -26,9 +26,10 @@ def listing() -> set[str]:
 
 # Names under which a run scopes its files by a prefix of its own: msgq segments
 # (``msgq@<prefix>@...``) and vipc-bench's (``vipcb<run>_...`` for its shm+pipe and
-# iceoryx2 peers, ``msgq_visionipc_rvipcb<run>_...`` for the reference's). A file under one
+# iceoryx2 peers, ``msgq_visionipc_rvipcb<run>_...`` for the reference's; tests/system/test_fuzz.py's
+# own temporary folder ``vipc-fuzz-*``). A file under one
 # of them counts only when the test names its prefix: a neighbour's run makes them too.
-SCOPED = ("msgq@", "vipcb", "msgq_visionipc_rvipcb")
+SCOPED = ("msgq@", "vipcb", "msgq_visionipc_rvipcb", "vipc-fuzz-")
 
 
 def added(before: set[str], *prefixes: str, files: tuple[str, ...] = ()) -> set[str]:
