@@ -48,6 +48,7 @@ from typing import Callable, List, Optional, Tuple
 
 from msgq import _msgq
 from msgq.names import SEGMENT_PREFIX
+from msgq.schemas import SUFFIX as SCHEMA_SUFFIX
 
 TOPIC = "topic ring"
 RESIZING = "ring being resized"
@@ -59,6 +60,8 @@ FAKE_STATE = "fake-event state"
 FAKE_FIFO = "fake-event wake-up"
 UNKNOWN = "unknown"
 
+# a ring's own files: TOPIC + suffix (the schema's suffix is msgq.schemas')
+_SUFFIXES = (("#broadcast", BROADCAST), ("#ordered", ORDERED), ("#resize", RESIZING), (SCHEMA_SUFFIX, SCHEMA))
 _FIFO = re.compile(r"fake~([0-9]+)-[0-9a-f]{16}\.[a-z]+\Z")
 _OVERFLOW = re.compile(r"(.+#broadcast)~[0-9a-f]{16}\Z")
 
@@ -95,7 +98,7 @@ def kind_of(rest: str) -> str:
         return FAKE_STATE
     if _OVERFLOW.match(rest):
         return OVERFLOW
-    for suffix, kind in (("#broadcast", BROADCAST), ("#ordered", ORDERED), ("#resize", RESIZING), ("#schema", SCHEMA)):
+    for suffix, kind in _SUFFIXES:
         if rest.endswith(suffix) and "#" not in rest[: -len(suffix)] and "~" not in rest:
             return kind
     if rest and "#" not in rest and "~" not in rest and "@" not in rest:
@@ -139,27 +142,36 @@ def _is_stale(directory: str, name: str, kind: str, rest: str, prefix: str) -> b
     if kind == SCHEMA:  # a plain file (no presence lock): judged by its topic's ring
         if not _mine(path, stat.S_ISREG):
             return False
-        ring = name[: -len("#schema")]
+        ring = name[: -len(SCHEMA_SUFFIX)]
         return not os.path.lexists(os.path.join(directory, ring)) or _msgq.stale_file(directory, ring, False)
     if kind == UNKNOWN:
         return False  # not ours to judge
     return _msgq.stale_file(directory, name, False)
 
 
-def scan(directory: str, prefix: Optional[str] = None) -> List[Artifact]:
-    """The project's files in ``directory`` of run ``prefix`` (None: every run's),
-    sorted by name, each with its kind and whether it is stale."""
+def names(directory: str, prefix: Optional[str] = None) -> List[Tuple[str, str, str]]:
+    """``(file, prefix, rest)`` of each name of ours in ``directory`` of run ``prefix``
+    (None: every run's), sorted by name: the one reading of the directory, shared by
+    :func:`scan` and ``msgq-top``'s topic list. Nothing is opened."""
     try:
-        names = os.listdir(directory)
+        listed = os.listdir(directory)
     except OSError:
         return []
     found = []
-    for name in sorted(names):
+    for name in sorted(listed):
         split = split_name(name)
-        if split is None or (prefix is not None and split[0] != prefix):
-            continue
-        kind = kind_of(split[1]) if name.isascii() else UNKNOWN
-        found.append(Artifact(name, split[0], split[1], kind, _is_stale(directory, name, kind, split[1], split[0])))
+        if split is not None and (prefix is None or split[0] == prefix):
+            found.append((name, *split))
+    return found
+
+
+def scan(directory: str, prefix: Optional[str] = None) -> List[Artifact]:
+    """The project's files in ``directory`` of run ``prefix`` (None: every run's),
+    sorted by name, each with its kind and whether it is stale."""
+    found = []
+    for name, run, rest in names(directory, prefix):
+        kind = kind_of(rest) if name.isascii() else UNKNOWN
+        found.append(Artifact(name, run, rest, kind, _is_stale(directory, name, kind, rest, run)))
     return found
 
 

@@ -52,20 +52,11 @@ examples:
 
 
 def list_segments(directory: str, prefix: Optional[str]) -> List[str]:
-    """Segment file names in ``directory`` of run ``prefix`` ("" : unprefixed
-    topics only; None: every run's)."""
-    try:
-        names = os.listdir(directory)
-    except OSError:
-        return []
-    out = []
-    for name in names:
-        parsed = artifacts.split_name(name)
-        if parsed is None or artifacts.kind_of(parsed[1]) != artifacts.TOPIC:
-            continue  # not a topic ring: msgq.broadcast's / msgq.ordered's, a schema, a fake-event file
-        if prefix is None or parsed[0] == prefix:
-            out.append(name)
-    return sorted(out)
+    """Topic ring file names in ``directory`` of run ``prefix`` ("" : unprefixed topics
+    only; None: every run's), by ``msgq.artifacts``' names and kinds (not msgq.broadcast's
+    or msgq.ordered's rings, schemas, fake-event files). A name that is not ASCII stays
+    listed: ``snapshot`` shows it as an error."""
+    return [name for name, _, rest in artifacts.names(directory, prefix) if artifacts.kind_of(rest) == artifacts.TOPIC]
 
 
 Stats = Dict[str, Any]  # msgq.tooling.segment_stats of one file (or {"error": why}), taken at "_t"
