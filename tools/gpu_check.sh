@@ -43,7 +43,7 @@ cd /tmp || exit 1  # the source tree's packages have no compiled modules: import
   2>&1 | tee -a "$OUT/machine.txt"
 
 timeout 150 "$PY" -m pytest -p no:cacheprovider -o addopts= -q -rs -m cuda --rootdir "$ROOT" \
-  "$ROOT/tests/visionipc/test_cuda.py" 2>&1 | tee "$OUT/tests.txt" | tail -15
+  "$ROOT/tests/visionipc/test_cuda.py" "$ROOT/tests/visionipc/test_cuda_pool.py" 2>&1 | tee "$OUT/tests.txt" | tail -15
 echo "tests rc=${PIPESTATUS[0]}"
 
 timeout 120 "$PY" "$ROOT/tools/bench_gpu.py" --sizes 640x480,1920x1080,3840x2160 --rounds 3 --iters 30 \
@@ -51,10 +51,13 @@ timeout 120 "$PY" "$ROOT/tools/bench_gpu.py" --sizes 640x480,1920x1080,3840x2160
 echo "bench_gpu rc=${PIPESTATUS[0]}"
 
 # where a paced frame's time goes, call by call (appended to bench_gpu.txt)
-timeout 60 "$PY" "$ROOT/tools/gpu_paced_probe.py" --sizes 64x64,3840x2160 --frames 40 2>&1 | tee -a "$OUT/bench_gpu.txt"
+timeout 40 "$PY" "$ROOT/tools/gpu_paced_probe.py" --sizes 64x64,3840x2160 --frames 40 2>&1 | tee -a "$OUT/bench_gpu.txt"
 
-timeout 150 "$PY" -m visionipc.bench --sizes 64x64,3840x2160 --clients 1 \
-  --transports visionipc,visionipc-cuda,naive-cuda,pinned-staging --modes paced --rounds 3 --frames 150 --plot '' \
+# the paced rows: the CPU handoff, a frame copied to the device, a pool in device memory
+# (naive-cuda and pinned-staging: add them with VIPC_GPU_PEERS=1; recorded in BENCHMARKS.md)
+PEERS=${VIPC_GPU_PEERS:+,naive-cuda,pinned-staging}
+timeout 200 "$PY" -m visionipc.bench --sizes 64x64,3840x2160 --clients 1 \
+  --transports "visionipc,visionipc-cuda,visionipc-cuda-pool$PEERS" --modes paced --rounds 3 --frames 150 --plot '' \
   --json "$OUT/vipc_bench.json" 2>"$OUT/vipc_bench.err" | tee "$OUT/vipc_bench.txt"
 echo "vipc-bench rc=${PIPESTATUS[0]}"
 cat /proc/loadavg

@@ -10,6 +10,7 @@ BUFFER_ALIGN: int
 MAX_BUFFERS: int
 MAX_CLIENTS: int
 MAX_CLIENTS_PER_PEER: int  # the slots one process (one peer) may take of a stream's MAX_CLIENTS
+POOL_IN_DEVICE_MEMORY: int  # Client.pool_flags: the stream's frames are in GPU memory (visionipc.cuda)
 MAX_NAME_LENGTH: int  # the longest server or stream name (the socket address and topic are built from it)
 # The C++ format table (vipc::kFormats), in enum order:
 # (name, code, aliases (space-separated), bytes_per_pixel, channels, yuv420, selectable, planes,
@@ -56,9 +57,19 @@ class Server:
         handoff_wakes: bool = False,
     ) -> None: ...
     def readers_woken(self, stream: str, /) -> int: ...
-    def create_buffers(self, stream: str, count: int, width: int, height: int, format: str, /) -> None: ...
+    def create_buffers(
+        self, stream: str, count: int, width: int, height: int, format: str, pool_flags: int = 0
+    ) -> None: ...
     def create_buffers_with_sizes(
-        self, stream: str, count: int, width: int, height: int, size: int, stride: int, uv_offset: int, /
+        self,
+        stream: str,
+        count: int,
+        width: int,
+        height: int,
+        size: int,
+        stride: int,
+        uv_offset: int,
+        pool_flags: int = 0,
     ) -> None: ...
     def get_buffer(self, stream: str, /) -> tuple[int, int, View]: ...
     def acquire(self, stream: str | int, /) -> tuple[int, int]: ...  # get_buffer without the view (name or handle)
@@ -111,6 +122,8 @@ RECV_NEEDS_VIEWS: int  # the frame's _views/_geometry were not set: the caller s
 class Client:
     @property
     def count(self) -> int: ...
+    @property
+    def pool_flags(self) -> int: ...  # POOL_IN_DEVICE_MEMORY: the mapped pool's frames are in GPU memory
     @property
     def server_id(self) -> int: ...
     @property

@@ -2,7 +2,9 @@
 
 import time
 import types
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Set, Union
+from typing import TYPE_CHECKING, Any, Iterable, Optional, Set, Tuple, Union, cast
+
+import numpy as np
 
 from msgq._shared import INT32_MAX, INT32_MIN, Closeable, check_timeout_ms, disown_in_forked_child
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError, IpcTypeError
@@ -13,9 +15,11 @@ from visionipc.streams import ServerName, StreamId, run_options, server_name, st
 
 if TYPE_CHECKING:
     from visionipc.cuda.device_frame import DeviceFrame
+    from visionipc.cuda.device_pool import DevicePool
     from visionipc.cuda.link import CudaLink as _CudaLink
 
 _LEASED, _NEEDS_VIEWS = _visionipc.RECV_LEASED, _visionipc.RECV_NEEDS_VIEWS
+_IN_DEVICE = _visionipc.POOL_IN_DEVICE_MEMORY
 _RETRY_S = 0.01  # how often a blocking connect or available_streams asks again
 # A blocking connect the server keeps refusing (unknown stream, full, this
 # process's share taken) raises after this long instead of waiting silently.
@@ -64,6 +68,10 @@ class VisionIpcClient(Closeable):
         self.stream = stream
         self._key = stream_key(stream)
         self._cuda: Optional[_CudaLink] = None  # a visionipc.cuda CudaLink with cuda=True
+        # The mapped pool keeps its frames in device memory (memory="cuda"): its
+        # DevicePool, mapped at the first frame (None until then, and for host pools).
+        self._in_device = False
+        self._device_pool: Optional[DevicePool] = None
         self._native: Optional[_visionipc.Client] = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
@@ -94,6 +102,8 @@ class VisionIpcClient(Closeable):
     def _forget_after_fork(self) -> None:
         if self._cuda is not None:
             self._cuda.forget()
+        if self._device_pool is not None:
+            self._device_pool.forget()
         native, self._native = self._native, None
         self._epoch, self._views, self._last, self._leased = None, None, None, None
         if native is not None:
@@ -114,13 +124,25 @@ class VisionIpcClient(Closeable):
                 raise IpcError(self.last_error)
             time.sleep(_RETRY_S)
         self.last_error = ""
+        self._check_frames_readable(native)
         return True
+
+    def _check_frames_readable(self, native: _visionipc.Client) -> None:
+        """A pool in device memory needs a client made with ``cuda=True``."""
+        if native.pool_flags & _IN_DEVICE and self._cuda is None:
+            self.last_error = (
+                f"stream {self.stream!r} of VisionIPC server {self.name!r} keeps its frames in GPU memory "
+                '(create_buffers(memory="cuda")): make the client with VisionIpcClient(..., cuda=True)'
+            )
+            raise InvalidArgumentError(self.last_error)
 
     def is_connected(self) -> bool:
         return self._native is not None and self._native.connected()
 
     def recv(self, timeout_ms: Optional[float] = 100) -> Optional[VisionBuf]:
-        """The next frame as a VisionBuf, or None after ``timeout_ms`` (< 0: wait forever)."""
+        """The next frame as a VisionBuf, or None after ``timeout_ms`` (< 0: wait forever).
+        A stream whose pool is in device memory gives :class:`visionipc.cuda.DeviceFrame`s
+        (typed for host pools, the common case; ``recv_device()`` is typed for those)."""
         # Runs cold: the wait sleeps, and each step after the wake-up costs many times
         # what it costs warm (caches and TLBs are cold). So what does not need the
         # frame is done before waiting: the frame object is made, and the last
@@ -147,7 +169,36 @@ class VisionIpcClient(Closeable):
         if got & _NEEDS_VIEWS:
             self._attach_views(native, f)
         self._last = f
+        if self._in_device:
+            return self._device_frame(native, f)  # type: ignore[return-value]  # see the docstring
         return f
+
+    def recv_device(self, timeout_ms: Optional[float] = 100) -> Optional["DeviceFrame"]:
+        """``recv()`` of a stream whose pool is in device memory (``create_buffers(...,
+        memory="cuda")``), typed as the :class:`visionipc.cuda.DeviceFrame` it returns;
+        a frame of a host pool is refused (``to_device()`` copies one)."""
+        frame = self.recv(timeout_ms)
+        if frame is None or not isinstance(frame, VisionBuf):
+            return frame
+        raise InvalidArgumentError(
+            f"stream {self.stream!r} keeps its frames in host memory: use recv() (and frame.to_device() to copy one)"
+        )
+
+    def _device_frame(self, native: _visionipc.Client, f: VisionBuf) -> "DeviceFrame":
+        """A received frame of a pool in device memory, as the DeviceFrame of its buffer
+        (the pool mapped into this process at its first frame)."""
+        from visionipc.cuda.device_frame import DeviceFrame
+        from visionipc.cuda.device_pool import import_pool
+
+        link = self._cuda
+        assert link is not None  # _check_frames_readable refused the stream otherwise
+        pool = self._device_pool
+        if pool is None:
+            geometry = Geometry(*native.geometry())
+            slot = -(-geometry.size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
+            buffer0 = np.frombuffer(cast(Any, native.view(0)), np.uint8)  # a View: the buffer protocol
+            pool = self._device_pool = import_pool(link.runtime, buffer0, native.count, slot)
+        return DeviceFrame.received(f, pool, link.runtime)
 
     def _attach_views(self, native: _visionipc.Client, f: VisionBuf) -> None:
         """Give a received frame the views recv_into could not: the first frame of a
@@ -163,7 +214,10 @@ class VisionIpcClient(Closeable):
         (frames already handed out keep theirs alive)."""
         self._epoch = epoch
         self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
-        if self._cuda is not None and native.count:
+        # a pool in device memory of the old mapping goes with its last frame (DeviceFrames keep it)
+        self._device_pool, self._in_device = None, bool(native.pool_flags & _IN_DEVICE)
+        self._check_frames_readable(native)
+        if self._cuda is not None and native.count and not self._in_device:
             self._cuda.pin("pool", native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
 
     # LeasingOwner: whether a frame is intact, and the read lease of `with frame:`
@@ -190,9 +244,12 @@ class VisionIpcClient(Closeable):
         """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
         return None if self._cuda is None else self._cuda.host_device(buf)
 
-    def frame_to_device(self, buf: VisionBuf, out: Any = None, stream: Any = None) -> "DeviceFrame":
+    def frame_to_device(
+        self, buf: VisionBuf, out: Any = None, stream: Any = None, source: Optional[Tuple[int, str]] = None
+    ) -> "DeviceFrame":
         """``buf.to_device()``: lease the frame (if this client does not already), then
-        copy it into device memory; the lease stays until the copy has completed."""
+        copy it into device memory; the lease stays until the copy has completed.
+        ``source``: (pointer, kind) of a frame of a pool in device memory."""
         link = self._cuda
         if link is None:
             raise InvalidArgumentError("to_device() needs a client made with VisionIpcClient(..., cuda=True)")
@@ -203,7 +260,7 @@ class VisionIpcClient(Closeable):
                 raise IpcError(
                     f"frame {buf.frame_id} is no longer in its buffer (the server reused it): copy a newer frame"
                 )
-        return link.copy_to_device(buf, out, stream)
+        return link.copy_to_device(buf, out, stream, source=source)
 
     def _geometry(self, field: str) -> Any:
         native = self._native
@@ -272,6 +329,9 @@ class VisionIpcClient(Closeable):
         """Drop the lease and the connection (frames already received stay readable)."""
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies finish and pages unregister before the lease and the mapping go
+        if self._device_pool is not None:
+            self._device_pool.close()  # its DeviceFrames refuse use from now on (ClosedError)
+        self._device_pool, self._in_device = None, False
         native, self._native = self._native, None
         # Drop what maps the pool (frames handed out keep their own views); the last
         # frame's numbers stay readable through the reference's properties.

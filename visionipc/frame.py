@@ -307,6 +307,17 @@ class VisionBuf(_visionipc.Frame):
             raise InvalidArgumentError("copy_from_device() needs a buffer of a VisionIpcServer made with cuda=True")
         from_device(self, array, stream)
 
+    @property
+    def device_array(self) -> DeviceFrame:
+        """A producer's buffer of a pool in device memory (``create_buffers(...,
+        memory="cuda")``) as a :class:`visionipc.cuda.DeviceFrame` of its device memory:
+        write it with your kernels (``cupy.asarray(buf.device_array)``,
+        ``torch.as_tensor(..., device="cuda")``), finish that work, then ``send(buf)``."""
+        device_array = getattr(self._owner, "frame_device_array", None)
+        if device_array is None:
+            raise InvalidArgumentError("device_array is a producer's buffer of a pool in device memory")
+        return device_array(self)  # type: ignore[no-any-return]
+
     def __dlpack_device__(self) -> tuple[int, int]:
         """DLPack's CPU (1, 0), or CUDA-host (3, 0) when the pool is registered with CUDA."""
         registered = getattr(self._owner, "cuda_host_device", None)

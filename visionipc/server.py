@@ -1,7 +1,7 @@
 """VisionIpcServer: frame pools, zero-copy publish, and the socket clients attach through."""
 
 import functools
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union, overload
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union, cast, overload
 
 import numpy as np
 
@@ -14,6 +14,8 @@ from visionipc.streams import ServerName, StreamId, run_options, server_name, st
 
 if TYPE_CHECKING:
     from msgq._shared import BufferLike
+    from visionipc.cuda.device_frame import DeviceFrame
+    from visionipc.cuda.device_pool import DevicePool
     from visionipc.cuda.link import CudaLink as _CudaLink
 
 _U8 = np.dtype(np.uint8)
@@ -50,6 +52,12 @@ class VisionIpcServer(Closeable):
     the CUDA runtime, so a GPU producer fills a buffer with one device-to-host copy at
     the link's speed: ``buf.copy_from_device(array)``, then ``send(buf, ...)``, which
     waits for that copy (its event), not for the whole device.
+
+    ``create_buffers(..., memory="cuda")`` keeps a stream's pool in device memory (on
+    the server's CUDA device, device 0 if it was made without ``cuda=``): the
+    producer fills ``buf.device_array`` (or ``buf.copy_from_device(array)``, device to
+    device), and the clients of this machine receive DeviceFrames of the same memory
+    through CUDA IPC; no byte crosses the link.
     """
 
     def __init__(
@@ -60,11 +68,13 @@ class VisionIpcServer(Closeable):
         cuda: Union[bool, int] = False,
     ) -> None:
         self.name = server_name(name)
-        self._cuda: Optional[_CudaLink] = None  # a visionipc.cuda CudaLink with cuda=True
+        self._cuda: Optional[_CudaLink] = None  # a visionipc.cuda CudaLink with cuda=True (or a pool in device memory)
+        self._pin_host = cuda is not False  # register host pools (cuda=True), not only keep pools on the device
         if cuda is not False:
             from visionipc.cuda.link import CudaLink
 
             self._cuda = CudaLink(cuda)
+        self._device_pools: Dict[str, DevicePool] = {}  # stream key -> its pool in device memory (memory="cuda")
         handoff = wake_choice(wake)
         self.wake = "handoff" if handoff else "all"  # what this server does (MSGQ_WAKE resolved)
         self._native: Optional[_visionipc.Server] = _visionipc.Server(
@@ -93,6 +103,9 @@ class VisionIpcServer(Closeable):
     def _forget_after_fork(self) -> None:
         if self._cuda is not None:
             self._cuda.forget()
+        for pool in self._device_pools.values():
+            pool.forget()
+        self._device_pools.clear()
         native, self._native = self._native, None
         self._forget_streams()
         if native is not None:
@@ -102,30 +115,84 @@ class VisionIpcServer(Closeable):
         for known in (self._views, self._ready, self._handles):
             known.clear()
 
-    def create_buffers(self, stream: StreamId, count: int, width: int, height: int, format: str = "nv12") -> None:
+    def create_buffers(
+        self, stream: StreamId, count: int, width: int, height: int, format: str = "nv12", memory: str = "host"
+    ) -> None:
+        """A pool of ``count`` buffers for ``stream``; ``memory="cuda"``: in device memory
+        (see the class's documentation)."""
         key = stream_key(stream)
-        self._server().create_buffers(
-            key,
+        count, width, height = (
             check_count("buffer count", count),
             check_count("width", width),
             check_count("height", height),
-            normalize_format(format),
         )
-        self._pin(key)
+        format = normalize_format(format)
+        native = self._server()
+        if self._in_device_memory(memory):
+            geometry = Geometry(*_visionipc.geometry(format, width, height))
+            self._create_in_device(
+                key,
+                count,
+                geometry.size,
+                lambda flags: native.create_buffers(key, count, width, height, format, pool_flags=flags),
+            )
+        else:
+            native.create_buffers(key, count, width, height, format)
+            self._pin(key)
+
+    def _in_device_memory(self, memory: str) -> bool:
+        """``memory=``: "host" (False) or "cuda" (True; a CUDA link made now if the server has none)."""
+        from visionipc.cuda.device_pool import CUDA, HOST
+
+        if memory == HOST:
+            return False
+        if memory != CUDA:
+            raise InvalidArgumentError(f'memory must be "host" or "cuda", not {memory!r}')
+        if self._cuda is None:
+            from visionipc.cuda.link import CudaLink
+
+            self._cuda = CudaLink(True)  # CudaUnavailableError without a driver or a device
+        return True
+
+    def _create_in_device(self, key: str, count: int, size: int, create: Callable[[int], None]) -> None:
+        """The device allocation first (so a refusal leaves nothing), then the stream with
+        the flag that tells its clients, then the descriptor they read at their first frame."""
+        from visionipc.cuda.device_pool import export_pool, write_descriptor
+
+        link = self._cuda
+        assert link is not None  # made by _in_device_memory
+        slot = -(-size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
+        pool, descriptor = export_pool(link.runtime, link.device, count, slot)
+        try:
+            create(_visionipc.POOL_IN_DEVICE_MEMORY)
+        except BaseException:
+            pool.close()
+            raise
+        self._device_pools[key] = pool
+        write_descriptor(np.frombuffer(cast(Any, self._server().view(key, 0)), np.uint8), descriptor)
 
     def _pin(self, key: str) -> None:
         """cuda=True: register the new pool's pages (the view keeps them mapped meanwhile)."""
-        if self._cuda is not None:
+        if self._cuda is not None and self._pin_host:
             native = self._server()
             self._cuda.pin(key, native.buffers_span(key), native.view(key, 0))
 
     def create_buffers_with_sizes(
-        self, stream: StreamId, count: int, width: int, height: int, size: int, stride: int, uv_offset: int
+        self,
+        stream: StreamId,
+        count: int,
+        width: int,
+        height: int,
+        size: int,
+        stride: int,
+        uv_offset: int,
+        memory: str = "host",
     ) -> None:
         if isinstance(uv_offset, bool) or not hasattr(uv_offset, "__index__") or uv_offset < 0:
             raise InvalidArgumentError(f"uv_offset must be a non-negative int, got {uv_offset!r}")
-        self._server().create_buffers_with_sizes(
-            stream_key(stream),
+        key = stream_key(stream)
+        args = (
+            key,
             check_count("buffer count", count),
             check_count("width", width),
             check_count("height", height),
@@ -133,7 +200,14 @@ class VisionIpcServer(Closeable):
             check_count("stride", stride),
             uv_offset.__index__(),
         )
-        self._pin(stream_key(stream))
+        native = self._server()
+        if self._in_device_memory(memory):
+            self._create_in_device(
+                key, args[1], args[4], lambda flags: native.create_buffers_with_sizes(*args, pool_flags=flags)
+            )
+        else:
+            native.create_buffers_with_sizes(*args)
+            self._pin(key)
 
     def start_listener(self) -> None:
         self._server().start_listener()
@@ -249,13 +323,30 @@ class VisionIpcServer(Closeable):
         and made contiguous first (``_frame_bytes``)."""
         native = self._server()
         key = self._key(stream)
+        pool = self._device_pools.get(key)
+        if pool is not None:
+            return self._send_copy_in_device(stream, pool, data, frame_id, timestamp_sof, timestamp_eof)
         frame = _frame_bytes(data, Geometry(*native.geometry(key)))
         native.send_copy(self._handle(stream, key), frame, frame_id, timestamp_sof, timestamp_eof)
 
+    def _send_copy_in_device(
+        self, stream: StreamId, pool: "DevicePool", data: Any, frame_id: int, timestamp_sof: int, timestamp_eof: int
+    ) -> None:
+        """The copying send into a pool in device memory: a device array (device to
+        device) or host bytes of the buffer's size (host to device), then published."""
+        buf = self.get_buffer(stream)
+        if hasattr(data, "__cuda_array_interface__"):
+            self.frame_from_device(buf, data)
+        else:
+            assert self._cuda is not None  # a pool in device memory has its link
+            self._cuda.copy_host_into(buf, _frame_bytes(data, buf.geometry), pool.ptr(buf.idx))
+        self._send_buf(buf, frame_id, timestamp_sof, timestamp_eof)
+
     def _handle(self, stream: StreamId, key: str) -> int:
-        """The native handle of stream ``key`` (kept for ``stream`` if an exact str or int)."""
+        """The native handle of stream ``key`` (kept for ``stream`` if an exact str or int,
+        unless its pool is in device memory: the native copying send writes host pixels)."""
         handle = self._server().handle(key)
-        if type(stream) is str or type(stream) is int:
+        if (type(stream) is str or type(stream) is int) and key not in self._device_pools:
             self._handles[stream] = handle
         return handle
 
@@ -266,7 +357,27 @@ class VisionIpcServer(Closeable):
         self._server()
         if buf._owner is not self or not self.frame_valid(buf):
             raise InvalidArgumentError("copy_from_device() takes a buffer of this server's get_buffer(), not yet sent")
-        self._cuda.copy_from_device(buf, array, stream)
+        from visionipc.cuda._runtime import DEVICE_TO_DEVICE
+
+        pool = self._device_pools.get(buf.stream)
+        dest = None if pool is None else (pool.ptr(buf.idx), DEVICE_TO_DEVICE)
+        self._cuda.copy_from_device(buf, array, stream, dest)
+
+    def frame_device_array(self, buf: VisionBuf) -> "DeviceFrame":
+        """``buf.device_array``: the device memory of a buffer of a pool in device memory."""
+        from visionipc.cuda.device_frame import DeviceFrame
+
+        self._server()
+        pool = self._device_pools.get(buf.stream)
+        if pool is None or buf._owner is not self:
+            raise InvalidArgumentError(
+                f"stream {buf.stream!r} keeps its frames in host memory: write buf.array "
+                '(device_array is for pools made with create_buffers(..., memory="cuda"))'
+            )
+        assert self._cuda is not None
+        meta = (buf.frame_id, buf.timestamp_sof, buf.timestamp_eof, buf.timestamp_publish, buf.timestamp_recv)
+        ptr = pool.ptr(buf.idx)
+        return DeviceFrame(ptr, buf.array, buf.geometry, pool.device, pool, None, 0, self._cuda.runtime, meta, pool)
 
     def cuda_host_device(self, buf: VisionBuf) -> Optional[int]:
         """0 if ``buf``'s bytes are registered with CUDA (DLPack's CUDA-host device), else None."""
@@ -301,6 +412,9 @@ class VisionIpcServer(Closeable):
         """Stop the listener and drop the pools (views handed out stay readable)."""
         if self._native is not None and self._cuda is not None:
             self._cuda.close()  # copies land and pages unregister before the pools can go
+        for pool in self._device_pools.values():
+            pool.close()  # frees the device memory (its DeviceArrays here refuse use)
+        self._device_pools.clear()
         native, self._native = self._native, None
         self._forget_streams()  # frames handed out keep their own views
         if native is not None:

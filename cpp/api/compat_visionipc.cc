@@ -236,6 +236,7 @@ VisionIpcClient::~VisionIpcClient() = default;
 
 void VisionIpcClient::describe_buffers() {
   const vipc::visionipc::Client& c = impl->client;
+  c.require_host_frames();
   impl->epoch = c.epoch();
   num_buffers = static_cast<int>(c.count());
   for (uint32_t i = 0; i < c.count(); i++) {

@@ -178,7 +178,10 @@ bool FrameClient::connect(Timeout timeout) {
   return api::guarded([&] {
     const int64_t deadline = api::deadline_of(timeout);
     for (;;) {
-      if (impl_->client.connect()) return true;
+      if (impl_->client.connect()) {
+        impl_->client.require_host_frames();
+        return true;
+      }
       if (common::monotonic_ns() >= deadline) return false;
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -204,6 +207,7 @@ std::optional<Frame> FrameClient::recv(Timeout timeout) {
       if (st == common::WaitStatus::kTimeout) return std::nullopt;
       if (deadline != common::kNever && common::monotonic_ns() >= deadline) return std::nullopt;  // interrupted, late
     }
+    c.require_host_frames();
     Frame out;
     out.data_ = std::span(reinterpret_cast<const std::byte*>(c.buffer(f.index)), c.geometry().size);
     out.index_ = f.index;

@@ -455,6 +455,7 @@ PYBIND11_MODULE(_visionipc, m) {
   m.attr("MAX_CLIENTS") = vipc::visionipc::kMaxClients;
   m.attr("MAX_CLIENTS_PER_PEER") = vipc::visionipc::kMaxClientsPerPeer;
   m.attr("MAX_NAME_LENGTH") = vipc::visionipc::kMaxNameLength;
+  m.attr("POOL_IN_DEVICE_MEMORY") = vipc::visionipc::kPoolInDeviceMemory;  // Client.pool_flags
   // The format table, in enum order: (name, code, aliases, bytes_per_pixel, channels, yuv420, selectable,
   // planes, cv_to_bgr, cv_from_bgr, av_format); `selectable`: create_buffers takes it by name (custom comes
   // from create_buffers_with_sizes).
@@ -484,15 +485,23 @@ PYBIND11_MODULE(_visionipc, m) {
            }),
            py::arg("name"), py::arg("prefix") = "", py::arg("shm_dir") = std::string(vipc::common::kSegmentDir),
            py::arg("allowed_uids") = std::vector<uid_t>{}, py::arg("handoff_wakes") = false)
-      .def("create_buffers",
-           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format) {
-             s.create_buffers(stream, count, vipc::visionipc::make_geometry(parse(format), w, h));
-           })
-      .def("create_buffers_with_sizes",
-           [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size,
-              uint32_t stride, uint32_t uv_offset) {
-             s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset));
-           })
+      .def(
+          "create_buffers",
+          [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, const std::string& format,
+             uint32_t pool_flags) {
+            s.create_buffers(stream, count, vipc::visionipc::make_geometry(parse(format), w, h), pool_flags);
+          },
+          py::arg("stream"), py::arg("count"), py::arg("width"), py::arg("height"), py::arg("format"),
+          py::arg("pool_flags") = 0)
+      .def(
+          "create_buffers_with_sizes",
+          [](Server& s, const std::string& stream, uint32_t count, uint32_t w, uint32_t h, uint64_t size,
+             uint32_t stride, uint32_t uv_offset, uint32_t pool_flags) {
+            s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset),
+                             pool_flags);
+          },
+          py::arg("stream"), py::arg("count"), py::arg("width"), py::arg("height"), py::arg("size"),
+          py::arg("stride"), py::arg("uv_offset"), py::arg("pool_flags") = 0)
       .def("get_buffer",
            [](Server& s, const std::string& stream) {
              const vipc::visionipc::Acquired a = s.get_buffer(stream);
@@ -566,6 +575,8 @@ PYBIND11_MODULE(_visionipc, m) {
           },
           "(address, length): the whole pages holding every buffer of the mapped pool (to register with CUDA)")
       .def_property_readonly("count", &Client::count)
+      .def_property_readonly("pool_flags", &Client::pool_flags,
+                             "the mapped pool's flags (POOL_IN_DEVICE_MEMORY: its frames are in GPU memory)")
       .def_property_readonly("server_id", &Client::server_id)
       .def_property_readonly("epoch", &Client::epoch)
       .def_property_readonly("dropped", &Client::dropped)

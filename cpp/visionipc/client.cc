@@ -229,7 +229,7 @@ bool Client::accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds) {
   if (fds.size() != 3 || r.lease_slot >= kMaxClients || r.lease_table_size != kLeaseTableSize) return false;
   Geometry g{static_cast<Format>(r.format), r.width, r.height, r.stride, r.uv_offset, r.buffer_size};
   if (r.format > static_cast<uint32_t>(Format::kCustom) || !geometry_problem(g).empty()) return false;
-  if (r.count == 0 || r.count > kMaxBuffers) return false;
+  if (r.count == 0 || r.count > kMaxBuffers || (r.pool_flags & ~kKnownPoolFlags) != 0) return false;
   const PoolLayout l = make_layout(r.count, r.buffer_size);
   if (l.slot_size != r.slot_size || l.data_offset != r.data_offset || l.total_size != r.pool_size) return false;
   if (!sealed_memfd_problem(fds[0].get(), l.total_size).empty()) return false;
@@ -241,6 +241,7 @@ bool Client::accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds) {
   auto leases = std::make_unique<Mapping>(fds[1].get(), kLeaseTableSize, true);
   geometry_ = g;
   layout_ = l;
+  pool_flags_ = r.pool_flags;
   pool_ = std::move(pool);
   epoch_++;
   disconnect();
@@ -251,6 +252,15 @@ bool Client::accept_reply(const Reply& r, std::vector<common::UniqueFd>& fds) {
   ordinal_ = r.stream_ordinal;
   topic_fd_ = std::move(fds[2]);  // checked as a segment when the subscriber adopts it
   return true;
+}
+
+void Client::require_host_frames() const {
+  if ((pool_flags_ & kPoolInDeviceMemory) != 0) {
+    common::fail(common::ErrorKind::kInvalidArgument,
+                 "stream '" + stream_ + "' of VisionIPC server '" + name_ +
+                     "' keeps its frames in GPU memory (create_buffers(memory=\"cuda\")); "
+                     "read it with visionipc.VisionIpcClient(..., cuda=True)");
+  }
 }
 
 bool Client::connected() {

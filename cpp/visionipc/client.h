@@ -83,6 +83,11 @@ class Client {
 
   const Geometry& geometry() const { return geometry_; }
   uint32_t count() const { return layout_.count; }
+  // Reply::pool_flags of the pool mapped now (kPoolInDeviceMemory: frames in GPU memory).
+  uint32_t pool_flags() const { return pool_flags_; }
+  // For readers of host frames (the C++ API): throws kInvalidArgument, in one line,
+  // when the mapped pool keeps its frames in device memory.
+  void require_host_frames() const;
   std::shared_ptr<Mapping> pool() const;
   const uint8_t* buffer(uint32_t index) const;
   uint64_t server_id() const { return server_id_; }
@@ -132,6 +137,7 @@ class Client {
   LeaseSlot* lease_ = nullptr;
   Geometry geometry_;
   PoolLayout layout_;
+  uint32_t pool_flags_ = 0;
   uint64_t server_id_ = 0;
   uint64_t epoch_ = 0;
   uint64_t retired_id_ = 0;  // the server we left: its late packets are dropped, not chased

@@ -39,6 +39,14 @@ inline constexpr uint32_t kProtocolVersion = 2;         // 2: the topic segment 
 inline constexpr size_t kStreamNameCapacity = 128;      // incl. NUL
 inline constexpr size_t kListCapacity = 8192;           // stream names, '\n'-separated
 
+// Reply::pool_flags. kPoolInDeviceMemory: the stream's frames live in GPU memory
+// (visionipc.cuda, create_buffers(memory="cuda")); the pool holds the metadata,
+// the generations and, in buffer 0, the device memory's CUDA IPC descriptor, not
+// pixels: a client that cannot read device memory refuses such a stream.
+// (0 in a Reply of a server that predates the field: host pixels.)
+inline constexpr uint32_t kPoolInDeviceMemory = 1u << 0;
+inline constexpr uint32_t kKnownPoolFlags = kPoolInDeviceMemory;
+
 enum class RequestKind : uint32_t { kAttach = 1, kList = 2 };
 // kUnknownStream carries the stream names the server has in `list`; kFull:
 // every lease slot of the stream (or every pending connection) is taken;
@@ -71,7 +79,7 @@ struct Reply {
   uint32_t width, height, stride, uv_offset;
   uint64_t buffer_size;
   uint32_t count;
-  uint32_t reserved;
+  uint32_t pool_flags;  // kPoolInDeviceMemory, ...: what the pool's frame bytes are (0: host pixels)
   uint64_t slot_size, data_offset, pool_size, lease_table_size;
   uint32_t list_length;  // kList: bytes used in `list`
   char list[kListCapacity];

@@ -236,7 +236,8 @@ uint64_t Server::generation(const std::string& stream, uint32_t index) const {
   return index < s.layout.count ? s.generation[index] : 0;
 }
 
-void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry) {
+void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry,
+                            uint32_t pool_flags) {
   const common::UseOrClosed call = use();
   check_open();
   check_name("stream name", stream);
@@ -247,8 +248,11 @@ void Server::create_buffers(const std::string& stream, uint32_t count, const Geo
   }
   const std::string problem = geometry_problem(geometry);
   if (!problem.empty()) common::fail(common::ErrorKind::kInvalidArgument, problem);
+  if ((pool_flags & ~kKnownPoolFlags) != 0)
+    common::fail(common::ErrorKind::kInvalidArgument, "unknown pool flags " + std::to_string(pool_flags));
   auto s = std::make_unique<Stream>();
   s->name = stream;
+  s->pool_flags = pool_flags;
   s->geometry = geometry;
   s->layout = make_layout(count, geometry.size);
   s->pool_fd = create_sealed_memfd(("vipc-pool-" + stream).c_str(), s->layout.total_size);
@@ -553,6 +557,7 @@ bool Server::serve_request(Connection& c) {
     reply->uv_offset = s.geometry.uv_offset;
     reply->buffer_size = s.geometry.size;
     reply->count = s.layout.count;
+    reply->pool_flags = s.pool_flags;
     reply->slot_size = s.layout.slot_size;
     reply->data_offset = s.layout.data_offset;
     reply->pool_size = s.layout.total_size;

@@ -89,7 +89,9 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  void create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry);
+  // pool_flags: Reply::pool_flags for the stream's clients (kPoolInDeviceMemory: the
+  // caller keeps the frames in device memory; the pool still carries the protocol).
+  void create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry, uint32_t pool_flags = 0);
   Acquired get_buffer(const std::string& stream);
   // Publish a buffer from get_buffer(); throws kInvalidArgument if it is not
   // checked out under that generation (sent already, or recycled since).
@@ -140,6 +142,7 @@ class Server {
     uint32_t ordinal = 0;
     Geometry geometry;
     PoolLayout layout;
+    uint32_t pool_flags = 0;  // Reply::pool_flags
     common::UniqueFd pool_fd, lease_fd;
     std::shared_ptr<Mapping> pool;
     std::unique_ptr<Mapping> leases;

@@ -19,7 +19,12 @@ FRAMES = 4
 # pipe). The futex page and iceoryx2's 2-sample subscriber buffer keep only the newest.
 LOSSLESS = ("visionipc", "visionipc-get", "visionipc-copy", "pyzmq", "shm+pipe", "msgq")
 BUILT_FROM_SOURCE = ("reference",)  # commaai/msgq: never installed by pip, so not required in CI
-NEEDS_GPU = ("visionipc-cuda", "naive-cuda", "pinned-staging")  # tools/gpu_check.sh runs them on a GPU machine
+NEEDS_GPU = (
+    "visionipc-cuda",
+    "visionipc-cuda-pool",
+    "naive-cuda",
+    "pinned-staging",
+)  # tools/gpu_check.sh runs them on a GPU machine
 
 
 def _installed():

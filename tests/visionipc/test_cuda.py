@@ -8,8 +8,6 @@ cover it). Marked ``cuda``: the real thing on a device (``pytest -m cuda``;
 ``tools/gpu_check.sh`` runs them), skipped elsewhere with the reason "no CUDA device".
 """
 
-import ctypes
-import os
 import subprocess
 import sys
 import threading
@@ -18,13 +16,13 @@ import types
 
 import numpy as np
 import pytest
+from cuda_helpers import HAVE_DEVICE, FakeRuntime, close_in_forked_child, device_bytes, fake_runtime  # noqa: F401  (a fixture)
 from vipc_helpers import stamp, stamp_problem
 
 from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 from visionipc import VisionIpcClient, VisionIpcServer, cuda
 from visionipc.cuda import _runtime
 
-HAVE_DEVICE = cuda.available()
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device")
 no_device = pytest.mark.skipif(HAVE_DEVICE, reason="a CUDA device is present: the real tests run instead")
 FORMATS = ("nv12", "i420", "gray8", "rgb8", "raw16")
@@ -142,132 +140,15 @@ def test_without_cuda_bindings_the_refusal_names_the_extra():
 @pytest.mark.parametrize("bad", ["0", 1.5, None])
 def test_a_cuda_argument_that_is_not_a_device_is_refused(bad):
     with pytest.raises((InvalidArgumentError, cuda.CudaUnavailableError)):
-        _runtime.resolve_device(_FakeRuntime(), bad)
+        _runtime.resolve_device(FakeRuntime(), bad)
 
 
 def test_a_device_ordinal_out_of_range_is_refused():
     with pytest.raises(InvalidArgumentError, match=r"CUDA device 3 does not exist \(this machine has 1: 0..0\)"):
-        _runtime.resolve_device(_FakeRuntime(), 3)
+        _runtime.resolve_device(FakeRuntime(), 3)
 
 
 # ------------------------------------------------------------------ lease bookkeeping (stand-in runtime)
-
-
-class _FakeRuntime:
-    """The CUDA runtime's calls as visionipc.cuda makes them, on the CPU: "device
-    memory" is numpy arrays, a copy happens when its event is completed (by the
-    test, or by event_sync), and every call is logged."""
-
-    def __init__(self):
-        self.calls, self.registered, self.memory = [], {}, {}
-        self.pending = {}  # event -> [copies recorded on it]
-        self.queued = []  # copies submitted, not yet bound to an event
-        self.next_handle = 1000
-        self.lock = threading.Lock()
-
-    def _handle(self):
-        self.next_handle += 16
-        return self.next_handle
-
-    def device_count(self):
-        return 1
-
-    def set_device(self, device):
-        self.calls.append(("set_device", device))
-
-    def pointer_device(self, ptr):
-        self.calls.append(("pointer_device", ptr))
-        return 0 if any(base <= ptr < base + a.nbytes for base, a in self.memory.items()) else None
-
-    def host_register(self, ptr, size, read_only=False):
-        assert ptr not in self.registered, "registered twice"
-        assert ptr % os.sysconf("SC_PAGESIZE") == 0
-        self.registered[ptr] = size
-        self.calls.append(("register", ptr, size))
-
-    def host_unregister(self, ptr):
-        del self.registered[ptr]
-        self.calls.append(("unregister", ptr))
-
-    def malloc(self, size):
-        a = np.zeros(size, np.uint8)
-        self.memory[a.ctypes.data] = a
-        self.calls.append(("malloc", size))
-        return a.ctypes.data
-
-    def free(self, ptr):  # cudaFree waits for the device, so pending copies land first
-        for event in list(self.pending):
-            self.complete(event)
-        self.memory.pop(ptr, None)
-
-    def stream_create(self):
-        return self._handle()
-
-    def stream_destroy(self, stream):
-        self.calls.append(("stream_destroy", stream))
-
-    def event_create(self):
-        return self._handle()
-
-    def event_destroy(self, event):
-        self.calls.append(("event_destroy", event))
-
-    def memcpy_async(self, dst, src, size, kind, stream):
-        if kind == _runtime.HOST_TO_DEVICE:
-            assert any(b <= src and src + size <= b + n for b, n in self.registered.items()), "pageable source"
-        self.queued.append((dst, src, size))
-
-    def memcpy2d_async(self, dst, dpitch, src, spitch, width, height, kind, stream):
-        self.queued.extend((dst + r * dpitch, src + r * spitch, width) for r in range(height))
-
-    def event_record(self, event, stream):
-        with self.lock:
-            self.pending.setdefault(event, []).extend(self.queued)
-            self.queued = []
-
-    def complete(self, event):
-        """The device finishes the copies of ``event``: the bytes land now ("device
-        memory" here is host memory at real addresses, so a copy is a memmove)."""
-        with self.lock:
-            for dst, src, size in self.pending.pop(event, []):
-                ctypes.memmove(dst, src, size)
-
-    def stream_sync(self, stream):
-        with self.lock:
-            queued, self.queued = self.queued, []
-        for dst, src, size in queued:
-            ctypes.memmove(dst, src, size)
-
-    def device_array(self, data: np.ndarray):
-        """An object with __cuda_array_interface__ over a copy of ``data`` in "device memory"."""
-        ptr = self.malloc(data.nbytes)
-        self.memory[ptr][:] = data.reshape(-1).view(np.uint8)
-        cai = {"shape": data.shape, "typestr": data.dtype.str, "data": (ptr, False), "version": 3}
-        return types.SimpleNamespace(__cuda_array_interface__=cai)
-
-    def event_done(self, event):
-        return event not in self.pending
-
-    def event_sync(self, event):
-        self.calls.append(("event_sync", event))
-        self.complete(event)
-
-    def stream_wait_event(self, stream, event):
-        self.calls.append(("stream_wait_event", stream, event))
-
-
-@pytest.fixture
-def fake_runtime(monkeypatch):
-    if HAVE_DEVICE:
-        pytest.skip("a CUDA device is present: the real tests run instead")
-    fake = _FakeRuntime()
-    monkeypatch.setattr(_runtime, "runtime", lambda: fake)
-    return fake
-
-
-def _device_bytes(fake, device_frame):
-    base = next(b for b, a in fake.memory.items() if b <= device_frame.ptr < b + a.nbytes)
-    return fake.memory[base][device_frame.ptr - base :]
 
 
 @no_device
@@ -325,7 +206,7 @@ def test_the_read_lease_is_held_until_the_copy_has_completed(served, fake_runtim
     assert time.monotonic() - started >= 0.25 or dev.ready
     done.join()
     assert dev.ready
-    assert stamp_problem(_device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
+    assert stamp_problem(device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
 
 
 @no_device
@@ -335,7 +216,7 @@ def test_the_end_of_a_with_block_waits_for_the_copy_before_releasing(served, fak
     with client.recv(1000) as frame:
         dev = frame.to_device()
     assert any(c[0] == "event_sync" for c in fake_runtime.calls)
-    assert dev.ready and stamp_problem(_device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
+    assert dev.ready and stamp_problem(device_bytes(fake_runtime, dev)[: len(frame)], 1) is None
     host = dev.to_host()  # back through a device-to-host copy
     assert host.shape == frame.array.shape and stamp_problem(host.reshape(-1), 1) is None
     assert np.array_equal(dev.y.to_host(), frame.y) and np.array_equal(dev.uv.to_host(), frame.uv)  # strided planes
@@ -442,18 +323,7 @@ def test_a_forked_child_never_touches_the_parents_registration(served, fake_runt
     server, client = served(cuda=True)
     publish(server, 1)
     client.recv(1000)
-    before = list(fake_runtime.calls)
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover - the child
-        code = 0
-        try:
-            client.close()  # inherited: forgotten, no CUDA call
-            code = 0 if fake_runtime.calls == before else 3
-        except BaseException:  # noqa: BLE001
-            code = 4
-        os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    assert os.WEXITSTATUS(status) == 0
+    assert close_in_forked_child(fake_runtime, client) == 0
     assert fake_runtime.registered  # the parent's registration stands
 
 

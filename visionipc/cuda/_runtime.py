@@ -10,6 +10,7 @@ client a stand-in with the same methods where no device exists
 
 from __future__ import annotations
 
+import ctypes
 import functools
 from typing import Any
 
@@ -41,7 +42,8 @@ _UNAVAILABLE = {
     "cudaErrorStubLibrary": "only the CUDA driver's stub library is installed (no NVIDIA driver)",
 }
 
-HOST_TO_DEVICE, DEVICE_TO_HOST = "h2d", "d2h"
+HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = "h2d", "d2h", "d2d"
+IPC_HANDLE_SIZE = 64  # bytes of a cudaIpcMemHandle_t
 
 
 class Runtime:
@@ -54,6 +56,7 @@ class Runtime:
         self._kinds = {
             HOST_TO_DEVICE: rt.cudaMemcpyKind.cudaMemcpyHostToDevice,
             DEVICE_TO_HOST: rt.cudaMemcpyKind.cudaMemcpyDeviceToHost,
+            DEVICE_TO_DEVICE: rt.cudaMemcpyKind.cudaMemcpyDeviceToDevice,
         }
 
     def _check(self, what: str, result):
@@ -78,6 +81,12 @@ class Runtime:
         kind = getattr(attrs.type, "name", "")
         return attrs.device if kind in ("cudaMemoryTypeDevice", "cudaMemoryTypeManaged") else None
 
+    def device_uuid(self, device: int) -> bytes:
+        """The 16-byte UUID of device ``device`` (the same in every process, whatever
+        CUDA_VISIBLE_DEVICES renumbers)."""
+        props = self._check(f"cudaGetDeviceProperties({device})", self._rt.cudaGetDeviceProperties(device))
+        return bytes(props.uuid.bytes)[:16]
+
     # host registration
     def host_register(self, ptr: int, size: int, read_only: bool = False) -> None:
         flags = self._rt.cudaHostRegisterDefault
@@ -94,6 +103,26 @@ class Runtime:
 
     def free(self, ptr: int) -> None:
         self._check("cudaFree", self._rt.cudaFree(ptr))
+
+    def memset(self, ptr: int, value: int, size: int) -> None:
+        self._check(f"cudaMemset({size} bytes)", self._rt.cudaMemset(ptr, value, size))
+
+    # memory shared between processes (CUDA IPC)
+    def ipc_get_handle(self, ptr: int) -> bytes:
+        """The CUDA IPC handle of the allocation at ``ptr`` (from cudaMalloc), as bytes."""
+        handle = self._check("cudaIpcGetMemHandle", self._rt.cudaIpcGetMemHandle(ptr))
+        return ctypes.string_at(handle.getPtr(), IPC_HANDLE_SIZE)
+
+    def ipc_open(self, handle: bytes) -> int:
+        """Map another process's allocation (its ``ipc_get_handle``) into this one's
+        current device; the driver counts repeated opens of one handle."""
+        h = self._rt.cudaIpcMemHandle_t()
+        ctypes.memmove(h.getPtr(), bytes(handle), IPC_HANDLE_SIZE)  # its own 64 bytes
+        flags = self._rt.cudaIpcMemLazyEnablePeerAccess
+        return int(self._check("cudaIpcOpenMemHandle", self._rt.cudaIpcOpenMemHandle(h, flags)))
+
+    def ipc_close(self, ptr: int) -> None:
+        self._check("cudaIpcCloseMemHandle", self._rt.cudaIpcCloseMemHandle(ptr))
 
     # streams and events
     def stream_create(self) -> int:

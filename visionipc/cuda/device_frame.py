@@ -16,16 +16,18 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
-from msgq.errors import InvalidArgumentError
+from msgq.errors import ClosedError, InvalidArgumentError
 from visionipc import _visionipc
-from visionipc.cuda._runtime import DEVICE_TO_HOST
+from visionipc.cuda._runtime import DEVICE_TO_DEVICE, DEVICE_TO_HOST
 from visionipc.frame import plane
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
     from visionipc.cuda._runtime import Runtime
+    from visionipc.cuda.device_pool import DevicePool
     from visionipc.formats import Geometry
+    from visionipc.frame import VisionBuf
 
 KDL_CUDA = 2
 _TYPE_CODES = {"u": 1, "i": 0, "f": 2}
@@ -37,7 +39,9 @@ class DeviceArray:
     on device ``device``; ``owner`` keeps the memory alive; ``event``/``stream``: the
     copy that fills it (the event completes when the bytes are there)."""
 
-    __slots__ = ("ptr", "shape", "strides", "dtype", "device", "_owner", "_event", "_stream", "_runtime", "__weakref__")
+    __slots__ = (
+        "ptr", "shape", "strides", "dtype", "device", "_owner", "_event", "_stream", "_runtime", "_pool", "__weakref__"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -50,10 +54,22 @@ class DeviceArray:
         event: Any,
         stream: int,
         runtime: Runtime,
+        pool: DevicePool | None = None,
     ) -> None:
         self.ptr, self.shape, self.strides = int(ptr), tuple(shape), tuple(strides)
         self.dtype, self.device = np.dtype(dtype), int(device)
         self._owner, self._event, self._stream, self._runtime = owner, event, stream, runtime
+        self._pool = pool  # a pool in device memory this array is part of (None: memory of its own)
+
+    def _mapped(self) -> int:
+        """``ptr``, unless the pool in device memory it lies in is unmapped (its client closed)."""
+        pool = self._pool
+        if pool is not None and pool.closed:
+            raise ClosedError(
+                "this frame lies in a pool in GPU memory that was unmapped when its VisionIpcClient "
+                "(or VisionIpcServer) closed: copy what you keep (to_device(), to_host()) before closing"
+            )
+        return self.ptr
 
     @property
     def nbytes(self) -> int:
@@ -76,7 +92,7 @@ class DeviceArray:
         return {
             "shape": self.shape,
             "typestr": self.dtype.str,
-            "data": (self.ptr, False),
+            "data": (self._mapped(), False),
             "version": 3,
             "strides": self.strides,
             "stream": self._stream if self._stream else None,
@@ -96,13 +112,14 @@ class DeviceArray:
             raise BufferError(f"a DeviceFrame lives on CUDA device {self.device}; copy it to {dl_device} yourself")
         if copy:
             raise BufferError("a DeviceFrame is exported without copying (copy=True is not supported)")
+        ptr = self._mapped()
         event = self._event
         if event is not None and event.handle is not None and stream != -1:
             self._runtime.stream_wait_event(_DEFAULT_STREAM if stream is None else int(stream), event.handle)
         item = self.dtype.itemsize
         return _visionipc.dlpack_capsule(
             self,
-            self.ptr,
+            ptr,
             list(self.shape),
             [s // item for s in self.strides],
             _TYPE_CODES[self.dtype.kind],
@@ -114,6 +131,7 @@ class DeviceArray:
     def to_host(self) -> np.ndarray:
         """A new host copy (numpy, C-contiguous), after the copy that fills this array:
         for checks and tests; a model reads the device array itself."""
+        self._mapped()
         self.synchronize()
         extent = sum((n - 1) * s for n, s in zip(self.shape, self.strides))
         span = self.dtype.itemsize + extent if all(self.shape) else 0
@@ -132,7 +150,7 @@ class DeviceArray:
     def _view(self, offset, shape, strides, dtype=None):
         return DeviceArray(
             self.ptr + offset, shape, strides, dtype or self.dtype, self.device, self, self._event, self._stream,
-            self._runtime,
+            self._runtime, self._pool,
         )  # fmt: skip
 
     def __repr__(self) -> str:
@@ -140,11 +158,21 @@ class DeviceArray:
 
 
 class DeviceFrame(DeviceArray):
-    """A VisionIPC frame copied into device memory (``VisionBuf.to_device``): the host
-    frame's shape and strides, its plane views (``.y``, ``.uv``, ``.u``, ``.v``, device
-    arrays too), ``frame_id``, the timestamps, ``format``, ``width``, ``height``, ``stride``."""
+    """A VisionIPC frame in device memory: copied there (``VisionBuf.to_device``), or
+    received from a pool in device memory (``create_buffers(memory="cuda")``: the
+    server's own buffer, mapped into this process, no byte copied). The host frame's
+    shape and strides, its plane views (``.y``, ``.uv``, ``.u``, ``.v``, device arrays
+    too), ``frame_id``, the timestamps, ``format``, ``width``, ``height``, ``stride``.
 
-    __slots__ = ("geometry", "frame_id", "timestamp_sof", "timestamp_eof", "timestamp_publish", "timestamp_recv")
+    A received one is leased like a host frame: the server does not reuse its buffer
+    while it is the client's newest frame (or inside ``with frame:``); ``valid`` says
+    whether it still holds this frame. Finish the device work that reads it before
+    the next ``recv()`` (or copy it: ``to_device(out=)``, whose lease lasts until the
+    copy has completed)."""
+
+    __slots__ = (
+        "geometry", "frame_id", "timestamp_sof", "timestamp_eof", "timestamp_publish", "timestamp_recv", "_frame"
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -157,11 +185,49 @@ class DeviceFrame(DeviceArray):
         stream: int,
         runtime: Runtime,
         meta: tuple[int, int, int, int, int],
+        pool: DevicePool | None = None,
+        frame: VisionBuf | None = None,
     ) -> None:
         shape, strides, dtype = host_array.shape, host_array.strides, host_array.dtype
-        super().__init__(ptr, shape, strides, dtype, device, owner, event, stream, runtime)
+        super().__init__(ptr, shape, strides, dtype, device, owner, event, stream, runtime, pool)
         self.geometry = geometry
         self.frame_id, self.timestamp_sof, self.timestamp_eof, self.timestamp_publish, self.timestamp_recv = meta
+        self._frame = frame  # received from a pool in device memory: the host record of its buffer and lease
+
+    @classmethod
+    def received(cls, frame: VisionBuf, pool: DevicePool, runtime: Runtime) -> DeviceFrame:
+        """A client's frame of a pool in device memory (``frame``: its host record)."""
+        meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
+        ptr = pool.ptr(frame.idx)
+        return cls(ptr, frame.array, frame.geometry, pool.device, pool, None, 0, runtime, meta, pool, frame)
+
+    @property
+    def valid(self) -> bool:
+        """Whether the frame is still there: a copy always is; a received frame of a pool
+        in device memory while its buffer was not reused (its generation, checked now)."""
+        frame = self._frame
+        return (frame is None or frame.valid) and not (self._pool is not None and self._pool.closed)
+
+    def to_device(self, out: Any = None, stream: Any = None) -> DeviceFrame:
+        """A copy of a received frame of a pool in device memory (device to device; into
+        ``out=`` if given, so nothing is allocated); its lease is held until the copy has
+        completed, so the copy is this frame whatever the server does meanwhile."""
+        frame = self._frame
+        if frame is None:
+            raise InvalidArgumentError("this DeviceFrame is a copy already (to_device() copies received frames)")
+        to_device = getattr(frame.owner, "frame_to_device", None)
+        if to_device is None:
+            raise InvalidArgumentError("to_device() needs the frame's VisionIpcClient")
+        return to_device(frame, out, stream, (self._mapped(), DEVICE_TO_DEVICE))  # type: ignore[no-any-return]
+
+    def __enter__(self) -> DeviceFrame:
+        if self._frame is not None:
+            self._frame.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._frame is not None:
+            self._frame.__exit__(*exc)
 
     format = property(lambda self: self.geometry.format)
     width = property(lambda self: self.geometry.width)

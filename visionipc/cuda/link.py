@@ -31,6 +31,8 @@ import os
 import threading
 from typing import TYPE_CHECKING, Any, Dict, Hashable, List, Set, Tuple
 
+import numpy as np
+
 from msgq.errors import InvalidArgumentError
 from visionipc.cuda import _runtime
 from visionipc.cuda.device_frame import DeviceBuffer, DeviceFrame, device_source, external_buffer
@@ -108,12 +110,19 @@ class CudaLink:
         return event
 
     def copy_to_device(
-        self, frame: VisionBuf, out: Any = None, stream: Any = None, key: Hashable = "lease"
+        self,
+        frame: VisionBuf,
+        out: Any = None,
+        stream: Any = None,
+        key: Hashable = "lease",
+        source: tuple[int, str] | None = None,
     ) -> DeviceFrame:
         """Submit the copy of ``frame`` (whose lease the caller holds) into device
-        memory; the returned DeviceFrame is ready once its event completes."""
+        memory; the returned DeviceFrame is ready once its event completes.
+        ``source``: (pointer, kind) of the frame's bytes, if not the host pool's
+        (a pool in device memory: device to device)."""
         rt, size = self.runtime, frame.geometry.size
-        host = frame.as_array()
+        src, kind = (frame.as_array().ctypes.data, _runtime.HOST_TO_DEVICE) if source is None else source
         self._current()
         if out is None:
             dst = DeviceBuffer(rt, self.device, size)
@@ -121,32 +130,46 @@ class CudaLink:
         else:
             ptr, owner = external_buffer(out, size, self.device, rt, self._verified)
         s = self.stream if stream is None else _runtime.stream_handle(stream)
-        rt.memcpy_async(ptr, host.ctypes.data, size, _runtime.HOST_TO_DEVICE, s)
+        rt.memcpy_async(ptr, src, size, kind, s)
         event = self._record(key, s)
         meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
         return DeviceFrame(ptr, frame.array, frame.geometry, self.device, owner, event, s, rt, meta)
 
-    def copy_from_device(self, buf: VisionBuf, array: Any, stream: Any = None) -> None:
+    def copy_from_device(
+        self, buf: VisionBuf, array: Any, stream: Any = None, dest: tuple[int, str] | None = None
+    ) -> None:
         """Submit the copy of device array ``array`` into the pool buffer ``buf`` (a
         producer's): the whole buffer's bytes, or its rows without the stride's padding
-        (a (h, w, 3) image into a padded RGB buffer, (h*3/2, w) into a padded NV12 one)."""
+        (a (h, w, 3) image into a padded RGB buffer, (h*3/2, w) into a padded NV12 one).
+        ``dest``: (pointer, kind) of the buffer's bytes, if not the host pool's (a pool
+        in device memory: device to device)."""
         rt, g = self.runtime, buf.geometry
         ptr, nbytes = device_source(array, self.device, rt, self._verified)
-        host = buf.as_array()
+        dst, kind = (buf.as_array().ctypes.data, _runtime.DEVICE_TO_HOST) if dest is None else dest
         rows = buf.array.shape[0]
         self._current()
         s = self.stream if stream is None else _runtime.stream_handle(stream)
         if nbytes == g.size:
-            rt.memcpy_async(host.ctypes.data, ptr, nbytes, _runtime.DEVICE_TO_HOST, s)
+            rt.memcpy_async(dst, ptr, nbytes, kind, s)
         elif nbytes % rows == 0 and nbytes // rows <= g.stride:
             row = nbytes // rows
-            rt.memcpy2d_async(host.ctypes.data, g.stride, ptr, row, row, rows, _runtime.DEVICE_TO_HOST, s)
+            rt.memcpy2d_async(dst, g.stride, ptr, row, row, rows, kind, s)
         else:
             raise InvalidArgumentError(
                 f"a device array of {nbytes} bytes does not fit a {g.width}x{g.height} {g.format} frame "
                 f"({g.size} bytes with the stride, or {rows} rows of at most {g.stride})"
             )
         self._record((buf.stream, buf.idx), s)
+
+    def copy_host_into(self, buf: VisionBuf, data: Any, dest: int) -> None:
+        """The copying send into a pool in device memory: host bytes ``data`` (already
+        checked to be the buffer's size) to device pointer ``dest``, on this link's
+        stream; ``send`` waits for it like for ``copy_from_device``."""
+        host = np.ascontiguousarray(np.frombuffer(data, np.uint8) if isinstance(data, (bytes, memoryview)) else data)
+        self._current()
+        self.runtime.memcpy_async(dest, host.ctypes.data, host.nbytes, _runtime.HOST_TO_DEVICE, self.stream)
+        # (from pageable memory the call returns once the bytes are staged: ``host`` may go)
+        self._record((buf.stream, buf.idx), self.stream)
 
     def finish(self, key: Hashable | None = None) -> None:
         """Wait until every copy of ``key`` (None: every copy) submitted so far has

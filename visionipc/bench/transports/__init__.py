@@ -91,6 +91,11 @@ TRANSPORTS = {
         "visionipc client with cuda=True: frame.to_device(out=) from the pool's registered pages (GPU)",
         lambda: None if _cuda_available() else "no CUDA device (visionipc.cuda.available() is False)",
     ),
+    "visionipc-cuda-pool": (
+        "vipc_cuda_pool",
+        'visionipc pool in device memory (create_buffers(memory="cuda")): DeviceFrames through CUDA IPC, no copy (GPU)',
+        lambda: None if _cuda_available() else "no CUDA device (visionipc.cuda.available() is False)",
+    ),
     "naive-cuda": ("cuda_naive", "cupy.asarray(frame.array): pageable host memory to the GPU", "cupy"),
     "pinned-staging": (
         "cuda_pinned",
@@ -109,7 +114,7 @@ def _cuda_available() -> bool:
 HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): the report gives it the 8-client targets too
 # Variants measured only when named in --transports (the default matrix stays as long as it was).
 # the GPU rows need a GPU; visionipc-get is the producer's side of issue 36
-ON_REQUEST = (HANDOFF, "visionipc-get", "visionipc-cuda", "naive-cuda", "pinned-staging")
+ON_REQUEST = (HANDOFF, "visionipc-get", "visionipc-cuda", "visionipc-cuda-pool", "naive-cuda", "pinned-staging")
 
 
 def load(name: str) -> types.ModuleType:
