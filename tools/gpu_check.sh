@@ -56,7 +56,7 @@ timeout 40 "$PY" "$ROOT/tools/gpu_paced_probe.py" --sizes 64x64,3840x2160 --fram
 # the paced rows: the CPU handoff, a frame copied to the device, a pool in device memory
 # (naive-cuda and pinned-staging: add them with VIPC_GPU_PEERS=1; recorded in BENCHMARKS.md)
 PEERS=${VIPC_GPU_PEERS:+,naive-cuda,pinned-staging}
-timeout 200 "$PY" -m visionipc.bench --sizes 64x64,3840x2160 --clients 1 \
+timeout 260 "$PY" -m visionipc.bench --sizes 64x64,3840x2160,7680x4320 --clients 1 \
   --transports "visionipc,visionipc-cuda,visionipc-cuda-pool$PEERS" --modes paced --rounds 3 --frames 150 --plot '' \
   --json "$OUT/vipc_bench.json" 2>"$OUT/vipc_bench.err" | tee "$OUT/vipc_bench.txt"
 echo "vipc-bench rc=${PIPESTATUS[0]}"

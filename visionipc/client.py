@@ -14,7 +14,7 @@ from visionipc.frame import ViewCache, VisionBuf
 from visionipc.streams import ServerName, StreamId, run_options, server_name, stream_id, stream_key
 
 if TYPE_CHECKING:
-    from visionipc.cuda.device_frame import DeviceFrame
+    from visionipc.cuda.device_frame import DeviceFrame, PoolTemplate
     from visionipc.cuda.device_pool import DevicePool
     from visionipc.cuda.link import CudaLink as _CudaLink
 
@@ -72,6 +72,7 @@ class VisionIpcClient(Closeable):
         # DevicePool, mapped at the first frame (None until then, and for host pools).
         self._in_device = False
         self._device_pool: Optional[DevicePool] = None
+        self._device_frames: Optional[PoolTemplate] = None  # what the pool's DeviceFrames share
         self._native: Optional[_visionipc.Client] = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
@@ -104,6 +105,7 @@ class VisionIpcClient(Closeable):
             self._cuda.forget()
         if self._device_pool is not None:
             self._device_pool.forget()
+        self._device_pool, self._device_frames, self._in_device = None, None, False
         native, self._native = self._native, None
         self._epoch, self._views, self._last, self._leased = None, None, None, None
         if native is not None:
@@ -170,7 +172,10 @@ class VisionIpcClient(Closeable):
             self._attach_views(native, f)
         self._last = f
         if self._in_device:
-            return self._device_frame(native, f)  # type: ignore[return-value]  # see the docstring
+            t = self._device_frames
+            if t is None:
+                t = self._map_device_pool(native, f)
+            return t.cls.received(f, t)  # type: ignore[return-value]  # see the docstring
         return f
 
     def recv_device(self, timeout_ms: Optional[float] = 100) -> Optional["DeviceFrame"]:
@@ -184,21 +189,20 @@ class VisionIpcClient(Closeable):
             f"stream {self.stream!r} keeps its frames in host memory: use recv() (and frame.to_device() to copy one)"
         )
 
-    def _device_frame(self, native: _visionipc.Client, f: VisionBuf) -> "DeviceFrame":
-        """A received frame of a pool in device memory, as the DeviceFrame of its buffer
-        (the pool mapped into this process at its first frame)."""
+    def _map_device_pool(self, native: _visionipc.Client, f: VisionBuf) -> "PoolTemplate":
+        """At the first frame of a mapping whose pool is in device memory: map that memory
+        into this process and make what its DeviceFrames share."""
         from visionipc.cuda.device_frame import DeviceFrame
         from visionipc.cuda.device_pool import import_pool
 
         link = self._cuda
         assert link is not None  # _check_frames_readable refused the stream otherwise
-        pool = self._device_pool
-        if pool is None:
-            geometry = Geometry(*native.geometry())
-            slot = -(-geometry.size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
-            buffer0 = np.frombuffer(cast(Any, native.view(0)), np.uint8)  # a View: the buffer protocol
-            pool = self._device_pool = import_pool(link.runtime, buffer0, native.count, slot)
-        return DeviceFrame.received(f, pool, link.runtime)
+        geometry = Geometry(*native.geometry())
+        slot = -(-geometry.size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
+        buffer0 = np.frombuffer(cast(Any, native.view(0)), np.uint8)  # a View: the buffer protocol
+        pool = self._device_pool = import_pool(link.runtime, buffer0, native.count, slot)
+        t = self._device_frames = DeviceFrame.template(f, pool, link.runtime)
+        return t
 
     def _attach_views(self, native: _visionipc.Client, f: VisionBuf) -> None:
         """Give a received frame the views recv_into could not: the first frame of a
@@ -215,7 +219,8 @@ class VisionIpcClient(Closeable):
         self._epoch = epoch
         self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
         # a pool in device memory of the old mapping goes with its last frame (DeviceFrames keep it)
-        self._device_pool, self._in_device = None, bool(native.pool_flags & _IN_DEVICE)
+        self._device_pool, self._device_frames = None, None
+        self._in_device = bool(native.pool_flags & _IN_DEVICE)
         self._check_frames_readable(native)
         if self._cuda is not None and native.count and not self._in_device:
             self._cuda.pin("pool", native.buffers_span(), native.view(0))  # the view keeps it mapped while registered
@@ -331,7 +336,7 @@ class VisionIpcClient(Closeable):
             self._cuda.close()  # copies finish and pages unregister before the lease and the mapping go
         if self._device_pool is not None:
             self._device_pool.close()  # its DeviceFrames refuse use from now on (ClosedError)
-        self._device_pool, self._in_device = None, False
+        self._device_pool, self._device_frames, self._in_device = None, None, False
         native, self._native = self._native, None
         # Drop what maps the pool (frames handed out keep their own views); the last
         # frame's numbers stay readable through the reference's properties.

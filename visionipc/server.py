@@ -283,7 +283,8 @@ class VisionIpcServer(Closeable):
         # visionipc_module.cpp, send_hook); anything else takes _send_buf / _send_copy,
         # which check it first.
         native = self._native
-        if type(buf) is VisionBuf and native is not None and buf._owner is self and self._cuda is None:
+        cuda = self._cuda
+        if type(buf) is VisionBuf and native is not None and buf._owner is self and (cuda is None or not cuda.inflight):
             if data is None:
                 native.send_frame(buf, frame_id, timestamp_sof, timestamp_eof)
             else:  # the reference's positional send(buf, frame_id, sof, eof)

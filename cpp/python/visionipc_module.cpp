@@ -334,7 +334,18 @@ VIPC_HOT bool bind_send(PyObject* const* args, Py_ssize_t nargs, PyObject* kwnam
   return p[kBuf] != nullptr;
 }
 
-// send(buf, ...) with a VisionBuf of this server's get_buffer (no cuda): send_frame;
+// A CudaLink with no copy in flight (its `inflight` an empty dict): send(buf) has
+// nothing to wait for (VisionIpcServer._send_buf's finish() would return at once).
+VIPC_HOT bool no_copies_in_flight(PyObject* link) {
+  static PyObject* const inflight_name = PyUnicode_InternFromString("inflight");
+  PyObject* inflight = attr_or_null(link, inflight_name);
+  const bool none = inflight != nullptr && PyDict_CheckExact(inflight) && PyDict_GET_SIZE(inflight) == 0;
+  Py_XDECREF(inflight);
+  return none;
+}
+
+// send(buf, ...) with a VisionBuf of this server's get_buffer (no copy from the GPU in
+// flight): send_frame;
 // send(stream, data, ...) with bytes, for a stream already sent to: send_copy by handle.
 // `data` is VisionBuf (the class).
 VIPC_HOT PyObject* send_hook(PyObject* data, PyObject* self, PyObject* const* args, Py_ssize_t nargs,
@@ -358,7 +369,7 @@ VIPC_HOT PyObject* send_hook(PyObject* data, PyObject* self, PyObject* const* ar
   PyObject* got = nullptr;
   if (Py_TYPE(native) == server_type && frame) {
     PyObject* cuda = attr_or_null(self, cuda_name);
-    if (cuda == Py_None) {
+    if (cuda == Py_None || no_copies_in_flight(cuda)) {
       // the reference's positional send(buf, frame_id, sof, eof) in `data`'s place
       PyObject* const argv[4] = {buf, no_data ? p[kFrameId] : p[kData], no_data ? p[kSof] : p[kFrameId],
                                  no_data ? p[kEof] : p[kSof]};

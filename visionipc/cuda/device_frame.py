@@ -12,7 +12,7 @@ consumer's stream S wait for the copy's event (no host synchronisation at all).
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -195,11 +195,30 @@ class DeviceFrame(DeviceArray):
         self._frame = frame  # received from a pool in device memory: the host record of its buffer and lease
 
     @classmethod
-    def received(cls, frame: VisionBuf, pool: DevicePool, runtime: Runtime) -> DeviceFrame:
-        """A client's frame of a pool in device memory (``frame``: its host record)."""
-        meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
-        ptr = pool.ptr(frame.idx)
-        return cls(ptr, frame.array, frame.geometry, pool.device, pool, None, 0, runtime, meta, pool, frame)
+    def template(cls, frame: VisionBuf, pool: DevicePool, runtime: Runtime) -> PoolTemplate:
+        """What every received frame of ``pool`` shares (made at the first frame of a
+        mapping, ``frame``): ``received`` makes each frame from it with stores alone."""
+        array = frame.array
+        return PoolTemplate(cls, array.shape, array.strides, array.dtype, frame.geometry, pool, runtime)
+
+    @staticmethod
+    def received(frame: VisionBuf, t: PoolTemplate) -> DeviceFrame:
+        """A client's frame of a pool in device memory (``frame``: its host record). The
+        per-frame path, run cold after the client's wake-up: no call but the allocation."""
+        self = t.cls.__new__(t.cls)
+        pool = t.pool
+        self.ptr = pool.base + frame.idx * pool.slot_size
+        self.shape, self.strides, self.dtype, self.device, self.geometry = (
+            t.shape,
+            t.strides,
+            t.dtype,
+            pool.device,
+            t.geometry,
+        )
+        self._owner, self._pool, self._event, self._stream, self._runtime = pool, pool, None, 0, t.runtime
+        self.frame_id, self.timestamp_sof, self.timestamp_eof = frame.frame_id, frame.timestamp_sof, frame.timestamp_eof
+        self.timestamp_publish, self.timestamp_recv, self._frame = frame.timestamp_publish, frame.timestamp_recv, frame
+        return self
 
     @property
     def valid(self) -> bool:
@@ -245,6 +264,18 @@ class DeviceFrame(DeviceArray):
 
     def __repr__(self) -> str:
         return f"<DeviceFrame {self.format} {self.width}x{self.height} frame_id={self.frame_id} on cuda:{self.device}>"
+
+
+class PoolTemplate(NamedTuple):
+    """The shared part of the received frames of one pool in device memory."""
+
+    cls: type[DeviceFrame]
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: np.dtype[Any]
+    geometry: Geometry
+    pool: DevicePool
+    runtime: Runtime
 
 
 class DeviceBuffer:
