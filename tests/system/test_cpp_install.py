@@ -389,3 +389,27 @@ def test_the_docs_producer_and_consumer_meet_as_written(installed, tmp_path):
     for line in frames:
         _, fid, _, _, first = line.split()
         assert int(first) == int(fid) % 256, line
+
+
+def test_the_cpp_consumer_refuses_a_stream_whose_frames_are_in_device_memory(installed):
+    """A pool in device memory (create_buffers(memory="cuda")) carries a CUDA IPC descriptor,
+    not pixels: the C++ API, which reads host frames, refuses it in one line."""
+    from msgq.testing import unique_name
+    from visionipc import VisionIpcServer, _visionipc
+
+    name = unique_name("cam")
+    server = VisionIpcServer(name)
+    server._server().create_buffers("0", 2, 64, 48, "nv12", pool_flags=_visionipc.POOL_IN_DEVICE_MEMORY)
+    server.start_listener()
+    try:
+        proc = subprocess.run(
+            [_find(installed, "vipc_consumer"), "--name", name, "--stream", "0", "--frames", "1", "--check"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    finally:
+        server.close()
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    message = (proc.stdout + proc.stderr).strip()
+    assert "keeps its frames in GPU memory" in message and len(message.splitlines()) == 1, message
