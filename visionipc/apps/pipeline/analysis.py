@@ -11,6 +11,8 @@ import tempfile
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from visionipc.apps.pipeline import cluster, fs, jobs, runs, tables
+from visionipc.apps.pipeline.choices import DROPS, EXPORT, HEALTH, METRICS
+from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError
 
 if TYPE_CHECKING:
@@ -23,8 +25,6 @@ if TYPE_CHECKING:
 Infos = Dict[str, Dict[str, Any]]  # recording name -> its recording.json
 Keys = Dict[str, Tuple[str, Optional[str]]]  # recording name -> (stable id, fingerprint)
 Say = Callable[[str], None]  # the run's step or warning lines
-
-IN_PROGRESS = "recording"  # recording.json status while vipc-record still writes
 
 
 def recording_date(info: Dict[str, Any]) -> Optional[str]:
@@ -44,7 +44,7 @@ def select_recordings(
     from visionipc.apps.pipeline.read import each, recording_infos
 
     infos = {r.recording_id: info for r, info in zip(recs, recording_infos(recs))}
-    partial = [r for r in recs if infos[r.recording_id].get("status") == IN_PROGRESS]
+    partial = [r for r in recs if infos[r.recording_id].get("status") == layout.RECORDING]
     if partial and not args.allow_partial:
         warn(
             f"skipping {len(partial)} recording(s) still being recorded (--allow-partial analyses them): "
@@ -132,11 +132,11 @@ def analyse(
     segments = segment_rows(files)
     res: Dict[str, Any] = {}  # table name -> its rows (pandas)
     kind, value = args.export
-    if "health" in args.jobs or ("export" in args.jobs and kind == "drops"):
+    if HEALTH in args.jobs or (EXPORT in args.jobs and kind == DROPS):
         step("health: fps, drops, latency, jitter, stalls per recording x stream")
         got = jobs.health_pass(spark, files, slots)
         res.update(got)
-        if "health" in args.jobs:
+        if HEALTH in args.jobs:
             for name, table in (
                 ("health", "health"),
                 ("drops", "drops"),
@@ -146,7 +146,7 @@ def analyse(
             ):
                 _write_table(res[table], run.path(f"{name}.parquet"), dates)
             step(f"health: {len(res['health'])} streams, {int(res['health']['dropped'].sum())} dropped frames")
-    if "metrics" in args.jobs:
+    if METRICS in args.jobs:
         step("metrics: in the executors (read from the index where the recorder measured the frames, else decoded)")
         decoded = unmeasured_lossy_streams(recs, infos)
         if decoded:
@@ -161,7 +161,7 @@ def analyse(
         if got["summary"] is not None:
             _write_table(got["summary"], run.path("metrics_summary.parquet"), dates)
             step(f"metrics: {int(got['summary']['frames'].sum())} frames")
-    if "export" in args.jobs:
+    if EXPORT in args.jobs:
         step(f"export: frames selected by {kind}:{value:g}")
         res["manifest"] = jobs.export_pass(
             spark,
@@ -175,7 +175,7 @@ def analyse(
         )
         _write_table(res["manifest"], run.path("export", "manifest.parquet"))
         step(f"export: {len(res['manifest'])} frames written")
-    if "metrics" in args.jobs:  # after the export job, which reads the per-segment files
+    if METRICS in args.jobs:  # after the export job, which reads the per-segment files
         tables.compact_run_metrics(spark, run.path("metrics"))
     write_tables(spark, recs, infos, args, run, res, step, keys)
     shown = {k: _named(v) for k, v in res.items()} if args.incremental else res
@@ -183,14 +183,14 @@ def analyse(
     try:
         report.write_report(
             local,
-            health=shown.get("health") if "health" in args.jobs else None,
-            drops=shown.get("drops") if "health" in args.jobs else None,
+            health=shown.get("health") if HEALTH in args.jobs else None,
+            drops=shown.get("drops") if HEALTH in args.jobs else None,
             timeline=shown.get("timeline"),
             latency_hist=shown.get("latency"),
             metrics_summary=shown.get("metrics_summary"),
             metrics_sample=shown.get("metrics_sample"),
             manifest=shown.get("manifest"),
-            events=shown.get("events") if "health" in args.jobs else None,
+            events=shown.get("events") if HEALTH in args.jobs else None,
             header={"run": run.name, "master": cluster.master_of(spark), "recordings": len(recs), "jobs": args.jobs},
         )
         fs.upload_dir(local, run.stage)
@@ -228,8 +228,8 @@ def write_tables(
         keys = {r.recording_id: (tables.stable_id(r, infos[r.recording_id]), None) for r in recs}
     ids = {name: key[0] for name, key in keys.items() if name in {r.recording_id for r in recs}}
     dates = {name: recording_date(infos[name]) for name in ids}
-    names = [t for t in tables.HEALTH_TABLES if "health" in args.jobs]
-    if "metrics" in args.jobs and res.get("metrics_summary") is not None:
+    names = [t for t in tables.HEALTH_TABLES if HEALTH in args.jobs]
+    if METRICS in args.jobs and res.get("metrics_summary") is not None:
         names += list(tables.METRICS_TABLES)
     if not names:
         return

@@ -14,8 +14,8 @@ from typing import Callable, Optional, Sequence, Tuple, Type
 
 from msgq import add_version_flag, cli
 from visionipc.apps.pipeline import follow
+from visionipc.apps.pipeline.choices import DROPS, EVERY, EXPORT, EXPORT_RULES, IMAGE_FORMATS, JOBS, METRICS, SHARP
 
-JOBS = ("health", "metrics", "export")
 EPILOG = """\
 examples:
   vipc-analyze rec1 rec2 --out results                   # health + metrics
@@ -51,12 +51,12 @@ log = logging.getLogger("vipc-analyze")
 def _export_filter(p, text: str):
     kind, _, value = text.partition(":")
     try:
-        number = float(value) if kind == "sharp" else int(value or 2)
+        number = float(value) if kind == SHARP else int(value or 2)
     except ValueError:
         p.error(f"--export {text!r}: the value after ':' must be a number")
-    if kind not in ("drops", "every", "sharp"):
+    if kind not in EXPORT_RULES:
         p.error(f"--export {kind!r}: use drops:W, every:N or sharp:S")
-    if (kind == "drops" and number < 1) or (kind == "every" and number < 1):
+    if kind in (DROPS, EVERY) and number < 1:
         p.error(f"--export {text!r}: {kind} needs a whole number >= 1")
     return kind, number
 
@@ -105,7 +105,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
         help="frames the export job writes: drops:W (W frames each side of every gap, default drops:2), "
         "every:N (frame ids divisible by N), sharp:S (sharpness >= S; needs the metrics job)",
     )
-    p.add_argument("--image-format", choices=("jpg", "png"), default="jpg")
+    p.add_argument("--image-format", choices=IMAGE_FORMATS, default=IMAGE_FORMATS[0])
     p.add_argument(
         "--skip-empty", action="store_true", help="skip recordings without complete segments instead of failing"
     )
@@ -143,7 +143,7 @@ def parse_args(argv: Optional[Sequence[str]]) -> argparse.Namespace:
     if bad or not args.jobs:
         p.error(f"unknown job(s) {bad} (choose from {', '.join(JOBS)})" if bad else "--jobs is empty")
     args.export = _export_filter(p, args.export)
-    if args.export[0] == "sharp" and "metrics" not in args.jobs and "export" in args.jobs:
+    if args.export[0] == SHARP and METRICS not in args.jobs and EXPORT in args.jobs:
         p.error("--export sharp:S needs the metrics job (--jobs metrics,export)")
     if args.remote and args.master:
         p.error("--remote and --master: choose one (a Spark Connect server has its own master)")

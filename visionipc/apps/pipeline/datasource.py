@@ -33,6 +33,7 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
 from visionipc.apps.pipeline import fs
 from visionipc.apps.pipeline.read import INDEX_ARROW_SCHEMA, INDEX_SPARK_SCHEMA, QUALITY_ARROW_SCHEMA, find_recordings
+from visionipc.apps.record import layout
 from visionipc.apps.record.quality import COLUMNS as METRIC_COLUMNS
 
 if TYPE_CHECKING:
@@ -91,7 +92,7 @@ class VipcReader(DataSourceReader):
         run: List[Tuple[str, str, str]] = []
         size = 0
         for rec in recs:
-            root = fs.join(rec.path, "index")
+            root = fs.join(rec.path, layout.INDEX)
             listing = {rel: n for rel, is_dir, n in fs.listdir(root, recursive=True) if not is_dir}
             for stream, _, path in rec.index_files():
                 if "stream" in self.keep and stream not in self.keep["stream"]:

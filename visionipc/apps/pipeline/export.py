@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any, Iterable, Tuple
 
+from visionipc.apps.pipeline.choices import IMAGE_FORMATS, SHARP
 from visionipc.apps.pipeline.frames import Segment, iter_pictures
 from visionipc.apps.record import layout
 from visionipc.apps.record.checks import RecordingError, check_stream
@@ -35,7 +36,6 @@ MANIFEST_COLUMNS = [
     ("reason", "string"),
 ]
 MANIFEST_SCHEMA = ", ".join(f"{n} {t}" for n, t in MANIFEST_COLUMNS)
-IMAGE_FORMATS = ("jpg", "png")
 
 
 def _with_reason(df, reason: str):
@@ -47,7 +47,7 @@ def _with_reason(df, reason: str):
 
 def select_sharp(metrics_df: DataFrame, min_sharpness: float) -> DataFrame:
     """Frames whose sharpness (variance of the Laplacian) is at least ``min_sharpness``."""
-    return _with_reason(metrics_df.where(f"sharpness >= {float(min_sharpness)!r} AND NOT black"), "sharp")
+    return _with_reason(metrics_df.where(f"sharpness >= {float(min_sharpness)!r} AND NOT black"), SHARP)
 
 
 def select_every_nth(index_df: DataFrame, n: int) -> DataFrame:
@@ -141,7 +141,7 @@ def manifest_frame(rows: Iterable[Tuple[Any, ...]]) -> Any:
     )
 
 
-def export_frames(selection_df: DataFrame, out_dir: str, image_format: str = "jpg") -> DataFrame:
+def export_frames(selection_df: DataFrame, out_dir: str, image_format: str = IMAGE_FORMATS[0]) -> DataFrame:
     """Spark: write the selected frames under ``out_dir`` and return the manifest DataFrame
     (lazy: the images are written when the manifest is computed)."""
     if image_format not in IMAGE_FORMATS:
@@ -159,7 +159,7 @@ def export_frames(selection_df: DataFrame, out_dir: str, image_format: str = "jp
     )
 
 
-def export_job(selection_df: DataFrame, out_dir: str, image_format: str = "jpg") -> Any:
+def export_job(selection_df: DataFrame, out_dir: str, image_format: str = IMAGE_FORMATS[0]) -> Any:
     """``export_frames`` then ``out_dir/manifest.parquet``; returns the manifest as pandas."""
     import pandas as pd
 

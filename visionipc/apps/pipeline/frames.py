@@ -130,7 +130,7 @@ def storage_of(recording_path: str, row: Row) -> Union[Storage, AvStorage]:
     file's extension while the recorder has not described the stream yet)."""
     import cv2
 
-    from visionipc.apps.record.layout import MATROSKA
+    from visionipc.apps.record.layout import MANIFEST
     from visionipc.apps.record.storage import Storage
 
     info = recording_info(Recording("", recording_path)).get("streams", {}).get(row["stream"])
@@ -139,12 +139,12 @@ def storage_of(recording_path: str, row: Row) -> Union[Storage, AvStorage]:
             "format": row["format"],
             "width": int(row["width"]),
             "height": int(row["height"]),
-            "lossless": str(row["segment_file"]).endswith("." + MATROSKA),
+            "lossless": Storage.lossless_file(str(row["segment_file"])),
         }
     try:
         return Storage.from_manifest(cv2, info)
     except (KeyError, ValueError) as e:
-        raise RecordingError(f"{recording_path}/recording.json: stream {row['stream']!r}: {e}") from e
+        raise RecordingError(f"{recording_path}/{MANIFEST}: stream {row['stream']!r}: {e}") from e
 
 
 def luma(image: np.ndarray, kind: str, fmt: str, height: int) -> np.ndarray:

@@ -19,6 +19,7 @@ import numpy as np
 import pandas as pd
 
 from visionipc.apps.pipeline import fs, health, tasks
+from visionipc.apps.pipeline.choices import DROPS, EVERY, IMAGE_FORMATS, SHARP
 from visionipc.apps.pipeline.frames import Segment, iter_pictures, read_segment_index
 
 if TYPE_CHECKING:
@@ -306,7 +307,7 @@ def metrics_pass(
 def _positions(segment: dict, rule: tuple, drops: dict, metrics_root: str | None):
     """``{position: reason}`` of the frames of a segment the export rule selects."""
     kind, value = rule
-    if kind == "sharp":
+    if kind == SHARP:
         import pyarrow.parquet as pq
 
         assert metrics_root is not None  # the sharp rule reads the metrics job's output
@@ -320,10 +321,10 @@ def _positions(segment: dict, rule: tuple, drops: dict, metrics_root: str | None
         except FileNotFoundError:
             return {}
         keep = m[(m["sharpness"] >= value) & ~m["black"]]
-        return {int(p): "sharp" for p in keep["position"]}
+        return {int(p): SHARP for p in keep["position"]}
     index = read_segment_index(segment["index_file"])
     ids = index["frame_id"].to_numpy(np.int64)
-    if kind == "every":
+    if kind == EVERY:
         keep = ids % int(value) == 0
         reason = f"every_{int(value)}"
     else:
@@ -370,7 +371,7 @@ def export_pass(
     *,
     drops: Optional[pd.DataFrame] = None,
     metrics_root: Optional[str] = None,
-    image_format: str = "jpg",
+    image_format: str = IMAGE_FORMATS[0],
 ) -> pd.DataFrame:
     """Write the frames ``rule`` selects (``("drops", W)``, ``("every", N)``, ``("sharp", S)``)
     under ``out_root``; returns the manifest (pandas)."""
@@ -380,7 +381,7 @@ def export_pass(
     if drops is not None:
         for r in drops.itertuples(index=False):
             gaps.setdefault((r.recording_id, r.stream), []).append((int(r.after_frame_id), int(r.next_frame_id)))
-    if rule[0] == "drops":
+    if rule[0] == DROPS:
         segments = [s for s in segments if (s["recording_id"], s["stream"]) in gaps]
     if not segments:
         return pd.DataFrame({n: pd.Series(dtype=object) for n, _ in MANIFEST_COLUMNS})

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
+from visionipc.apps.record import layout
 from visionipc.formats import format_info
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def write_recording(
     streams: Dict[str, Spec],
     *,
     name: str = "synthetic",
-    status: str = "complete",
+    status: str = layout.COMPLETE,
     wall_time: str | None = None,
 ) -> str:
     """Write a recording with vipc-record's own writer and return its path.
@@ -94,7 +95,7 @@ def write_recording(
     """
     import cv2
 
-    from visionipc.apps.record import index, layout
+    from visionipc.apps.record import index
     from visionipc.apps.record.writer import StreamWriter
 
     os.makedirs(path, exist_ok=True)
@@ -181,7 +182,6 @@ def write_index(
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from visionipc.apps.record import layout
     from visionipc.apps.record.index import index_schema
 
     rng = np.random.default_rng(seed)
@@ -218,7 +218,7 @@ def write_index(
                 )
                 pq.write_table(table, os.path.join(rec, layout.index_file(stream, seg)))
         with open(layout.manifest_path(rec), "w") as f:
-            json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": "complete"}, f)
+            json.dump({"format_version": 1, "name": f"rec{r}", "streams": {}, "status": layout.COMPLETE}, f)
         out.append(rec)
     return out
 

@@ -180,8 +180,8 @@ def _read_tables(folder: str, kind: str, name: str, schema: Any) -> Table:
 def read_index(folder: str, stream: str) -> Table:
     """The whole frame index of one stream (a pyarrow Table, rows in recorded order);
     every file opened by checks.open_file (a regular file inside ``folder``)."""
-    return _read_tables(folder, "index", stream, index_schema())
+    return _read_tables(folder, layout.INDEX, stream, index_schema())
 
 
 def read_topic(folder: str, topic: str) -> Table:
-    return _read_tables(folder, "topics", topic, topic_schema())
+    return _read_tables(folder, layout.TOPICS, topic, topic_schema())

@@ -26,6 +26,8 @@ TABLE_EXT = "parquet"
 # media files' extensions (media_file): Matroska, MCAP (--format mcap; topics' too), and the
 # OpenCV format's lossy MP4 (storage.py)
 MATROSKA, MCAP, MP4 = "mkv", "mcap", "mp4"
+# MANIFEST's "status": while vipc-record writes, then how the recording ended
+RECORDING, COMPLETE, FAILED = "recording", "complete", "failed"
 
 
 def segment_name(segment: int, ext: str) -> str:

@@ -59,7 +59,8 @@ printed, as are gaps in frame ids.
 """
 
 
-FRAME_METRICS = ("lossy", "all", "none")
+# --frame-metrics -> StreamWriter's measure (None: for lossy streams only)
+FRAME_METRICS = {"lossy": None, "all": True, "none": False}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     codecs.add_codec_args(p)
     p.add_argument(
         "--frame-metrics",
-        choices=FRAME_METRICS,
+        choices=list(FRAME_METRICS),
         default="lossy",
         help="measure brightness/contrast/sharpness/motion of each frame as captured and keep them in the index: "
         "for lossy streams (default: the analysis then sees the frames before the codec changed them), "
@@ -355,11 +356,11 @@ def run(args: argparse.Namespace) -> int:
             "clock": "CLOCK_MONOTONIC",
             "start": index.clock_now(),
             "stop": None,
-            "status": "recording",
+            "status": layout.RECORDING,
         }
         for client, storage in zip(clients, storages):
             fmt, w, h = client.format, client.width, client.height
-            measure = {"lossy": None, "all": True, "none": False}[args.frame_metrics]  # None: if lossy
+            measure = FRAME_METRICS[args.frame_metrics]
             writer = StreamWriter(cv2, args.out, str(client.stream), storage, args.segment_seconds, measure)
             recorders.append(StreamRecorder(client, storage, writer, args.frames, stop))
             manifest["streams"][str(client.stream)] = {
@@ -397,7 +398,7 @@ def run(args: argparse.Namespace) -> int:
             manifest["streams"][r.writer.stream].update(r.summary())
         failed = [r for r in recorders + topics if r.error]
         full = next((disk_full(r.error) for r in failed if disk_full(r.error)), None)
-        manifest["stop"], manifest["status"] = index.clock_now(), "failed" if failed else "complete"
+        manifest["stop"], manifest["status"] = index.clock_now(), layout.FAILED if failed else layout.COMPLETE
         if failed:
             manifest["error"] = printable(f"{type(failed[0].error).__name__}: {failed[0].error}")
         if full is not None:

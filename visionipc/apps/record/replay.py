@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence
 
 from msgq.tooling import printable
 from visionipc.apps._cli import Stopper, UsageError, add_wait_clients, add_wake, need, run_command
-from visionipc.apps.record import codecs, index
+from visionipc.apps.record import codecs, index, layout
 from visionipc.apps.record.checks import RecordingError
 from visionipc.apps.record.playback import Decoder, serve
 from visionipc.apps.record.reader import open_video
@@ -114,7 +114,7 @@ def _storages(cv2, folder, recorded, streams, tables) -> dict:
         try:
             storages[s] = Storage.from_manifest(cv2, recorded[s])
         except ValueError as e:
-            raise RecordingError(f"{folder}/recording.json: stream {s!r}: {e}") from None
+            raise RecordingError(f"{folder}/{layout.MANIFEST}: stream {s!r}: {e}") from None
         first = tables[s].column("segment_file")[0].as_py()
         if storages[s].uses_av:  # its first frame decodes to the size recording.json gives
             with contextlib.closing(codecs.iter_decoded(folder, [(first, 0)], storages[s])) as frames:

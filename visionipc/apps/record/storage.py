@@ -104,6 +104,11 @@ class Storage:
             return
         pixels.unpack(image, buf)
 
+    @staticmethod
+    def lossless_file(segment_file: str) -> bool:
+        """Whether a segment file of this format is its lossless storage (by its extension)."""
+        return segment_file.endswith("." + LOSSLESS[1])
+
     @classmethod
     def from_manifest(cls, cv2: Any, info: Dict[str, Any]) -> Union["Storage", codecs.AvStorage]:
         """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage."""
