@@ -2,7 +2,7 @@
 
 import time
 import types
-from typing import TYPE_CHECKING, Any, Iterable, Optional, Set, Tuple, Union, cast
+from typing import TYPE_CHECKING, Any, Dict, Iterable, Optional, Set, Tuple, Union, cast
 
 import numpy as np
 
@@ -73,6 +73,7 @@ class VisionIpcClient(Closeable):
         self._in_device = False
         self._device_pool: Optional[DevicePool] = None
         self._device_frames: Optional[PoolTemplate] = None  # what the pool's DeviceFrames share
+        self._host_ptrs: Dict[int, int] = {}  # cuda=True: buffer index -> its address in the mapping now
         self._native: Optional[_visionipc.Client] = _visionipc.Client(
             self.name, self._key, bool(conflate), **run_options(), trusted_uids=[int(u) for u in trusted_uids]
         )
@@ -220,6 +221,7 @@ class VisionIpcClient(Closeable):
         self._views = ViewCache(Geometry(*native.geometry()), native.count, native.view) if native.count else None
         # a pool in device memory of the old mapping goes with its last frame (DeviceFrames keep it)
         self._device_pool, self._device_frames = None, None
+        self._host_ptrs.clear()
         self._in_device = bool(native.pool_flags & _IN_DEVICE)
         self._check_frames_readable(native)
         if self._cuda is not None and native.count and not self._in_device:
@@ -265,7 +267,17 @@ class VisionIpcClient(Closeable):
                 raise IpcError(
                     f"frame {buf.frame_id} is no longer in its buffer (the server reused it): copy a newer frame"
                 )
-        return link.copy_to_device(buf, out, stream, source=source)
+        if source is not None:
+            return link.copy_to_device(buf, out, stream, src=source[0], kind=source[1])
+        # the host address of the frame's buffer: asked once per buffer of a mapping
+        views = self._views
+        current = views is not None and buf._views is views.made[buf.idx]
+        src = self._host_ptrs.get(buf.idx) if current else None
+        if src is None:
+            src = buf.as_array().ctypes.data
+            if current:
+                self._host_ptrs[buf.idx] = src
+        return link.copy_to_device(buf, out, stream, src=src)
 
     def _geometry(self, field: str) -> Any:
         native = self._native

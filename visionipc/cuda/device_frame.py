@@ -195,11 +195,31 @@ class DeviceFrame(DeviceArray):
         self._frame = frame  # received from a pool in device memory: the host record of its buffer and lease
 
     @classmethod
-    def template(cls, frame: VisionBuf, pool: DevicePool, runtime: Runtime) -> PoolTemplate:
-        """What every received frame of ``pool`` shares (made at the first frame of a
-        mapping, ``frame``): ``received`` makes each frame from it with stores alone."""
+    def template(cls, frame: VisionBuf, pool: DevicePool | None, runtime: Runtime) -> PoolTemplate:
+        """What the frames of one mapping share (made from one of them, ``frame``):
+        ``received`` (a pool in device memory's) and ``copied`` (``to_device``'s) make
+        each frame from it with stores alone."""
         array = frame.array
         return PoolTemplate(cls, array.shape, array.strides, array.dtype, frame.geometry, pool, runtime)
+
+    @staticmethod
+    def copied(
+        frame: VisionBuf, t: PoolTemplate, ptr: int, device: int, owner: object, event: Any, stream: int
+    ) -> DeviceFrame:
+        """``frame`` copied into device memory at ``ptr`` (the copy's ``event`` on ``stream``)."""
+        self = t.cls.__new__(t.cls)
+        self.ptr, self.shape, self.strides, self.dtype, self.device, self.geometry = (
+            ptr,
+            t.shape,
+            t.strides,
+            t.dtype,
+            device,
+            t.geometry,
+        )
+        self._owner, self._pool, self._event, self._stream, self._runtime = owner, None, event, stream, t.runtime
+        self.frame_id, self.timestamp_sof, self.timestamp_eof = frame.frame_id, frame.timestamp_sof, frame.timestamp_eof
+        self.timestamp_publish, self.timestamp_recv, self._frame = frame.timestamp_publish, frame.timestamp_recv, None
+        return self
 
     @staticmethod
     def received(frame: VisionBuf, t: PoolTemplate) -> DeviceFrame:
@@ -207,6 +227,7 @@ class DeviceFrame(DeviceArray):
         per-frame path, run cold after the client's wake-up: no call but the allocation."""
         self = t.cls.__new__(t.cls)
         pool = t.pool
+        assert pool is not None  # a received frame's template names its pool
         self.ptr = pool.base + frame.idx * pool.slot_size
         self.shape, self.strides, self.dtype, self.device, self.geometry = (
             t.shape,
@@ -267,14 +288,15 @@ class DeviceFrame(DeviceArray):
 
 
 class PoolTemplate(NamedTuple):
-    """The shared part of the received frames of one pool in device memory."""
+    """What the DeviceFrames of one mapping share (``pool``: its memory on the device, for
+    the received frames of a pool in device memory; None for copies)."""
 
     cls: type[DeviceFrame]
     shape: tuple[int, ...]
     strides: tuple[int, ...]
     dtype: np.dtype[Any]
     geometry: Geometry
-    pool: DevicePool
+    pool: DevicePool | None
     runtime: Runtime
 
 

@@ -38,6 +38,7 @@ from visionipc.cuda import _runtime
 from visionipc.cuda.device_frame import DeviceBuffer, DeviceFrame, device_source, external_buffer
 
 if TYPE_CHECKING:
+    from visionipc.cuda.device_frame import PoolTemplate
     from visionipc.frame import VisionBuf
 
 EVENTS = 8  # events in the ring: a copy's event is reused EVENTS copies later (long done by then)
@@ -66,6 +67,9 @@ class CudaLink:
         ] = {}  # key -> (address, length, keepalive) of a registered span
         self._pid = os.getpid()
         self._verified: Set[int] = set()  # device pointers of callers' buffers found on self.device
+        self._out: Any = None  # the last out= of copy_to_device, found to hold _out_size bytes at _out_ptr
+        self._out_ptr = self._out_size = 0
+        self._template: PoolTemplate | None = None  # of the last geometry copied
         self._thread = threading.local()  # .current: this thread made self.device current
 
     def _current(self) -> None:
@@ -115,25 +119,36 @@ class CudaLink:
         out: Any = None,
         stream: Any = None,
         key: Hashable = "lease",
-        source: tuple[int, str] | None = None,
+        src: int | None = None,
+        kind: str = _runtime.HOST_TO_DEVICE,
     ) -> DeviceFrame:
         """Submit the copy of ``frame`` (whose lease the caller holds) into device
         memory; the returned DeviceFrame is ready once its event completes.
-        ``source``: (pointer, kind) of the frame's bytes, if not the host pool's
-        (a pool in device memory: device to device)."""
+        ``src``: the address of the frame's bytes (default: its host view's), ``kind``
+        the copy's (device to device from a pool in device memory).
+
+        The per-frame path, run cold at a camera's pace: a caller's ``out=`` is checked
+        the first time it is given (the last one is kept: its memory cannot move while
+        it lives), and the DeviceFrame is made from a template per geometry."""
         rt, size = self.runtime, frame.geometry.size
-        src, kind = (frame.as_array().ctypes.data, _runtime.HOST_TO_DEVICE) if source is None else source
+        if src is None:
+            src = frame.as_array().ctypes.data
         self._current()
         if out is None:
             dst = DeviceBuffer(rt, self.device, size)
             ptr, owner = dst.ptr, dst
+        elif out is self._out and size <= self._out_size:
+            ptr, owner = self._out_ptr, out
         else:
             ptr, owner = external_buffer(out, size, self.device, rt, self._verified)
+            self._out, self._out_ptr, self._out_size = out, ptr, size
         s = self.stream if stream is None else _runtime.stream_handle(stream)
         rt.memcpy_async(ptr, src, size, kind, s)
         event = self._record(key, s)
-        meta = (frame.frame_id, frame.timestamp_sof, frame.timestamp_eof, frame.timestamp_publish, frame.timestamp_recv)
-        return DeviceFrame(ptr, frame.array, frame.geometry, self.device, owner, event, s, rt, meta)
+        t = self._template
+        if t is None or t.geometry is not frame.geometry:
+            t = self._template = DeviceFrame.template(frame, None, rt)
+        return DeviceFrame.copied(frame, t, ptr, self.device, owner, event, s)
 
     def copy_from_device(
         self, buf: VisionBuf, array: Any, stream: Any = None, dest: tuple[int, str] | None = None
@@ -192,7 +207,7 @@ class CudaLink:
             handle, event.handle = event.handle, None
             assert handle is not None  # each destroyed once: the list is emptied below
             rt.event_destroy(handle)
-        self._events = []
+        self._events, self._out, self._template = [], None, None
         if self.stream:
             rt.stream_destroy(self.stream)
             self.stream = 0
