@@ -19,6 +19,8 @@ APT_PACKAGES+=(chromium chromium-driver)
 command -v java >/dev/null || APT_PACKAGES+=(openjdk-17-jre-headless)
 # the fuzz targets (cpp/fuzz) need clang and its libFuzzer runtime
 APT_PACKAGES+=(clang libclang-rt-14-dev)
+# tests/system/test_wheel.py compiles its wheels through ccache (cache in build/ccache)
+APT_PACKAGES+=(ccache)
 
 missing=()
 command -v g++ >/dev/null || missing+=(g++)
@@ -31,6 +33,7 @@ command -v chromedriver >/dev/null || missing+=(chromium-driver)
 # the Spark pipeline (vipc-analyze) runs PySpark on a Java 17+ runtime
 command -v java >/dev/null || missing+=(openjdk-17-jre-headless)
 command -v clang++ >/dev/null || missing+=(clang)
+command -v ccache >/dev/null || missing+=(ccache)
 "$PY" -c "import venv, ensurepip" 2>/dev/null || missing+=(python3-venv)
 "$PY" -c "import sysconfig, os, sys; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()['include'], 'Python.h')))" \
   || missing+=(python3-dev)
