@@ -511,8 +511,8 @@ PYBIND11_MODULE(_visionipc, m) {
             s.create_buffers(stream, count, vipc::visionipc::custom_geometry(w, h, size, stride, uv_offset),
                              pool_flags);
           },
-          py::arg("stream"), py::arg("count"), py::arg("width"), py::arg("height"), py::arg("size"),
-          py::arg("stride"), py::arg("uv_offset"), py::arg("pool_flags") = 0)
+          py::arg("stream"), py::arg("count"), py::arg("width"), py::arg("height"), py::arg("size"), py::arg("stride"),
+          py::arg("uv_offset"), py::arg("pool_flags") = 0)
       .def("get_buffer",
            [](Server& s, const std::string& stream) {
              const vipc::visionipc::Acquired a = s.get_buffer(stream);

@@ -236,8 +236,7 @@ uint64_t Server::generation(const std::string& stream, uint32_t index) const {
   return index < s.layout.count ? s.generation[index] : 0;
 }
 
-void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry,
-                            uint32_t pool_flags) {
+void Server::create_buffers(const std::string& stream, uint32_t count, const Geometry& geometry, uint32_t pool_flags) {
   const common::UseOrClosed call = use();
   check_open();
   check_name("stream name", stream);

@@ -122,6 +122,7 @@ def export_pool(runtime: Runtime, device: int, count: int, slot_size: int) -> tu
     base = runtime.malloc(size)
     try:
         runtime.memset(base, 0, size)
+        runtime.stream_sync(0)  # cudaMemset is asynchronous: done before any stream writes a frame
         handle = runtime.ipc_get_handle(base)
         uuid = runtime.device_uuid(device)
     except BaseException:

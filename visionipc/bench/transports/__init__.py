@@ -94,7 +94,7 @@ TRANSPORTS = {
     "visionipc-cuda-pool": (
         "vipc_cuda_pool",
         'visionipc pool in device memory (create_buffers(memory="cuda")): DeviceFrames through CUDA IPC, no copy (GPU)',
-        lambda: None if _cuda_available() else "no CUDA device (visionipc.cuda.available() is False)",
+        lambda: _cuda_pool_unavailable(),  # defined below
     ),
     "naive-cuda": ("cuda_naive", "cupy.asarray(frame.array): pageable host memory to the GPU", "cupy"),
     "pinned-staging": (
@@ -109,6 +109,17 @@ def _cuda_available() -> bool:
     from visionipc import cuda
 
     return cuda.available()
+
+
+def _cuda_pool_unavailable() -> Optional[str]:
+    """visionipc-cuda-pool's producer writes its frames with CuPy (as a GPU producer's kernels would)."""
+    if not _cuda_available():
+        return "no CUDA device (visionipc.cuda.available() is False)"
+    try:
+        importlib.import_module("cupy")
+    except ImportError:
+        return "cupy not installed (its producer writes the frames on the GPU with CuPy)"
+    return None
 
 
 HANDOFF = "visionipc-handoff"  # VisionIpcServer(wake="handoff"): the report gives it the 8-client targets too
