@@ -214,3 +214,17 @@ def test_record_with_each_codec_then_replay_and_analyse(spark, tmp_path):  # noq
     assert sorted(health["recording_id"]) == sorted(RECORDINGS)
     assert set(health["frames"]) == {FRAMES}
     assert len(pd.read_parquet(os.path.join(run, "metrics"))) == FRAMES * len(RECORDINGS)
+
+
+@pytest.mark.parametrize("codec", ["h264", "mp4v"])  # PyAV's storage, and the OpenCV format's
+def test_a_manifest_whose_stored_as_does_not_match_its_format_is_refused(codec):
+    import cv2
+
+    from visionipc.apps.record.storage import Storage
+
+    made = codecs.AvStorage("nv12", W, H, codec) if codec != codecs.LEGACY else Storage(cv2, "nv12", W, H, False)
+    info = dict(made.describe(), format="nv12", width=W, height=H)
+    assert type(Storage.from_manifest(cv2, info)) is type(made)
+    wrong = pixels.GRAY if made.kind != pixels.GRAY else pixels.PLANES
+    with pytest.raises(ValueError, match=f"stored_as '{wrong}' does not match format nv12"):
+        Storage.from_manifest(cv2, dict(info, stored_as=wrong))

@@ -111,10 +111,13 @@ class Storage:
 
     @classmethod
     def from_manifest(cls, cv2: Any, info: Dict[str, Any]) -> Union["Storage", codecs.AvStorage]:
-        """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage."""
+        """The stream's storage; PyAV codecs (codecs.CODECS) give a codecs.AvStorage. Either
+        must store the format as recording.json's ``stored_as`` says (where it says)."""
+        storage: Union[Storage, codecs.AvStorage]
         if info.get("codec") in codecs.CODECS:
-            return codecs.AvStorage.from_manifest(info)
-        storage = cls(cv2, info["format"], info["width"], info["height"], info.get("lossless", False))
+            storage = codecs.AvStorage.from_manifest(info)
+        else:
+            storage = cls(cv2, info["format"], info["width"], info["height"], info.get("lossless", False))
         if storage.kind != info.get("stored_as", storage.kind):
             raise ValueError(f"stored_as {info.get('stored_as')!r} does not match format {info['format']}")
         return storage
