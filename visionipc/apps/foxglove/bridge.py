@@ -95,13 +95,15 @@ class StreamPump(threading.Thread):
         super().__init__(daemon=True)
         import foxglove.messages as messages
 
+        from visionipc.apps.foxglove.hub import IMAGE_CHANNEL, VIDEO_CHANNEL  # loaded: ``hub`` exists
+
         self.client, self.encoding, self.quality, self.stop, self.hub = client, encoding, quality, stop, hub
         self.stream, self.messages = str(client.stream), messages
         kind = messages.CompressedVideo if encoding == VIDEO else messages.CompressedImage
         schema = kind.get_schema()
         self.channel = hub.add_channel(
             f"/{self.stream}",
-            "video" if encoding == VIDEO else "image",
+            VIDEO_CHANNEL if encoding == VIDEO else IMAGE_CHANNEL,
             "protobuf",
             schema.name,
             schema.encoding,
@@ -179,15 +181,16 @@ class TopicPump(threading.Thread):
     def __init__(self, topic: str, hub: "Hub", stop: threading.Event) -> None:
         super().__init__(daemon=True)
         import msgq
+        from visionipc.apps.foxglove.hub import RAW_CHANNEL  # loaded: ``hub`` exists
 
         self.topic, self.stop, self.hub = topic, stop, hub
         self.sock = msgq.sub_sock(topic, timeout=RECV_MS)
         schema = msgq.topic_schema(topic)  # declared by its publisher (msgq.Schema), else raw bytes
         if schema is None:
-            self.channel = hub.add_channel(f"/{topic}", "raw", "raw", "msgq.raw")
+            self.channel = hub.add_channel(f"/{topic}", RAW_CHANNEL, "raw", "msgq.raw")
         else:
             self.channel = hub.add_channel(
-                f"/{topic}", "raw", schema.message_encoding, schema.name, schema.encoding, schema.data
+                f"/{topic}", RAW_CHANNEL, schema.message_encoding, schema.name, schema.encoding, schema.data
             )
         self.sent = 0
         self.error: Optional[BaseException] = None

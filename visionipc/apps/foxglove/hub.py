@@ -52,6 +52,8 @@ RAW_QUEUE = (256, 4 << 20)  # messages, bytes
 MAX_CLIENT_MESSAGE = 64 << 10
 MAX_BAD_MESSAGES = 100  # then the client is closed (1008 policy violation)
 ERROR = 2  # status level
+# Channel.kind, which sets how a slow client's queue drops (Client.offer)
+IMAGE_CHANNEL, VIDEO_CHANNEL, RAW_CHANNEL = "image", "video", "raw"
 
 
 class Message(NamedTuple):
@@ -125,7 +127,7 @@ class Subscription:
         self.queue: Deque[Message] = collections.deque()
         self.bytes = 0
         self.sent = self.dropped = 0
-        self.need_keyframe = channel.kind == "video"
+        self.need_keyframe = channel.kind == VIDEO_CHANNEL
 
     def report(self) -> SubscriptionReport:
         return {"topic": self.channel.topic, "sent": self.sent, "dropped": self.dropped, "queued": len(self.queue)}
@@ -151,11 +153,11 @@ class Client:
     def offer(self, sub: Subscription, msg: Message) -> None:
         """Queue ``msg`` for ``sub``, dropping (and counting) what it makes stale."""
         kind, queue = sub.channel.kind, sub.queue
-        if kind == "image":
+        if kind == IMAGE_CHANNEL:
             sub.dropped += len(queue)
             queue.clear()
             sub.bytes = 0
-        elif kind == "video":
+        elif kind == VIDEO_CHANNEL:
             if sub.need_keyframe and not msg.keyframe:
                 sub.dropped += 1
                 return
@@ -169,7 +171,7 @@ class Client:
             sub.need_keyframe = False
         queue.append(msg)
         sub.bytes += len(msg.payload)
-        while kind == "raw" and (len(queue) > RAW_QUEUE[0] or sub.bytes > RAW_QUEUE[1]):
+        while kind == RAW_CHANNEL and (len(queue) > RAW_QUEUE[0] or sub.bytes > RAW_QUEUE[1]):
             sub.bytes -= len(queue.popleft().payload)
             sub.dropped += 1
         self.wake.set()
@@ -264,7 +266,7 @@ class Client:
                 sub = Subscription(sub_id, channel, self)
                 self.subs[sub_id] = sub
                 channel.subscribers.add(sub)
-                if channel.kind == "video":  # it decodes from a keyframe: ask for one now
+                if channel.kind == VIDEO_CHANNEL:  # it decodes from a keyframe: ask for one now
                     channel.keyframe_wanted.set()
 
     async def unsubscribe(self, ids: object) -> None:
