@@ -269,7 +269,10 @@ def test_two_threads_sending_on_one_publisher_get_a_clear_error_and_no_torn_mess
         t.join()
     for e in errors:
         assert type(e) is msgq.IpcError and "another thread is inside a send()" in str(e), repr(e)
-    assert received and all(received.count(tag) <= sent.count(tag) for tag in (1, 2))  # the ring may lap us
+    # The ring may lap the reader: a reader overwritten is reset to the newest message (the
+    # reference's rule), so one starved by a loaded machine (2 of 25 runs beside stress-ng)
+    # may see none of the race's messages; what it sees is whole, and "after" reaches it.
+    assert sent and all(received.count(tag) <= sent.count(tag) for tag in (1, 2))
     pub.send(b"after")
     assert sub.receive() == b"after"
     sub.close()
