@@ -148,7 +148,9 @@ def test_a_slow_viewer_skips_frames_and_frames_are_encoded_once_not_per_viewer(n
         # whatever the viewer count (+1: a snapshot of the counters may fall between
         # receiving a frame and encoding it).
         assert 0 < encoded <= received + 1 and received <= after["frame_id"] - before["frame_id"]
-        assert after["frame_id"] <= sent_before + sent  # nothing the producer has not sent
+        # nothing the producer has not sent (+1: it counts a frame once send() returned, and
+        # the viewer may hold that frame a moment before: seen once beside stress-ng, 169 > 168)
+        assert after["frame_id"] <= sent_before + sent + 1
         for reader in fast:
             assert len(reader.frame_ids) >= encoded // 3, (len(reader.frame_ids), encoded)
             assert reader.frame_ids == sorted(set(reader.frame_ids))
