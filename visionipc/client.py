@@ -194,12 +194,12 @@ class VisionIpcClient(Closeable):
         """At the first frame of a mapping whose pool is in device memory: map that memory
         into this process and make what its DeviceFrames share."""
         from visionipc.cuda.device_frame import DeviceFrame
-        from visionipc.cuda.device_pool import import_pool
+        from visionipc.cuda.device_pool import import_pool, slot_size
 
         link = self._cuda
         assert link is not None  # _check_frames_readable refused the stream otherwise
         geometry = Geometry(*native.geometry())
-        slot = -(-geometry.size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
+        slot = slot_size(geometry.size)
         buffer0 = np.frombuffer(cast(Any, native.view(0)), np.uint8)  # a View: the buffer protocol
         pool = self._device_pool = import_pool(link.runtime, buffer0, native.count, slot)
         t = self._device_frames = DeviceFrame.template(f, pool, link.runtime)

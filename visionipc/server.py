@@ -157,11 +157,11 @@ class VisionIpcServer(Closeable):
     def _create_in_device(self, key: str, count: int, size: int, create: Callable[[int], None]) -> None:
         """The device allocation first (so a refusal leaves nothing), then the stream with
         the flag that tells its clients, then the descriptor they read at their first frame."""
-        from visionipc.cuda.device_pool import export_pool, write_descriptor
+        from visionipc.cuda.device_pool import export_pool, slot_size, write_descriptor
 
         link = self._cuda
         assert link is not None  # made by _in_device_memory
-        slot = -(-size // _visionipc.BUFFER_ALIGN) * _visionipc.BUFFER_ALIGN
+        slot = slot_size(size)
         pool, descriptor = export_pool(link.runtime, link.device, count, slot)
         try:
             create(_visionipc.POOL_IN_DEVICE_MEMORY)

@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Callable, Dict
 import numpy as np
 
 from msgq.errors import IpcError
+from visionipc import _visionipc
 from visionipc.cuda._runtime import CudaError, Runtime
 
 if TYPE_CHECKING:
@@ -50,6 +51,13 @@ HOST, CUDA = "host", "cuda"  # create_buffers(memory=...)
 
 _exported: Dict[bytes, DevicePool] = {}  # IPC handle -> the pool, of the pools this process exports
 _lock = threading.Lock()
+
+
+def slot_size(buffer_size: int) -> int:
+    """The bytes between two buffers of a pool (the core's layout: each buffer starts on a
+    BUFFER_ALIGN boundary); the device allocation mirrors it."""
+    align = _visionipc.BUFFER_ALIGN
+    return -(-buffer_size // align) * align
 
 
 class DevicePool:
