@@ -20,7 +20,7 @@ import subprocess
 import tempfile
 
 import pytest
-from repo import ROOT
+from repo import BUILD_TIMEOUT, ROOT
 
 STRESS_SECONDS = "2"
 
@@ -69,6 +69,11 @@ def _configure(variant, build_dir):
         "-DVIPC_WERROR=ON",  # a new compiler warning fails the suite
         f"-DVIPC_SANITIZE={VARIANTS[variant]}",
     ]
+    if VARIANTS[variant]:
+        # -O1, the sanitizers' own advice: full reports at half the compile time of -O3
+        # (105 s -> 53 s for the AddressSanitizer build on 2 cores); the plain build
+        # keeps Release's -O3, the one users get.
+        cmd.append("-DCMAKE_CXX_FLAGS_RELEASE=-O1 -DNDEBUG")
     if shutil.which("ninja"):
         cmd += ["-G", "Ninja"]
     return _run(cmd, timeout=120)
@@ -90,7 +95,9 @@ def _build(variant):
             rc, out = _configure(variant, build_dir)
         if rc != 0:
             pytest.fail(f"cmake configure ({variant}) failed:\n{out}")
-        rc, out = _run(["cmake", "--build", str(build_dir), "-j2", "--target", *TARGETS[variant]], timeout=280)
+        rc, out = _run(
+            ["cmake", "--build", str(build_dir), "-j2", "--target", *TARGETS[variant]], timeout=BUILD_TIMEOUT
+        )
         if rc != 0:
             pytest.fail(f"C++ build ({variant}) failed:\n{out[-8000:]}")
     return build_dir / "cpp" / "tests"

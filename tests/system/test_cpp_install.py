@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 import pytest
-from repo import ROOT
+from repo import BUILD_TIMEOUT, ROOT
 
 BUILD = ROOT / "build"
 PREFIX = BUILD / "cpp-install-prefix"
@@ -45,7 +45,7 @@ def installed():
         dev = BUILD / "dev"
         if not (dev / "CMakeCache.txt").exists():
             pytest.fail("build/dev is missing: run tools/setup.sh first")
-        _run(["cmake", "--build", dev, "--target", "visionipc", "visionipc_static"])
+        _run(["cmake", "--build", dev, "--target", "visionipc", "visionipc_static"], timeout=BUILD_TIMEOUT)
         shutil.rmtree(PREFIX, ignore_errors=True)
         _run(["cmake", "--install", dev, "--prefix", PREFIX])
         # One project outside the tree: the examples and the compatibility suite.
@@ -71,7 +71,7 @@ def installed():
                 "-DCMAKE_BUILD_TYPE=Release",
             ]
         )
-        _run(["cmake", "--build", CONSUMER_BUILD / "out", "-j2"], timeout=400)
+        _run(["cmake", "--build", CONSUMER_BUILD / "out", "-j2"], timeout=BUILD_TIMEOUT)
     return CONSUMER_BUILD / "out"
 
 

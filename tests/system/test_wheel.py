@@ -23,7 +23,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from repo import ROOT, TOOLS
+from repo import BUILD_TIMEOUT, ROOT, TOOLS
 
 OUT = ROOT / "build" / "wheel-test"
 VENV = ROOT / "build" / "wheel-test-venv"
@@ -66,7 +66,7 @@ def _run(cmd, timeout=600, **kw):
 @pytest.fixture(scope="module")
 def built():
     """tools/build_wheels.sh's output folder and its log (stdout: auditwheel show's report last)."""
-    log = _run(["bash", TOOLS / "build_wheels.sh", "--out", OUT], env=_build_env())
+    log = _run(["bash", TOOLS / "build_wheels.sh", "--out", OUT], timeout=BUILD_TIMEOUT, env=_build_env())
     return OUT, log
 
 
@@ -157,7 +157,7 @@ def test_cpp_programs_build_against_the_installed_wheel_with_cmake_and_pkg_confi
         'if(TARGET visionipc::visionipc_static)\n  message(FATAL_ERROR "a wheel has no static library")\nendif()\n'
     )
     _run(["cmake", "-S", project, "-B", project / "out", f"-DCMAKE_PREFIX_PATH={site}"], timeout=300)
-    _run(["cmake", "--build", project / "out"], timeout=300)
+    _run(["cmake", "--build", project / "out"], timeout=BUILD_TIMEOUT)
     env = dict(os.environ, PKG_CONFIG_PATH=f"{site}/visionipc/lib/pkgconfig")
     flags = _run(["pkg-config", "--cflags", "--libs", "visionipc"], env=env).split()
     libdir = _run(["pkg-config", "--variable=libdir", "visionipc"], env=env).strip()
@@ -177,7 +177,7 @@ def test_cpython_3_10_gets_its_own_wheel_that_passes_the_docs_outside_the_checko
     python = _pyenv_python("3.10")
     log = _run(
         ["bash", TOOLS / "build_wheels.sh", "--python", python, "--out", OLDEST_OUT],
-        timeout=1200,
+        timeout=BUILD_TIMEOUT,
         env=_build_env(),
     )
     (wheel,) = OLDEST_OUT.glob("visionipc-*.whl")
