@@ -26,10 +26,11 @@ def listing() -> set[str]:
 
 # Names under which a run scopes its files by a prefix of its own: msgq segments
 # (``msgq@<prefix>@...``) and vipc-bench's (``vipcb<run>_...`` for its shm+pipe and
-# iceoryx2 peers, ``msgq_visionipc_rvipcb<run>_...`` for the reference's; tests/system/test_fuzz.py's
-# own temporary folder ``vipc-fuzz-*``). A file under one
+# iceoryx2 peers, ``msgq_visionipc_rvipcb<run>_...`` for the reference's; the private temporary
+# folders of tests/system/test_fuzz.py ``vipc-fuzz-*``, test_cpp.py ``vipc-cpp-*`` and
+# test_security.py ``vipc-group-*``, each removed by the test that made it). A file under one
 # of them counts only when the test names its prefix: a neighbour's run makes them too.
-SCOPED = ("msgq@", "vipcb", "msgq_visionipc_rvipcb", "vipc-fuzz-")
+SCOPED = ("msgq@", "vipcb", "msgq_visionipc_rvipcb", "vipc-fuzz-", "vipc-cpp-", "vipc-group-")
 
 
 def added(before: set[str], *prefixes: str, files: tuple[str, ...] = ()) -> set[str]:

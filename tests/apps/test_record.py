@@ -292,7 +292,10 @@ def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
     camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50, "--frames", 10, "--wait-clients", 1)
     recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 2, "--lossless")
     assert finish(camera)[0] == 0
-    camera = start(CAMERA, "--name", name, "--stream", "s", "--width", 128, "--height", 64, "--fps", 50, "--frames", 10)
+    # the restarted camera sends once the recorder is back (under load it could otherwise
+    # send its 10 frames before the recorder reconnects, leaving nothing to count)
+    resized = ("--width", 128, "--height", 64, "--fps", 50, "--frames", 10, "--wait-clients", 1)
+    camera = start(CAMERA, "--name", name, "--stream", "s", *resized)
     assert finish(camera)[0] == 0
     rc, _, err = finish(recorder)
     assert rc == 0, err
