@@ -85,6 +85,35 @@ def _longest_first(items):
     return sorted(items, key=lambda item: rank[item.path])  # stable: files keep their order
 
 
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """tools/test.sh's ``--dist loadfile``, with one file queued per worker, not several."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class OneFileAhead(LoadFileScheduling):
+        """pytest-xdist's loadfile hands a worker its next file while it has up to 2 tests
+        left, so a file of one or two long tests (a Spark streaming test of 5 minutes) gets
+        the next long file queued behind it while other workers go idle: 5 workers took as
+        long as 4 (15:58). Here a worker gets its next file only at its last test. That
+        test is held until then (a worker runs a test only once it knows the next one),
+        so a file goes out exactly when its worker needs it and the queue is never stuck:
+        after every call a worker has 2 tests or more, or the queue is empty. (xdist's
+        private scheduler state, 3.x: an upgrade that changes it fails the run loudly.)"""
+
+        def _reschedule(self, node):
+            if node.shutting_down:
+                return
+            if not self.workqueue:
+                node.shutdown()
+                return
+            if self._pending_of(self.assigned_work[node]) <= 1:
+                self._assign_work_unit(node)
+
+    return OneFileAhead(config, log)
+
+
 def _entries():
     found = set()
     for folder in WATCHED:
