@@ -23,6 +23,7 @@ class FakeRuntime:
 
     def __init__(self):
         self.calls, self.registered, self.memory = [], {}, {}
+        self.foreign = {}  # IPC handle -> allocation, of "other processes" (foreign_allocation)
         self.pending = {}  # event -> [copies recorded on it]
         self.queued = []  # copies submitted, not yet bound to an event
         self.next_handle = 1000
@@ -75,11 +76,26 @@ class FakeRuntime:
         self.calls.append(("ipc_get_handle", ptr))
         return ptr.to_bytes(8, "little") * 8
 
-    def ipc_open(self, handle):  # only another process opens a handle: the tests' pools are this process's
-        raise AssertionError("a pool of this process was opened through CUDA IPC")
+    def ipc_open(self, handle):
+        """Only another process's allocation (``foreign``, made by the test) opens: the tests'
+        pools are this process's, which CUDA does not reopen."""
+        assert handle in self.foreign, "a pool of this process was opened through CUDA IPC"
+        self.calls.append(("ipc_open", handle))
+        return self.foreign[handle]
 
     def ipc_close(self, ptr):
-        raise AssertionError("a pool of this process was closed through CUDA IPC")
+        assert ptr in self.foreign.values(), "a pool of this process was closed through CUDA IPC"
+        self.calls.append(("ipc_close", ptr))
+
+    def allocation_range(self, ptr):
+        return next((b, a.nbytes) for b, a in self.memory.items() if b <= ptr < b + a.nbytes)
+
+    def foreign_allocation(self, size):
+        """An allocation as another process would export it: ``(handle, ptr)``."""
+        ptr = self.malloc(size)
+        handle = b"foreign!" + ptr.to_bytes(8, "little") * 7
+        self.foreign[handle] = ptr
+        return handle, ptr
 
     def stream_create(self):
         return self._handle()

@@ -18,9 +18,9 @@ import pytest
 from cuda_helpers import HAVE_DEVICE, close_in_forked_child, device_bytes, fake_runtime  # noqa: F401  (a fixture)
 from vipc_helpers import stamp, stamp_problem
 
-from msgq.errors import ClosedError, InvalidArgumentError
+from msgq.errors import ClosedError, InvalidArgumentError, IpcError
 from visionipc import VisionIpcClient, VisionIpcServer, _visionipc, cuda
-from visionipc.cuda.device_pool import DESCRIPTOR, MAGIC
+from visionipc.cuda.device_pool import DESCRIPTOR, MAGIC, VERSION
 from visionipc.formats import layout
 
 needs_device = pytest.mark.skipif(not HAVE_DEVICE, reason="no CUDA device")
@@ -201,6 +201,22 @@ def test_a_restarted_server_with_a_pool_in_device_memory_is_followed(device_serv
     finally:
         client.close()
         again.close()
+
+
+@no_device
+def test_a_descriptor_overwritten_with_a_smaller_allocations_handle_is_refused(device_served, fake_runtime):
+    """Buffer 0's pixels are writable by every admitted client (the reference's rule), so its
+    descriptor may name another process's allocation: one smaller than the pool is refused
+    (and closed again) before a frame could read past its end."""
+    server, client = device_served
+    handle, small = fake_runtime.foreign_allocation(3 * 8192 - 4096)
+    forged = DESCRIPTOR.pack(MAGIC, VERSION, 0, fake_runtime.device_uuid(0), 3 * 8192, 8192, handle)
+    buffer0 = np.frombuffer(server._server().view("road", 0), np.uint8)
+    buffer0[: DESCRIPTOR.size] = np.frombuffer(forged, np.uint8)
+    _send_on_device(fake_runtime, server, 1)
+    with pytest.raises(IpcError, match=r"names an allocation of 20480 bytes at offset 0, not the pool's 24576"):
+        client.recv(1000)
+    assert ("ipc_open", handle) in fake_runtime.calls and ("ipc_close", small) in fake_runtime.calls
 
 
 @no_device

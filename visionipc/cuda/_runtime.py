@@ -124,6 +124,16 @@ class Runtime:
     def ipc_close(self, ptr: int) -> None:
         self._check("cudaIpcCloseMemHandle", self._rt.cudaIpcCloseMemHandle(ptr))
 
+    def allocation_range(self, ptr: int) -> tuple[int, int]:
+        """``(base, size)`` of the device allocation holding ``ptr`` (one opened through
+        CUDA IPC included), from the driver (``cuMemGetAddressRange``)."""
+        from cuda.bindings import driver
+
+        err, base, size = driver.cuMemGetAddressRange(driver.CUdeviceptr(ptr))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise CudaError(f"cuMemGetAddressRange failed: {getattr(err, 'name', err)}")
+        return int(base), int(size)
+
     # streams and events
     def stream_create(self) -> int:
         flags = self._rt.cudaStreamNonBlocking

@@ -172,7 +172,19 @@ def import_pool(runtime: Runtime, buffer0: npt.NDArray[np.uint8], count: int, sl
     if own is not None:  # this process's own server: CUDA does not reopen its own handle
         return DevicePool(runtime, device, own.base, slot_size, count, None, own)
     runtime.set_device(device)
-    return DevicePool(runtime, device, runtime.ipc_open(handle), slot_size, count, runtime.ipc_close)
+    base = runtime.ipc_open(handle)
+    pool = DevicePool(runtime, device, base, slot_size, count, runtime.ipc_close)
+    # The descriptor lies in pixels every admitted client can write (the reference's
+    # rule: a client's mapping is writable), so the handle may name another allocation
+    # than the server's: one smaller than the pool would let frames read past its end.
+    start, length = runtime.allocation_range(base)
+    if start != base or length < size:
+        pool.close()
+        raise IpcError(
+            f"the stream's device-memory descriptor names an allocation of {length} bytes at offset "
+            f"{base - start}, not the pool's {size}: its buffer 0 was overwritten (by a client?)"
+        )
+    return pool
 
 
 def _device_of(runtime: Runtime, uuid: bytes) -> int:
