@@ -42,8 +42,9 @@ import os
 import secrets
 import select
 import struct
+import time
 import weakref
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Union
+from typing import Any, Callable, Iterable, Iterator, List, Optional, Tuple, Union
 
 from msgq import _msgq, artifacts
 from msgq._shared import ClosesOnExit
@@ -302,14 +303,30 @@ class Event:
         return f"<msgq.Event fd={self.fd}>"
 
 
+# The longest one poll() system call waits: a signal that lands after Python last ran its
+# handlers but before the call blocks (a Ctrl-C just as a receive starts waiting) interrupts
+# nothing, and its handler (KeyboardInterrupt) runs only when the call returns.
+SIGNAL_SLICE_MS = 200
+
+
+def _poll_slices(poller: Any, timeout_ms: Optional[int]) -> List[Tuple[int, int]]:
+    """``poller.poll(timeout_ms)`` (None: forever) in slices of at most SIGNAL_SLICE_MS,
+    so a pending signal's handler runs within one slice. poll() releases the GIL; Python
+    retries it after a signal unless the handler raises (KeyboardInterrupt propagates)."""
+    deadline = None if timeout_ms is None or timeout_ms < 0 else time.monotonic() + timeout_ms / 1000
+    while True:
+        left = SIGNAL_SLICE_MS if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+        events = poller.poll(min(left, SIGNAL_SLICE_MS))
+        if events or (deadline is not None and left <= SIGNAL_SLICE_MS):
+            return events
+
+
 def _poll(fds: List[int], timeout_ms: Optional[int]) -> List[int]:
-    """Indices of ``fds`` with data, after up to ``timeout_ms`` (None: forever).
-    poll() releases the GIL; Python retries it after a signal unless the
-    handler raises (KeyboardInterrupt propagates)."""
+    """Indices of ``fds`` with data, after up to ``timeout_ms`` (None: forever)."""
     poller = select.poll()
     for fd in fds:
         poller.register(fd, select.POLLIN)
-    ready = {fd for fd, mask in poller.poll(timeout_ms) if mask & select.POLLIN}
+    ready = {fd for fd, mask in _poll_slices(poller, timeout_ms) if mask & select.POLLIN}
     return [i for i, fd in enumerate(fds) if fd in ready]
 
 
@@ -552,7 +569,7 @@ class SubscriberHook:
         except BrokenPipeError:  # nobody reads recv_called any more: the harness is gone
             self._close_fifos()
             return
-        events = self._poller.poll()  # releases the GIL; Ctrl-C raises here
+        events = _poll_slices(self._poller, None)  # Ctrl-C raises here
         if any(mask & select.POLLIN for _, mask in events):
             while True:
                 try:

@@ -24,6 +24,9 @@ IGNORED = ("/tmp/pytest-of-", "/tmp/hsperfdata_")
 UNIT_FOLDERS = ("msgq", "visionipc")  # the library, in-process and across processes
 SYSTEM_FOLDERS = ("apps", "system", "hostile", "bench")  # whole programs, builds, campaigns
 SPARK_FIXTURES = {"spark", "cluster"}  # tests/pipeline_helpers.py's session-wide Spark
+# A Spark test's limit (pyproject's 300 s for the rest) only catches a hang: its JVMs'
+# start and jobs slow with the load (one took 163 s quiet, over 300 s beside stress-ng).
+SPARK_TIMEOUT = 900
 BROWSER_FIXTURES = {"browser"}  # tests/apps/test_view.py's headless Chromium
 SANITIZER_FILES = {"system/test_fuzz.py"}  # libFuzzer + AddressSanitizer builds
 SANITIZER_VARIANTS = {"asan", "tsan"}  # system/test_cpp.py's sanitizer builds
@@ -67,8 +70,11 @@ def pytest_collection_modifyitems(config, items):
         if not Path(item.path).is_relative_to(tests):
             continue
         where = Path(item.path).relative_to(tests).as_posix()
-        for tier in _tiers(item, where):
+        tiers = _tiers(item, where)
+        for tier in tiers:
             item.add_marker(tier)
+        if "spark" in tiers and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(SPARK_TIMEOUT))
     items[:] = _longest_first(items)
 
 

@@ -290,7 +290,9 @@ def test_lossy_recording_replays_as_nv12_with_readable_stamps(tmp_path):
 def test_a_restarted_camera_with_another_size_is_counted_not_recorded(tmp_path):
     name, out = unique_name("cam"), str(tmp_path / "rec")
     camera = start(CAMERA, "--name", name, "--stream", "s", *SIZE, "--fps", 50, "--frames", 10, "--wait-clients", 1)
-    recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 2, "--lossless")
+    # the recorder waits for the restarted camera (idle from the first one's last frame: 15 s
+    # leave room for a camera process to start on a loaded machine; 2 s did not, beside stress-ng)
+    recorder = start(RECORD, "--name", name, "--out", out, "--idle-timeout", 15, "--lossless")
     assert finish(camera)[0] == 0
     # the restarted camera sends once the recorder is back (under load it could otherwise
     # send its 10 frames before the recorder reconnects, leaving nothing to count)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import pytest
 
@@ -430,6 +431,38 @@ def test_ctrl_c_interrupts_a_receive_waiting_for_the_harness(fake_sockets):
     with pytest.raises(KeyboardInterrupt):
         sub.receive()
     thread.join()
+
+
+def test_no_wait_blocks_in_one_system_call_for_longer_than_a_signal_slice(monkeypatch):
+    """A Ctrl-C that lands after Python last ran its handlers but before poll() blocks is no
+    EINTR of that call (a stress run hung 5 minutes so in the test above): every wait, the
+    harness handshake and Event.wait included, is made of bounded poll() calls, after each
+    of which Python runs the pending handler."""
+    from msgq import events
+
+    timeouts, interrupt_at = [], [5]
+
+    class Poller:
+        def register(self, fd, mask):
+            pass
+
+        def poll(self, timeout_ms=None):
+            timeouts.append(timeout_ms)
+            if len(timeouts) == interrupt_at[0]:
+                raise KeyboardInterrupt  # what the pending handler does once the call returns
+            time.sleep((timeout_ms if timeout_ms is not None else 10_000) / 1000)  # nothing ready
+            return []
+
+    monkeypatch.setattr(events.select, "poll", Poller)
+    monkeypatch.setattr(events, "SIGNAL_SLICE_MS", 20)
+    with pytest.raises(KeyboardInterrupt):
+        events._poll([0], None)  # forever
+    assert timeouts == [20] * 5
+    timeouts[:], interrupt_at[0] = [], 0
+    assert events._poll([0], 45) == [] and len(timeouts) in (3, 4)  # a timeout, in slices
+    assert all(t is not None and 0 <= t <= 20 for t in timeouts)
+    timeouts.clear()
+    assert events._poll([0], 0) == [] and timeouts == [0]  # a peek stays one call
 
 
 def test_closing_the_owner_releases_a_waiting_receive(fake_sockets):
