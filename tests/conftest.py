@@ -5,7 +5,9 @@ a leftover fails the run and is named). Every test gets its tier markers here
 pyproject.toml's ``pythonpath``, so the helpers (camera_helpers, mp_helpers, ...) import."""
 
 import os
+import signal
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -168,6 +170,39 @@ def pytest_sessionfinish(session, exitstatus):
 def msgq_prefix():
     with isolated_prefix() as prefix:
         yield prefix
+
+
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _stop_signal_state():
+    """What of this thread's signal state a spawned child inherits and that stops Ctrl-C
+    there: SIGINT/SIGTERM ignored (kept across exec) or blocked (the mask is kept too)."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    return {
+        sig.name: ("ignored" if signal.getsignal(sig) == signal.SIG_IGN else "")
+        + (" blocked" if sig in blocked else "")
+        for sig in _STOP_SIGNALS
+    }
+
+
+@pytest.fixture(autouse=True)
+def stop_signals_kept():
+    """A test that leaves SIGINT or SIGTERM ignored or blocked in the worker's main thread
+    fails, named, and the state is put back: otherwise every child spawned after it
+    ignores Ctrl-C (a stress run saw four Ctrl-C tests of one worker hang in a row)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = _stop_signal_state()
+    yield
+    after = _stop_signal_state()
+    if after != before:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [s for s in _STOP_SIGNALS if "blocked" not in before[s.name]])
+        for sig in _STOP_SIGNALS:
+            if "ignored" in after[sig.name] and "ignored" not in before[sig.name]:
+                signal.signal(sig, signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL)
+        pytest.fail(f"the test left the worker's stop signals changed: {before} -> {after}")
 
 
 _REALTIME = (os.SCHED_FIFO, os.SCHED_RR)
