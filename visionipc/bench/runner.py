@@ -138,9 +138,10 @@ class Runner:
             )
             cons = dict(common, conflate=False, warmup=c.paced_warmup, keep_samples=True)
             # a transport that copies the frame to every client (pyzmq) falls behind at 8K: allow
-            # ~50 MB/s per client copy on a loaded machine before calling the cell lost
+            # ~20 MB/s per client copy on a loaded machine before calling the cell lost (50 MB/s,
+            # 141 s for pyzmq 8K x8, was too little beside a 5-worker test suite on 2 cores)
             copies = (c.paced_count + c.paced_warmup) * n * rec["bytes"]
-            timeout = 60 + (c.paced_count + c.paced_warmup) / c.paced_fps * 4 + copies / 50e6
+            timeout = 60 + (c.paced_count + c.paced_warmup) / c.paced_fps * 4 + copies / 20e6
         else:
             prod = dict(common, nbuf=nbuf, nclients=n, fill=c.fill, mode="flat", seconds=c.flat_seconds)
             cons = dict(common, conflate=True, warmup=0, keep_samples=False)

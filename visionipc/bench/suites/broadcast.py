@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import pickle
 import queue
+import secrets
 import struct
 import sys
 import time
@@ -62,8 +63,12 @@ class SeedRing:
         self.n_readers, self.chunk_bytes, self.n_chunks = n_readers, chunk_bytes, n_chunks
         self.meta_bytes = 1 + n_readers
         size = n_chunks * (chunk_bytes + self.meta_bytes)
-        self.shm = shared_memory.SharedMemory(name=name, create=name is None, size=size)
-        if name is None:
+        # A name of the bench harness's own (``vipcb...``), not Python's anonymous ``psm_...``:
+        # a run's files are told from other programs' by their prefix (tests/shm_watch.py)
+        create = name is None
+        name = name or f"vipcb{os.getpid()}_seedring_{secrets.token_hex(4)}"
+        self.shm = shared_memory.SharedMemory(name=name, create=create, size=size)
+        if create:
             self.shm.buf[:size] = bytes(size)  # type: ignore[index]  # open: buf is set
         self.data_offset = n_chunks * self.meta_bytes
         self.index = 0
